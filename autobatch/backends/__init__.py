@@ -1,0 +1,1 @@
+"""Backends of the batched VM: NumPy (:mod:`.numpy`) and TensorFlow (:mod:`.tf`)."""

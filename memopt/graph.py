@@ -1,0 +1,276 @@
+"""The neutral program model every memopt analysis works on.
+
+A :class:`Graph` is a list of :class:`Block` objects; block 0 is the global
+block and every other block is a sub-block run by a control-flow op of its
+parent (a ``while`` body, a ``conditional_block`` branch).  A :class:`Block`
+holds :class:`Op` objects in program order and the :class:`Var` objects it
+declares.  An op names the variables it reads and writes and the sub-blocks it
+runs; nothing else about the op matters to memory planning.
+
+Sizes are kept symbolic in the batch dimension: a shape may contain ``-1``
+(the batch size ``B``, unknown until run time), and a variable's byte size is
+a :class:`Size` ``coefficient * B**power``.  Nothing here ever silently
+replaces ``B`` by 1.
+
+The model imports neither Paddle nor TensorFlow: adapters
+(:mod:`memopt.paddle.legacy`, :mod:`memopt.paddle.pir`) build it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional, Sequence
+
+from .errors import GraphError
+
+#: Bytes per element for the dtype names the adapters produce.
+DTYPE_BYTES = {
+    "bool": 1, "int8": 1, "uint8": 1,
+    "int16": 2, "float16": 2, "bfloat16": 2, "uint16": 2,
+    "int32": 4, "float32": 4, "uint32": 4,
+    "int64": 8, "float64": 8, "complex64": 8, "uint64": 8,
+    "complex128": 16,
+}
+
+
+@dataclass(frozen=True, order=True)
+class Size:
+    """A byte count that may grow with the batch size: ``coefficient * B**power``.
+
+    ``power`` is the number of ``-1`` (batch) dimensions in the shape, so a
+    fixed-shape tensor has ``power == 0`` and ``coefficient`` equal to its
+    bytes.  Two sizes compare only where the comparison holds for every batch
+    size ``B >= 1`` (see :meth:`provably_le`).
+    """
+
+    coefficient: int
+    power: int = 0
+
+    def at(self, batch_size: int) -> int:
+        """Bytes for a concrete batch size (``batch_size >= 1``)."""
+        return self.coefficient * batch_size ** self.power
+
+    def provably_le(self, other: "Size") -> bool:
+        """True when ``self <= other`` for every batch size ``B >= 1``.
+
+        ``c1 * B**k1 <= c2 * B**k2`` for all ``B >= 1`` exactly when
+        ``c1 <= c2`` and ``k1 <= k2`` (for positive coefficients); a zero-byte
+        size fits anywhere.
+        """
+        if self.coefficient == 0:
+            return True
+        return self.coefficient <= other.coefficient and self.power <= other.power
+
+    @property
+    def symbolic(self) -> bool:
+        return self.power > 0
+
+    def __add__(self, other: "Size") -> "Size":
+        if self.power != other.power:
+            raise ValueError(
+                f"cannot add {self} and {other}: different powers of the batch size"
+            )
+        return Size(self.coefficient + other.coefficient, self.power)
+
+    def __str__(self) -> str:
+        if self.power == 0:
+            return f"{self.coefficient} B"
+        if self.power == 1:
+            return f"{self.coefficient}*batch B"
+        return f"{self.coefficient}*batch^{self.power} B"
+
+
+def size_of(shape: Sequence[int], dtype: str) -> Size:
+    """Byte size of a dense tensor of ``shape`` and ``dtype``.
+
+    ``-1`` (or any negative) dimensions are the symbolic batch size.  An
+    unknown dtype raises :class:`GraphError` naming it.
+    """
+    try:
+        elem = DTYPE_BYTES[dtype]
+    except KeyError:
+        raise GraphError(
+            f"unknown dtype {dtype!r}: expected one of {sorted(DTYPE_BYTES)}"
+        ) from None
+    coefficient, power = elem, 0
+    for dim in shape:
+        if dim < 0:
+            power += 1
+        else:
+            coefficient *= dim
+    return Size(coefficient, power)
+
+
+#: Var kinds: only dense tensors can share memory; the rest are never merged.
+DENSE = "dense"
+
+
+@dataclass
+class Var:
+    """A program variable.
+
+    Attributes
+    ----------
+    name : the variable's name, unique within its block's scope chain.
+    shape : dimensions in elements; ``-1`` is the symbolic batch dimension.
+    dtype : element type name (a key of :data:`DTYPE_BYTES`).
+    kind : ``"dense"`` for a dense tensor; anything else (``"lod_tensor_array"``,
+        ``"step_scopes"``, ``"reader"``...) is never given or taken memory.
+    persistable : parameters and optimizer state; they outlive every run.
+    is_feed / is_fetch / is_data : fed, fetched, or declared as a data input.
+    """
+
+    name: str
+    shape: tuple = ()
+    dtype: str = "float32"
+    kind: str = DENSE
+    persistable: bool = False
+    is_feed: bool = False
+    is_fetch: bool = False
+    is_data: bool = False
+
+    @property
+    def size(self) -> Size:
+        """Byte size (symbolic in the batch); zero for non-dense kinds."""
+        if self.kind != DENSE:
+            return Size(0, 0)
+        return size_of(self.shape, self.dtype)
+
+    @property
+    def is_dense(self) -> bool:
+        return self.kind == DENSE
+
+
+@dataclass
+class Op:
+    """One operation: what it reads, what it writes, which sub-blocks it runs.
+
+    ``reads`` and ``writes`` are variable names in program order (a name may
+    appear in both: an in-place op).  ``sub_blocks`` are indices into
+    :attr:`Graph.blocks`.  ``role`` is ``"forward"``, ``"backward"``,
+    ``"optimize"`` or ``"other"``; ``loop`` says a sub-block is a loop body
+    (run zero or more times, values carried from one iteration to the next)
+    rather than a branch (run at most once).
+    """
+
+    type: str
+    reads: tuple = ()
+    writes: tuple = ()
+    sub_blocks: tuple = ()
+    role: str = "forward"
+    loop: bool = False
+    attrs: dict = field(default_factory=dict)
+
+
+@dataclass
+class Block:
+    """A sequence of ops with the variables declared in it.
+
+    ``parent`` is the index of the enclosing block (``-1`` for the global
+    block); name lookup walks from a block to its parents.
+    """
+
+    idx: int
+    parent: int = -1
+    ops: list = field(default_factory=list)
+    vars: dict = field(default_factory=dict)
+
+    def add_var(self, var: Var) -> Var:
+        self.vars[var.name] = var
+        return var
+
+    def add_op(self, op: Op) -> Op:
+        self.ops.append(op)
+        return op
+
+
+@dataclass
+class Graph:
+    """A whole program: blocks, block 0 first.
+
+    Build one by hand (tests), or with an adapter.  ``fetch_names`` are the
+    variables the caller reads after the run: they are live at the exit.
+    """
+
+    blocks: list = field(default_factory=list)
+    fetch_names: tuple = ()
+
+    def __post_init__(self) -> None:
+        if not self.blocks:
+            self.blocks.append(Block(0, -1))
+
+    @property
+    def global_block(self) -> Block:
+        return self.blocks[0]
+
+    def new_block(self, parent: int) -> Block:
+        """Append an empty sub-block whose enclosing block is ``parent``."""
+        block = Block(len(self.blocks), parent)
+        self.blocks.append(block)
+        return block
+
+    def find_var(self, name: str, block_idx: int = 0) -> Optional[Var]:
+        """The variable ``name`` visible from block ``block_idx``, or None."""
+        idx = block_idx
+        while idx >= 0:
+            block = self.blocks[idx]
+            if name in block.vars:
+                return block.vars[name]
+            idx = block.parent
+        return None
+
+    def var(self, name: str, block_idx: int = 0) -> Var:
+        """Like :meth:`find_var` but raises :class:`GraphError` if missing."""
+        found = self.find_var(name, block_idx)
+        if found is None:
+            raise GraphError(
+                f"variable {name!r} is used in block {block_idx} but declared "
+                "in neither it nor an enclosing block"
+            )
+        return found
+
+    def all_vars(self) -> Iterator[tuple[int, Var]]:
+        """Every declared variable with the index of its block, in order."""
+        for block in self.blocks:
+            for var in block.vars.values():
+                yield block.idx, var
+
+    def walk_ops(self, block_idx: int = 0) -> Iterator[tuple[int, Op]]:
+        """Ops in execution-text order, sub-block ops right after their owner.
+
+        Yields ``(block index, op)``; this is the linear order in which
+        :func:`memopt.liveness.analyze_graph` numbers ops.
+        """
+        for op in self.blocks[block_idx].ops:
+            yield block_idx, op
+            for sub in op.sub_blocks:
+                yield from self.walk_ops(sub)
+
+    def num_ops(self) -> int:
+        return sum(len(b.ops) for b in self.blocks)
+
+    def validate(self) -> None:
+        """Raise :class:`GraphError` on a malformed graph.
+
+        Checks block parents and sub-block indices, that each sub-block has
+        exactly one owner, and that every name an op uses is declared.
+        """
+        owners: dict[int, str] = {}
+        for block in self.blocks:
+            if block.idx != 0 and not (0 <= block.parent < len(self.blocks)):
+                raise GraphError(f"block {block.idx} has no valid parent ({block.parent})")
+            for op in block.ops:
+                for sub in op.sub_blocks:
+                    if not (0 < sub < len(self.blocks)) or sub == block.idx:
+                        raise GraphError(f"op {op.type!r} in block {block.idx} runs "
+                                         f"an invalid sub-block {sub}")
+                    if sub in owners:
+                        raise GraphError(f"sub-block {sub} is run by both "
+                                         f"{owners[sub]!r} and {op.type!r}")
+                    owners[sub] = op.type
+                for name in (*op.reads, *op.writes):
+                    self.var(name, block.idx)
+
+
+def names(items: Iterable) -> tuple:
+    """Deduplicate names keeping their first-seen order."""
+    return tuple(dict.fromkeys(items))

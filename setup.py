@@ -1,0 +1,29 @@
+"""memopt and autobatch: memory planning for ML programs, and auto-batching."""
+from setuptools import find_packages, setup
+
+PADDLE = ["paddlepaddle==3.3.1"]
+TF = ["tensorflow>=2.16"]
+TEST = ["pytest>=7", "hypothesis>=6"]
+PLOT = ["matplotlib>=3.6"]
+
+setup(
+    name="memopt",
+    version="0.1.0",
+    description="Memory planning for ML programs (Paddle memory_optimize, "
+                "arena planning) and an auto-batching engine",
+    long_description=open("README.rst", encoding="utf-8").read(),
+    long_description_content_type="text/x-rst",
+    python_requires=">=3.10",
+    packages=find_packages(include=["memopt", "memopt.*", "autobatch", "autobatch.*"]),
+    package_data={"memopt": ["py.typed"], "autobatch": ["py.typed"]},
+    include_package_data=True,
+    install_requires=["numpy>=1.23"],
+    extras_require={
+        "paddle": PADDLE,
+        "tf": TF,
+        "plot": PLOT,
+        "test": TEST + PLOT,
+        "all": PADDLE + TF + TEST + PLOT,
+    },
+    entry_points={"console_scripts": ["memopt = memopt.cli:main"]},
+)
