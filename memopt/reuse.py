@@ -1,0 +1,261 @@
+"""Whole-buffer reuse: group buffers that may share one block of memory.
+
+This is the planning problem behind renaming in ``memory_optimize`` and XLA's
+buffer assignment: every :class:`~memopt.problems.Buffer` goes to exactly one
+*group*; all members of a group live in the same memory, so no two of them may
+be live at the same time step (their half-open intervals ``[lower, upper)`` are
+pairwise disjoint).  A group costs the bytes of its largest member; a plan
+costs the sum over its groups.
+
+API
+---
+``assign_groups(buffers, *, order="best", compatible=None, fits=None)``
+returns a :class:`GroupPlan`.
+
+- ``compatible(a, b) -> bool``: may ``a`` and ``b`` ever share memory (for
+  example "same shape and dtype", as level 0 of ``memory_optimize`` asks).  A
+  buffer joins a group only if it is compatible with *every* member.  None:
+  any two buffers are compatible.
+- ``fits(member, first) -> bool``: when given, the memory of a group is
+  allocated by its *earliest* member (smallest ``lower``) and must never grow:
+  a group is kept so that ``fits(m, earliest)`` holds for every other member
+  ``m``.  A buffer that would become the new earliest member must be one that
+  every current member fits.  Level 1 of ``memory_optimize`` passes
+  ``lambda m, f: m.size.provably_le(f.size)``, which compares symbolic sizes
+  (:class:`memopt.graph.Size`) for every batch size.  None: any sizes combine
+  and a group costs its largest member (XLA's rule).
+- ``order``: the order in which buffers are offered to the groups:
+
+  ``"forward"``  by start time (then end, then input position);
+  ``"reverse"``  by end time, latest first -- XLA's reverse order, which
+                 lets a value that is live out start a group that earlier
+                 temporaries then join;
+  ``"size"``     largest first (then by start);
+  ``"duration"`` longest lifetime first (then by start);
+  ``"best"``     all of :data:`ORDERS`, keeping the cheapest plan (ties: the
+                 first in :data:`ORDERS`).
+
+  Each buffer goes to the admissible group that raises the plan's cost least,
+  then wastes least (the group's bytes minus the buffer's), then was created
+  first; if there is none it opens a new group.  Everything is
+  deterministic: same input, same plan.
+
+Sizes may be ints (bytes) or :class:`memopt.graph.Size`.  Symbolic sizes are
+compared where a choice must be made (which group, which order is best) by
+their bytes at a reference batch of :data:`RANK_BATCH` (ties at batch 1); this
+affects only the quality of a plan, never its validity, which is checked by
+:func:`memopt.simulate.check_groups`.
+
+Example: XLA's reverse order
+----------------------------
+A parameter and a chain of six convolutions ``c1 .. c6`` whose last output is
+live out (see ``tests/test_reuse.py``): offered forward, the early small
+buffers open groups the later large ones cannot join; offered in reverse, the
+live-out value opens a group that earlier temporaries fill, and the chain fits
+in fewer groups.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Hashable, List, Optional, Sequence
+
+from .graph import Size
+from .problems import Buffer, size_at
+
+__all__ = ["GroupPlan", "assign_groups", "ORDERS", "RANK_BATCH", "order_buffers"]
+
+#: The orders ``"best"`` tries, in tie-breaking order.
+ORDERS = ("forward", "reverse", "size", "duration")
+
+#: Batch size at which symbolic sizes are compared when ranking choices.
+RANK_BATCH = 64
+
+Predicate = Callable[[Buffer, Buffer], bool]
+
+
+def _weight(size) -> int:
+    """Bytes used to rank choices (symbolic sizes at :data:`RANK_BATCH`)."""
+    if isinstance(size, Size):
+        return size.at(RANK_BATCH)
+    return size
+
+
+def _is_symbolic(size) -> bool:
+    return isinstance(size, Size) and size.power > 0
+
+
+@dataclass
+class GroupPlan:
+    """Groups of buffers that share memory.
+
+    Attributes
+    ----------
+    groups : each group's members in time order (by ``lower``); groups in the
+        order they were opened.
+    group_of : buffer id -> index into ``groups``.
+    order : the order that produced this plan (``"forward"``, ...).
+    """
+
+    groups: List[List[Buffer]]
+    group_of: Dict[Hashable, int]
+    order: str = ""
+
+    @property
+    def symbolic(self) -> bool:
+        return any(_is_symbolic(b.size) for g in self.groups for b in g)
+
+    @property
+    def cost(self) -> Optional[int]:
+        """Bytes: the sum over groups of the largest member.
+
+        None when some size is symbolic: use :meth:`cost_at`.
+        """
+        if self.symbolic:
+            return None
+        return self.cost_at(1)
+
+    def cost_at(self, batch_size: int) -> int:
+        """Bytes at a concrete batch size: sum over groups of the largest member."""
+        return sum(max(size_at(b.size, batch_size) for b in group)
+                   for group in self.groups if group)
+
+    def group_bytes(self, batch_size: Optional[int] = None) -> List[int]:
+        """Bytes of each group (its largest member) at ``batch_size``."""
+        if batch_size is None:
+            batch_size = 1
+        return [max(size_at(b.size, batch_size) for b in group) for group in self.groups]
+
+    def _rank(self) -> tuple:
+        if self.symbolic:
+            return (self.cost_at(RANK_BATCH), self.cost_at(1), len(self.groups))
+        return (self.cost_at(1), len(self.groups))
+
+    def __str__(self) -> str:
+        lines = [f"GroupPlan(order={self.order!r}, {len(self.groups)} groups, "
+                 f"cost={self.cost if not self.symbolic else 'symbolic'})"]
+        for k, group in enumerate(self.groups):
+            members = ", ".join(f"{b.id}[{b.lower},{b.upper})" for b in group)
+            lines.append(f"  group {k}: {members}")
+        return "\n".join(lines)
+
+
+def order_buffers(buffers: Sequence[Buffer], order: str) -> List[int]:
+    """Indices of ``buffers`` in the named order (see the module docstring)."""
+    idx = range(len(buffers))
+    if order == "forward":
+        key = lambda i: (buffers[i].lower, buffers[i].upper, i)
+    elif order == "reverse":
+        key = lambda i: (-buffers[i].upper, -buffers[i].lower, i)
+    elif order == "size":
+        key = lambda i: (-_weight(buffers[i].size), buffers[i].lower, i)
+    elif order == "duration":
+        key = lambda i: (buffers[i].lower - buffers[i].upper, buffers[i].lower, i)
+    else:
+        raise ValueError(f"unknown order {order!r}: expected one of "
+                         f"{', '.join(ORDERS)} or 'best'")
+    return sorted(idx, key=key)
+
+
+@dataclass
+class _Group:
+    """A group under construction: members sorted by ``lower``."""
+
+    lowers: List[int] = field(default_factory=list)
+    members: List[Buffer] = field(default_factory=list)
+    weight: int = 0  # bytes of the largest member, at RANK_BATCH
+
+    def free_over(self, buf: Buffer) -> bool:
+        """No member is live at any step of ``buf``'s interval."""
+        i = bisect_left(self.lowers, buf.upper)  # members[:i] start before buf ends
+        return i == 0 or self.members[i - 1].upper <= buf.lower
+
+    def add(self, buf: Buffer) -> None:
+        i = bisect_left(self.lowers, buf.lower)
+        self.lowers.insert(i, buf.lower)
+        self.members.insert(i, buf)
+        w = _weight(buf.size)
+        if w > self.weight:
+            self.weight = w
+
+
+def _admits(group: _Group, buf: Buffer, compatible: Optional[Predicate],
+            fits: Optional[Predicate]) -> bool:
+    if fits is not None:
+        earliest = group.members[0]
+        if buf.lower < earliest.lower:  # buf would allocate the group's memory
+            if not all(fits(m, buf) for m in group.members):
+                return False
+        elif not fits(buf, earliest):
+            return False
+    if compatible is not None:
+        if not all(compatible(buf, m) for m in group.members):
+            return False
+    return True
+
+
+def _greedy(buffers: Sequence[Buffer], order: str, compatible: Optional[Predicate],
+            fits: Optional[Predicate]) -> GroupPlan:
+    groups: List[_Group] = []
+    for i in order_buffers(buffers, order):
+        buf = buffers[i]
+        w = _weight(buf.size)
+        best = None
+        best_key = None
+        for k, group in enumerate(groups):
+            if not group.free_over(buf):
+                continue
+            key = (max(0, w - group.weight), abs(group.weight - w), k)
+            if best_key is not None and key >= best_key:
+                continue
+            if _admits(group, buf, compatible, fits):
+                best, best_key = group, key
+        if best is None:
+            best = _Group()
+            groups.append(best)
+        best.add(buf)
+    final = [g.members for g in groups]
+    group_of = {b.id: k for k, members in enumerate(final) for b in members}
+    return GroupPlan(final, group_of, order)
+
+
+def assign_groups(buffers: Sequence[Buffer], *, order: str = "best",
+                  compatible: Optional[Predicate] = None,
+                  fits: Optional[Predicate] = None) -> GroupPlan:
+    """Group ``buffers`` so that members of a group never overlap in time.
+
+    Parameters
+    ----------
+    buffers : the buffers; ids must be unique.
+    order : ``"forward"``, ``"reverse"``, ``"size"``, ``"duration"`` or
+        ``"best"`` (all of them, cheapest plan kept; ties go to the first in
+        :data:`ORDERS`).
+    compatible : ``compatible(a, b)``: may ``a`` and ``b`` share memory.
+        A buffer joins a group only if compatible with every member.
+    fits : ``fits(member, first)``: when given, every member must fit the
+        group's earliest member, which allocates the group's memory.
+
+    Returns
+    -------
+    GroupPlan
+        Buffers never grouped with another form singleton groups.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``order`` or a duplicate buffer id.
+    """
+    buffers = list(buffers)
+    ids = set()
+    for b in buffers:
+        if b.id in ids:
+            raise ValueError(f"buffer id {b.id!r} appears twice; ids must be unique")
+        ids.add(b.id)
+    if order != "best":
+        return _greedy(buffers, order, compatible, fits)
+    best_plan = None
+    for name in ORDERS:
+        plan = _greedy(buffers, name, compatible, fits)
+        if best_plan is None or plan._rank() < best_plan._rank():
+            best_plan = plan
+    return best_plan
