@@ -1,0 +1,466 @@
+"""Real Paddle static training programs, for tests, benchmarks and the demo.
+
+:func:`build` returns a :class:`BuiltModel`: a main and a startup program
+built in either of Paddle 3's IRs, a deterministic feed and a fetch list whose
+first entry is the loss.
+
+- ``ir="legacy"`` builds a ``paddle.base.framework.Program`` (inside
+  ``paddle.pir_utils.OldIrGuard``); ``ir="pir"`` builds a ``paddle.pir.Program``
+  (Paddle 3's default static IR).
+- Building twice with the same arguments gives the same variable names
+  (legacy; under ``paddle.utils.unique_name.guard``) and, through
+  :meth:`BuiltModel.initialize`, the same initial parameter values, so two
+  builds can be compared run for run.  PIR parameter names are not stable
+  across builds: compare PIR parameters by position.
+- Models: ``"mlp"``, ``"cnn"``, ``"resnet50"``, ``"mobilenet_v2"``
+  (``paddle.vision.models``, no pretrained weights), ``"transformer"`` (an
+  encoder built from ops the legacy IR still accepts: ``einsum`` attention,
+  ``softmax``, ``layer_norm``, ``Linear``), ``"while_loop"``
+  (``paddle.static.nn.while_loop``) and ``"nested_cond"`` (conditionals two
+  deep).  Every model has a backward pass and an optimizer when
+  ``train=True``.
+
+Legacy-IR caveats measured on Paddle 3.3.1: ``paddle.static.nn.cond`` fails
+there (it calls ``paddle.logical_not``, which only accepts PIR values), as do
+``paddle.matmul``, ``tanh``, ``exp``, ``sigmoid`` and ``gelu``; the legacy
+conditional here is built from ``ConditionalBlock`` and ``select_input``
+directly, with the negated predicate computed by a comparison.
+
+Paddle is imported when a model is built, never at import time.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+#: Model name -> default batch size (small: the test suite runs them on CPU).
+DEFAULT_BATCH = {
+    "mlp": 16,
+    "cnn": 8,
+    "resnet50": 4,
+    "mobilenet_v2": 4,
+    "transformer": 4,
+    "while_loop": 8,
+    "nested_cond": 8,
+}
+
+MODEL_NAMES = tuple(DEFAULT_BATCH)
+IRS = ("legacy", "pir")
+
+
+@dataclass
+class BuiltModel:
+    """A built program pair with what it takes to run it.
+
+    Attributes
+    ----------
+    name, ir : the model name and ``"legacy"`` or ``"pir"``.
+    main, startup : the training (or inference) program and its startup
+        program (parameter initialisation).
+    feed : ``feed(rng) -> dict`` of numpy arrays of ``batch_size`` rows, drawn
+        from ``rng`` (a ``numpy.random.Generator``): same rng state, same feed.
+    fetch_list : what a step fetches, the loss first (Variables for legacy,
+        Values for PIR).
+    batch_size : rows per step.
+    options : the model's size options (hidden width, image size, ...).
+    """
+
+    name: str
+    ir: str
+    main: Any
+    startup: Any
+    feed: Callable[[np.random.Generator], Dict[str, np.ndarray]]
+    fetch_list: List[Any]
+    batch_size: int
+    options: Dict[str, Any] = field(default_factory=dict)
+    seed: int = 1
+
+    def initialize(self, executor) -> None:
+        """Run the startup program with Paddle's generator seeded by
+        ``seed``, in the executor's current scope: deterministic parameters."""
+        import paddle
+
+        paddle.seed(self.seed)
+        executor.run(self.startup)
+
+    @property
+    def loss(self):
+        return self.fetch_list[0]
+
+    def fetch_names(self) -> List[str]:
+        """Names of the fetched variables (legacy) or values (PIR, where set)."""
+        out = []
+        for item in self.fetch_list:
+            name = getattr(item, "name", None)
+            out.append(name if isinstance(name, str) else str(item))
+        return out
+
+
+def _ir_guard(ir: str):
+    if ir == "legacy":
+        from paddle.pir_utils import OldIrGuard
+
+        return OldIrGuard()
+    if ir == "pir":
+        from paddle.pir_utils import IrGuard
+
+        return IrGuard()
+    raise ValueError(f"ir must be one of {IRS}, got {ir!r}")
+
+
+def ir_guard(ir: str):
+    """Context manager under which Paddle builds (and runs) programs of ``ir``."""
+    return _ir_guard(ir)
+
+
+# -- building blocks ----------------------------------------------------------
+
+def _cross_entropy(logits, label):
+    import paddle
+
+    return paddle.mean(paddle.nn.functional.cross_entropy(logits, label))
+
+
+def _labels(rng: np.random.Generator, batch: int, classes: int) -> np.ndarray:
+    return rng.integers(0, classes, size=(batch, 1)).astype("int64")
+
+
+def _legacy_cond(pred, not_pred, true_fn, false_fn):
+    """``cond`` for the legacy IR: two ``conditional_block`` ops and a
+    ``select_input``; ``not_pred`` must be the negation of ``pred``."""
+    import paddle
+    from paddle.base.layer_helper import LayerHelper
+    from paddle.static.nn.control_flow import (
+        ConditionalBlock,
+        copy_var_to_parent_block,
+        select_input,
+    )
+
+    helper = LayerHelper("cond")
+    outs = []
+    for branch_pred, fn in ((pred, true_fn), (not_pred, false_fn)):
+        block = ConditionalBlock([branch_pred], is_scalar_condition=True)
+        with block.block():
+            outs.append(copy_var_to_parent_block(fn(), helper))
+    mask = paddle.cast(pred, "int32")
+    return select_input([outs[1], outs[0]], mask)
+
+
+def _cond(ir: str, scalar, threshold: float, true_fn, false_fn):
+    """``true_fn()`` if ``scalar > threshold`` else ``false_fn()``, in ``ir``."""
+    import paddle
+
+    pred = scalar > threshold
+    if ir == "pir":
+        return paddle.static.nn.cond(pred, true_fn, false_fn)
+    return _legacy_cond(pred, scalar <= threshold, true_fn, false_fn)
+
+
+# -- the models ---------------------------------------------------------------
+
+def _mlp(ir, batch, opts):
+    import paddle
+
+    d_in, hidden, layers, classes = (opts.setdefault("in_features", 64),
+                                     opts.setdefault("hidden", 128),
+                                     opts.setdefault("layers", 3),
+                                     opts.setdefault("classes", 10))
+    x = paddle.static.data("x", [-1, d_in], "float32")
+    y = paddle.static.data("label", [-1, 1], "int64")
+    h = x
+    width = d_in
+    for _ in range(layers):
+        h = paddle.nn.functional.relu(paddle.nn.Linear(width, hidden)(h))
+        width = hidden
+    logits = paddle.nn.Linear(width, classes)(h)
+    loss = _cross_entropy(logits, y)
+
+    def feed(rng):
+        return {"x": rng.standard_normal((batch, d_in)).astype("float32"),
+                "label": _labels(rng, batch, classes)}
+
+    return feed, [loss, logits]
+
+
+def _image_model(net_fn, default_size):
+    def make(ir, batch, opts):
+        import paddle
+
+        size, classes = opts.setdefault("image_size", default_size), opts.setdefault("classes", 10)
+        x = paddle.static.data("image", [-1, 3, size, size], "float32")
+        y = paddle.static.data("label", [-1, 1], "int64")
+        logits = net_fn(classes)(x)
+        loss = _cross_entropy(logits, y)
+
+        def feed(rng):
+            return {"image": rng.standard_normal((batch, 3, size, size)).astype("float32"),
+                    "label": _labels(rng, batch, classes)}
+
+        return feed, [loss, logits]
+
+    return make
+
+
+def _cnn(ir, batch, opts):
+    import paddle
+
+    nn = paddle.nn
+    size, classes = opts.setdefault("image_size", 16), opts.setdefault("classes", 10)
+    x = paddle.static.data("image", [-1, 3, size, size], "float32")
+    y = paddle.static.data("label", [-1, 1], "int64")
+    body = nn.Sequential(
+        nn.Conv2D(3, 8, 3, padding=1), nn.BatchNorm2D(8), nn.ReLU(), nn.MaxPool2D(2),
+        nn.Conv2D(8, 16, 3, padding=1), nn.BatchNorm2D(16), nn.ReLU(), nn.MaxPool2D(2),
+        nn.Flatten(),
+    )
+    feat = body(x)
+    logits = nn.Linear(16 * (size // 4) ** 2, classes)(feat)
+    loss = _cross_entropy(logits, y)
+
+    def feed(rng):
+        return {"image": rng.standard_normal((batch, 3, size, size)).astype("float32"),
+                "label": _labels(rng, batch, classes)}
+
+    return feed, [loss, logits]
+
+
+def _resnet50(classes):
+    import paddle
+
+    return paddle.vision.models.resnet50(num_classes=classes)
+
+
+def _mobilenet_v2(classes):
+    import paddle
+
+    return paddle.vision.models.mobilenet_v2(num_classes=classes)
+
+
+def _transformer(ir, batch, opts):
+    """A Transformer encoder classifier: token + position embeddings, encoder
+    layers (multi-head self-attention by ``einsum``, softmax, residual,
+    layer norm, a ReLU feed-forward), mean pooling, a linear head."""
+    import paddle
+
+    nn = paddle.nn
+    vocab, seq, d, heads, ff, layers, classes = (
+        opts.setdefault("vocab", 100), opts.setdefault("seq_len", 16),
+        opts.setdefault("d_model", 32), opts.setdefault("heads", 4),
+        opts.setdefault("d_ff", 64), opts.setdefault("layers", 2),
+        opts.setdefault("classes", 10))
+    dh = d // heads
+    tokens = paddle.static.data("tokens", [-1, seq], "int64")
+    y = paddle.static.data("label", [-1, 1], "int64")
+    pos = paddle.create_parameter([seq, d], "float32")
+    h = nn.Embedding(vocab, d)(tokens) + pos
+    for _ in range(layers):
+        q, k, v = (nn.Linear(d, d)(h).reshape([-1, seq, heads, dh]) for _ in range(3))
+        scores = paddle.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / dh ** 0.5)
+        attn = paddle.nn.functional.softmax(scores, axis=-1)
+        ctx = paddle.einsum("bhqk,bkhd->bqhd", attn, v).reshape([-1, seq, d])
+        h = nn.LayerNorm(d)(h + nn.Linear(d, d)(ctx))
+        inner = paddle.nn.functional.relu(nn.Linear(d, ff)(h))
+        h = nn.LayerNorm(d)(h + nn.Linear(ff, d)(inner))
+    logits = nn.Linear(d, classes)(paddle.mean(h, axis=1))
+    loss = _cross_entropy(logits, y)
+
+    def feed(rng):
+        return {"tokens": rng.integers(0, vocab, size=(batch, seq)).astype("int64"),
+                "label": _labels(rng, batch, classes)}
+
+    return feed, [loss, logits]
+
+
+def _while_loop(ir, batch, opts):
+    """A shared-weight ReLU layer applied ``steps`` times in a ``while`` loop,
+    with a residual connection each step."""
+    import paddle
+
+    d, steps, classes = (opts.setdefault("hidden", 32), opts.setdefault("steps", 3),
+                         opts.setdefault("classes", 10))
+    x = paddle.static.data("x", [-1, d], "float32")
+    y = paddle.static.data("label", [-1, 1], "int64")
+    cell = paddle.nn.Linear(d, d)
+    # (a relu right before the loop breaks PIR's executor in Paddle 3.3.1:
+    # relu_grad_ reads a tensor that holds no memory)
+    h0 = paddle.nn.Linear(d, d)(x)
+    i0 = paddle.full([1], 0, "int64")
+    n = paddle.full([1], steps, "int64")
+
+    def body(i, h):
+        return [i + 1, paddle.nn.functional.relu(cell(h)) + h * 0.5]
+
+    _, h = paddle.static.nn.while_loop(lambda i, h: i < n, body, [i0, h0])
+    logits = paddle.nn.Linear(d, classes)(h)
+    loss = _cross_entropy(logits, y)
+
+    def feed(rng):
+        return {"x": rng.standard_normal((batch, d)).astype("float32"),
+                "label": _labels(rng, batch, classes)}
+
+    return feed, [loss, logits]
+
+
+def _nested_cond(ir, batch, opts):
+    """Conditionals two deep: the outer branch on the sign of the batch's mean
+    input (the feed alternates it, so both branches run over a few steps),
+    the true branch holding another conditional on its own activation."""
+    import paddle
+
+    d, classes = opts.setdefault("hidden", 32), opts.setdefault("classes", 10)
+    x = paddle.static.data("x", [-1, d], "float32")
+    y = paddle.static.data("label", [-1, 1], "int64")
+    h = paddle.nn.Linear(d, d)(x)
+    inner_fc = paddle.nn.Linear(d, d)
+    false_fc = paddle.nn.Linear(d, d)
+
+    def outer_true():
+        q = paddle.nn.functional.relu(inner_fc(h))
+        return _cond(ir, paddle.mean(q), 0.05, lambda: q * 2.0, lambda: q + h)
+
+    def outer_false():
+        return paddle.nn.functional.relu(false_fc(h)) + 1.0
+
+    out = _cond(ir, paddle.mean(x), 0.0, outer_true, outer_false)
+    logits = paddle.nn.Linear(d, classes)(out)
+    loss = _cross_entropy(logits, y)
+
+    def feed(rng):
+        offset = rng.choice([-1.0, 1.0])
+        return {"x": (rng.standard_normal((batch, d)) + offset).astype("float32"),
+                "label": _labels(rng, batch, classes)}
+
+    return feed, [loss, logits]
+
+
+_BUILDERS = {
+    "mlp": _mlp,
+    "cnn": _cnn,
+    "resnet50": _image_model(_resnet50, 32),
+    "mobilenet_v2": _image_model(_mobilenet_v2, 32),
+    "transformer": _transformer,
+    "while_loop": _while_loop,
+    "nested_cond": _nested_cond,
+}
+
+
+def build(name: str, ir: str = "legacy", batch_size: Optional[int] = None,
+          train: bool = True, *, seed: int = 1, optimizer: str = "momentum",
+          **options: Any) -> BuiltModel:
+    """Build model ``name`` as a static program of ``ir``.
+
+    Parameters
+    ----------
+    name : one of :data:`MODEL_NAMES`.
+    ir : ``"legacy"`` or ``"pir"``.
+    batch_size : rows the feed gives per step (the program itself keeps the
+        batch dimension symbolic, ``-1``); default :data:`DEFAULT_BATCH`.
+    train : append the backward pass and an optimizer step.
+    seed : seeds Paddle's global generator right before the startup program
+        runs (:meth:`BuiltModel.initialize`): same seed, same initial
+        parameters.  (Setting ``Program.random_seed`` instead would give every
+        initializer op the same seed and so correlated parameters.)
+    optimizer : ``"sgd"``, ``"momentum"`` or ``"adam"``.
+    options : model sizes, e.g. ``hidden=1024`` (MLP), ``image_size=64``.
+
+    Raises
+    ------
+    ValueError : an unknown name, IR or optimizer.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}: expected one of {MODEL_NAMES}")
+    if ir not in IRS:
+        raise ValueError(f"ir must be one of {IRS}, got {ir!r}")
+    import paddle
+
+    paddle.enable_static()
+    batch = DEFAULT_BATCH[name] if batch_size is None else int(batch_size)
+    opts = dict(options)
+    with _ir_guard(ir):
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+            feed, fetch_list = _BUILDERS[name](ir, batch, opts)
+            if train:
+                _optimizer(optimizer).minimize(fetch_list[0])
+    return BuiltModel(name=name, ir=ir, main=main, startup=startup, feed=feed,
+                      fetch_list=list(fetch_list), batch_size=batch, options=opts,
+                      seed=seed)
+
+
+def _optimizer(kind: str):
+    import paddle
+
+    if kind == "sgd":
+        return paddle.optimizer.SGD(learning_rate=0.01)
+    if kind == "momentum":
+        return paddle.optimizer.Momentum(learning_rate=0.001, momentum=0.9)
+    if kind == "adam":
+        return paddle.optimizer.Adam(learning_rate=0.001)
+    raise ValueError(f"optimizer must be 'sgd', 'momentum' or 'adam', got {kind!r}")
+
+
+def parameters(program) -> List[Any]:
+    """The persistable parameters of ``program`` in a stable order (legacy:
+    by name; PIR: by position in the program)."""
+    if hasattr(program, "all_parameters"):
+        params = program.all_parameters()
+        if params and hasattr(params[0], "name") and isinstance(params[0].name, str):
+            return sorted(params, key=lambda p: p.name)
+        return list(params)
+    return []
+
+
+@dataclass
+class RunResult:
+    """What :func:`run_steps` observed: per-step fetched arrays and the final
+    parameter values (in :func:`parameters` order)."""
+
+    fetches: List[List[np.ndarray]]
+    params: List[np.ndarray]
+
+
+def run_steps(model: BuiltModel, steps: int = 3, *, data_seed: int = 1,
+              fetch_list: Optional[List[Any]] = None, scope=None) -> RunResult:
+    """Run the startup program, then ``steps`` training steps in a fresh scope.
+
+    Feeds come from ``numpy.random.default_rng(data_seed)``, so two models
+    built alike see the same data.  Returns the fetched arrays of each step
+    and every parameter after the last step.
+    """
+    import paddle
+
+    scope = paddle.static.Scope() if scope is None else scope
+    rng = np.random.default_rng(data_seed)
+    fetch = model.fetch_list if fetch_list is None else fetch_list
+    with paddle.static.scope_guard(scope), _ir_guard(model.ir):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        model.initialize(exe)
+        fetched = []
+        for _ in range(steps):
+            out = exe.run(model.main, feed=model.feed(rng), fetch_list=fetch)
+            fetched.append([np.array(a) for a in out])
+        params = [np.array(scope.find_var(p.name).get_tensor())
+                  for p in parameters(model.main) if _named(p)]
+    return RunResult(fetches=fetched, params=params)
+
+
+def _named(param) -> bool:
+    return isinstance(getattr(param, "name", None), str)
+
+
+@contextlib.contextmanager
+def flags(**values):
+    """Set Paddle flags (``FLAGS_`` names without the prefix) for a block and
+    restore them afterwards."""
+    import paddle
+
+    names = [f"FLAGS_{k}" for k in values]
+    old = paddle.get_flags(names)
+    paddle.set_flags({f"FLAGS_{k}": v for k, v in values.items()})
+    try:
+        yield
+    finally:
+        paddle.set_flags(old)
