@@ -1,0 +1,643 @@
+"""The instruction language of autobatch.
+
+A :class:`Program` is a set of :class:`Function` s, one of them the entry
+point (``main``).  A function has parameters (variable names) and a list of
+:class:`Block` s; the first block is its entry.  A block is straight-line
+code (a list of instructions) ended by one terminator.  Every variable is
+local to its function: two functions may use the same name for different
+variables.
+
+Values and patterns
+-------------------
+A *value* is one array or a nested tuple of values (a tuple-typed variable
+holds a tuple).  A *pattern* of variable names (a ``str`` or a nested tuple
+of patterns) says where the parts of a value go: ``vars_out='t'`` stores the
+whole value in ``t``; ``vars_out=('a', ('b', 'c'))`` takes a value
+``(x, (y, z))`` apart.  Patterns are used by :class:`PrimOp` outputs,
+:class:`FunctionCallOp` outputs and :class:`ReturnOp`.
+
+Semantics (one example; :mod:`autobatch.reference` is the executable
+definition, and the batched executors must agree with it thread by thread)
+---------------------------------------------------------------------------
+- :class:`PrimOp` ``vars_out = function(*vars_in)``.  ``function`` works on
+  batched arrays: each input has a leading batch dimension and each output
+  must have the same leading dimension, or be a scalar (broadcast to every
+  thread).  It must act on each batch member independently.
+- :class:`FunctionCallOp` calls another function (or itself) with the values
+  of ``vars_in`` as arguments and binds the returned value to ``vars_out``.
+- :class:`GotoOp` jumps; :class:`BranchOp` jumps to ``true_block`` where its
+  condition (a boolean scalar per thread) holds and to ``false_block``
+  elsewhere; :class:`ReturnOp` returns the value of its pattern.
+
+Lowered programs (:mod:`autobatch.lowering`) replace calls by explicit stack
+operations: :class:`PushOp` saves variables in the current stack frame,
+:class:`PopOp` restores them, :class:`CopyOp` copies values between
+variables, :class:`PushGotoOp` saves a return address and jumps,
+:class:`IndirectGotoOp` jumps to the saved return address.
+
+Types and allocations
+---------------------
+:class:`TensorType` is a dtype and a shape *without* the batch dimension;
+:class:`Type` is a pattern of them.  :class:`VariableAllocation` says how the
+batched executor stores a variable (NULL < TEMPORARY < REGISTER < FULL);
+:mod:`autobatch.allocation_strategy` chooses it.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from autobatch.errors import ProgramError
+
+__all__ = [
+    "Pattern",
+    "pattern_leaves",
+    "pattern_map",
+    "pattern_unflatten",
+    "bind_pattern",
+    "TensorType",
+    "Type",
+    "VariableAllocation",
+    "PrimOp",
+    "FunctionCallOp",
+    "PushOp",
+    "PopOp",
+    "CopyOp",
+    "GotoOp",
+    "BranchOp",
+    "ReturnOp",
+    "PushGotoOp",
+    "IndirectGotoOp",
+    "Block",
+    "Function",
+    "Program",
+]
+
+#: A variable name or a nested tuple of them.
+Pattern = Union[str, Tuple[Any, ...]]
+
+
+# -- patterns ------------------------------------------------------------------
+
+def pattern_leaves(pattern: Any) -> List[Any]:
+    """The leaves of a pattern (anything but a tuple is a leaf), in order."""
+    if isinstance(pattern, tuple):
+        out: List[Any] = []
+        for part in pattern:
+            out.extend(pattern_leaves(part))
+        return out
+    return [pattern]
+
+
+def pattern_map(fn: Callable[[Any], Any], pattern: Any) -> Any:
+    """``pattern`` with every leaf replaced by ``fn(leaf)``."""
+    if isinstance(pattern, tuple):
+        return tuple(pattern_map(fn, part) for part in pattern)
+    return fn(pattern)
+
+
+def pattern_unflatten(pattern: Any, leaves: Sequence[Any]) -> Any:
+    """Inverse of :func:`pattern_leaves`: ``leaves`` put into ``pattern``'s shape."""
+    it = iter(leaves)
+    out = pattern_map(lambda _: next(it), pattern)
+    return out
+
+
+def bind_pattern(pattern: Any, value: Any, where: str = "") -> Iterator[Tuple[str, Any]]:
+    """``(name, part)`` for each variable of ``pattern`` bound to ``value``.
+
+    A ``str`` pattern takes the whole value; a tuple pattern takes apart a
+    tuple or list value of the same length.  Raises :class:`ProgramError`
+    (naming ``where``) when the value does not have the pattern's structure.
+    """
+    if isinstance(pattern, tuple):
+        if not isinstance(value, (tuple, list)) or len(value) != len(pattern):
+            got = (f"a {len(value)}-tuple" if isinstance(value, (tuple, list))
+                   else type(value).__name__)
+            raise ProgramError(f"{where}: cannot unpack {got} into the pattern "
+                               f"{format_pattern(pattern)}; return a {len(pattern)}-tuple "
+                               f"or bind the value to one variable")
+        for part, sub in zip(pattern, value):
+            yield from bind_pattern(part, sub, where)
+    else:
+        yield pattern, value
+
+
+def format_pattern(pattern: Any) -> str:
+    """``a`` or ``(a, (b, c))``."""
+    if isinstance(pattern, tuple):
+        inner = ", ".join(format_pattern(p) for p in pattern)
+        return f"({inner},)" if len(pattern) == 1 else f"({inner})"
+    return str(pattern)
+
+
+# -- types ---------------------------------------------------------------------
+
+def _as_dtype(dtype: Any) -> np.dtype:
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        numpy_dtype = getattr(dtype, "as_numpy_dtype", None)  # tf.DType
+        if numpy_dtype is None:
+            raise
+        return np.dtype(numpy_dtype)
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """A dtype and a shape of one thread's value (no batch dimension).
+
+    ``weak`` marks the type of a Python scalar constant (``1``, ``0.5``,
+    ``True``): where a variable is also written with a value of a real dtype,
+    the constant takes that dtype (as NumPy 2 does with Python scalars).
+    Variables' final types are never weak.
+    """
+
+    dtype: np.dtype
+    shape: Tuple[int, ...] = ()
+    weak: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", _as_dtype(self.dtype))
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    def strong(self) -> "TensorType":
+        """The same type, not weak."""
+        return replace(self, weak=False) if self.weak else self
+
+    def __str__(self) -> str:
+        dims = ",".join(str(d) for d in self.shape)
+        return f"{'~' if self.weak else ''}{self.dtype.name}[{dims}]"
+
+
+@dataclass(frozen=True)
+class Type:
+    """The type of a variable: a :class:`TensorType` or a nested tuple of them."""
+
+    tensors: Any
+
+    def __post_init__(self) -> None:
+        for leaf in pattern_leaves(self.tensors):
+            if not isinstance(leaf, TensorType):
+                raise TypeError(f"Type leaves must be TensorType, got {leaf!r}")
+
+    def leaves(self) -> List[TensorType]:
+        """The tensor types, in pattern order (one per stored array)."""
+        return pattern_leaves(self.tensors)
+
+    @property
+    def is_tuple(self) -> bool:
+        return isinstance(self.tensors, tuple)
+
+    def strong(self) -> "Type":
+        return Type(pattern_map(TensorType.strong, self.tensors))
+
+    def __str__(self) -> str:
+        return format_pattern(pattern_map(str, self.tensors))
+
+
+class VariableAllocation(enum.IntEnum):
+    """How the batched executor stores a variable; ordered, so ``max`` upgrades.
+
+    NULL: holds nothing; writes are dropped and a read raises
+        :class:`~autobatch.errors.NullVariableError` (nothing reads it).
+    TEMPORARY: one value per thread that lives only inside one block run:
+        never live across a block boundary, so it needs no storage.
+    REGISTER: one value per thread, kept across blocks; not live across a
+        call that may overwrite it.
+    FULL: a register plus one slot per stack frame, per thread: live across a
+        call to a function that may (transitively) write it.
+    """
+
+    NULL = 0
+    TEMPORARY = 1
+    REGISTER = 2
+    FULL = 3
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# -- instructions ----------------------------------------------------------------
+
+def describe_function(function: Callable) -> str:
+    """A short text for a primop's function: a lambda's body when its source
+    can be read (``n - 1``), else the function's name."""
+    name = getattr(function, "__name__", None) or type(function).__name__
+    if name != "<lambda>":
+        return name
+    try:
+        import ast
+        import inspect
+        import textwrap
+        source = textwrap.dedent(inspect.getsource(function)).strip()
+        code = function.__code__
+        params = list(code.co_varnames[:code.co_argcount])
+        found = []
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Lambda) and [a.arg for a in node.args.args] == params:
+                found.append(ast.unparse(node.body))
+        if len(set(found)) == 1:
+            return found[0]
+    except Exception:  # no source (REPL, exec), or unparsable: fall back
+        pass
+    return name
+
+
+def _names(vars_: Sequence[str]) -> Tuple[str, ...]:
+    if isinstance(vars_, str):
+        return (vars_,)
+    return tuple(vars_)
+
+
+@dataclass(eq=False)
+class PrimOp:
+    """``vars_out = function(*vars_in)`` on the whole batch of threads.
+
+    ``name`` is a short description for printing (``"n > 1"``); by default
+    the function's ``__name__``.
+    """
+
+    vars_in: Tuple[str, ...]
+    vars_out: Pattern
+    function: Callable[..., Any]
+    name: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        self.vars_in = _names(self.vars_in)
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return self.vars_in
+
+    @property
+    def writes(self) -> Tuple[str, ...]:
+        return tuple(pattern_leaves(self.vars_out))
+
+    def __str__(self) -> str:
+        label = self.name or describe_function(self.function)
+        return f"{format_pattern(self.vars_out)} = primop({', '.join(self.vars_in)}): {label}"
+
+
+@dataclass(eq=False)
+class FunctionCallOp:
+    """``vars_out = function(*vars_in)`` where ``function`` names a Function."""
+
+    function: str
+    vars_in: Tuple[str, ...]
+    vars_out: Pattern
+
+    def __post_init__(self) -> None:
+        self.vars_in = _names(self.vars_in)
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return self.vars_in
+
+    @property
+    def writes(self) -> Tuple[str, ...]:
+        return tuple(pattern_leaves(self.vars_out))
+
+    def __str__(self) -> str:
+        return (f"{format_pattern(self.vars_out)} = call {self.function}"
+                f"({', '.join(self.vars_in)})")
+
+
+@dataclass(eq=False)
+class CopyOp:
+    """``vars_out[i] = vars_in[i]`` for all ``i`` at once (lowered programs)."""
+
+    vars_in: Tuple[str, ...]
+    vars_out: Tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        self.vars_in = _names(self.vars_in)
+        self.vars_out = _names(self.vars_out)
+        if len(self.vars_in) != len(self.vars_out):
+            raise ProgramError(f"CopyOp copies {len(self.vars_in)} variables into "
+                               f"{len(self.vars_out)}")
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return self.vars_in
+
+    @property
+    def writes(self) -> Tuple[str, ...]:
+        return self.vars_out
+
+    def __str__(self) -> str:
+        return f"{', '.join(self.vars_out)} = copy({', '.join(self.vars_in)})"
+
+
+@dataclass(eq=False)
+class PushOp:
+    """Save ``vars`` in the current stack frame of each thread (lowered)."""
+
+    vars: Tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        self.vars = _names(self.vars)
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return self.vars
+
+    @property
+    def writes(self) -> Tuple[str, ...]:
+        return ()
+
+    def __str__(self) -> str:
+        return f"push {', '.join(self.vars)}"
+
+
+@dataclass(eq=False)
+class PopOp:
+    """Restore ``vars`` from the current stack frame of each thread (lowered)."""
+
+    vars: Tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        self.vars = _names(self.vars)
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return ()
+
+    @property
+    def writes(self) -> Tuple[str, ...]:
+        return self.vars
+
+    def __str__(self) -> str:
+        return f"pop {', '.join(self.vars)}"
+
+
+Instruction = Union[PrimOp, FunctionCallOp, CopyOp, PushOp, PopOp]
+
+
+# -- terminators -----------------------------------------------------------------
+
+@dataclass(eq=False)
+class GotoOp:
+    """Jump to ``target`` (a block name)."""
+
+    target: str
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return ()
+
+    @property
+    def targets(self) -> Tuple[str, ...]:
+        return (self.target,)
+
+    def __str__(self) -> str:
+        return f"goto {self.target}"
+
+
+@dataclass(eq=False)
+class BranchOp:
+    """Jump to ``true_target`` where ``cond`` holds, else to ``false_target``."""
+
+    cond: str
+    true_target: str
+    false_target: str
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return (self.cond,)
+
+    @property
+    def targets(self) -> Tuple[str, ...]:
+        return (self.true_target, self.false_target)
+
+    def __str__(self) -> str:
+        return f"branch {self.cond} ? {self.true_target} : {self.false_target}"
+
+
+@dataclass(eq=False)
+class ReturnOp:
+    """Return the value of ``vars`` (a pattern) to the caller."""
+
+    vars: Pattern
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return tuple(pattern_leaves(self.vars))
+
+    @property
+    def targets(self) -> Tuple[str, ...]:
+        return ()
+
+    def __str__(self) -> str:
+        return f"return {format_pattern(self.vars)}"
+
+
+@dataclass(eq=False)
+class PushGotoOp:
+    """Save ``return_target`` as the return address, then jump to ``target``
+    (lowered programs: a call)."""
+
+    return_target: str
+    target: str
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return ()
+
+    @property
+    def targets(self) -> Tuple[str, ...]:
+        return (self.target,)
+
+    def __str__(self) -> str:
+        return f"push-goto {self.return_target}, {self.target}"
+
+
+@dataclass(eq=False)
+class IndirectGotoOp:
+    """Jump to the return address saved by the matching :class:`PushGotoOp`
+    (lowered programs: a return; with no saved address the thread halts)."""
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return ()
+
+    @property
+    def targets(self) -> Tuple[str, ...]:
+        return ()
+
+    def __str__(self) -> str:
+        return "indirect-goto"
+
+
+Terminator = Union[GotoOp, BranchOp, ReturnOp, PushGotoOp, IndirectGotoOp]
+
+
+# -- blocks, functions, programs ---------------------------------------------------
+
+@dataclass(eq=False)
+class Block:
+    """Straight-line ``instructions`` then one ``terminator``."""
+
+    name: str
+    instructions: List[Any] = field(default_factory=list)
+    terminator: Optional[Any] = None
+
+    def format(self, indent: str = "  ") -> str:
+        lines = [f"{self.name}:"]
+        lines += [f"{indent}{op}" for op in self.instructions]
+        lines.append(f"{indent}{self.terminator if self.terminator else '<no terminator>'}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+@dataclass(eq=False)
+class Function:
+    """A function: ``params`` (variable names) and ``blocks`` (entry first).
+
+    ``type_inference``, when given, maps the list of parameter :class:`Type` s
+    to the return :class:`Type`; it is needed only when the return type cannot
+    be inferred from the body (a recursion with no base case).
+    ``var_types``/``return_type`` are filled by
+    :func:`autobatch.type_inference.infer_types`, ``var_alloc`` by
+    :func:`autobatch.allocation_strategy.optimize`.
+    """
+
+    name: str
+    params: Tuple[str, ...]
+    blocks: List[Block]
+    type_inference: Optional[Callable[[List[Type]], Any]] = None
+    var_types: Dict[str, Type] = field(default_factory=dict)
+    return_type: Optional[Type] = None
+    var_alloc: Dict[str, VariableAllocation] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.params = _names(self.params)
+
+    @property
+    def entry(self) -> Block:
+        return self.blocks[0]
+
+    def block(self, name: str) -> Block:
+        for block in self.blocks:
+            if block.name == name:
+                return block
+        raise ProgramError(f"function {self.name!r} has no block {name!r}")
+
+    def variables(self) -> List[str]:
+        """Every variable of the function: parameters first, then the others
+        in order of first appearance."""
+        seen: Dict[str, None] = dict.fromkeys(self.params)
+        for block in self.blocks:
+            for op in block.instructions:
+                seen.update(dict.fromkeys(op.reads))
+                seen.update(dict.fromkeys(op.writes))
+            if block.terminator is not None:
+                seen.update(dict.fromkeys(block.terminator.reads))
+        return list(seen)
+
+    def callees(self) -> List[str]:
+        """Names of the functions this one calls, sorted."""
+        return sorted({op.function for block in self.blocks
+                       for op in block.instructions if isinstance(op, FunctionCallOp)})
+
+    def format(self) -> str:
+        ret = f" -> {self.return_type}" if self.return_type is not None else ""
+        lines = [f"function {self.name}({', '.join(self.params)}){ret}:"]
+        if self.var_types or self.var_alloc:
+            for var in self.variables():
+                parts = [str(p) for p in (self.var_types.get(var), self.var_alloc.get(var))
+                         if p is not None]
+                lines.append(f"  # {var}: {' '.join(parts)}")
+        for block in self.blocks:
+            lines.extend("  " + line for line in block.format(indent="  ").split("\n"))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+@dataclass(eq=False)
+class Program:
+    """Functions plus the name of the entry point.
+
+    ``pc_alloc`` is the allocation of the program counter, set by the
+    allocation strategy: FULL where some call must come back (a stack of
+    return addresses), REGISTER otherwise.
+    """
+
+    functions: Tuple[Function, ...]
+    main: str
+    pc_alloc: Optional[VariableAllocation] = None
+
+    def __post_init__(self) -> None:
+        self.functions = tuple(self.functions)
+
+    def function(self, name: str) -> Function:
+        for fn in self.functions:
+            if fn.name == name:
+                return fn
+        known = ", ".join(sorted(f.name for f in self.functions))
+        raise ProgramError(f"program has no function {name!r} (functions: {known})")
+
+    @property
+    def main_function(self) -> Function:
+        return self.function(self.main)
+
+    def replace_functions(self, functions: Sequence[Function], **changes: Any) -> "Program":
+        """A copy with new functions (same order) and other fields changed."""
+        return replace(self, functions=tuple(functions), **changes)
+
+    def validate(self) -> "Program":
+        """Check names, targets and arities; return self or raise ProgramError."""
+        names = [fn.name for fn in self.functions]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ProgramError(f"program defines function(s) {dup} more than once")
+        self.function(self.main)
+        by_name = {fn.name: fn for fn in self.functions}
+        for fn in self.functions:
+            if not fn.blocks:
+                raise ProgramError(f"function {fn.name!r} has no blocks")
+            if len(set(fn.params)) != len(fn.params):
+                raise ProgramError(f"function {fn.name!r} repeats a parameter name: "
+                                   f"{fn.params}")
+            blocks = {}
+            for block in fn.blocks:
+                if block.name in blocks:
+                    raise ProgramError(f"function {fn.name!r} has two blocks named "
+                                       f"{block.name!r}")
+                blocks[block.name] = block
+            for block in fn.blocks:
+                where = f"function {fn.name!r}, block {block.name!r}"
+                if block.terminator is None:
+                    raise ProgramError(f"{where} has no terminator (missing return?)")
+                for target in block.terminator.targets:
+                    if target not in blocks:
+                        raise ProgramError(f"{where} jumps to unknown block {target!r}")
+                for op in block.instructions:
+                    if isinstance(op, FunctionCallOp):
+                        callee = by_name.get(op.function)
+                        if callee is None:
+                            raise ProgramError(f"{where} calls unknown function "
+                                               f"{op.function!r}")
+                        if len(op.vars_in) != len(callee.params):
+                            raise ProgramError(
+                                f"{where}: {op.function!r} takes {len(callee.params)} "
+                                f"argument(s) {callee.params}, the call passes "
+                                f"{len(op.vars_in)}")
+        return self
+
+    def format(self) -> str:
+        head = f"program main={self.main}"
+        if self.pc_alloc is not None:
+            head += f" pc={self.pc_alloc}"
+        return "\n\n".join([head] + [fn.format() for fn in self.functions])
+
+    def __str__(self) -> str:
+        return self.format()
