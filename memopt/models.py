@@ -402,21 +402,19 @@ def _optimizer(kind: str):
     raise ValueError(f"optimizer must be 'sgd', 'momentum' or 'adam', got {kind!r}")
 
 
-def parameters(program) -> List[Any]:
-    """The persistable parameters of ``program`` in a stable order (legacy:
-    by name; PIR: by position in the program)."""
+def parameter_names(program) -> List[str]:
+    """Names of the parameters of ``program`` in a stable order: legacy by
+    name; PIR in program order (PIR names are not stable across builds)."""
     if hasattr(program, "all_parameters"):
-        params = program.all_parameters()
-        if params and hasattr(params[0], "name") and isinstance(params[0].name, str):
-            return sorted(params, key=lambda p: p.name)
-        return list(params)
-    return []
+        return sorted(p.name for p in program.all_parameters())
+    return [op.attrs()["parameter_name"] for op in program.global_block().ops
+            if op.name() == "builtin.parameter"]
 
 
 @dataclass
 class RunResult:
     """What :func:`run_steps` observed: per-step fetched arrays and the final
-    parameter values (in :func:`parameters` order)."""
+    parameter values (in :func:`parameter_names` order)."""
 
     fetches: List[List[np.ndarray]]
     params: List[np.ndarray]
@@ -442,13 +440,9 @@ def run_steps(model: BuiltModel, steps: int = 3, *, data_seed: int = 1,
         for _ in range(steps):
             out = exe.run(model.main, feed=model.feed(rng), fetch_list=fetch)
             fetched.append([np.array(a) for a in out])
-        params = [np.array(scope.find_var(p.name).get_tensor())
-                  for p in parameters(model.main) if _named(p)]
+        params = [np.array(scope.find_var(name).get_tensor())
+                  for name in parameter_names(model.main)]
     return RunResult(fetches=fetched, params=params)
-
-
-def _named(param) -> bool:
-    return isinstance(getattr(param, "name", None), str)
 
 
 @contextlib.contextmanager
