@@ -309,28 +309,26 @@ class FunctionCallOp:
 
 @dataclass(eq=False)
 class CopyOp:
-    """``vars_out[i] = vars_in[i]`` for all ``i`` at once (lowered programs)."""
+    """``vars_out = vars_in``, both patterns (lowered programs).
 
-    vars_in: Tuple[str, ...]
-    vars_out: Tuple[str, ...]
+    The value built from the ``vars_in`` pattern is bound to the ``vars_out``
+    pattern, so one CopyOp copies several variables at once (all read before
+    any is written), packs variables into a tuple-typed one, or unpacks one.
+    """
 
-    def __post_init__(self) -> None:
-        self.vars_in = _names(self.vars_in)
-        self.vars_out = _names(self.vars_out)
-        if len(self.vars_in) != len(self.vars_out):
-            raise ProgramError(f"CopyOp copies {len(self.vars_in)} variables into "
-                               f"{len(self.vars_out)}")
+    vars_in: Pattern
+    vars_out: Pattern
 
     @property
     def reads(self) -> Tuple[str, ...]:
-        return self.vars_in
+        return tuple(pattern_leaves(self.vars_in))
 
     @property
     def writes(self) -> Tuple[str, ...]:
-        return self.vars_out
+        return tuple(pattern_leaves(self.vars_out))
 
     def __str__(self) -> str:
-        return f"{', '.join(self.vars_out)} = copy({', '.join(self.vars_in)})"
+        return f"{format_pattern(self.vars_out)} = copy {format_pattern(self.vars_in)}"
 
 
 @dataclass(eq=False)
@@ -485,6 +483,16 @@ class Block:
     name: str
     instructions: List[Any] = field(default_factory=list)
     terminator: Optional[Any] = None
+
+    def tail_call(self) -> Optional[FunctionCallOp]:
+        """The block's last instruction if it is a call whose value the block
+        returns unchanged (``x = call g(..); return x``), else None.  A tail call
+        needs no stack frame: the callee returns straight to our caller."""
+        if (self.instructions and isinstance(self.instructions[-1], FunctionCallOp)
+                and isinstance(self.terminator, ReturnOp)
+                and self.terminator.vars == self.instructions[-1].vars_out):
+            return self.instructions[-1]
+        return None
 
     def format(self, indent: str = "  ") -> str:
         lines = [f"{self.name}:"]

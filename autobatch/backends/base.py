@@ -1,0 +1,158 @@
+"""The backend protocol: the array operations the batched executors call.
+
+A backend stores every per-thread value as an array whose leading dimension
+is the batch (one row per thread), and every stack as an array
+``[frames, batch, ...]``.  The executors
+(:mod:`autobatch.virtual_machine`, :mod:`autobatch.stackless`) never touch
+arrays themselves; they call only the methods below, so a backend may be
+eager NumPy, TensorFlow eager, ``tf.function`` or XLA.
+
+Style: functional.  Methods that update storage return the updated array;
+a backend with mutable arrays (NumPy) may update in place and return the same
+object, one with immutable tensors returns a new one.  The VM's block code
+is straight-line (no data-dependent Python control flow), so it can be
+traced once by a graph backend.
+
+Selections
+----------
+:meth:`select` turns ``(pc, block)`` into an opaque *selection*: the
+threads about to run that block.  Values read through a selection are
+*selection values*: the NumPy backend gathers just the selected rows
+(compact: work is proportional to the number of selected threads); a
+masking backend may instead return whole-batch values and apply the mask on
+write.  Primop functions are applied to selection values, so they only need
+to be elementwise along the leading dimension.  Selection values may be
+scalars (a constant broadcast to every selected thread).
+
+Minimal set of methods
+----------------------
+storage:     ``fill``, ``stack``, ``size``, ``as_batched``, ``to_numpy``
+types:       ``type_of``, ``placeholder``
+threads:     ``select``, ``read``, ``write``, ``read_frame``, ``write_frame``,
+             ``where``, ``callee_pc``
+control:     ``reduce_min``, ``check``, ``while_loop``, ``switch_case``,
+             ``wrap_block``
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, Sequence
+
+from autobatch.instructions import TensorType
+
+__all__ = ["Backend"]
+
+
+class Backend(abc.ABC):
+    """What the executors need from an array library (see the module doc)."""
+
+    #: A short name used in cache keys and messages (``"numpy"``).
+    name: str = "abstract"
+
+    # -- storage ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def fill(self, tensor_type: TensorType, batch_size: int, value: Any = 0) -> Any:
+        """A new array ``[batch_size, *tensor_type.shape]`` filled with ``value``."""
+
+    @abc.abstractmethod
+    def stack(self, tensor_type: TensorType, batch_size: int, frames: int,
+              value: Any = 0) -> Any:
+        """A new stack ``[frames, batch_size, *tensor_type.shape]`` filled with ``value``."""
+
+    @abc.abstractmethod
+    def size(self, array: Any) -> int:
+        """The leading (batch) dimension of ``array``."""
+
+    @abc.abstractmethod
+    def as_batched(self, value: Any, tensor_type: TensorType, batch_size: int) -> Any:
+        """A user's argument as a new storage array ``[batch_size, *shape]`` of
+        ``tensor_type.dtype``: a value without the batch dimension, or with a
+        batch dimension of 1, is broadcast to every thread.  Never aliases
+        ``value`` (the executor may update storage in place)."""
+
+    @abc.abstractmethod
+    def to_numpy(self, value: Any) -> Any:
+        """A result array as the backend hands it to the user."""
+
+    # -- types -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def type_of(self, value: Any, batch_size: int) -> TensorType:
+        """The per-thread type of one array a primop returned for
+        ``batch_size`` threads.  A Python scalar gives a *weak* type (it takes
+        the dtype of what it meets); an array without the batch dimension
+        (0-d) a strong scalar type.  Raise TypeError where the leading
+        dimension is neither absent nor ``batch_size``."""
+
+    @abc.abstractmethod
+    def placeholder(self, tensor_type: TensorType, batch_size: int) -> Any:
+        """A value of ``tensor_type`` for ``batch_size`` threads to run primops
+        on during type inference (zeros)."""
+
+    # -- threads -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def select(self, pc: Any, block: int) -> Any:
+        """The selection of threads whose ``pc`` equals ``block``."""
+
+    @abc.abstractmethod
+    def read(self, array: Any, selection: Any) -> Any:
+        """The selected threads' rows of ``array`` (a selection value)."""
+
+    @abc.abstractmethod
+    def write(self, array: Any, selection: Any, value: Any) -> Any:
+        """``array`` with the selected threads' rows set to ``value`` (a
+        selection value or a scalar; cast to ``array``'s dtype)."""
+
+    @abc.abstractmethod
+    def read_frame(self, stack: Any, selection: Any, frame: Any) -> Any:
+        """``stack[frame[t], t]`` for each selected thread ``t`` (``frame`` is
+        a selection value of frame indices)."""
+
+    @abc.abstractmethod
+    def write_frame(self, stack: Any, selection: Any, frame: Any, value: Any) -> Any:
+        """``stack`` with ``stack[frame[t], t] = value[t]`` for each selected
+        thread ``t``; other entries unchanged."""
+
+    @abc.abstractmethod
+    def where(self, cond: Any, x: Any, y: Any) -> Any:
+        """Elementwise ``x if cond else y`` on selection values or scalars."""
+
+    @abc.abstractmethod
+    def callee_pc(self, selection: Any, entry: int, halt: int) -> Any:
+        """The program counter array for a function run (stackless executor)
+        over the selected threads: ``entry`` for those, ``halt`` for any
+        other row the backend keeps."""
+
+    # -- control -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def reduce_min(self, array: Any) -> Any:
+        """The smallest element of ``array`` (the next block to run: every
+        halted thread's pc is the largest index, so ``reduce_min(pc) < halt``
+        means some thread is still active)."""
+
+    @abc.abstractmethod
+    def check(self, ok: Any, make_error: Callable[[], Exception]) -> None:
+        """Raise ``make_error()`` unless every element of ``ok`` is true.
+
+        A backend that cannot raise inside compiled code should still make
+        the failure visible (an assertion op, or a flag checked after the run).
+        """
+
+    def while_loop(self, cond: Callable[[Any], Any], body: Callable[[Any], Any],
+                   state: Any) -> Any:
+        """``while cond(state): state = body(state)``; returns the final state."""
+        while cond(state):
+            state = body(state)
+        return state
+
+    def switch_case(self, index: Any, branches: Sequence[Callable[[Any], Any]],
+                    state: Any) -> Any:
+        """``branches[index](state)``."""
+        return branches[int(index)](state)
+
+    def wrap_block(self, function: Callable[[dict], dict], name: str) -> Callable[[dict], dict]:
+        """Hook to compile one block's code (``tf.function``, say); identity here."""
+        return function
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+

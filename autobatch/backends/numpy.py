@@ -1,0 +1,99 @@
+"""The NumPy backend: compact selections, in-place storage.
+
+A selection is the array of indices of the selected threads
+(``np.flatnonzero(pc == block)``), so reading a variable gathers only those
+rows and a primop does work proportional to the number of threads that run
+it.  Storage arrays are updated in place.  Stack operations index a
+``[frames, batch, ...]`` array with one frame index per thread
+(``stack[frame, idx]``): O(selected threads) per push or pop, never
+O(batch^2).
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable
+
+import numpy as np
+
+from autobatch.backends.base import Backend
+from autobatch.instructions import TensorType
+
+__all__ = ["NumpyBackend"]
+
+
+class NumpyBackend(Backend):
+    """Runs autobatch programs eagerly on NumPy arrays."""
+
+    name = "numpy"
+
+    # -- storage ------------------------------------------------------------------
+    def fill(self, tensor_type: TensorType, batch_size: int, value: Any = 0) -> np.ndarray:
+        return np.full((batch_size,) + tensor_type.shape, value, dtype=tensor_type.dtype)
+
+    def stack(self, tensor_type: TensorType, batch_size: int, frames: int,
+              value: Any = 0) -> np.ndarray:
+        return np.full((frames, batch_size) + tensor_type.shape, value,
+                       dtype=tensor_type.dtype)
+
+    def size(self, array: np.ndarray) -> int:
+        return int(array.shape[0])
+
+    def as_batched(self, value: Any, tensor_type: TensorType, batch_size: int) -> np.ndarray:
+        array = np.asarray(value)
+        if array.ndim == len(tensor_type.shape):
+            array = array[None]
+        out = np.empty((batch_size,) + tensor_type.shape, dtype=tensor_type.dtype)
+        out[...] = array  # broadcasts a batch of 1; copies (never aliases value)
+        return out
+
+    def to_numpy(self, value: Any) -> np.ndarray:
+        return np.asarray(value)
+
+    # -- types -----------------------------------------------------------------------
+    def type_of(self, value: Any, batch_size: int) -> TensorType:
+        if isinstance(value, (bool, numbers.Number)) and not isinstance(value, np.generic):
+            return TensorType(np.asarray(value).dtype, (), weak=True)
+        array = np.asarray(value)
+        if array.ndim == 0:
+            return TensorType(array.dtype, ())
+        if array.shape[0] != batch_size:
+            raise TypeError(f"a primop returned an array of shape {array.shape} for "
+                            f"{batch_size} thread(s); outputs must have the batch "
+                            f"dimension first, or be scalars")
+        return TensorType(array.dtype, array.shape[1:])
+
+    def placeholder(self, tensor_type: TensorType, batch_size: int) -> np.ndarray:
+        return np.zeros((batch_size,) + tensor_type.shape, dtype=tensor_type.dtype)
+
+    # -- threads -------------------------------------------------------------------------
+    def select(self, pc: np.ndarray, block: int) -> np.ndarray:
+        return (pc == block).nonzero()[0]
+
+    def read(self, array: np.ndarray, selection: np.ndarray) -> np.ndarray:
+        return array[selection]
+
+    def write(self, array: np.ndarray, selection: np.ndarray, value: Any) -> np.ndarray:
+        array[selection] = value
+        return array
+
+    def read_frame(self, stack: np.ndarray, selection: np.ndarray, frame: Any) -> np.ndarray:
+        return stack[frame, selection]
+
+    def write_frame(self, stack: np.ndarray, selection: np.ndarray, frame: Any,
+                    value: Any) -> np.ndarray:
+        stack[frame, selection] = value
+        return stack
+
+    def where(self, cond: Any, x: Any, y: Any) -> Any:
+        return np.where(cond, x, y)
+
+    def callee_pc(self, selection: np.ndarray, entry: int, halt: int) -> np.ndarray:
+        return np.full(selection.shape[0], entry, dtype=np.int32)
+
+    # -- control -------------------------------------------------------------------------
+    def reduce_min(self, array: np.ndarray) -> int:
+        return int(array.min())
+
+    def check(self, ok: Any, make_error: Callable[[], Exception]) -> None:
+        if not ok.all():
+            raise make_error()

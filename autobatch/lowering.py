@@ -1,0 +1,283 @@
+"""Lower calls to explicit stack operations and jumps: :func:`lower`.
+
+The result, a :class:`LoweredProgram`, is one flat list of blocks over
+variables with program-wide names (``"fib/n"``), ready for the batched VM.
+
+A call ``out = call g(args)`` in function ``f`` becomes::
+
+    push <f's variables live across the call that g may overwrite>   (FULL ones)
+    g/params = copy args
+    push-goto <continuation>, g/entry        # saves the return address
+  continuation:
+    pop <the same variables>
+    out = copy <ret:T>                        # T: g's return type
+
+and ``return v`` becomes ``<ret:T> = copy v; indirect-goto``.  Return values
+travel in one register per return type (``<ret:int64[]>``), shared by all
+functions, so a *tail call* (``x = call g(..); return x``) is just ``g/params =
+copy args; goto g/entry``: ``g`` returns straight to ``f``'s caller.
+
+Frames: every stack is indexed by the thread's call depth, so all variables
+saved by one call share one frame slot (one depth counter per thread, no
+per-variable stack pointers).  A ``push x`` right after ``pop x`` of the same
+call depth, with ``x`` unchanged between them, is dropped: the frame still
+holds that value (two calls in a row that both keep ``x``).
+
+The lowered program also carries, per block, the variables live at its end
+(:attr:`LoweredProgram.live_out`), from :mod:`memopt.liveness` run over the
+whole lowered flow graph (a return goes to every continuation of a call that
+can end in that function).  The VM writes a block's results to their
+registers only where they are live after the block, so a pop whose value is
+only used inside its block, or a write that is immediately pushed, never
+touches the register.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from memopt.liveness import FlowNode, analyze
+
+from autobatch.allocation_strategy import call_graph, function_flow, reachable
+from autobatch.errors import ProgramError
+from autobatch.instructions import (
+    Block, BranchOp, CopyOp, FunctionCallOp, GotoOp, IndirectGotoOp, PopOp, PrimOp,
+    Program, PushGotoOp, PushOp, ReturnOp, Type, VariableAllocation, pattern_map,
+)
+
+__all__ = ["LoweredProgram", "lower", "return_register"]
+
+
+def return_register(typ: Type) -> str:
+    """The name of the register that carries return values of type ``typ``."""
+    return f"<ret:{typ}>"
+
+
+@dataclass(eq=False)
+class LoweredProgram:
+    """A program with calls lowered to stack operations (see the module doc).
+
+    Attributes
+    ----------
+    blocks : every block, in scheduling order (the VM runs the lowest-index
+        block any thread is at); names are ``"function/block"``.
+    var_types, var_alloc : per program-wide variable name.
+    inputs : main's parameters (program-wide names).
+    output : the register holding main's return value when a thread halts.
+    pc_alloc : FULL where return addresses need a stack.
+    live_out : per block name, the variables live after it.
+    callee : per block that ends in a push-goto, the function it calls.
+    source : the typed, allocated program this was lowered from.
+    """
+
+    blocks: List[Block]
+    var_types: Dict[str, Type]
+    var_alloc: Dict[str, VariableAllocation]
+    inputs: Tuple[str, ...]
+    output: str
+    pc_alloc: VariableAllocation
+    live_out: Dict[str, frozenset] = field(default_factory=dict)
+    callee: Dict[str, str] = field(default_factory=dict)
+    source: Optional[Program] = None
+
+    def block_index(self) -> Dict[str, int]:
+        return {b.name: i for i, b in enumerate(self.blocks)}
+
+    def format(self) -> str:
+        lines = [f"lowered program: inputs ({', '.join(self.inputs)}) -> {self.output}, "
+                 f"pc {self.pc_alloc}"]
+        for var in sorted(self.var_types):
+            lines.append(f"  # {var}: {self.var_types[var]} {self.var_alloc[var]}")
+        for i, block in enumerate(self.blocks):
+            text = block.format(indent="    ").split("\n")
+            lines.append(f"  [{i}] {text[0]}")
+            lines.extend(text[1:])
+            live = sorted(self.live_out.get(block.name, ()))
+            lines.append(f"      live out: {', '.join(live) if live else '-'}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _require_prepared(program: Program, in_use: Set[str]) -> None:
+    if program.pc_alloc is None:
+        raise ProgramError("lower() needs an allocated program: run "
+                           "allocation_strategy.optimize first")
+    for fn in program.functions:
+        if fn.name in in_use and (fn.return_type is None or not fn.var_alloc):
+            raise ProgramError(f"function {fn.name!r} is not typed and allocated: run "
+                               f"type_inference.infer_types and "
+                               f"allocation_strategy.optimize before lower()")
+
+
+def lower(program: Program) -> LoweredProgram:
+    """Lower a typed, allocated program (see the module doc).
+
+    Only functions reachable from ``main`` are kept.
+    """
+    program.validate()
+    graph = call_graph(program)
+    in_use = reachable(graph, program.main)
+    _require_prepared(program, in_use)
+    reach = {name: reachable(graph, name) for name in in_use}
+    functions = [fn for fn in program.functions if fn.name in in_use]
+    functions.sort(key=lambda fn: fn.name != program.main)  # main first, stable
+    var_types: Dict[str, Type] = {}
+    var_alloc: Dict[str, VariableAllocation] = {}
+    blocks: List[Block] = []
+    owner: Dict[str, str] = {}            # lowered block -> function
+    continuation_of: Dict[str, str] = {}  # continuation block -> called function
+    callee_of: Dict[str, str] = {}        # block ending in push-goto -> called function
+    tail_edges: Dict[str, Set[str]] = {fn.name: set() for fn in functions}
+
+    def ret_reg(typ: Type) -> str:
+        name = return_register(typ)
+        var_types[name] = typ
+        var_alloc[name] = VariableAllocation.REGISTER
+        return name
+
+    for fn in functions:
+        def q(pattern: Any, fn_name: str = fn.name) -> Any:
+            return pattern_map(lambda v: f"{fn_name}/{v}", pattern)
+
+        for var, typ in fn.var_types.items():
+            var_types[q(var)] = typ
+            var_alloc[q(var)] = fn.var_alloc.get(var, VariableAllocation.NULL)
+        flow = function_flow(fn)
+        for block in fn.blocks:
+            current = Block(q(block.name))
+            blocks.append(current)
+            owner[current.name] = fn.name
+            tail = block.tail_call()
+            conts = 0
+            for k, op in enumerate(block.instructions):
+                if isinstance(op, PrimOp):
+                    current.instructions.append(
+                        PrimOp(q(op.vars_in), q(op.vars_out), op.function, op.name))
+                    continue
+                if not isinstance(op, FunctionCallOp):
+                    raise ProgramError(f"function {fn.name!r}, block {block.name!r}: "
+                                       f"{type(op).__name__} cannot be lowered")
+                callee = program.function(op.function)
+                copy_args = (CopyOp(q(op.vars_in), q(callee.params, callee.name))
+                             if callee.params else None)
+                entry = f"{callee.name}/{callee.entry.name}"
+                if op is tail and callee.return_type == fn.return_type:
+                    if copy_args:
+                        current.instructions.append(copy_args)
+                    current.terminator = GotoOp(entry)
+                    tail_edges[fn.name].add(callee.name)
+                    break
+                node = flow.node(block.name, k)
+                saved: Tuple[str, ...] = ()
+                if fn.name in reach[callee.name]:
+                    across = set(flow.liveness.live_out(node)) - set(op.writes)
+                    saved = q(tuple(sorted(across)))
+                    for var in saved:
+                        if var_alloc[var] != VariableAllocation.FULL:
+                            raise ProgramError(
+                                f"variable {var!r} is live across a recursive call but "
+                                f"allocated {var_alloc[var]}; run allocation_strategy."
+                                f"optimize on the typed program")
+                if saved:
+                    current.instructions.append(PushOp(saved))
+                if copy_args:
+                    current.instructions.append(copy_args)
+                conts += 1
+                cont = Block(f"{q(block.name)}.ret{conts}")
+                current.terminator = PushGotoOp(cont.name, entry)
+                callee_of[current.name] = callee.name
+                continuation_of[cont.name] = callee.name
+                current = cont
+                blocks.append(current)
+                owner[current.name] = fn.name
+                if saved:
+                    current.instructions.append(PopOp(saved))
+                current.instructions.append(
+                    CopyOp(ret_reg(callee.return_type), q(op.vars_out)))
+            else:
+                term = block.terminator
+                if isinstance(term, GotoOp):
+                    current.terminator = GotoOp(q(term.target))
+                elif isinstance(term, BranchOp):
+                    current.terminator = BranchOp(q(term.cond), q(term.true_target),
+                                                  q(term.false_target))
+                elif isinstance(term, ReturnOp):
+                    current.instructions.append(CopyOp(q(term.vars), ret_reg(fn.return_type)))
+                    current.terminator = IndirectGotoOp()
+                else:
+                    raise ProgramError(f"function {fn.name!r}, block {block.name!r}: "
+                                       f"{type(term).__name__} cannot be lowered")
+
+    for block in blocks:
+        _drop_repushes(block)
+    main = program.main_function
+    lowered = LoweredProgram(
+        blocks=blocks, var_types=var_types, var_alloc=var_alloc,
+        inputs=tuple(f"{main.name}/{p}" for p in main.params),
+        output=ret_reg(main.return_type), pc_alloc=program.pc_alloc,
+        callee=callee_of, source=program)
+    lowered.live_out = _live_out(lowered, owner, continuation_of, tail_edges, main.name)
+    return lowered
+
+
+def _drop_repushes(block: Block) -> None:
+    """Remove from each ``push`` the variables popped earlier in the block and
+    not written since (their frame slot still holds the value)."""
+    intact: Set[str] = set()
+    kept = []
+    for op in block.instructions:
+        if isinstance(op, PushOp):
+            rest = tuple(v for v in op.vars if v not in intact)
+            if rest:
+                kept.append(PushOp(rest))
+            continue
+        if isinstance(op, PopOp):
+            intact.update(op.vars)
+        else:
+            intact.difference_update(op.writes)
+        kept.append(op)
+    block.instructions = kept
+
+
+def _live_out(lowered: LoweredProgram, owner: Dict[str, str],
+              continuation_of: Dict[str, str], tail_edges: Dict[str, Set[str]],
+              main: str) -> Dict[str, frozenset]:
+    """Variables live after each block, by :func:`memopt.liveness.analyze` on
+    the lowered flow graph (one node per instruction and terminator, plus an
+    exit node that reads the output)."""
+    # Where can a return in function g land?  At the continuation of any call
+    # to a function h that reaches g by tail calls (h itself included).
+    tail_reach = {h: reachable({k: sorted(v) for k, v in tail_edges.items()}, h)
+                  for h in tail_edges}
+    returns_to: Dict[str, List[str]] = {g: [] for g in tail_edges}
+    for cont, h in continuation_of.items():
+        for g in sorted(tail_reach[h]):
+            returns_to[g].append(cont)
+    halts = tail_reach[main]
+
+    start: Dict[str, int] = {}
+    n = 0
+    for block in lowered.blocks:
+        start[block.name] = n
+        n += len(block.instructions) + 1
+    exit_node = n
+    nodes: List[FlowNode] = []
+    terminators: Dict[str, int] = {}
+    for block in lowered.blocks:
+        for k, op in enumerate(block.instructions):
+            nodes.append(FlowNode(op.reads, op.writes, (start[block.name] + k + 1,)))
+        term = block.terminator
+        if isinstance(term, IndirectGotoOp):
+            fn = owner[block.name]
+            succ = [start[c] for c in returns_to[fn]]
+            if fn in halts:
+                succ.append(exit_node)
+        else:
+            succ = [start[t] for t in term.targets]
+        terminators[block.name] = len(nodes)
+        nodes.append(FlowNode(term.reads, (), tuple(dict.fromkeys(succ))))
+    nodes.append(FlowNode((lowered.output,), (), ()))
+    liveness = analyze(nodes, live_at_exit=(), entry=0)
+    return {name: liveness.live_out(i) for name, i in terminators.items()}

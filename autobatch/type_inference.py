@@ -1,0 +1,291 @@
+"""Infer the type of every variable: :func:`infer_types`.
+
+Given the types of ``main``'s arguments, every primop is run once on
+placeholder inputs (zeros for one thread) to learn the type of its outputs;
+argument types flow into callees, return types flow back to call sites.
+This is iterated to a fixed point, so a recursive function gets its return
+type from its base case (``return 1``) and then types the recursive path.
+A function's ``type_inference`` callable, where given, supplies its return
+type directly (needed only where no path returns without recursing).
+
+Weak types: a Python scalar constant (``1``, ``0.5``, ``True``) has a *weak*
+type that takes the dtype of the other values written to the same variable
+(``n - 1`` with ``n`` int32 is int32; ``x = 0`` then ``x = x + 0.5`` makes
+``x`` float64).  A variable only ever given weak values gets NumPy's default
+dtype for the kind (int64, float64, bool).  Two different real dtypes for one
+variable are an error, as are different shapes or tuple structures.
+
+Branch conditions must be boolean scalars per thread.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from autobatch.allocation_strategy import call_graph, check_defined, function_flow, reachable
+from autobatch.errors import ProgramError, TypeInferenceError
+from autobatch.instructions import (
+    BranchOp, CopyOp, FunctionCallOp, Function, PrimOp, Program, ReturnOp, TensorType,
+    Type, bind_pattern, pattern_map, pattern_unflatten,
+)
+
+__all__ = ["infer_types", "merge_types", "as_type", "type_of_value"]
+
+log = logging.getLogger(__name__)
+
+_KIND_ORDER = "biufc"  # bool < int < uint < float < complex, for weak values
+
+
+def _merge_leaf(a: TensorType, b: TensorType, what: str) -> TensorType:
+    if a.shape != b.shape:
+        raise TypeInferenceError(f"{what} has shape {a.shape} in one place and {b.shape} "
+                                 f"in another; reshape so that they agree")
+    if a == b:
+        return a
+    if a.weak and b.weak:
+        kind = max(a.dtype.kind, b.dtype.kind, key=_KIND_ORDER.index)
+        dtype = a.dtype if a.dtype.kind == kind else b.dtype
+        return TensorType(dtype, a.shape, weak=True)
+    if a.weak or b.weak:
+        weak, strong = (a, b) if a.weak else (b, a)
+        fits = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}
+        if strong.dtype.kind in fits.get(weak.dtype.kind, ""):
+            return strong
+        raise TypeInferenceError(f"{what} is a Python {weak.dtype.kind!r}-kind constant in "
+                                 f"one place and {strong.dtype.name} in another; write the "
+                                 f"constant with a matching type")
+    raise TypeInferenceError(f"{what} is {a.dtype.name} in one place and {b.dtype.name} "
+                             f"in another; cast one of them so that they agree")
+
+
+def merge_types(a: Optional[Type], b: Optional[Type], what: str) -> Optional[Type]:
+    """The type that covers ``a`` and ``b`` (None: unknown yet); raises
+    TypeInferenceError naming ``what`` where they disagree."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+
+    def merge(x: Any, y: Any) -> Any:
+        if isinstance(x, tuple) or isinstance(y, tuple):
+            if not (isinstance(x, tuple) and isinstance(y, tuple)) or len(x) != len(y):
+                raise TypeInferenceError(f"{what} is {Type(x)} in one place and {Type(y)} "
+                                         f"in another (different tuple structure)")
+            return tuple(merge(p, q) for p, q in zip(x, y))
+        return _merge_leaf(x, y, what)
+
+    return Type(merge(a.tensors, b.tensors))
+
+
+def as_type(value: Any) -> Type:
+    """A Type from a Type, a TensorType, a pattern of them, or a one-element
+    list (the ``[type]`` convention of TFP's ``type_inference`` callables; a
+    longer list is a tuple)."""
+    if isinstance(value, Type):
+        return value
+    if isinstance(value, list):
+        if len(value) == 1:
+            return as_type(value[0])
+        return Type(tuple(as_type(v).tensors for v in value))
+    if isinstance(value, tuple):
+        return Type(tuple(as_type(v).tensors for v in value))
+    if isinstance(value, TensorType):
+        return Type(value)
+    raise TypeError(f"expected a Type, TensorType or list of them, got {value!r}")
+
+
+def type_of_value(value: Any, backend: Any, batch_size: int) -> Type:
+    """The Type of a (possibly tuple) value for ``batch_size`` threads."""
+    def leaf(v: Any) -> TensorType:
+        return backend.type_of(v, batch_size)
+    return Type(pattern_map(leaf, _tuples(value)))
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+class _Inference:
+    def __init__(self, program: Program, backend: Any) -> None:
+        self.program = program
+        self.backend = backend
+        self.params: Dict[str, List[Optional[Type]]] = {}
+        self.vars: Dict[str, Dict[str, Type]] = {fn.name: {} for fn in program.functions}
+        self.ret: Dict[str, Optional[Type]] = {fn.name: None for fn in program.functions}
+        self.primop_cache: Dict[Tuple[int, Tuple[Type, ...]], Type] = {}
+        self.changed = False
+
+    def set_var(self, fn: str, var: str, typ: Type) -> None:
+        old = self.vars[fn].get(var)
+        new = merge_types(old, typ, f"variable {var!r} of function {fn!r}")
+        if new != old:
+            self.vars[fn][var] = new
+            self.changed = True
+
+    def bind(self, fn: str, pattern: Any, typ: Type, where: str) -> None:
+        for var, part in bind_pattern(pattern, typ.tensors, where):
+            self.set_var(fn, var, Type(part))
+
+    def set_params(self, fn: Function, types: Sequence[Type], where: str) -> None:
+        known = self.params.setdefault(fn.name, [None] * len(fn.params))
+        for i, (name, typ) in enumerate(zip(fn.params, types)):
+            new = merge_types(known[i], typ,
+                              f"parameter {name!r} of function {fn.name!r} (called from {where})")
+            if new != known[i]:
+                known[i] = new
+                self.changed = True
+            self.set_var(fn.name, name, new)
+
+    def set_ret(self, fn: str, typ: Type) -> None:
+        new = merge_types(self.ret[fn], typ, f"the return value of function {fn!r}")
+        if new != self.ret[fn]:
+            self.ret[fn] = new
+            self.changed = True
+
+    def primop_type(self, fn: Function, op: PrimOp, types: Tuple[Type, ...],
+                    where: str) -> Type:
+        key = (id(op), types)
+        cached = self.primop_cache.get(key)
+        if cached is not None:
+            return cached
+        inputs = [pattern_map(lambda t: self.backend.placeholder(t.strong(), 1), t.tensors)
+                  for t in types]
+        try:
+            with np.errstate(all="ignore"):
+                out = op.function(*inputs)
+            typ = type_of_value(out, self.backend, 1)
+        except TypeInferenceError:
+            raise
+        except Exception as exc:
+            shown = ", ".join(f"{v}: {t}" for v, t in zip(op.vars_in, types))
+            raise TypeInferenceError(
+                f"{where}: primop `{op}` failed on placeholder inputs (zeros of one "
+                f"thread; {shown}): {type(exc).__name__}: {exc}") from exc
+        self.primop_cache[key] = typ
+        return typ
+
+    def visit(self, fn: Function) -> None:
+        env = self.vars[fn.name]
+        if fn.type_inference is not None and None not in self.params[fn.name]:
+            try:
+                declared = as_type(fn.type_inference(list(self.params[fn.name])))
+            except Exception as exc:
+                raise TypeInferenceError(f"type_inference of function {fn.name!r} failed "
+                                         f"on {[str(t) for t in self.params[fn.name]]}: "
+                                         f"{exc}") from exc
+            self.set_ret(fn.name, declared)
+        for block in fn.blocks:
+            where = f"function {fn.name!r}, block {block.name!r}"
+            for op in block.instructions:
+                if not all(v in env for v in op.reads):
+                    continue
+                types = tuple(env[v] for v in op.reads)
+                if isinstance(op, PrimOp):
+                    self.bind(fn.name, op.vars_out,
+                              self.primop_type(fn, op, types, where), f"{where}: {op}")
+                elif isinstance(op, FunctionCallOp):
+                    callee = self.program.function(op.function)
+                    self.set_params(callee, types, f"{where}")
+                    ret = self.ret[callee.name]
+                    if ret is not None:
+                        self.bind(fn.name, op.vars_out, ret, f"{where}: {op}")
+                elif isinstance(op, CopyOp):
+                    value = pattern_unflatten(op.vars_in, [t.tensors for t in types])
+                    self.bind(fn.name, op.vars_out, Type(value),
+                              f"{where}: {op}")
+                else:
+                    raise ProgramError(f"{where}: {type(op).__name__} belongs to lowered "
+                                       f"programs; infer types before lowering")
+            term = block.terminator
+            if isinstance(term, ReturnOp) and all(v in env for v in term.reads):
+                value = pattern_map(lambda v: env[v].tensors, term.vars)
+                self.set_ret(fn.name, Type(value))
+
+    def run(self, arg_types: Sequence[Type]) -> None:
+        main = self.program.main_function
+        if len(arg_types) != len(main.params):
+            raise ProgramError(f"function {main.name!r} takes {len(main.params)} argument(s) "
+                               f"{main.params}, got types for {len(arg_types)}")
+        self.set_params(main, [as_type(t) for t in arg_types], "the caller")
+        rounds = 0
+        while True:
+            self.changed = False
+            for fn in self.program.functions:
+                if fn.name in self.params and None not in self.params[fn.name]:
+                    self.visit(fn)
+            rounds += 1
+            if not self.changed:
+                break
+        log.debug("type inference converged after %d rounds", rounds)
+
+
+def _strong(typ: Type) -> Type:
+    return typ.strong()
+
+
+def infer_types(program: Program, arg_types: Sequence[Any], backend: Any = None) -> Program:
+    """A copy of ``program`` with ``var_types`` and ``return_type`` set on every
+    function reachable from ``main``.
+
+    Parameters
+    ----------
+    program : an unlowered program.
+    arg_types : the Type (or TensorType) of each of ``main``'s parameters,
+        without the batch dimension.
+    backend : runs the primops on placeholders (default: NumpyBackend).
+
+    Raises
+    ------
+    TypeInferenceError : types that disagree, a primop that fails on
+        placeholders, a type that cannot be inferred.
+    ProgramError : a variable read before it is written.
+    """
+    if backend is None:
+        from autobatch.backends.numpy import NumpyBackend
+        backend = NumpyBackend()
+    program.validate()
+    in_use = reachable(call_graph(program), program.main)
+    for fn in program.functions:
+        if fn.name in in_use:
+            check_defined(function_flow(fn))
+    inference = _Inference(program, backend)
+    inference.run(arg_types)
+    functions = []
+    for fn in program.functions:
+        if fn.name not in in_use:
+            functions.append(fn)
+            continue
+        env = inference.vars[fn.name]
+        if fn.name not in inference.params or None in inference.params[fn.name]:
+            raise TypeInferenceError(f"function {fn.name!r} is never called with known "
+                                     f"argument types")
+        ret = inference.ret[fn.name]
+        if ret is None:
+            raise TypeInferenceError(
+                f"cannot infer the return type of function {fn.name!r}: no return is "
+                f"reached without a recursive call whose type is unknown; give the "
+                f"function a type_inference callable (argument types -> [return type])")
+        for var in fn.variables():
+            if var not in env:
+                raise TypeInferenceError(
+                    f"cannot infer the type of variable {var!r} of function {fn.name!r}: "
+                    f"it depends on a call whose return type is unknown; give the callee "
+                    f"a type_inference callable")
+        var_types = {var: _strong(env[var]) for var in fn.variables()}
+        for block in fn.blocks:
+            term = block.terminator
+            if isinstance(term, BranchOp):
+                leaves = var_types[term.cond].leaves()
+                if len(leaves) != 1 or leaves[0].dtype != np.bool_ or leaves[0].shape:
+                    raise TypeInferenceError(
+                        f"function {fn.name!r}, block {block.name!r}: branch condition "
+                        f"{term.cond!r} is {var_types[term.cond]}; it must be a boolean "
+                        f"scalar per thread (bool[])")
+        functions.append(replace(fn, var_types=var_types, return_type=_strong(ret)))
+    return program.replace_functions(functions)
+

@@ -1,0 +1,527 @@
+"""The batched program-counter VM: :func:`execute`.
+
+Every thread (batch member) has a program counter (``pc``: the index of the
+block it will run next; ``halt`` = number of blocks once it has returned from
+``main``).  One VM step picks the lowest block index any thread is at, selects
+the threads there, and runs that block's code for them (gather their values,
+apply the primops, scatter results back), then updates their ``pc``.  The run
+ends when every thread has halted.
+
+Storage (per :class:`~autobatch.instructions.VariableAllocation`):
+
+- NULL: none; a write is dropped, a read raises NullVariableError.
+- TEMPORARY: none; the value lives in a Python local of the block's code.
+- REGISTER: one array ``[batch, ...]`` per leaf of the variable's type.
+- FULL: a register plus a stack ``[max_stack_depth + 1, batch, ...]``.
+
+Calls: with a stacked program counter (``pc_alloc`` FULL) each thread has a
+call depth ``depth`` (starting at 1: frame 0 holds ``halt``, the return
+address of ``main``).  A call saves the return address and the FULL variables
+to keep into frame ``depth`` and increments it; a return decrements it and
+jumps to the saved address; the continuation restores the variables from the
+same frame.  Each push or pop is one gather or scatter of the selected
+threads: O(selected threads), never O(batch^2).  A thread whose depth would
+exceed ``max_stack_depth`` pending calls raises
+:class:`~autobatch.errors.StackOverflowError` naming the called function.
+
+Block code is generated Python (see :meth:`VirtualMachine.block_source`),
+straight-line calls to the :class:`~autobatch.backends.base.Backend`: each
+variable is read from its register at most once per block run, and written
+back only where it is live after the block (``LoweredProgram.live_out``).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from autobatch.errors import NullVariableError, ProgramError, StackOverflowError
+from autobatch.instructions import (
+    BranchOp, CopyOp, GotoOp, IndirectGotoOp, PopOp, PrimOp, Program, PushGotoOp, PushOp,
+    TensorType, Type, VariableAllocation, pattern_leaves, pattern_map, pattern_unflatten,
+)
+from autobatch.lowering import LoweredProgram, lower
+
+__all__ = ["VirtualMachine", "execute", "prepare", "argument_types"]
+
+log = logging.getLogger(__name__)
+
+#: Default bound on pending calls per thread (as in TFP's auto_batching).
+DEFAULT_MAX_STACK_DEPTH = 15
+
+_PC_TYPE = TensorType(np.int32, ())
+#: Most blocks one VM step runs through by jump threading.
+MAX_CHAIN = 8
+NULL = VariableAllocation.NULL
+TEMPORARY = VariableAllocation.TEMPORARY
+FULL = VariableAllocation.FULL
+
+
+def _shape(value: Any) -> Tuple[int, ...]:
+    shape = getattr(value, "shape", None)
+    return tuple(shape) if shape is not None else np.shape(value)
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def argument_types(args: Sequence[Any], backend: Any) -> List[Type]:
+    """The per-thread Type of each batched argument: a leaf with a leading
+    batch dimension has type ``(dtype, shape[1:])``; a 0-d leaf (broadcast to
+    every thread) has type ``(dtype, ())``."""
+    def leaf_type(leaf: Any) -> TensorType:
+        shape = _shape(leaf)
+        return backend.type_of(leaf, shape[0] if shape else 1).strong()
+    return [Type(pattern_map(leaf_type, _tuples(a))) for a in args]
+
+
+def prepare(program: Program, arg_types: Sequence[Any], backend: Any = None) -> LoweredProgram:
+    """Type, allocate and lower ``program`` for arguments of ``arg_types``."""
+    from autobatch.allocation_strategy import optimize
+    from autobatch.type_inference import infer_types
+    return lower(optimize(infer_types(program, arg_types, backend)))
+
+
+class _BlockCompiler:
+    """Generates the Python source of one block's step function."""
+
+    def __init__(self, vm: "VirtualMachine", index: int) -> None:
+        self.vm = vm
+        self.lowered = vm.lowered
+        self.block = vm.lowered.blocks[index]
+        self.index = index
+        self.lines: List[str] = []
+        self.namespace: Dict[str, Any] = {"B": vm.backend}
+        self.values: Dict[str, Any] = {}   # var -> pattern of local names
+        self.in_frame: set = set()         # popped, not yet gathered, unchanged
+        self.dirty: set = set()
+        self.count = 0
+
+    # -- helpers --------------------------------------------------------------
+    def local(self) -> str:
+        self.count += 1
+        return f"t{self.count}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " + line)
+
+    def constant(self, value: Any) -> str:
+        name = f"c{len(self.namespace)}"
+        self.namespace[name] = value
+        return name
+
+    def alloc(self, var: str) -> VariableAllocation:
+        return self.lowered.var_alloc[var]
+
+    def leaf_paths(self, var: str) -> List[Tuple[int, ...]]:
+        """Index paths of the leaves of ``var``'s type (``[()]`` for a tensor)."""
+        def paths(pattern: Any, prefix: Tuple[int, ...]) -> List[Tuple[int, ...]]:
+            if isinstance(pattern, tuple):
+                out = []
+                for i, part in enumerate(pattern):
+                    out.extend(paths(part, prefix + (i,)))
+                return out
+            return [prefix]
+        return paths(self.lowered.var_types[var].tensors, ())
+
+    def keyed(self, var: str) -> List[str]:
+        return [repr(k) for k in self.vm.register_keys[var]]
+
+    def skeleton(self, var: str, leaves: Sequence[str]) -> Any:
+        return pattern_unflatten(self.lowered.var_types[var].tensors, list(leaves))
+
+    def as_expr(self, pattern: Any) -> str:
+        if isinstance(pattern, tuple):
+            inner = ", ".join(self.as_expr(p) for p in pattern)
+            return f"({inner},)" if len(pattern) == 1 else f"({inner})"
+        return pattern
+
+    # -- reads and writes ---------------------------------------------------------
+    def read(self, var: str) -> Any:
+        """A pattern of local names holding ``var``'s value for the selection."""
+        if var in self.values:
+            return self.values[var]
+        alloc = self.alloc(var)
+        if var in self.in_frame:
+            leaves = []
+            for key in self.vm.stack_keys[var]:
+                name = self.local()
+                self.emit(f"{name} = B.read_frame(state[{key!r}], sel, d)")
+                leaves.append(name)
+            self.in_frame.discard(var)
+        elif alloc == NULL:
+            self.emit(f"{self.constant(self.vm.null_reader(var))}()")
+            leaves = ["None"] * len(self.leaf_paths(var))
+        elif alloc == TEMPORARY:
+            raise ProgramError(f"block {self.block.name!r} reads TEMPORARY variable "
+                               f"{var!r} before writing it; the allocation is wrong")
+        else:
+            leaves = []
+            for key in self.keyed(var):
+                name = self.local()
+                self.emit(f"{name} = B.read(state[{key}], sel)")
+                leaves.append(name)
+        value = self.skeleton(var, leaves)
+        self.values[var] = value
+        return value
+
+    def assign(self, var: str, value: Any) -> None:
+        """Bind ``var`` to a pattern of local names (compile time)."""
+        self.in_frame.discard(var)
+        if self.alloc(var) == NULL:
+            self.values.pop(var, None)
+            return
+        self.values[var] = value
+        self.dirty.add(var)
+
+    def bind_static(self, pattern: Any, value: Any) -> None:
+        if isinstance(pattern, tuple):
+            for part, sub in zip(pattern, value):
+                self.bind_static(part, sub)
+        else:
+            self.assign(pattern, value)
+
+    def bind_runtime(self, pattern: Any, expr: str) -> None:
+        """Bind a pattern of variables to the runtime value ``expr``."""
+        if isinstance(pattern, tuple):
+            for i, part in enumerate(pattern):
+                self.bind_runtime(part, f"{expr}[{i}]")
+            return
+        if self.alloc(pattern) == NULL:
+            return
+        leaves = []
+        for path in self.leaf_paths(pattern):
+            if path:
+                name = self.local()
+                self.emit(f"{name} = {expr}{''.join(f'[{i}]' for i in path)}")
+                leaves.append(name)
+            else:
+                leaves.append(expr)
+        self.assign(pattern, self.skeleton(pattern, leaves))
+
+    # -- code -----------------------------------------------------------------------
+    def depth(self) -> str:
+        """The local holding the selected threads' call depth (read once)."""
+        if not self.have_depth:
+            self.emit("d = B.read(state['depth'], sel)")
+            self.have_depth = True
+        return "d"
+
+    def next_in_chain(self, term: Any, chain: List[int]) -> Optional[int]:
+        """The block to run right after this one in the same step, if any.
+
+        The scheduler runs the lowest block index any thread is at, so no
+        thread is at a block below ``self.index``.  An unconditional jump
+        (goto, or the jump of a call) to such a block would be the next step,
+        for exactly these threads: run it now instead (jump threading).
+        """
+        if isinstance(term, GotoOp):
+            target = self.vm.index[term.target]
+        elif isinstance(term, PushGotoOp):
+            target = self.vm.index[term.target]
+        else:
+            return None
+        if target < self.index and target not in chain and len(chain) < MAX_CHAIN:
+            return target
+        return None
+
+    def compile(self) -> Tuple[str, Dict[str, Any]]:
+        vm = self.vm
+        self.have_depth = False
+        self.depth_changed = False
+        self.emit(f"sel = B.select(state['pc'], {self.index})")
+        chain = [self.index]
+        while True:
+            block = self.lowered.blocks[chain[-1]]
+            self.instructions(block)
+            term = block.terminator
+            nxt = self.next_in_chain(term, chain)
+            if nxt is None:
+                self.write_back(self.lowered.live_out.get(block.name, frozenset()))
+                self.terminator(block)
+                break
+            if isinstance(term, PushGotoOp):
+                self.call_frame(block)
+                self.emit("d = d + 1")
+                self.depth_changed = True
+                self.settle_frame(self.lowered.live_out.get(block.name, frozenset()))
+            chain.append(nxt)
+        self.emit("return state")
+        self.chain = chain
+        name = f"block_{self.index}"
+        source = f"def {name}(state):\n" + "\n".join(self.lines) + "\n"
+        return source, self.namespace
+
+    def instructions(self, block: Any) -> None:
+        vm = self.vm
+        if isinstance(block.terminator, PushGotoOp) and vm.pc_full:
+            error = self.constant(vm.overflow_error(self.lowered.callee[block.name]))
+            self.emit(f"B.check({self.depth()} <= {vm.max_stack_depth}, {error})")
+        for op in block.instructions:
+            if isinstance(op, PrimOp):
+                fn = self.constant(op.function)
+                args = ", ".join(self.as_expr(self.read(v)) for v in op.vars_in)
+                out = self.local()
+                self.emit(f"{out} = {fn}({args})")
+                self.bind_runtime(op.vars_out, out)
+            elif isinstance(op, CopyOp):
+                value = pattern_map(self.read, op.vars_in)
+                self.bind_static(op.vars_out, value)
+            elif isinstance(op, PushOp):
+                for var in op.vars:
+                    if var in self.in_frame:  # frame slot already holds it
+                        continue
+                    leaves = pattern_leaves(self.read(var))
+                    d = self.depth()
+                    for key, leaf in zip(vm.stack_keys[var], leaves):
+                        self.emit(f"state[{key!r}] = B.write_frame(state[{key!r}], sel, {d}, "
+                                  f"{leaf})")
+            elif isinstance(op, PopOp):
+                self.depth()
+                for var in op.vars:
+                    self.values.pop(var, None)
+                    self.in_frame.add(var)
+                    self.dirty.add(var)
+            else:
+                raise ProgramError(f"block {block.name!r}: the VM cannot run "
+                                   f"{type(op).__name__}; lower the program first")
+
+    def settle_frame(self, live: frozenset) -> None:
+        """Before the call depth changes: gather popped variables still needed."""
+        for var in sorted(self.in_frame):
+            if var in live:
+                self.read(var)
+            else:
+                self.dirty.discard(var)
+        self.in_frame.clear()
+
+    def write_back(self, live: frozenset) -> None:
+        """Store the variables written in this step that are live after it."""
+        for var in sorted(self.dirty & live):
+            if self.alloc(var) == TEMPORARY:
+                raise ProgramError(f"TEMPORARY variable {var!r} is live after block "
+                                   f"{self.block.name!r}; the allocation is wrong")
+            leaves = pattern_leaves(self.read(var))
+            for key, leaf in zip(self.keyed(var), leaves):
+                self.emit(f"state[{key}] = B.write(state[{key}], sel, {leaf})")
+
+    def call_frame(self, block: Any) -> None:
+        """Save the return address of the call that ends ``block``."""
+        ret = self.vm.index[block.terminator.return_target]
+        self.emit(f"state['pc@stack'] = B.write_frame(state['pc@stack'], sel, "
+                  f"{self.depth()}, {ret})")
+
+    def terminator(self, block: Any) -> None:
+        term = block.terminator
+        index = self.vm.index
+        if isinstance(term, (GotoOp, BranchOp)) and self.depth_changed:
+            self.emit("state['depth'] = B.write(state['depth'], sel, d)")
+        if isinstance(term, GotoOp):
+            target = index[term.target]
+            if target != self.index:
+                self.emit(f"state['pc'] = B.write(state['pc'], sel, {target})")
+        elif isinstance(term, BranchOp):
+            cond = self.as_expr(self.read(term.cond))
+            self.emit(f"state['pc'] = B.write(state['pc'], sel, B.where({cond}, "
+                      f"{index[term.true_target]}, {index[term.false_target]}))")
+        elif isinstance(term, PushGotoOp):
+            self.call_frame(block)
+            self.emit("state['depth'] = B.write(state['depth'], sel, d + 1)")
+            self.emit(f"state['pc'] = B.write(state['pc'], sel, {index[term.target]})")
+        elif isinstance(term, IndirectGotoOp):
+            if self.vm.pc_full:
+                self.emit(f"d1 = {self.depth()} - 1")
+                self.emit("state['depth'] = B.write(state['depth'], sel, d1)")
+                self.emit("state['pc'] = B.write(state['pc'], sel, "
+                          "B.read_frame(state['pc@stack'], sel, d1))")
+            else:
+                self.emit(f"state['pc'] = B.write(state['pc'], sel, {self.vm.halt})")
+        else:
+            raise ProgramError(f"block {block.name!r}: the VM cannot run "
+                               f"{type(term).__name__}; lower the program first")
+
+
+class VirtualMachine:
+    """Runs one :class:`~autobatch.lowering.LoweredProgram` on a backend.
+
+    Parameters
+    ----------
+    lowered : the program (see :func:`prepare`).
+    backend : a :class:`~autobatch.backends.base.Backend`.
+    max_stack_depth : the most calls pending at once per thread.
+    block_code_cache : optional dict shared across VMs; compiled block
+        functions are kept there under ``(lowered, block index,
+        max_stack_depth, backend)``.
+
+    After :meth:`run`, ``steps`` is the number of blocks run (VM steps).
+    """
+
+    def __init__(self, lowered: LoweredProgram, backend: Any = None,
+                 max_stack_depth: int = DEFAULT_MAX_STACK_DEPTH,
+                 block_code_cache: Optional[dict] = None) -> None:
+        if backend is None:
+            from autobatch.backends.numpy import NumpyBackend
+            backend = NumpyBackend()
+        if not isinstance(max_stack_depth, (int, np.integer)) or max_stack_depth < 1:
+            raise ValueError(f"max_stack_depth must be a positive int, got {max_stack_depth!r}")
+        self.lowered = lowered
+        self.backend = backend
+        self.max_stack_depth = int(max_stack_depth)
+        self.index = lowered.block_index()
+        self.halt = len(lowered.blocks)
+        self.pc_full = lowered.pc_alloc == FULL
+        self.register_keys: Dict[str, List[str]] = {}
+        self.stack_keys: Dict[str, List[str]] = {}
+        for var in sorted(lowered.var_types):
+            alloc = lowered.var_alloc[var]
+            n = len(lowered.var_types[var].leaves())
+            if alloc > TEMPORARY:
+                self.register_keys[var] = [f"{var}#{i}" for i in range(n)]
+            if alloc == FULL:
+                self.stack_keys[var] = [f"{var}#{i}@stack" for i in range(n)]
+        self.steps = 0
+        self._sources: Dict[int, str] = {}
+        self.block_functions: List[Callable[[dict], dict]] = [
+            self._block_function(i, block_code_cache) for i in range(self.halt)]
+
+    # -- code ------------------------------------------------------------------------
+    def block_source(self, index: int) -> str:
+        """The generated Python source of block ``index``'s step function."""
+        if index not in self._sources:
+            self._sources[index] = _BlockCompiler(self, index).compile()[0]
+        return self._sources[index]
+
+    def _block_function(self, index: int, cache: Optional[dict]) -> Callable[[dict], dict]:
+        key = (self.lowered, index, self.max_stack_depth, self.backend)
+        if cache is not None and key in cache:
+            return cache[key]
+        source, namespace = _BlockCompiler(self, index).compile()
+        self._sources[index] = source
+        code = compile(source, f"<autobatch block {index}: "
+                               f"{self.lowered.blocks[index].name}>", "exec")
+        exec(code, namespace)
+        function = self.backend.wrap_block(namespace[f"block_{index}"],
+                                           self.lowered.blocks[index].name)
+        if cache is not None:
+            cache[key] = function
+        return function
+
+    def null_reader(self, var: str) -> Callable[[], None]:
+        def read_null() -> None:
+            raise NullVariableError(f"variable {var!r} is allocated NULL (holds nothing) "
+                                    f"but is read; re-run allocation_strategy.optimize "
+                                    f"instead of editing var_alloc by hand")
+        return read_null
+
+    def overflow_error(self, function: str) -> Callable[[], Exception]:
+        depth = self.max_stack_depth
+        return lambda: StackOverflowError(function, depth)
+
+    # -- running -----------------------------------------------------------------------
+    def initial_state(self, args: Sequence[Any]) -> Tuple[dict, int]:
+        """Storage for a run over ``args``: ``(state, batch size)``."""
+        lowered, backend = self.lowered, self.backend
+        if len(args) != len(lowered.inputs):
+            raise ProgramError(f"the program takes {len(lowered.inputs)} argument(s) "
+                               f"{lowered.inputs}, got {len(args)}")
+        leaves_per_input = []
+        sizes = set()
+        for var, arg in zip(lowered.inputs, args):
+            types = lowered.var_types[var].leaves()
+            leaves = pattern_leaves(_tuples(arg))
+            if len(leaves) != len(types):
+                raise ProgramError(f"argument for {var!r} has {len(leaves)} part(s); its "
+                                   f"type {lowered.var_types[var]} has {len(types)}")
+            for leaf, typ in zip(leaves, types):
+                shape = _shape(leaf)
+                if len(shape) == len(typ.shape) + 1 and shape[0] != 1:
+                    sizes.add(shape[0])
+            leaves_per_input.append(leaves)
+        if len(sizes) > 1:
+            raise ProgramError(f"arguments have different batch sizes {sorted(sizes)}; "
+                               f"give them one batch size (size-1 and scalars broadcast)")
+        batch = sizes.pop() if sizes else 1
+        frames = self.max_stack_depth + 1
+        state: Dict[str, Any] = {}
+        for var, keys in self.register_keys.items():
+            for key, typ in zip(keys, lowered.var_types[var].leaves()):
+                state[key] = backend.fill(typ, batch)
+        for var, keys in self.stack_keys.items():
+            for key, typ in zip(keys, lowered.var_types[var].leaves()):
+                state[key] = backend.stack(typ, batch, frames)
+        for var, leaves in zip(lowered.inputs, leaves_per_input):
+            if var in self.register_keys:
+                for key, leaf, typ in zip(self.register_keys[var], leaves,
+                                          lowered.var_types[var].leaves()):
+                    state[key] = backend.as_batched(leaf, typ, batch)
+        main_entry = self.index[f"{lowered.source.main}/"
+                                f"{lowered.source.main_function.entry.name}"]
+        state["pc"] = backend.fill(_PC_TYPE, batch, main_entry)
+        if self.pc_full:
+            state["depth"] = backend.fill(_PC_TYPE, batch, 1)
+            state["pc@stack"] = backend.stack(_PC_TYPE, batch, frames, self.halt)
+        state["steps"] = 0
+        return state, batch
+
+    def run(self, args: Sequence[Any]) -> Any:
+        """Run every thread to completion; returns main's value per thread
+        (arrays with a leading batch dimension; tuples for tuple values)."""
+        backend = self.backend
+        state, batch = self.initial_state(args)
+        if batch:
+            blocks = self.block_functions
+            halt = self.halt
+
+            def cond(s: dict) -> Any:
+                return s["next"] < halt
+
+            def body(s: dict) -> dict:
+                s = backend.switch_case(s["next"], blocks, s)
+                s["next"] = backend.reduce_min(s["pc"])
+                s["steps"] = s["steps"] + 1
+                return s
+
+            state["next"] = backend.reduce_min(state["pc"])
+            state = backend.while_loop(cond, body, state)
+        self.steps = state["steps"]
+        out = self.lowered.output
+        leaves = [backend.to_numpy(state[k]) for k in self.register_keys[out]]
+        return pattern_unflatten(self.lowered.var_types[out].tensors, leaves)
+
+
+def execute(program: Any, args: Sequence[Any], backend: Any = None,
+            max_stack_depth: int = DEFAULT_MAX_STACK_DEPTH,
+            block_code_cache: Optional[dict] = None) -> Any:
+    """Run ``program`` for a batch of inputs.
+
+    Parameters
+    ----------
+    program : a :class:`~autobatch.instructions.Program` (typed, allocated and
+        lowered here for the types of ``args``) or a
+        :class:`~autobatch.lowering.LoweredProgram`.
+    args : one value per parameter of main, each with a leading batch
+        dimension (all the same size); a leaf without it, or with size 1, is
+        broadcast to every thread.  Tuples for tuple-typed parameters.
+    backend : default :class:`~autobatch.backends.numpy.NumpyBackend`.
+    max_stack_depth : the most calls pending at once per thread.
+    block_code_cache : see :class:`VirtualMachine`.
+
+    Returns
+    -------
+    main's return value per thread, batch dimension first.
+
+    Raises
+    ------
+    StackOverflowError : a thread needs more than ``max_stack_depth`` pending calls.
+    """
+    if backend is None:
+        from autobatch.backends.numpy import NumpyBackend
+        backend = NumpyBackend()
+    if isinstance(program, Program):
+        program = prepare(program, argument_types(args, backend), backend)
+    vm = VirtualMachine(program, backend, max_stack_depth, block_code_cache)
+    return vm.run(args)
