@@ -1,0 +1,530 @@
+"""Where a program's memory goes: timeline, peak, who holds it, what batch fits.
+
+:func:`analyze` takes a Paddle program (PIR or legacy) or a memopt
+:class:`~memopt.graph.Graph` and models what Paddle's executor allocates
+while it runs one step:
+
+- every non-persistable dense variable holds its bytes from the op that
+  writes it first to its last use (live intervals of :mod:`memopt.liveness`);
+  with the garbage collector on (``FLAGS_eager_delete_tensor_gb`` >= 0, the
+  default) it is freed right after its last use, with it off it is held to the
+  end of the step;
+- a use that only needs a tensor's shape (Paddle's *no-need-buffer* inputs,
+  e.g. ``x`` of ``add_grad``) does not keep its memory alive;
+- fed data stay allocated for the whole step (the executor keeps them in the
+  scope);
+- for PIR, the executor's in-place pass (``FLAGS_pir_apply_inplace_pass``, on
+  by default) writes some outputs over their dying input
+  (:func:`memopt.paddle.pir.executor_inplace`): the two share one buffer;
+- persistable variables (parameters, optimizer state) are counted apart: they
+  are allocated before the step and outlive it.
+
+Sizes are symbolic in the batch (a ``-1`` dimension is ``B``), so the live
+bytes at each op position are a polynomial in ``B`` and the peak is their
+maximum: :meth:`Analysis.peak` answers for any batch size,
+:meth:`Analysis.max_batch_size` the largest batch that fits a budget.
+
+Units: bytes; positions are flat op positions (:meth:`Graph.walk_ops`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+
+from .errors import UnsupportedProgramError
+from .graph import Graph, Op, Size
+from .liveness import analyze_graph as _liveness_of
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RuntimeModel", "Holder", "Analysis", "analyze", "from_graph", "parse_bytes", "format_bytes"]
+
+#: Categories of memory, in report order.
+CATEGORIES = ("parameter", "input", "activation", "gradient", "optimizer")
+
+
+@dataclass(frozen=True)
+class RuntimeModel:
+    """How the executor handles memory.
+
+    Attributes
+    ----------
+    gc : free a variable right after its last use (Paddle's eager deletion,
+        ``FLAGS_eager_delete_tensor_gb`` >= 0); False holds every variable to
+        the end of the step.
+    inplace : apply the PIR executor's in-place pass (PIR programs only).
+    device : ``"cpu"`` or ``"gpu"``: the in-place pass differs slightly.
+    """
+
+    gc: bool = True
+    inplace: bool = True
+    device: str = "cpu"
+
+    @classmethod
+    def from_paddle(cls, device: str = "cpu") -> "RuntimeModel":
+        """The model Paddle's current flags select (Paddle's defaults when
+        Paddle is not importable)."""
+        try:
+            import paddle
+
+            flags = paddle.get_flags(["FLAGS_eager_delete_tensor_gb",
+                                      "FLAGS_pir_apply_inplace_pass"])
+        except Exception:  # pragma: no cover - paddle missing or too old
+            return cls(device=device)
+        return cls(gc=float(flags["FLAGS_eager_delete_tensor_gb"]) >= 0,
+                   inplace=bool(flags["FLAGS_pir_apply_inplace_pass"]), device=device)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One buffer: a variable, or an in-place chain of variables sharing memory.
+
+    Attributes
+    ----------
+    name : the variable that allocates it (the first of ``names``).
+    names : every variable living in this buffer, in program order.
+    size : bytes, symbolic in the batch size.
+    category : ``"input"``, ``"activation"``, ``"gradient"`` or ``"optimizer"``.
+    op : type of the op that allocates it; ``position`` its flat position.
+    start, end : first and last op positions at which it holds memory.
+    """
+
+    name: str
+    names: tuple
+    size: Size
+    category: str
+    op: str
+    position: int
+    start: int
+    end: int
+
+    def bytes(self, batch_size: int) -> int:
+        return self.size.at(batch_size)
+
+
+def _poly_add(poly: dict, size: Size, sign: int = 1) -> None:
+    poly[size.power] = poly.get(size.power, 0) + sign * size.coefficient
+
+
+def _poly_at(poly: dict, batch_size: int) -> int:
+    return sum(c * batch_size ** p for p, c in poly.items())
+
+
+def _poly_str(poly: dict) -> str:
+    terms = []
+    for power in sorted(poly, reverse=True):
+        c = poly[power]
+        if not c:
+            continue
+        unit = format_bytes(c)
+        terms.append(unit if power == 0 else f"{unit}*B" if power == 1 else f"{unit}*B^{power}")
+    return " + ".join(terms) if terms else "0 B"
+
+
+@dataclass
+class Analysis:
+    """The memory of one program step under a :class:`RuntimeModel`.
+
+    Attributes
+    ----------
+    graph : the program's :class:`Graph`.
+    batch_size : the batch size figures default to (1 when None was given).
+    runtime : the runtime model used.
+    holders : every non-persistable buffer (see :class:`Holder`).
+    persistable : bytes of persistable variables (parameters, optimizer
+        state), symbolic in the batch (normally a constant).
+    op_types : the op type at each flat position.
+    inplace : ``(position, input, output)`` of the ops the executor runs in
+        place (PIR), as modelled.
+    """
+
+    graph: Graph
+    batch_size: Optional[int]
+    runtime: RuntimeModel
+    holders: list
+    persistable: dict
+    op_types: list
+    inplace: list = field(default_factory=list)
+    _coef: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        n = max(len(self.op_types), 1)
+        powers = sorted({h.size.power for h in self.holders} | {0})
+        self._powers = powers
+        coef = np.zeros((len(powers), n + 1), dtype=object)
+        index = {p: k for k, p in enumerate(powers)}
+        for h in self.holders:
+            k = index[h.size.power]
+            coef[k, h.start] += h.size.coefficient
+            coef[k, h.end + 1] -= h.size.coefficient
+        self._coef = np.cumsum(coef, axis=1)[:, :n]
+
+    # -- figures --------------------------------------------------------------
+    def _b(self, batch_size: Optional[int]) -> int:
+        b = batch_size if batch_size is not None else (self.batch_size or 1)
+        if not isinstance(b, (int, np.integer)) or b < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {b!r}")
+        return int(b)
+
+    def timeline(self, batch_size: Optional[int] = None) -> list:
+        """Live non-persistable bytes at every op position (while it runs)."""
+        b = self._b(batch_size)
+        total = np.zeros(self._coef.shape[1], dtype=object)
+        for k, p in enumerate(self._powers):
+            total = total + self._coef[k] * (b ** p)
+        return [int(x) for x in total[: len(self.op_types)]]
+
+    def peak_position(self, batch_size: Optional[int] = None) -> int:
+        """The first op position where the live bytes are highest."""
+        line = self.timeline(batch_size)
+        return int(np.argmax(np.array(line, dtype=float))) if line else 0
+
+    def peak(self, batch_size: Optional[int] = None) -> int:
+        """Peak live bytes of non-persistable variables during the step."""
+        line = self.timeline(batch_size)
+        return max(line) if line else 0
+
+    def persistable_bytes(self, batch_size: Optional[int] = None) -> int:
+        """Bytes of persistable variables (allocated before the step)."""
+        return _poly_at(self.persistable, self._b(batch_size))
+
+    def total_peak(self, batch_size: Optional[int] = None) -> int:
+        """Persistable bytes plus the step's peak: what the device must hold."""
+        return self.persistable_bytes(batch_size) + self.peak(batch_size)
+
+    def peak_formula(self, batch_size: Optional[int] = None) -> str:
+        """The live bytes at the peak position as a formula in ``B``."""
+        pos = self.peak_position(batch_size)
+        poly = {p: int(self._coef[k, pos]) for k, p in enumerate(self._powers)}
+        return _poly_str(poly)
+
+    def held_at(self, position: Optional[int] = None,
+                batch_size: Optional[int] = None) -> list:
+        """Buffers live at ``position`` (default: the peak), largest first."""
+        b = self._b(batch_size)
+        pos = self.peak_position(b) if position is None else position
+        live = [h for h in self.holders if h.start <= pos <= h.end]
+        return sorted(live, key=lambda h: (-h.bytes(b), h.start, h.name))
+
+    def breakdown(self, position: Optional[int] = None,
+                  batch_size: Optional[int] = None) -> dict:
+        """Bytes by category at ``position`` (default: the peak), persistable
+        variables under ``"parameter"``."""
+        b = self._b(batch_size)
+        out = {c: 0 for c in CATEGORIES}
+        out["parameter"] = self.persistable_bytes(b)
+        for h in self.held_at(position, b):
+            out[h.category] = out.get(h.category, 0) + h.bytes(b)
+        return out
+
+    def peak_curve(self, batch_sizes: Iterable[int]) -> list:
+        """``[(batch size, peak bytes)]``: the peak as a function of the batch."""
+        return [(int(b), self.peak(b)) for b in batch_sizes]
+
+    def grows_with_batch(self) -> bool:
+        return any(p > 0 and np.any(self._coef[k] != 0)
+                   for k, p in enumerate(self._powers)) or \
+            any(p > 0 and c for p, c in self.persistable.items())
+
+    def max_batch_size(self, budget_bytes: int, *, include_persistable: bool = True,
+                       limit: int = 1 << 30) -> Optional[int]:
+        """The largest batch size whose memory fits ``budget_bytes``.
+
+        Counts the step's peak plus, when ``include_persistable``, the
+        persistable variables.  Returns 0 when not even batch 1 fits, and
+        ``None`` when memory does not depend on the batch size and fits
+        (any batch does).  Searches up to ``limit``.
+        """
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+
+        def need(b: int) -> int:
+            return self.peak(b) + (self.persistable_bytes(b) if include_persistable else 0)
+
+        if need(1) > budget_bytes:
+            return 0
+        if not self.grows_with_batch():
+            return None
+        lo, hi = 1, 2
+        while hi <= limit and need(hi) <= budget_bytes:
+            lo, hi = hi, hi * 2
+        hi = min(hi, limit + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= budget_bytes:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    # -- output ---------------------------------------------------------------
+    def to_json(self, batch_size: Optional[int] = None, top: int = 10) -> dict:
+        """A JSON-ready dict of the figures at ``batch_size``."""
+        b = self._b(batch_size)
+        pos = self.peak_position(b)
+        return {
+            "batch_size": b,
+            "runtime": {"gc": self.runtime.gc, "inplace": self.runtime.inplace,
+                        "device": self.runtime.device},
+            "ops": len(self.op_types),
+            "peak_bytes": self.peak(b),
+            "peak_position": pos,
+            "peak_op": self.op_types[pos] if self.op_types else None,
+            "peak_formula": self.peak_formula(b),
+            "persistable_bytes": self.persistable_bytes(b),
+            "total_peak_bytes": self.total_peak(b),
+            "breakdown_at_peak": self.breakdown(pos, b),
+            "inplace_ops": len(self.inplace),
+            "held_at_peak": [
+                {"name": h.name, "bytes": h.bytes(b), "size": str(h.size),
+                 "category": h.category, "op": h.op, "position": h.position,
+                 "shared_with": list(h.names[1:])}
+                for h in self.held_at(pos, b)[:top]],
+            "timeline": self.timeline(b),
+        }
+
+    def report(self, batch_size: Optional[int] = None, top: int = 5,
+               budget_bytes: Optional[int] = None) -> str:
+        """A human-readable summary (what ``str(analysis)`` prints)."""
+        b = self._b(batch_size)
+        pos = self.peak_position(b)
+        lines = [
+            f"memory analysis at batch size {b} ({len(self.op_types)} ops; "
+            f"GC {'on' if self.runtime.gc else 'off'}"
+            + (f", {len(self.inplace)} ops in place" if self.inplace else "") + ")",
+            f"  peak of the step      {format_bytes(self.peak(b))} at op {pos} "
+            f"({self.op_types[pos] if self.op_types else '-'})",
+            f"  as a function of B    {self.peak_formula(b)} (at that op)",
+            f"  persistable           {format_bytes(self.persistable_bytes(b))}",
+            f"  total                 {format_bytes(self.total_peak(b))}",
+            "  at the peak: " + ", ".join(
+                f"{c} {format_bytes(v)}" for c, v in self.breakdown(pos, b).items() if v),
+            f"  top {top} holders at the peak:",
+        ]
+        for h in self.held_at(pos, b)[:top]:
+            shared = f" (+{len(h.names) - 1} in place)" if len(h.names) > 1 else ""
+            lines.append(f"    {h.name:<24} {format_bytes(h.bytes(b)):>11}  {h.category:<10} "
+                         f"made by {h.op} at op {h.position}{shared}")
+        if self.grows_with_batch():
+            curve = self.peak_curve(sorted({1, b, 2 * b, 4 * b}))
+            lines.append("  peak by batch size:   " + ", ".join(
+                f"B={k}: {format_bytes(v)}" for k, v in curve))
+        if budget_bytes is not None:
+            fits = self.max_batch_size(budget_bytes)
+            what = ("any batch size (memory does not grow with it)" if fits is None
+                    else "none (batch size 1 does not fit)" if fits == 0 else str(fits))
+            lines.append(f"  largest batch in {format_bytes(budget_bytes)}: {what}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.report()
+
+    def dumps(self, batch_size: Optional[int] = None) -> str:
+        return json.dumps(self.to_json(batch_size), indent=2, sort_keys=True)
+
+
+# -- building -----------------------------------------------------------------
+
+def _runtime_reads(op: Op) -> tuple:
+    """What an op really needs in memory: its reads minus no-need-buffer ones."""
+    shape_only = op.attrs.get("no_need_buffer") if op.attrs else None
+    if not shape_only:
+        return op.reads
+    return tuple(n for n in op.reads if n not in shape_only)
+
+
+def _runtime_graph(graph: Graph) -> Graph:
+    """A copy of ``graph`` whose ops read only what they need in memory."""
+    if not any(op.attrs.get("no_need_buffer") for b in graph.blocks for op in b.ops):
+        return graph
+    blocks = []
+    for block in graph.blocks:
+        new = type(block)(block.idx, block.parent, vars=block.vars)
+        new.ops = [Op(op.type, _runtime_reads(op), op.writes, op.sub_blocks, op.role,
+                      op.loop, op.attrs) for op in block.ops]
+        blocks.append(new)
+    return Graph(blocks=blocks, fetch_names=graph.fetch_names)
+
+
+_GRAD_NAME = re.compile(r"@GRAD")
+
+
+def _category(var, role: str) -> str:
+    if var.is_data or var.is_feed:
+        return "input"
+    if role == "backward" or _GRAD_NAME.search(var.name):
+        return "gradient"
+    if role == "optimize":
+        return "optimizer"
+    return "activation"
+
+
+def from_graph(graph: Graph, batch_size: Optional[int] = None,
+                  runtime: Optional[RuntimeModel] = None,
+                  inplace: Sequence = ()) -> Analysis:
+    """Analyse a memopt :class:`Graph` (see :func:`analyze`).
+
+    ``inplace`` lists ``(position, input name, output name)``: the output is
+    written over the input's buffer at that op.
+    """
+    runtime = runtime or RuntimeModel()
+    positions = list(graph.walk_ops())
+    n = len(positions)
+    last = max(n - 1, 0)
+    intervals = _liveness_of(_runtime_graph(graph)).intervals()
+    first_writer: dict = {}
+    for pos, (_, op) in enumerate(positions):
+        for name in op.writes:
+            first_writer.setdefault(name, pos)
+    var_of: dict = {}
+    for block_idx, var in graph.all_vars():
+        var_of.setdefault(var.name, var)
+    persistable: dict = {}
+    for name, var in var_of.items():
+        if var.persistable and var.is_dense:
+            _poly_add(persistable, var.size)
+    # union in-place chains
+    parent: dict = {}
+
+    def find(x):
+        while parent.get(x, x) != x:
+            parent[x] = parent.get(parent[x], parent[x])
+            x = parent[x]
+        return x
+
+    for _, src, dst in inplace:
+        ra, rb = find(src), find(dst)
+        if ra != rb:
+            parent[rb] = ra
+    members: dict = {}
+    for name, var in var_of.items():
+        if var.persistable or not var.is_dense or var.size.coefficient == 0:
+            continue
+        if name not in intervals and name not in first_writer:
+            continue
+        members.setdefault(find(name), []).append(name)
+    holders = []
+    for root, names in members.items():
+        spans = []
+        for nm in names:
+            var = var_of[nm]
+            iv = intervals.get(nm)
+            start = iv.start if iv else first_writer[nm]
+            end = iv.end if iv else first_writer[nm]
+            if var.is_data or var.is_feed:
+                start, end = min(start, 0), last
+            elif not runtime.gc:
+                end = last
+            spans.append((start, end, nm))
+        spans.sort()
+        start = spans[0][0]
+        end = max(e for _, e, _ in spans)
+        owner = spans[0][2]
+        size = max((var_of[nm].size for _, _, nm in spans),
+                   key=lambda s: (s.power, s.coefficient))
+        pos = first_writer.get(owner, start)
+        op = positions[pos][1] if positions else None
+        holders.append(Holder(
+            name=owner, names=tuple(nm for _, _, nm in spans), size=size,
+            category=_category(var_of[owner], op.role if op else "forward"),
+            op=op.type if op else "-", position=pos, start=start, end=end))
+    holders.sort(key=lambda h: (h.start, h.name))
+    return Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
+                    holders=holders, persistable=persistable,
+                    op_types=[op.type for _, op in positions], inplace=list(inplace))
+
+
+def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
+            fetch_list: Iterable = (), runtime: Optional[RuntimeModel] = None) -> Analysis:
+    """Memory analysis of one step of a program.
+
+    Parameters
+    ----------
+    program_or_graph : a ``paddle.pir.Program``, a legacy
+        ``paddle.base.framework.Program`` or a memopt :class:`Graph`.
+    batch_size : the batch size the figures default to (``-1`` dimensions);
+        every method also takes its own.
+    fetch_list : what the step fetches (Values/Variables or names): live to
+        the end.
+    runtime : the executor's memory behaviour; default: read from Paddle's
+        flags (:meth:`RuntimeModel.from_paddle`), or GC on without in-place
+        for a bare Graph.
+
+    Returns
+    -------
+    Analysis
+        ``peak()``, ``timeline()``, ``held_at()``, ``breakdown()``,
+        ``max_batch_size(budget)``, ``report()``, ``to_json()``.
+
+    Raises
+    ------
+    UnsupportedProgramError : anything else.
+    ValueError : a batch size below 1.
+    """
+    if batch_size is not None and (not isinstance(batch_size, (int, np.integer))
+                                   or isinstance(batch_size, bool) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    fetch_list = list(fetch_list or ())
+    if isinstance(program_or_graph, Graph):
+        graph = program_or_graph
+        if fetch_list:
+            graph.fetch_names = tuple(dict.fromkeys(
+                (*graph.fetch_names, *[f if isinstance(f, str) else f.name for f in fetch_list])))
+        rt = runtime or RuntimeModel(inplace=False)
+        return from_graph(graph, batch_size, rt)
+    from .paddle import pir as pir_adapter
+
+    if pir_adapter.is_pir_program(program_or_graph):
+        rt = runtime or RuntimeModel.from_paddle()
+        pg = pir_adapter.convert(program_or_graph, fetch_list)
+        inplace = pir_adapter.executor_inplace(pg, fetch_list, rt.device) if rt.inplace else []
+        return from_graph(pg.graph, batch_size, rt, inplace)
+    if type(program_or_graph).__name__ == "Program":
+        from .paddle import legacy
+
+        graph = legacy.program_to_graph(program_or_graph)
+        names = [f if isinstance(f, str) else f.name for f in fetch_list]
+        if names:
+            graph.fetch_names = tuple(dict.fromkeys((*graph.fetch_names, *names)))
+        rt = runtime or RuntimeModel.from_paddle()
+        rt = RuntimeModel(gc=rt.gc, inplace=False, device=rt.device)
+        return from_graph(graph, batch_size, rt)
+    raise UnsupportedProgramError(
+        f"analyze() takes a Paddle program (PIR or legacy) or a memopt Graph, "
+        f"got {type(program_or_graph).__name__}")
+
+
+# -- units ----------------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2,
+          "g": 1000 ** 3, "gb": 1000 ** 3, "t": 1000 ** 4, "tb": 1000 ** 4,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"16GiB"`` -> 17179869184; accepts B, KB/MB/GB/TB (powers of 1000),
+    KiB/MiB/GiB/TiB (powers of 1024), a bare number of bytes, and decimals
+    (``"1.5GiB"``).  Raises ValueError naming the text otherwise."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a number of bytes: write e.g. "
+                         "16GiB, 512MiB, 2GB or 1000000")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_bytes(n: int) -> str:
+    """Bytes in binary units: ``1536`` -> ``"1.5 KiB"``."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{sign}{n} B" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    return f"{sign}{n:.1f} TiB"

@@ -1,0 +1,717 @@
+"""PIR programs (``paddle.pir.Program``) as memopt graphs, and their in-place rewrite.
+
+Reading a program
+-----------------
+:func:`program_to_graph` turns a PIR program into a :class:`memopt.graph.Graph`
+without touching it.  Every PIR operation becomes one :class:`~memopt.graph.Op`
+at the same place; ``pd_op.if`` and ``pd_op.while`` become control ops whose
+regions are sub-blocks (``loop=True`` for a while).  PIR values are SSA and
+have no names, so each gets one:
+
+- a parameter (``builtin.parameter``) or a data input (``pd_op.data``) is
+  named by the op's ``parameter_name`` / ``name`` attribute;
+- any other op result is ``%N``, where ``N`` counts op results in program
+  text order, nested regions included -- the numbering ``print(program)``
+  shows, so a name can be found in the printed program;
+- a block argument (a while loop's carried value inside the body) is
+  ``%arg_N``, counted in the same order.
+
+How values flow through the constructs, as the executor runs them:
+
+- ``builtin.combine`` packs tensors into a vector and ``builtin.split`` /
+  ``builtin.slice`` unpack one; vectors own no memory, so a read of a vector
+  is a read of its elements, and an op that makes a vector that is later
+  split writes the elements.
+- ``pd_op.if``: the head reads the condition; each branch ends in
+  ``cf.yield``, which reads the branch's results; the if's own results are
+  written by a synthetic op ``pd_op.if/out`` right after the construct (the
+  executor hands the yielded buffers over to them there).
+- ``pd_op.while``: a synthetic ``pd_op.while/in`` before the head reads the
+  initial values and writes the body's block arguments; the head (a loop op)
+  re-reads the condition every iteration; the body's ``cf.yield`` writes the
+  block arguments for the next iteration; a synthetic ``pd_op.while/out``
+  after the construct reads them and writes the while's results.
+
+Roles: PIR keeps no op role, so it is inferred.  The backward part starts at
+the first gradient op (a name ending in ``_grad`` or ``_grad_``), together with
+the ops just before it whose results only the backward part uses (the
+``full_like`` that seeds the loss gradient); from there, an op that updates a
+persistable value in place (``sgd_``, ``adam_``, ``momentum_``...) is an
+optimizer op.  Values written by backward ops are gradients.
+
+Values are identified by ``Value.id`` (stable while the program lives).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from ..graph import DENSE, Block, Graph, Op, Var
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "PirGraph",
+    "program_to_graph",
+    "convert",
+    "is_pir_program",
+    "inplace_candidates",
+    "memory_optimize",
+]
+
+#: PIR op names of the constructs handled specially.
+IF_OP, WHILE_OP, YIELD_OP = "pd_op.if", "pd_op.while", "cf.yield"
+COMBINE_OP, SPLIT_OP, SLICE_OP = "builtin.combine", "builtin.split", "builtin.slice"
+PARAMETER_OP, DATA_OPS = "builtin.parameter", ("pd_op.data", "pd_op.feed")
+FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
+#: Ops that make constants; those right before the first gradient op that
+#: only gradient ops read belong to the backward part.
+_SEED_OPS = ("pd_op.full", "pd_op.full_like", "pd_op.full_int_array", "pd_op.fill_constant")
+
+
+def is_pir_program(program: Any) -> bool:
+    """Whether ``program`` is a ``paddle.pir.Program`` (without importing Paddle
+    when it is plainly something else)."""
+    cls = type(program)
+    return cls.__name__ == "Program" and "pir" in cls.__module__
+
+
+def _dtype_name(value) -> str:
+    """``paddle.float32`` -> ``"float32"``."""
+    return str(value.dtype).rsplit(".", 1)[-1].lower()
+
+
+def _is_grad_op(name: str) -> bool:
+    return name.endswith("_grad") or name.endswith("_grad_")
+
+
+@dataclass
+class PirGraph:
+    """A PIR program read as a :class:`Graph`, with the way back to PIR.
+
+    Attributes
+    ----------
+    graph : the neutral model (names as described in the module docstring).
+    ops : ``ops[i]`` is the PIR ``Operation`` at flat position ``i`` (the
+        order of :meth:`Graph.walk_ops`), ``None`` for a synthetic op.
+    name_of : ``Value.id`` -> name.
+    values : name -> the PIR ``Value`` (the first one, for a vector's element).
+    defining_op : name -> flat position of the op that writes it first.
+    """
+
+    graph: Graph
+    ops: list = field(default_factory=list)
+    name_of: dict = field(default_factory=dict)
+    values: dict = field(default_factory=dict)
+    defining_op: dict = field(default_factory=dict)
+
+    def name(self, value) -> str:
+        """The name of a PIR ``Value`` of this program (KeyError if foreign)."""
+        return self.name_of[value.id]
+
+
+class _Converter:
+    """One walk over a PIR program, building a :class:`PirGraph`."""
+
+    def __init__(self, program, fetch_list: Iterable = ()) -> None:
+        self.program = program
+        self.graph = Graph()
+        self.result = PirGraph(self.graph)
+        self.next_result = 0
+        self.next_arg = 0
+        self.printed: dict = {}  # value id -> "%N" / "%arg_N"
+        self.vector_elems: dict = {}  # vector value id -> element names
+        self.fetch_ids = {v.id for v in fetch_list if hasattr(v, "id")}
+        self.fetch_names = [v for v in fetch_list if isinstance(v, str)]
+        self.block_ops: list = []  # (graph block idx, Op) in walk order
+
+    # -- names and variables ------------------------------------------------
+    def _declare(self, value, name: str, block: Block, **flags) -> str:
+        if name in self.result.values:  # a duplicate attribute name
+            k = 1
+            while f"{name}#{k}" in self.result.values:
+                k += 1
+            name = f"{name}#{k}"
+        self.result.name_of[value.id] = name
+        self.result.values[name] = value
+        if value.is_dense_tensor_type():
+            kind, shape, dtype = DENSE, tuple(int(d) for d in value.shape), _dtype_name(value)
+        elif value.is_selected_row_type():
+            kind, shape, dtype = "selected_rows", tuple(int(d) for d in value.shape), _dtype_name(value)
+        elif value.is_dense_tensor_array_type():
+            kind, shape, dtype = "tensor_array", (), "float32"
+        else:
+            kind, shape, dtype = "other", (), "float32"
+        try:
+            persistable = bool(value.persistable)
+        except Exception:  # pragma: no cover - values without the attribute
+            persistable = False
+        block.add_var(Var(name, shape=shape, dtype=dtype, kind=kind,
+                          persistable=persistable,
+                          is_fetch=value.id in self.fetch_ids, **flags))
+        return name
+
+    def _number(self, pir_block) -> None:
+        """Give every op result its ``%N`` and every block argument its
+        ``%arg_N``, in the order ``print(program)`` uses."""
+        for op in pir_block.ops:
+            for value in op.results():
+                self.printed[value.id] = f"%{self.next_result}"
+                self.next_result += 1
+            for sub in op.blocks():
+                for arg in sub.args():
+                    self.printed[arg.id] = f"%arg_{self.next_arg}"
+                    self.next_arg += 1
+                self._number(sub)
+
+    def _result_name(self, op, value) -> str:
+        """The name of ``value``, a result of ``op``, by the rules above."""
+        op_name = op.name()
+        if op_name == PARAMETER_OP:
+            return str(op.attrs().get("parameter_name"))
+        if op_name in DATA_OPS:
+            attrs = op.attrs()
+            return str(attrs.get("name") or self.printed[value.id])
+        return self.printed[value.id]
+
+    def _reads(self, values) -> list:
+        """Names read when ``values`` are operands (vectors expanded)."""
+        out = []
+        for v in values:
+            if not v.initialized():
+                continue
+            elems = self.vector_elems.get(v.id)
+            if elems is not None:
+                out.extend(elems)
+            elif v.id in self.result.name_of:
+                out.append(self.result.name_of[v.id])
+            else:  # a value defined nowhere we walked (should not happen)
+                log.debug("operand %s of an op has no name; ignored", v.id)
+        return out
+
+    # -- walking ------------------------------------------------------------
+    def run(self) -> PirGraph:
+        self._number(self.program.global_block())
+        self._split_consumers = self._find_split_consumers(self.program.global_block())
+        self._walk_block(self.program.global_block(), self.graph.global_block)
+        self.graph.fetch_names = tuple(dict.fromkeys(
+            [name for name, v in self.result.values.items() if v.id in self.fetch_ids]
+            + [n for n in self.fetch_names if n in self.result.values]))
+        self._assign_roles()
+        return self.result
+
+    def _find_split_consumers(self, block) -> dict:
+        """vector value id -> the ``builtin.split`` op unpacking it (whole program)."""
+        found = {}
+        for op in block.ops:
+            if op.name() == SPLIT_OP:
+                found[op.operand_source(0).id] = op
+            for sub in op.blocks():
+                found.update(self._find_split_consumers(sub))
+        return found
+
+    def _add(self, block: Block, pir_op, op: Op) -> Op:
+        block.add_op(op)
+        self.block_ops.append((block.idx, op, pir_op))
+        return op
+
+    def _walk_block(self, pir_block, block: Block) -> None:
+        for pir_op in pir_block.ops:
+            name = pir_op.name()
+            if name == IF_OP:
+                self._walk_if(pir_op, block)
+            elif name == WHILE_OP:
+                self._walk_while(pir_op, block)
+            else:
+                self._walk_plain(pir_op, block)
+
+    def _name_results(self, pir_op, block: Block, **flags) -> list:
+        """Declare (or alias) every result of ``pir_op``; return written names."""
+        written = []
+        op_name = pir_op.name()
+        for value in pir_op.results():
+            if not value.initialized():
+                continue
+            if op_name in (SPLIT_OP, SLICE_OP):
+                continue  # elements were named where the vector was made
+            if not (value.is_dense_tensor_type() or value.is_selected_row_type()
+                    or value.is_dense_tensor_array_type()):
+                # A vector: name its elements now, from the split that unpacks it.
+                split = self._split_consumers.get(value.id)
+                if split is not None:
+                    elems = []
+                    for elem in split.results():
+                        elems.append(self._declare(elem, self.printed[elem.id], block))
+                    self.vector_elems[value.id] = elems
+                    written.extend(elems)
+                    continue
+                if op_name == COMBINE_OP:
+                    self.vector_elems[value.id] = self._reads(pir_op.operands_source())
+                    continue
+            extra = dict(flags)
+            if op_name in DATA_OPS:
+                extra.update(is_data=True, is_feed=True)
+            written.append(self._declare(value, self._result_name(pir_op, value), block, **extra))
+        if op_name in (SPLIT_OP, SLICE_OP):
+            self._alias_unpacked(pir_op)
+        return written
+
+    def _alias_unpacked(self, pir_op) -> None:
+        """Give a split/slice's results the names of the vector's elements."""
+        vec = pir_op.operand_source(0)
+        elems = self.vector_elems.get(vec.id)
+        if elems is None:
+            return
+        results = pir_op.results()
+        if pir_op.name() == SLICE_OP:
+            index = int(pir_op.attrs().get("index", 0))
+            pairs = [(results[0], elems[index])] if index < len(elems) else []
+        else:
+            pairs = list(zip(results, elems))
+        for value, nm in pairs:
+            if value.id not in self.result.name_of:
+                self.result.name_of[value.id] = nm
+
+    def _walk_plain(self, pir_op, block: Block) -> None:
+        name = pir_op.name()
+        reads = self._reads(pir_op.operands_source())
+        position = len(self.block_ops)
+        writes = self._name_results(pir_op, block)
+        if name in FETCH_OPS:
+            for nm in reads:
+                self.graph.var(nm, block.idx).is_fetch = True
+        if name in (COMBINE_OP, SPLIT_OP, SLICE_OP):
+            reads = []  # no memory moves: readers of the vector read the elements
+        for nm in writes:
+            self.result.defining_op.setdefault(nm, position)
+        attrs = {"pir_id": pir_op.id()}
+        overwritten = self._overwritten(pir_op)
+        if overwritten:
+            attrs["inplace"] = overwritten
+        shape_only = self._no_need_buffer(pir_op)
+        if shape_only:
+            attrs["no_need_buffer"] = tuple(shape_only)
+        self._add(block, pir_op, Op(name, reads=tuple(reads), writes=tuple(writes),
+                                    attrs=attrs))
+
+    def _overwritten(self, pir_op) -> tuple:
+        """``((input name, output name), ...)`` for an op that writes results
+        over operands (``sgd_``, ``batch_norm_``, ``relu_``)."""
+        if not pir_op.name().endswith("_"):
+            return ()
+        from paddle.base import core
+
+        pairs = []
+        for out_slot, in_slot in sorted(core.pir.get_op_inplace_info(pir_op).items()):
+            vin, vout = pir_op.operand_source(in_slot), pir_op.result(out_slot)
+            if vin.initialized() and vout.initialized() \
+                    and vin.id in self.result.name_of and vout.id in self.result.name_of:
+                pairs.append((self.result.name_of[vin.id], self.result.name_of[vout.id]))
+        return tuple(pairs)
+
+    def _no_need_buffer(self, pir_op) -> list:
+        """Operands whose data the op never reads, only their shape (the
+        executor does not keep them alive for it)."""
+        out = []
+        for v in pir_op.operands_source():
+            if not v.initialized():
+                continue
+            try:
+                if pir_op.is_no_need_buffer(v):
+                    out.extend(self._reads([v]))
+            except Exception:  # ops without yaml info
+                return []
+        # a name also read as a real operand is needed after all
+        return [nm for nm in dict.fromkeys(out)
+                if sum(1 for v in pir_op.operands_source() if v.initialized()
+                       and nm in self._reads([v]) and not pir_op.is_no_need_buffer(v)) == 0]
+
+    def _walk_if(self, pir_op, block: Block) -> None:
+        cond = self._reads(pir_op.operands_source())
+        head = self._add(block, pir_op, Op(IF_OP, reads=tuple(cond),
+                                           attrs={"pir_id": pir_op.id()}))
+        subs = []
+        for region_block in pir_op.blocks():
+            sub = self.graph.new_block(block.idx)
+            subs.append(sub.idx)
+            self._walk_block(region_block, sub)
+        head.sub_blocks = tuple(subs)
+        position = len(self.block_ops)
+        writes = self._name_results(pir_op, block)
+        for nm in writes:
+            self.result.defining_op.setdefault(nm, position)
+        self._add(block, None, Op(IF_OP + "/out", writes=tuple(writes)))
+
+    def _walk_while(self, pir_op, block: Block) -> None:
+        operands = list(pir_op.operands_source())
+        cond, inits = operands[:1], operands[1:]
+        (body,) = list(pir_op.blocks())
+        args = [self._declare(arg, self.printed[arg.id], block) for arg in body.args()]
+        position = len(self.block_ops)
+        for nm in args:
+            self.result.defining_op.setdefault(nm, position)
+        self._add(block, None, Op(WHILE_OP + "/in", reads=tuple(self._reads(inits)),
+                                  writes=tuple(args)))
+        head = self._add(block, pir_op, Op(WHILE_OP, reads=tuple(self._reads(cond)),
+                                           writes=tuple(args), loop=True,
+                                           attrs={"pir_id": pir_op.id()}))
+        sub = self.graph.new_block(block.idx)
+        head.sub_blocks = (sub.idx,)
+        self._walk_block(body, sub)
+        # The body's yield writes the carried values for the next iteration.
+        body_ops = self.graph.blocks[sub.idx].ops
+        if body_ops and body_ops[-1].type == YIELD_OP:
+            body_ops[-1].writes = tuple(args)
+        position = len(self.block_ops)
+        writes = self._name_results(pir_op, block)
+        for nm in writes:
+            self.result.defining_op.setdefault(nm, position)
+        self._add(block, None, Op(WHILE_OP + "/out", reads=tuple(args), writes=tuple(writes)))
+
+    # -- roles ----------------------------------------------------------------
+    def _assign_roles(self) -> None:
+        """Infer forward / backward / optimize roles (see the module docstring).
+
+        Only the global block decides; ops in sub-blocks take their owner's role.
+        """
+        order = self.block_ops
+        result = self.result
+        result.ops = [pir_op for _, _, pir_op in order]
+        top = [i for i, (b, _, _) in enumerate(order) if b == 0]
+        first_grad = next((i for i in top if _is_grad_op(order[i][1].type)), None)
+        roles = ["forward"] * len(order)
+        if first_grad is not None:
+            backward_start = self._backward_start(top, first_grad)
+            for i in range(backward_start, len(order)):
+                roles[i] = "backward"
+            for i in top:
+                if i >= backward_start and self._is_optimizer_op(order[i][1]):
+                    roles[i] = "optimize"
+            # sub-block ops inherit the role of the top-level op before them
+            current = "forward"
+            for i, (b, _, _) in enumerate(order):
+                if b == 0:
+                    current = roles[i]
+                else:
+                    roles[i] = current
+        for (_, op, _), role in zip(order, roles):
+            op.role = role
+
+    def _backward_start(self, top: list, first_grad: int) -> int:
+        """The first grad op, moved back over the constants right before it
+        that only the backward part reads (the loss gradient's seed:
+        ``full`` + ``full_like``)."""
+        order = self.block_ops
+        readers: dict = {}
+        for i, (_, op, _) in enumerate(order):
+            for nm in op.reads:
+                readers.setdefault(nm, []).append(i)
+        start = first_grad
+        k = top.index(first_grad)
+        while k > 0:
+            i = top[k - 1]
+            op = order[i][1]
+            if op.type not in _SEED_OPS or not op.writes:
+                break
+            users = [u for nm in op.writes for u in readers.get(nm, [])]
+            if not users or min(users) < start:
+                break
+            start = i
+            k -= 1
+        return start
+
+    def _is_optimizer_op(self, op: Op) -> bool:
+        """An in-place update (``name_``) of a persistable value."""
+        if not op.type.endswith("_") or _is_grad_op(op.type):
+            return False
+        return any(getattr(self.graph.find_var(nm), "persistable", False) for nm in op.reads)
+
+
+def convert(program, fetch_list: Iterable = ()) -> PirGraph:
+    """Read a PIR program into a :class:`PirGraph` (the program is not changed).
+
+    Parameters
+    ----------
+    program : a ``paddle.pir.Program``.
+    fetch_list : Values (or names) the caller will fetch; they are live at the
+        exit and marked ``is_fetch``.  Operands of ``pd_op.fetch`` /
+        ``builtin.shadow_output`` ops already in the program are fetched too.
+    """
+    if not is_pir_program(program):
+        from ..errors import UnsupportedProgramError
+        raise UnsupportedProgramError(
+            f"expected a paddle.pir.Program, got {type(program).__name__}; "
+            "build the program in Paddle's static mode with PIR on (the default)")
+    result = _Converter(program, list(fetch_list)).run()
+    fetched = [nm for _, var in result.graph.all_vars() if var.is_fetch
+               for nm in [var.name]]
+    result.graph.fetch_names = tuple(dict.fromkeys((*result.graph.fetch_names, *fetched)))
+    return result
+
+
+def program_to_graph(program, fetch_list: Iterable = ()) -> Graph:
+    """The :class:`Graph` of a PIR program (read-only; see the module docstring).
+
+    Example
+    -------
+    >>> graph = program_to_graph(main_program)        # doctest: +SKIP
+    >>> [op.type for op in graph.global_block.ops][:3]  # doctest: +SKIP
+    ['builtin.parameter', 'pd_op.data', 'pd_op.matmul']
+    """
+    return convert(program, fetch_list).graph
+
+
+# -- in-place variants -------------------------------------------------------
+
+#: name -> {result slot: operand slot} of in-place variants, probed once per op name.
+_INPLACE_MAPS: dict = {}
+
+#: Ops whose result may differ in shape from the input they overwrite.
+_RESHAPE_LIKE = ("pd_op.reshape", "pd_op.squeeze", "pd_op.unsqueeze")
+#: Ops for which the executor's pass compares element counts loosely.
+_RELAXED_NUMEL = ("pd_op.reshape_grad", "pd_op.add_grad")
+#: Ops the executor's pass never makes in-place on CPU (their CPU kernels
+#: cannot write over an input, see Paddle's inplace_pass.cc).
+_CPU_NO_INPLACE = ("pd_op.add_grad", "pd_op.subtract_grad")
+#: Ops with a registered ``name_`` that is not an in-place version of them.
+_NOT_INPLACE_VARIANT = ("pd_op.transpose",)
+
+
+def _ops_module():
+    from paddle.base import core
+
+    return core.pir.ops
+
+
+def has_inplace_variant(op_name: str) -> bool:
+    """Whether Paddle registers ``op_name + "_"`` (e.g. ``pd_op.relu_``)."""
+    dialect, _, short = op_name.partition(".")
+    return (dialect == "pd_op" and not short.endswith("_")
+            and op_name not in _NOT_INPLACE_VARIANT
+            and hasattr(_ops_module(), short + "_"))
+
+
+def is_inplace_op(pir_op) -> bool:
+    """Whether ``pir_op`` already writes over one of its operands (``sgd_``,
+    ``batch_norm_``, an op a previous rewrite made in-place)."""
+    from paddle.base import core
+
+    return pir_op.name().endswith("_") and bool(core.pir.get_op_inplace_info(pir_op))
+
+
+def _build_inplace(pir_op):
+    """Insert ``pir_op``'s in-place variant right before it, with the same
+    operands and attributes; return the new operation."""
+    import paddle
+
+    short = pir_op.name().partition(".")[2]
+    attrs = pir_op.attrs()
+    args = [pir_op.operand_source(i) for i in range(pir_op.num_operands())]
+    args += [attrs[a] for a in pir_op.get_attr_names()]
+    paddle.pir.set_insertion_point(pir_op)
+    try:
+        out = getattr(_ops_module(), short + "_")(*args)
+    finally:
+        paddle.pir.reset_insertion_point_to_end()
+    first = out[0] if isinstance(out, (list, tuple)) else out
+    return first.get_defining_op()
+
+
+def inplace_map(pir_op, program=None) -> dict:
+    """``{result slot: operand slot}`` of the in-place variant of ``pir_op``'s
+    type ({} when there is none or it cannot be built).
+
+    An op that is already in-place answers its own map.  Otherwise the
+    variant is built once per op name in a throwaway clone of ``program``
+    (the op's own program when None) and its map is cached.
+    """
+    from paddle.base import core
+
+    if is_inplace_op(pir_op):
+        return dict(core.pir.get_op_inplace_info(pir_op))
+    name = pir_op.name()
+    if name in _INPLACE_MAPS:
+        return _INPLACE_MAPS[name]
+    if not has_inplace_variant(name):
+        _INPLACE_MAPS[name] = {}
+        return {}
+    found: dict = {}
+    try:
+        block = pir_op.get_parent_block()
+        index = [o.id() for o in block.ops].index(pir_op.id())
+        scratch = (program or block.program).clone()
+        target = _same_op_in_clone(scratch, pir_op, index)
+        if target is not None:
+            found = dict(core.pir.get_op_inplace_info(_build_inplace(target)))
+            found = {k: v for k, v in found.items()
+                     if v < pir_op.num_operands() and k < pir_op.num_results()}
+    except Exception as exc:  # a variant whose builder needs other arguments
+        log.debug("no usable in-place variant for %s: %s", name, exc)
+        found = {}
+    _INPLACE_MAPS[name] = found
+    return found
+
+
+def is_top_level(pir_op) -> bool:
+    """Whether ``pir_op`` sits in its program's global block (not in a region)."""
+    parent = pir_op.get_parent_block().parent_op
+    return parent is None or parent.name() == "builtin.module"
+
+
+def _same_op_in_clone(clone, pir_op, index: int):
+    """The op of ``clone`` at ``pir_op``'s place (global block ops only)."""
+    if not is_top_level(pir_op):
+        return None
+    ops = clone.global_block().ops
+    if index < len(ops) and ops[index].name() == pir_op.name():
+        return ops[index]
+    return None
+
+
+def _ids(values) -> set:
+    """``Value.id`` of the non-null values among ``values``."""
+    return {v.id for v in values if v.initialized()}
+
+
+def _deletable(value) -> bool:
+    """What Paddle's pass may free early: a non-persistable dense tensor
+    (or selected rows)."""
+    if value is None or not value.initialized():
+        return False
+    if not (value.is_dense_tensor_type() or value.is_selected_row_type()):
+        return False
+    try:
+        return not value.persistable
+    except Exception:  # pragma: no cover
+        return True
+
+
+def _numel_fits(value_in, value_out, relaxed: bool) -> bool:
+    """The element-count test of Paddle's in-place pass (``-1`` allowed in
+    dimension 0 of a tensor of rank 2 or more only, unless relaxed)."""
+    def count(shape):
+        total = 1
+        for k, dim in enumerate(shape):
+            if not relaxed and dim == -1 and (len(shape) == 1 or k != 0):
+                return None
+            total *= dim
+        return total
+
+    a, b = count(list(value_in.shape)), count(list(value_out.shape))
+    return a is not None and b is not None and a == b
+
+
+def executor_inplace(pg: "PirGraph", fetch_list=(), device: str = "cpu",
+                     blacklist: Iterable[str] = ()) -> list:
+    """The ops Paddle's executor turns in-place when it runs the program.
+
+    Paddle 3's PIR executor (``FLAGS_pir_apply_inplace_pass``, on by default)
+    rewrites ops of the program's top-level block to their in-place variants
+    where the input dies at the op; this predicts its choices by its rules
+    (Paddle's ``inplace_pass.cc``): the variant must be registered, the input
+    must be a deletable dense tensor whose last use in the block is this op,
+    not fed, fetched, persistable, used inside a control-flow region or
+    already reused; dtypes and element counts must match.  Ops inside
+    ``if``/``while`` regions are never rewritten by the executor.
+
+    Returns ``[(position, input name, output name)]`` in program order, the
+    position being the op's flat position in ``pg.graph``.
+    """
+    from paddle.base import core
+
+    program_block = None
+    top = [(i, op) for i, op in enumerate(pg.ops) if op is not None and is_top_level(op)]
+    if not top:
+        return []
+    program_block = top[0][1].get_parent_block()
+    fetch_ids = {v.id for v in fetch_list if hasattr(v, "id")}
+    fetch_ids |= {pg.values[n].id for n in pg.graph.fetch_names if n in pg.values}
+    skip = set(fetch_ids)
+    for _, op in top:
+        name = op.name()
+        if name in DATA_OPS or name == "pd_op.shadow_feed":
+            skip.add(op.result(0).id)
+        elif name in FETCH_OPS:
+            skip.add(op.operand_source(0).id)
+    last_op: dict = {}
+
+    def scan(block) -> None:
+        for op in block.ops:
+            for v in op.operands_source():
+                if v.initialized() and v.id not in skip and _deletable(v):
+                    last_op[v.id] = op.id()
+            for v in op.results():
+                if _deletable(v):
+                    last_op[v.id] = op.id()
+            for sub in op.blocks():
+                scan(sub)
+
+    scan(program_block)
+    dies_at: dict = {}
+    for vid, oid in last_op.items():
+        dies_at.setdefault(oid, set()).add(vid)
+    external = _ids(core.pir.get_used_external_value(program_block))
+    for _, op in top:
+        if op.num_regions():
+            external |= _ids(core.pir.get_used_external_value(op))
+    blacklist = set(blacklist)
+    visited: set = set()
+    reused_in: set = set()
+    reused_out: set = set()
+    chosen = []
+    for position, op in top:
+        name = op.name()
+        operands = list(op.operands_source())
+        results = list(op.results())
+        visited |= _ids(operands)
+        result_ids = _ids(results)
+        if not name.startswith("pd_op.") or op.num_regions():
+            visited |= result_ids
+            continue
+        if device == "cpu" and name in _CPU_NO_INPLACE:
+            visited |= result_ids
+            continue
+        if is_inplace_op(op):
+            reused_in |= _ids(operands)
+            reused_out |= result_ids
+            visited |= result_ids
+            continue
+        dying = dies_at.get(op.id())
+        if name in blacklist or not dying or not has_inplace_variant(name):
+            visited |= result_ids
+            continue
+        pairs = inplace_map(op, program_block.program).items()
+        ok = bool(pairs)
+        for out_slot, in_slot in pairs:
+            vin, vout = operands[in_slot], results[out_slot]
+            if not _inplace_allowed(name, vin, vout, dying) or vout.id in visited \
+                    or not _deletable(vout) or vin.id in reused_in \
+                    or vout.id in reused_out or vin.id in external or vout.id in external:
+                ok = False
+                break
+        if ok:
+            for out_slot, in_slot in pairs:
+                vin, vout = operands[in_slot], results[out_slot]
+                reused_in.add(vin.id)
+                reused_out.add(vout.id)
+                if vin.id in pg.name_of and vout.id in pg.name_of:
+                    chosen.append((position, pg.name_of[vin.id], pg.name_of[vout.id]))
+        visited |= result_ids
+    return chosen
+
+
+def _inplace_allowed(op_name: str, vin, vout, dying: set) -> bool:
+    """``CanDoInplace`` of Paddle's pass: may ``vout`` be written over ``vin``?"""
+    if not vin.initialized() or not vout.initialized():
+        return False
+    if vin.is_dense_tensor_type() and vout.is_dense_tensor_type():
+        if vin.dtype != vout.dtype:
+            return False
+        if op_name in _RESHAPE_LIKE and vin.id in dying:
+            return True
+        if not _numel_fits(vin, vout, op_name in _RELAXED_NUMEL):
+            return False
+    elif str(vin.type()) != str(vout.type()):
+        return False
+    return vin.id in dying
