@@ -45,6 +45,7 @@ batched executor stores a variable (NULL < TEMPORARY < REGISTER < FULL);
 from __future__ import annotations
 
 import enum
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -106,22 +107,26 @@ def pattern_unflatten(pattern: Any, leaves: Sequence[Any]) -> Any:
     return out
 
 
-def bind_pattern(pattern: Any, value: Any, where: str = "") -> Iterator[Tuple[str, Any]]:
+def bind_pattern(pattern: Any, value: Any, where: str = "",
+                 op: Any = None) -> Iterator[Tuple[str, Any]]:
     """``(name, part)`` for each variable of ``pattern`` bound to ``value``.
 
     A ``str`` pattern takes the whole value; a tuple pattern takes apart a
     tuple or list value of the same length.  Raises :class:`ProgramError`
-    (naming ``where``) when the value does not have the pattern's structure.
+    (naming ``where`` and the instruction ``op``, printed only then) when the
+    value does not have the pattern's structure.
     """
     if isinstance(pattern, tuple):
         if not isinstance(value, (tuple, list)) or len(value) != len(pattern):
             got = (f"a {len(value)}-tuple" if isinstance(value, (tuple, list))
                    else type(value).__name__)
+            if op is not None:
+                where = f"{where}: {op}"
             raise ProgramError(f"{where}: cannot unpack {got} into the pattern "
                                f"{format_pattern(pattern)}; return a {len(pattern)}-tuple "
                                f"or bind the value to one variable")
         for part, sub in zip(pattern, value):
-            yield from bind_pattern(part, sub, where)
+            yield from bind_pattern(part, sub, where, op)
     else:
         yield pattern, value
 
@@ -223,9 +228,25 @@ class VariableAllocation(enum.IntEnum):
 
 # -- instructions ----------------------------------------------------------------
 
+_DESCRIPTIONS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
 def describe_function(function: Callable) -> str:
     """A short text for a primop's function: a lambda's body when its source
-    can be read (``n - 1``), else the function's name."""
+    can be read (``n - 1``), else the function's name (cached)."""
+    try:
+        return _DESCRIPTIONS[function]
+    except (KeyError, TypeError):
+        pass
+    text = _describe(function)
+    try:
+        _DESCRIPTIONS[function] = text
+    except TypeError:  # not weakly referenceable
+        pass
+    return text
+
+
+def _describe(function: Callable) -> str:
     name = getattr(function, "__name__", None) or type(function).__name__
     if name != "<lambda>":
         return name

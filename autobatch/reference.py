@@ -75,7 +75,7 @@ class _Interpreter:
                 else:
                     raise ProgramError(f"{where}: {type(op).__name__} belongs to lowered "
                                        f"programs; the reference runs unlowered ones")
-                env.update(bind_pattern(op.vars_out, value, f"{where}: {op}"))
+                env.update(bind_pattern(op.vars_out, value, where, op))
             else:
                 term = block.terminator
                 if isinstance(term, GotoOp):

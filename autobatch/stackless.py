@@ -87,7 +87,7 @@ class _Stackless:
                 else:
                     raise ProgramError(f"{where}: {type(op).__name__} belongs to lowered "
                                        f"programs")
-                for var, part in bind_pattern(op.vars_out, value, f"{where}: {op}"):
+                for var, part in bind_pattern(op.vars_out, value, where, op):
                     store(var, sel, part)
             term = block.terminator
             if isinstance(term, GotoOp):

@@ -127,8 +127,8 @@ class _Inference:
             self.vars[fn][var] = new
             self.changed = True
 
-    def bind(self, fn: str, pattern: Any, typ: Type, where: str) -> None:
-        for var, part in bind_pattern(pattern, typ.tensors, where):
+    def bind(self, fn: str, pattern: Any, typ: Type, where: str, op: Any) -> None:
+        for var, part in bind_pattern(pattern, typ.tensors, where, op):
             self.set_var(fn, var, Type(part))
 
     def set_params(self, fn: Function, types: Sequence[Type], where: str) -> None:
@@ -187,17 +187,16 @@ class _Inference:
                 types = tuple(env[v] for v in op.reads)
                 if isinstance(op, PrimOp):
                     self.bind(fn.name, op.vars_out,
-                              self.primop_type(fn, op, types, where), f"{where}: {op}")
+                              self.primop_type(fn, op, types, where), where, op)
                 elif isinstance(op, FunctionCallOp):
                     callee = self.program.function(op.function)
                     self.set_params(callee, types, f"{where}")
                     ret = self.ret[callee.name]
                     if ret is not None:
-                        self.bind(fn.name, op.vars_out, ret, f"{where}: {op}")
+                        self.bind(fn.name, op.vars_out, ret, where, op)
                 elif isinstance(op, CopyOp):
                     value = pattern_unflatten(op.vars_in, [t.tensors for t in types])
-                    self.bind(fn.name, op.vars_out, Type(value),
-                              f"{where}: {op}")
+                    self.bind(fn.name, op.vars_out, Type(value), where, op)
                 else:
                     raise ProgramError(f"{where}: {type(op).__name__} belongs to lowered "
                                        f"programs; infer types before lowering")
