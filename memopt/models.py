@@ -84,7 +84,13 @@ class BuiltModel:
         import paddle
 
         paddle.seed(self.seed)
-        executor.run(self.startup)
+        with self.guard():
+            executor.run(self.startup)
+
+    def guard(self):
+        """The IR guard to build *and run* this model's programs under: an
+        Executor outside ``OldIrGuard`` takes a legacy program for PIR."""
+        return _ir_guard(self.ir)
 
     @property
     def loss(self):
