@@ -10,10 +10,16 @@ type directly (needed only where no path returns without recursing).
 
 Weak types: a Python scalar constant (``1``, ``0.5``, ``True``) has a *weak*
 type that takes the dtype of the other values written to the same variable
-(``n - 1`` with ``n`` int32 is int32; ``x = 0`` then ``x = x + 0.5`` makes
-``x`` float64).  A variable only ever given weak values gets NumPy's default
-dtype for the kind (int64, float64, bool).  Two different real dtypes for one
+(``x = 0`` then ``x = x + n`` with ``n`` int32 makes ``x`` int32), and
+primops meet weak values as Python scalars, as NumPy 2 does (``n - 1`` with
+``n`` int32 is int32).  A variable only ever given weak values gets NumPy's
+default dtype for the kind (int64, float64, bool): ``fib`` built from ``1``
+returns int64 whatever the type of ``n``.  Two different real dtypes for one
 variable are an error, as are different shapes or tuple structures.
+
+At run time every stored value has its variable's final dtype; a weak value
+kept only inside one block stays a Python scalar there, so an intermediate
+result may be computed in a wider dtype than inferred before it is stored.
 
 Branch conditions must be boolean scalars per thread.
 """
@@ -147,14 +153,20 @@ class _Inference:
             self.ret[fn] = new
             self.changed = True
 
+    def placeholder(self, tensor_type: TensorType) -> Any:
+        """Zeros of one thread; a weak type's placeholder is a Python scalar, so
+        that the primop meets it as it would meet the constant."""
+        if tensor_type.weak:
+            return np.zeros((), tensor_type.dtype).item()
+        return self.backend.placeholder(tensor_type, 1)
+
     def primop_type(self, fn: Function, op: PrimOp, types: Tuple[Type, ...],
                     where: str) -> Type:
         key = (id(op), types)
         cached = self.primop_cache.get(key)
         if cached is not None:
             return cached
-        inputs = [pattern_map(lambda t: self.backend.placeholder(t.strong(), 1), t.tensors)
-                  for t in types]
+        inputs = [pattern_map(self.placeholder, t.tensors) for t in types]
         try:
             with np.errstate(all="ignore"):
                 out = op.function(*inputs)
