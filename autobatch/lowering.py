@@ -23,6 +23,9 @@ per-variable stack pointers).  A ``push x`` right after ``pop x`` of the same
 call depth, with ``x`` unchanged between them, is dropped: the frame still
 holds that value (two calls in a row that both keep ``x``).
 
+Blocks that only jump on (``goto``, no instructions) are skipped: jumps to
+them go straight to their target.
+
 The lowered program also carries, per block, the variables live at its end
 (:attr:`LoweredProgram.live_out`), from :mod:`memopt.liveness` run over the
 whole lowered flow graph (a return goes to every continuation of a call that
@@ -61,6 +64,7 @@ class LoweredProgram:
     ----------
     blocks : every block, in scheduling order (the VM runs the lowest-index
         block any thread is at); names are ``"function/block"``.
+    entry : the block where every thread starts (main's entry).
     var_types, var_alloc : per program-wide variable name.
     inputs : main's parameters (program-wide names).
     output : the register holding main's return value when a thread halts.
@@ -71,6 +75,7 @@ class LoweredProgram:
     """
 
     blocks: List[Block]
+    entry: str
     var_types: Dict[str, Type]
     var_alloc: Dict[str, VariableAllocation]
     inputs: Tuple[str, ...]
@@ -213,13 +218,49 @@ def lower(program: Program) -> LoweredProgram:
     for block in blocks:
         _drop_repushes(block)
     main = program.main_function
+    blocks, entry = _skip_empty_blocks(blocks, f"{main.name}/{main.entry.name}")
     lowered = LoweredProgram(
-        blocks=blocks, var_types=var_types, var_alloc=var_alloc,
+        blocks=blocks, entry=entry, var_types=var_types, var_alloc=var_alloc,
         inputs=tuple(f"{main.name}/{p}" for p in main.params),
         output=ret_reg(main.return_type), pc_alloc=program.pc_alloc,
         callee=callee_of, source=program)
     lowered.live_out = _live_out(lowered, owner, continuation_of, tail_edges, main.name)
     return lowered
+
+
+def _skip_empty_blocks(blocks: List[Block], entry: str) -> Tuple[List[Block], str]:
+    """Make jumps to a block that only jumps on go straight to its target, and
+    drop the blocks nothing jumps to any more (a VM step saved per pass)."""
+    by_name = {b.name: b for b in blocks}
+
+    def final(name: str) -> str:
+        seen = set()
+        while name not in seen:
+            seen.add(name)
+            block = by_name[name]
+            if block.instructions or not isinstance(block.terminator, GotoOp):
+                return name
+            name = block.terminator.target
+        return name  # a cycle of empty blocks (an endless loop): leave it
+
+    for block in blocks:
+        term = block.terminator
+        if isinstance(term, GotoOp):
+            term.target = final(term.target)
+        elif isinstance(term, BranchOp):
+            term.true_target = final(term.true_target)
+            term.false_target = final(term.false_target)
+        elif isinstance(term, PushGotoOp):
+            term.target = final(term.target)
+            term.return_target = final(term.return_target)
+    entry = final(entry)
+    used = {entry}
+    for block in blocks:
+        term = block.terminator
+        used.update(term.targets)
+        if isinstance(term, PushGotoOp):
+            used.add(term.return_target)
+    return [b for b in blocks if b.name in used], entry
 
 
 def _drop_repushes(block: Block) -> None:

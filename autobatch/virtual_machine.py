@@ -260,7 +260,7 @@ class _BlockCompiler:
         vm = self.vm
         if isinstance(block.terminator, PushGotoOp) and vm.pc_full:
             error = self.constant(vm.overflow_error(self.lowered.callee[block.name]))
-            self.emit(f"B.check({self.depth()} <= {vm.max_stack_depth}, {error})")
+            self.emit(f"B.check({self.depth()} <= {vm.max_stack_depth}, sel, {error})")
         for op in block.instructions:
             if isinstance(op, PrimOp):
                 fn = self.constant(op.function)
@@ -458,8 +458,7 @@ class VirtualMachine:
                 for key, leaf, typ in zip(self.register_keys[var], leaves,
                                           lowered.var_types[var].leaves()):
                     state[key] = backend.as_batched(leaf, typ, batch)
-        main_entry = self.index[f"{lowered.source.main}/"
-                                f"{lowered.source.main_function.entry.name}"]
+        main_entry = self.index[lowered.entry]
         state["pc"] = backend.fill(_PC_TYPE, batch, main_entry)
         if self.pc_full:
             state["depth"] = backend.fill(_PC_TYPE, batch, 1)

@@ -24,6 +24,13 @@ write.  Primop functions are applied to selection values, so they only need
 to be elementwise along the leading dimension.  Selection values may be
 scalars (a constant broadcast to every selected thread).
 
+A masking backend computes on every thread: frame indices of threads
+outside the selection may then be out of range (from -1 to ``frames``) and
+must be clipped before gathering; primops see those threads' stale values
+(they must not raise on them).  :class:`~autobatch.backends.numpy.MaskedNumpyBackend`
+is such a backend, in NumPy: the semantics a TensorFlow/XLA backend
+implements with ``tf.where``, gathers and scatters.
+
 Minimal set of methods
 ----------------------
 storage:     ``fill``, ``stack``, ``size``, ``as_batched``, ``to_numpy``
@@ -130,8 +137,9 @@ class Backend(abc.ABC):
         means some thread is still active)."""
 
     @abc.abstractmethod
-    def check(self, ok: Any, make_error: Callable[[], Exception]) -> None:
-        """Raise ``make_error()`` unless every element of ``ok`` is true.
+    def check(self, ok: Any, selection: Any, make_error: Callable[[], Exception]) -> None:
+        """Raise ``make_error()`` unless ``ok`` (a selection value) holds for
+        every selected thread.
 
         A backend that cannot raise inside compiled code should still make
         the failure visible (an assertion op, or a flag checked after the run).

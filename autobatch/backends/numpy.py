@@ -18,7 +18,7 @@ import numpy as np
 from autobatch.backends.base import Backend
 from autobatch.instructions import TensorType
 
-__all__ = ["NumpyBackend"]
+__all__ = ["NumpyBackend", "MaskedNumpyBackend"]
 
 
 class NumpyBackend(Backend):
@@ -94,6 +94,64 @@ class NumpyBackend(Backend):
     def reduce_min(self, array: np.ndarray) -> int:
         return int(array.min())
 
-    def check(self, ok: Any, make_error: Callable[[], Exception]) -> None:
+    def check(self, ok: Any, selection: np.ndarray,
+              make_error: Callable[[], Exception]) -> None:
         if not ok.all():
             raise make_error()
+
+
+class MaskedNumpyBackend(NumpyBackend):
+    """Whole-batch selections: a boolean mask, values for every thread.
+
+    Reads return whole arrays, writes are ``np.where`` on the mask and return
+    new arrays, stack writes copy the stack: the functional, fixed-shape
+    semantics of a TensorFlow or XLA backend, here in NumPy so that the
+    executors are tested against both kinds of backend.  Slower than
+    :class:`NumpyBackend`; not meant for speed.
+    """
+
+    name = "numpy-masked"
+
+    @staticmethod
+    def _rows(mask: np.ndarray, ndim: int) -> np.ndarray:
+        return mask.reshape(mask.shape + (1,) * (ndim - 1))
+
+    def select(self, pc: np.ndarray, block: int) -> np.ndarray:
+        return pc == block
+
+    def read(self, array: np.ndarray, selection: np.ndarray) -> np.ndarray:
+        return array
+
+    def write(self, array: np.ndarray, selection: np.ndarray, value: Any) -> np.ndarray:
+        value = np.asarray(value, dtype=array.dtype)
+        return np.where(self._rows(selection, array.ndim), value, array)
+
+    def read_frame(self, stack: np.ndarray, selection: np.ndarray, frame: Any) -> np.ndarray:
+        frame = np.clip(frame, 0, stack.shape[0] - 1)
+        return stack[frame, np.arange(stack.shape[1])]
+
+    def write_frame(self, stack: np.ndarray, selection: np.ndarray, frame: Any,
+                    value: Any) -> np.ndarray:
+        frame = np.clip(frame, 0, stack.shape[0] - 1)
+        threads = np.arange(stack.shape[1])
+        old = stack[frame, threads]
+        new = stack.copy()
+        new[frame, threads] = self.write(old, selection, value)
+        return new
+
+    def callee_pc(self, selection: np.ndarray, entry: int, halt: int) -> np.ndarray:
+        return np.where(selection, entry, halt).astype(np.int32)
+
+    def check(self, ok: Any, selection: np.ndarray,
+              make_error: Callable[[], Exception]) -> None:
+        if not np.all(np.asarray(ok) | ~selection):
+            raise make_error()
+
+    def wrap_block(self, function: Callable[[dict], dict], name: str) -> Callable[[dict], dict]:
+        """Primops also see threads outside the selection (stale values, maybe
+        zeros): silence NumPy's floating-point warnings about them."""
+        def block(state: dict) -> dict:
+            with np.errstate(all="ignore"):
+                return function(state)
+        block.__name__ = getattr(function, "__name__", "block")
+        return block

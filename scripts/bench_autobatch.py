@@ -1,0 +1,178 @@
+"""Speed and memory of the autobatch VM (NumPy backend) against plain Python.
+
+    python scripts/bench_autobatch.py [--quick] [--repeat 3] [--blas-threads 1]
+
+Workloads (inputs drawn uniformly, seeded): fib (batch 1,000 and 10,000,
+n <= 20), is_even by mutual recursion (batch 10,000, n <= 100; tail calls,
+and a variant with work after every call, which needs stack frames), Collatz
+step counts (batch 10,000, n <= 1,000), a NUTS-shaped program (a loop around
+a doubly recursive tree build whose leaf does a 256 x 256 matrix-vector
+product; batch 100 and 1,000), and the three workloads of TFP 0.25's NumPy
+reference figures (fib batch 1,000 n <= 10: 6.1 s; is_even batch 1,000
+n <= 50: 3.4 s; Collatz batch 10,000: 0.87 s).
+
+Columns: VM seconds (median of --repeat runs), VM steps (blocks run), peak
+memory traced by tracemalloc during one VM run, the stackless executor (one
+run), plain Python looping over the examples one by one (median), and the
+ratios.  Every run's result is checked against plain Python.
+
+BLAS threads default to 1 (set before NumPy is imported): on a shared
+machine a multi-threaded BLAS makes small matrix products erratic, and the
+one-by-one baseline (matrix-vector products) runs on one thread anyway.
+"""
+import argparse
+import os
+import sys
+
+
+def _blas_threads_from_argv() -> str:
+    for i, arg in enumerate(sys.argv):
+        if arg == "--blas-threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if arg.startswith("--blas-threads="):
+            return arg.split("=", 1)[1]
+    return "1"
+
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, _blas_threads_from_argv())
+
+import statistics  # noqa: E402
+import time  # noqa: E402
+import tracemalloc  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any, Callable, List, Optional  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from autobatch import examples, stackless  # noqa: E402
+from autobatch.backends.numpy import NumpyBackend  # noqa: E402
+from autobatch.virtual_machine import VirtualMachine, argument_types, prepare  # noqa: E402
+
+
+@dataclass
+class Workload:
+    name: str
+    batch: int
+    program: Any
+    args: List[Any]
+    python: Callable[[], Any]       # plain Python over all examples
+    max_stack_depth: int
+    tfp_seconds: Optional[float] = None
+    quick: bool = True               # part of --quick
+
+
+def median_time(fn: Callable[[], Any], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def same(got: Any, want: Any) -> bool:
+    if isinstance(want, tuple):
+        return all(same(g, w) for g, w in zip(got, want))
+    return np.array_equal(np.asarray(got), np.asarray(want))
+
+
+def workloads(rng: np.random.Generator) -> List[Workload]:
+    out = []
+
+    def fib(batch: int, n_max: int, tfp: Optional[float] = None, quick: bool = True) -> None:
+        n = rng.integers(0, n_max + 1, size=batch)
+        out.append(Workload(f"fib n<={n_max}", batch, examples.fibonacci(), [n],
+                            lambda: np.array([examples.fib_python(int(v)) for v in n]),
+                            max(n_max, 1), tfp, quick))
+
+    def even(batch: int, n_max: int, tail: bool, tfp: Optional[float] = None) -> None:
+        n = rng.integers(0, n_max + 1, size=batch)
+        label = "tail calls" if tail else "stack"
+        out.append(Workload(f"is_even n<={n_max} ({label})", batch, examples.even_odd(tail),
+                            [n], lambda: np.array([examples.is_even_python(int(v))
+                                                   for v in n]),
+                            n_max + 1, tfp))
+
+    def collatz(batch: int, n_max: int, tfp: Optional[float] = None) -> None:
+        n = rng.integers(1, n_max + 1, size=batch)
+        out.append(Workload(f"Collatz n<={n_max}", batch, examples.collatz(), [n],
+                            lambda: np.array([examples.collatz_python(int(v)) for v in n]),
+                            1, tfp))
+
+    def nuts(batch: int) -> None:
+        matrix, weights = examples.nuts_problem(256)
+        x = rng.integers(0, 1009, size=(batch, 256)).astype(np.float64)
+
+        def python():
+            pairs = [examples.nuts_python(row, matrix, weights) for row in x]
+            return np.stack([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+        out.append(Workload("NUTS-shaped, 256 matvec", batch,
+                            examples.nuts_shaped(matrix, weights), [x], python, 8))
+
+    fib(1_000, 10, tfp=6.1)
+    even(1_000, 50, tail=True, tfp=3.4)
+    even(1_000, 50, tail=False, tfp=3.4)
+    collatz(10_000, 1_000, tfp=0.87)
+    fib(1_000, 20)
+    fib(10_000, 20, quick=False)
+    even(10_000, 100, tail=True)
+    even(10_000, 100, tail=False)
+    nuts(100)
+    nuts(1_000)
+    return out
+
+
+def run(work: Workload, repeat: int, backend: NumpyBackend) -> dict:
+    lowered = prepare(work.program, argument_types(work.args, backend), backend)
+    vm = VirtualMachine(lowered, backend, max_stack_depth=work.max_stack_depth)
+    want = work.python()
+    got = vm.run(work.args)
+    if not same(got, want):
+        raise AssertionError(f"{work.name}: the VM disagrees with plain Python")
+    vm_s = median_time(lambda: vm.run(work.args), repeat)
+    steps = vm.steps
+    tracemalloc.start()
+    vm.run(work.args)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    t0 = time.perf_counter()
+    sl = stackless.execute(lowered.source, work.args, backend, work.max_stack_depth)
+    stackless_s = time.perf_counter() - t0
+    if not same(sl, want):
+        raise AssertionError(f"{work.name}: the stackless executor disagrees")
+    python_s = median_time(work.python, repeat)
+    return dict(vm=vm_s, steps=steps, peak=peak, stackless=stackless_s, python=python_s)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="skip fib at batch 10,000; "
+                        "one timed run each")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per measurement")
+    parser.add_argument("--blas-threads", default="1", help="BLAS threads (default 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    repeat = 1 if args.quick else args.repeat
+    backend = NumpyBackend()
+    rng = np.random.default_rng(args.seed)
+    print(f"autobatch VM, NumPy {np.__version__} backend, BLAS threads "
+          f"{os.environ.get('OPENBLAS_NUM_THREADS')}, median of {repeat} run(s)\n")
+    print("| program | batch | VM s | VM steps | VM peak MiB | stackless s | "
+          "plain Python s | Python / VM | TFP 0.25 NumPy s | TFP / VM |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    start = time.perf_counter()
+    for work in workloads(rng):
+        if args.quick and not work.quick:
+            continue
+        r = run(work, repeat, backend)
+        tfp = f"{work.tfp_seconds:.2f}" if work.tfp_seconds else "-"
+        tfp_ratio = f"{work.tfp_seconds / r['vm']:.0f}x" if work.tfp_seconds else "-"
+        print(f"| {work.name} | {work.batch:,} | {r['vm']:.3f} | {r['steps']:,} | "
+              f"{r['peak'] / 2**20:.1f} | {r['stackless']:.3f} | {r['python']:.3f} | "
+              f"{r['python'] / r['vm']:.2f}x | {tfp} | {tfp_ratio} |", flush=True)
+    print(f"\ntotal bench time {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
