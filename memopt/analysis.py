@@ -28,10 +28,12 @@ Units: bytes; positions are flat op positions (:meth:`Graph.walk_ops`).
 """
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import math
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
@@ -60,11 +62,19 @@ class RuntimeModel:
         the end of the step.
     inplace : apply the PIR executor's in-place pass (PIR programs only).
     device : ``"cpu"`` or ``"gpu"``: the in-place pass differs slightly.
+    schedule : ``"dataflow"``: ops run in the order Paddle's executor picks
+        (:func:`executor_order`: an op runs once its inputs are ready, an
+        optimizer update right after its gradient); ``"program"``: in
+        program order.
+    workers : threads of the executor's work queue in the dataflow schedule
+        (Paddle uses 4 on CPU).
     """
 
     gc: bool = True
     inplace: bool = True
     device: str = "cpu"
+    schedule: str = "dataflow"
+    workers: int = 4
 
     @classmethod
     def from_paddle(cls, device: str = "cpu") -> "RuntimeModel":
@@ -141,7 +151,10 @@ class Analysis:
         state), symbolic in the batch (normally a constant).
     op_types : the op type at each flat position.
     inplace : ``(position, input, output)`` of the ops the executor runs in
-        place (PIR), as modelled.
+        place (PIR), as modelled (positions in program order).
+    order : ``order[i]`` is the program-order flat position of the op that
+        runs ``i``-th; timeline positions, ``Holder.start``/``end``/
+        ``position`` and ``op_types`` are in run order.
     """
 
     graph: Graph
@@ -151,6 +164,7 @@ class Analysis:
     persistable: dict
     op_types: list
     inplace: list = field(default_factory=list)
+    order: list = field(default_factory=list)
     _coef: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -365,52 +379,212 @@ def _category(var, role: str) -> str:
     return "activation"
 
 
+class _Aliases:
+    """Union-find over variable names that share one buffer (in-place ops)."""
+
+    def __init__(self) -> None:
+        self.parent: dict = {}
+
+    def find(self, x: str) -> str:
+        parent = self.parent
+        root = x
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while parent.get(x, x) != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+
+#: Ops that are not instructions of Paddle's executor: they make no kernel
+#: call (parameters and feeds are set up in the scope before the step).
+_NOT_INSTRUCTIONS = frozenset({
+    "builtin.parameter", "pd_op.data", "pd_op.feed", "builtin.split", "builtin.slice",
+    "builtin.shadow_output", "feed", "fetch", "cf.yield"})
+
+
+def _units(graph: Graph) -> list:
+    """Top-level execution units: each global-block op with the ops of its
+    sub-blocks and the synthetic ops an adapter put around it
+    (``attrs["synthetic"]`` ``"before"``/``"after"``), as lists of flat
+    positions in walk order."""
+    units: list = []
+    glue_next = False
+    for pos, (block_idx, op) in enumerate(graph.walk_ops()):
+        synthetic = op.attrs.get("synthetic") if op.attrs else None
+        if units and (block_idx != 0 or glue_next or synthetic == "after"):
+            units[-1].append(pos)
+        else:
+            units.append([pos])
+        if block_idx == 0:
+            glue_next = synthetic == "before"
+    return units
+
+
+def _flat_ops(graph: Graph) -> list:
+    return [op for _, op in graph.walk_ops()]
+
+
+def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
+                   workers: int = 4) -> list:
+    """The order in which Paddle's executor runs the ops, as flat positions.
+
+    Paddle 3's executors (multi-thread mode, the default) run an op as soon
+    as its inputs are ready: an op's first downstream op (lowest index)
+    continues in the same task, whose queue prefers the lowest op index;
+    every other downstream op that becomes ready is a new task for the work
+    queue, served by ``workers`` threads (4 on CPU).  So an optimizer update
+    runs soon after its gradient exists instead of at the end of the program,
+    and frees the gradient then.  This emulates that schedule
+    deterministically: the running tasks take turns, one op each, in the
+    order they started.  Dependencies are read-after-write, write-after-read
+    and write-after-write on buffers (``aliases`` joins the names an in-place
+    op writes over); ops that are no instructions (parameters, feeds) come
+    first.
+    """
+    aliases = aliases or _Aliases()
+    ops = _flat_ops(graph)
+    units = _units(graph)
+    n = len(units)
+    last_writer: dict = {}
+    readers: dict = {}
+    upstream: list = [set() for _ in range(n)]
+    instruction = []
+    for u, positions in enumerate(units):
+        head = ops[positions[0]]
+        instruction.append(head.type not in _NOT_INSTRUCTIONS)
+        written_inside: set = set()
+        reads: set = set()
+        writes: set = set()
+        for pos in positions:
+            op = ops[pos]
+            reads.update(aliases.find(nm) for nm in op.reads if nm not in written_inside)
+            for nm in op.writes:
+                written_inside.add(nm)
+                writes.add(aliases.find(nm))
+        for key in sorted(reads):
+            w = last_writer.get(key)
+            if w is not None and w != u:
+                upstream[u].add(w)
+            readers.setdefault(key, set()).add(u)
+        for key in sorted(writes):
+            for r in readers.get(key, ()):
+                if r != u:
+                    upstream[u].add(r)
+            w = last_writer.get(key)
+            if w is not None and w != u:
+                upstream[u].add(w)
+            last_writer[key] = u
+            readers[key] = set()
+    # Units that are not instructions are done before the step starts.
+    downstream: list = [[] for _ in range(n)]
+    deps = [0] * n
+    for u in range(n):
+        ups = {w for w in upstream[u] if instruction[w]}
+        deps[u] = len(ups)
+        for w in ups:
+            downstream[w].append(u)
+    for d in downstream:
+        d.sort()
+    order: list = [u for u in range(n) if not instruction[u]]
+    roots = [u for u in range(n) if instruction[u] and deps[u] == 0]
+
+    # Round-robin over at most `workers` running tasks, one op per task per
+    # step; tasks that become ready wait in a FIFO queue (the work queue).
+    queue = deque([[r] for r in roots])
+    active: list = []
+    while queue or active:
+        while len(active) < workers and queue:
+            active.append(queue.popleft())
+        still = []
+        for heap in active:
+            u = heapq.heappop(heap)
+            order.append(u)
+            for k, v in enumerate(downstream[u]):
+                deps[v] -= 1
+                if deps[v] == 0:
+                    if k == 0:
+                        heapq.heappush(heap, v)
+                    else:
+                        queue.append([v])
+            if heap:
+                still.append(heap)
+        active = still
+    if len(order) != n:  # a cycle would be a bug in the dependencies
+        log.warning("executor order: %d of %d units scheduled; using program order",
+                    len(order), n)
+        order = list(range(n))
+    return [pos for u in order for pos in units[u]]
+
+
+def _reordered(graph: Graph, order: list) -> Graph:
+    """``graph`` with its global block's ops in the order of ``order``
+    (flat positions; sub-block ops stay with their owner)."""
+    ops = _flat_ops(graph)
+    blocks_of = [b for b, _ in graph.walk_ops()]
+    top = [ops[p] for p in order if blocks_of[p] == 0]
+    blocks = [type(b)(b.idx, b.parent, ops=list(b.ops), vars=b.vars) for b in graph.blocks]
+    blocks[0].ops = top
+    return Graph(blocks=blocks, fetch_names=graph.fetch_names)
+
+
 def from_graph(graph: Graph, batch_size: Optional[int] = None,
-                  runtime: Optional[RuntimeModel] = None,
-                  inplace: Sequence = ()) -> Analysis:
+               runtime: Optional[RuntimeModel] = None,
+               inplace: Sequence = ()) -> Analysis:
     """Analyse a memopt :class:`Graph` (see :func:`analyze`).
 
-    ``inplace`` lists ``(position, input name, output name)``: the output is
-    written over the input's buffer at that op.
+    ``inplace`` lists ``(position, input name, output name)``: the executor
+    writes the output over the input's buffer at that op.  Ops whose
+    ``attrs["inplace"]`` lists ``(input, output)`` pairs (Paddle's own
+    in-place ops) share buffers the same way.
     """
     runtime = runtime or RuntimeModel()
-    positions = list(graph.walk_ops())
+    aliases = _Aliases()
+    for _, src, dst in inplace:
+        aliases.union(src, dst)
+    for _, op in graph.walk_ops():
+        for src, dst in op.attrs.get("inplace", ()) if op.attrs else ():
+            aliases.union(src, dst)
+    flat = list(graph.walk_ops())
+    if runtime.schedule == "dataflow":
+        order = executor_order(graph, aliases, runtime.workers)
+        run_graph = _reordered(graph, order)
+    else:
+        order = list(range(len(flat)))
+        run_graph = graph
+    positions = list(run_graph.walk_ops())
     n = len(positions)
     last = max(n - 1, 0)
-    intervals = _liveness_of(_runtime_graph(graph)).intervals()
+    intervals = _liveness_of(_runtime_graph(run_graph)).intervals()
     first_writer: dict = {}
     for pos, (_, op) in enumerate(positions):
         for name in op.writes:
             first_writer.setdefault(name, pos)
     var_of: dict = {}
-    for block_idx, var in graph.all_vars():
+    for _, var in graph.all_vars():
         var_of.setdefault(var.name, var)
     persistable: dict = {}
+    persistent_roots = set()
     for name, var in var_of.items():
         if var.persistable and var.is_dense:
             _poly_add(persistable, var.size)
-    # union in-place chains
-    parent: dict = {}
-
-    def find(x):
-        while parent.get(x, x) != x:
-            parent[x] = parent.get(parent[x], parent[x])
-            x = parent[x]
-        return x
-
-    for _, src, dst in inplace:
-        ra, rb = find(src), find(dst)
-        if ra != rb:
-            parent[rb] = ra
+            persistent_roots.add(aliases.find(name))
     members: dict = {}
     for name, var in var_of.items():
         if var.persistable or not var.is_dense or var.size.coefficient == 0:
             continue
+        root = aliases.find(name)
+        if root in persistent_roots:
+            continue  # written over a parameter: no memory of its own
         if name not in intervals and name not in first_writer:
             continue
-        members.setdefault(find(name), []).append(name)
+        members.setdefault(root, []).append(name)
     holders = []
-    for root, names in members.items():
+    for names in members.values():
         spans = []
         for nm in names:
             var = var_of[nm]
@@ -437,7 +611,8 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
     holders.sort(key=lambda h: (h.start, h.name))
     return Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
                     holders=holders, persistable=persistable,
-                    op_types=[op.type for _, op in positions], inplace=list(inplace))
+                    op_types=[op.type for _, op in positions], inplace=list(inplace),
+                    order=order)
 
 
 def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,

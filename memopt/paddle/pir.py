@@ -25,7 +25,9 @@ How values flow through the constructs, as the executor runs them:
 - ``pd_op.if``: the head reads the condition; each branch ends in
   ``cf.yield``, which reads the branch's results; the if's own results are
   written by a synthetic op ``pd_op.if/out`` right after the construct (the
-  executor hands the yielded buffers over to them there).
+  executor hands the yielded buffers over to them there).  Synthetic ops
+  have no PIR op (``PirGraph.ops`` holds None for them) and carry
+  ``attrs["synthetic"]``: ``"before"`` or ``"after"`` the op they belong to.
 - ``pd_op.while``: a synthetic ``pd_op.while/in`` before the head reads the
   initial values and writes the body's block arguments; the head (a loop op)
   re-reads the condition every iteration; the body's ``cf.yield`` writes the
@@ -111,6 +113,52 @@ class PirGraph:
         return self.name_of[value.id]
 
 
+def _output_names(pir_op) -> list:
+    """Names of an operator's result slots ([] for ops without yaml info:
+    builtin, cf and control-flow ops, where asking can crash Paddle)."""
+    name = pir_op.name()
+    if not name.startswith("pd_op.") or name in (IF_OP, WHILE_OP) or pir_op.num_regions():
+        return []
+    try:
+        return list(pir_op.get_output_names())
+    except Exception:
+        return []
+
+
+def _einsum_cache(pir_op) -> list:
+    """``[(shape, dtype) or None]`` per operand: the memory ``pd_op.einsum``
+    keeps in its ``inner_cache`` output for the backward pass.
+
+    Paddle's einsum kernel transposes each operand into the layout of a
+    batched matmul -- batch labels (in both operands and the output, in
+    output order), then the operand's own kept labels, then the contracted
+    labels (for the second operand: contracted labels before its own) -- and
+    caches a transposed copy of every operand it had to transpose (None: not
+    transposed, nothing cached).  PIR types the cache as empty tensors.
+    """
+    equation = str(pir_op.attrs().get("equation", ""))
+    lhs, _, out = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    inputs = _combine_inputs(pir_op.operand_source(0))
+    if len(terms) != 2 or len(inputs) != 2 or "." in equation:
+        return [None] * len(inputs)
+    a, b = terms
+    batch = [c for c in out if c in a and c in b]
+    contracted = [c for c in a if c in b and c not in out]
+    expected = ("".join(batch + [c for c in a if c not in b] + contracted),
+                "".join(batch + contracted + [c for c in b if c not in a]))
+    return [None if term == want else (tuple(int(d) for d in value.shape), _dtype_name(value))
+            for term, want, value in zip(terms, expected, inputs)]
+
+
+def _combine_inputs(vector) -> list:
+    """The tensors packed into ``vector`` by a ``builtin.combine``."""
+    op = vector.get_defining_op()
+    if op is None or op.name() != COMBINE_OP:
+        return []
+    return list(op.operands_source())
+
+
 class _Converter:
     """One walk over a PIR program, building a :class:`PirGraph`."""
 
@@ -127,7 +175,11 @@ class _Converter:
         self.block_ops: list = []  # (graph block idx, Op) in walk order
 
     # -- names and variables ------------------------------------------------
-    def _declare(self, value, name: str, block: Block, **flags) -> str:
+    def _declare(self, value, name: str, block: Block, shape_only: bool = False,
+                 **flags) -> str:
+        """Declare ``value`` as variable ``name`` of ``block``.  A
+        ``shape_only`` value (an op's ``xshape`` output) never holds data:
+        its kind is ``"shape"`` and it costs no memory."""
         if name in self.result.values:  # a duplicate attribute name
             k = 1
             while f"{name}#{k}" in self.result.values:
@@ -143,6 +195,8 @@ class _Converter:
             kind, shape, dtype = "tensor_array", (), "float32"
         else:
             kind, shape, dtype = "other", (), "float32"
+        if shape_only:
+            kind = "shape"
         try:
             persistable = bool(value.persistable)
         except Exception:  # pragma: no cover - values without the attribute
@@ -230,9 +284,11 @@ class _Converter:
         """Declare (or alias) every result of ``pir_op``; return written names."""
         written = []
         op_name = pir_op.name()
-        for value in pir_op.results():
+        slots = _output_names(pir_op)
+        for slot, value in enumerate(pir_op.results()):
             if not value.initialized():
                 continue
+            shape_only = slot < len(slots) and slots[slot].lower() == "xshape"
             if op_name in (SPLIT_OP, SLICE_OP):
                 continue  # elements were named where the vector was made
             if not (value.is_dense_tensor_type() or value.is_selected_row_type()
@@ -242,7 +298,14 @@ class _Converter:
                 if split is not None:
                     elems = []
                     for elem in split.results():
-                        elems.append(self._declare(elem, self.printed[elem.id], block))
+                        elems.append(self._declare(elem, self.printed[elem.id], block,
+                                                   shape_only=shape_only))
+                    if op_name == "pd_op.einsum" and slot < len(slots) \
+                            and slots[slot] == "inner_cache":
+                        for nm, cached in zip(elems, _einsum_cache(pir_op)):
+                            var = block.vars[nm]
+                            var.kind = DENSE if cached else "shape"
+                            var.shape, var.dtype = cached or ((), var.dtype)
                     self.vector_elems[value.id] = elems
                     written.extend(elems)
                     continue
@@ -252,7 +315,8 @@ class _Converter:
             extra = dict(flags)
             if op_name in DATA_OPS:
                 extra.update(is_data=True, is_feed=True)
-            written.append(self._declare(value, self._result_name(pir_op, value), block, **extra))
+            written.append(self._declare(value, self._result_name(pir_op, value), block,
+                                         shape_only=shape_only, **extra))
         if op_name in (SPLIT_OP, SLICE_OP):
             self._alias_unpacked(pir_op)
         return written
@@ -341,7 +405,8 @@ class _Converter:
         writes = self._name_results(pir_op, block)
         for nm in writes:
             self.result.defining_op.setdefault(nm, position)
-        self._add(block, None, Op(IF_OP + "/out", writes=tuple(writes)))
+        self._add(block, None, Op(IF_OP + "/out", writes=tuple(writes),
+                                  attrs={"synthetic": "after"}))
 
     def _walk_while(self, pir_op, block: Block) -> None:
         operands = list(pir_op.operands_source())
@@ -352,7 +417,7 @@ class _Converter:
         for nm in args:
             self.result.defining_op.setdefault(nm, position)
         self._add(block, None, Op(WHILE_OP + "/in", reads=tuple(self._reads(inits)),
-                                  writes=tuple(args)))
+                                  writes=tuple(args), attrs={"synthetic": "before"}))
         head = self._add(block, pir_op, Op(WHILE_OP, reads=tuple(self._reads(cond)),
                                            writes=tuple(args), loop=True,
                                            attrs={"pir_id": pir_op.id()}))
@@ -367,7 +432,8 @@ class _Converter:
         writes = self._name_results(pir_op, block)
         for nm in writes:
             self.result.defining_op.setdefault(nm, position)
-        self._add(block, None, Op(WHILE_OP + "/out", reads=tuple(args), writes=tuple(writes)))
+        self._add(block, None, Op(WHILE_OP + "/out", reads=tuple(args), writes=tuple(writes),
+                                  attrs={"synthetic": "after"}))
 
     # -- roles ----------------------------------------------------------------
     def _assign_roles(self) -> None:
