@@ -1,0 +1,630 @@
+"""``memory_optimize`` and ``release_memory``: the one-call memory transpiler.
+
+``memopt.memory_optimize(program)`` rewrites a Paddle static program in place
+so that variables whose lifetimes do not overlap share memory, and returns a
+:class:`memopt.report.Report` saying what it did.  The work flows one way::
+
+    Program -> adapter -> Graph -> liveness -> plan (pure data) -> checks
+            -> adapter applies the plan all at once -> Report
+
+This module validates the arguments, reads the runtime's memory model,
+dispatches on the program type (legacy programs to
+:mod:`memopt.paddle.legacy`, PIR programs to :mod:`memopt.paddle.pir`) and
+holds the planner, which works on a :class:`memopt.graph.Graph` and imports
+no Paddle.
+
+The plan
+--------
+*Candidates* are the variables that may share memory: dense, not persistable,
+not fed, fetched or declared data, not in ``skip_opt_set``, not a gradient
+when ``skip_grads``, not likely to be fetched (the loss, an output nobody
+reads, the input of a fetch op), and used in one block only by ops that run
+no sub-block (a variable a control-flow op or a second block touches is left
+alone; locals of sub-blocks at any depth are candidates among themselves).
+
+*In place*: where an op whose Paddle kernel may run in place (the adapter's
+``"inplace"`` pair) reads a candidate for the last time and writes a
+candidate of the same shape and dtype, the output takes the input's memory
+at that very op.
+
+*Rename*: with the garbage collector off, candidates (after in-place chains
+are joined) are grouped by :func:`memopt.reuse.assign_groups` so that the
+members of a group never live at the same time; level 0 groups only the same
+shape and dtype, level 1 any, provided every member provably fits (for every
+batch size) in the memory the group's earliest member allocates.
+
+Runtime awareness: with Paddle's eager-deletion GC on (the default) a
+variable's memory is freed after its last use, and renaming would only
+stretch lifetimes (a group holds its memory from its first member's birth to
+its last member's death) -- so with GC on only in-place reuse is planned,
+which can never raise the peak.  With GC off nothing is freed during a run,
+and renaming is the whole win.
+
+Checks before the program is touched: :func:`memopt.simulate.check_groups`
+on the grouping, and :func:`verify_renaming`, which replays every block and
+checks that each read still sees the value it saw before the rename.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Hashable, Iterable, List, Optional, Tuple
+
+from .errors import PlanError, UnsupportedProgramError
+from .graph import DENSE, Graph, Size
+from .liveness import analyze_graph
+from .problems import Buffer
+from .report import REFERENCE_BATCH, Bytes, Holder, Report, Reuse
+
+__all__ = [
+    "Options",
+    "Plan",
+    "memory_optimize",
+    "release_memory",
+    "resolve_options",
+    "plan_memory",
+    "verify_renaming",
+    "runtime_gc",
+]
+
+log = logging.getLogger(__name__)
+
+GRAD_SUFFIX = "@GRAD"
+
+# reasons a variable is left alone (Report.not_merged keys)
+R_PERSISTABLE = "persistable"
+R_IO = "feed/fetch/data"
+R_SKIP = "skip_opt_set"
+R_GRAD = "gradient (skip_grads=True)"
+R_FETCHED = "likely fetched (loss, never read, or fetch op input)"
+R_SHARED = "shared with control flow or another block"
+R_KIND = "not a dense tensor"
+
+
+@dataclass(frozen=True)
+class Options:
+    """memory_optimize's arguments, checked, with names resolved.
+
+    ``skip_opt_set`` holds variable names (Variables/Values already turned
+    into their names); ``level`` is 0 or 1.
+    """
+
+    skip_opt_set: frozenset = frozenset()
+    skip_grads: bool = True
+    level: int = 0
+    print_log: bool = False
+
+
+def _name_of(item, index: int) -> str:
+    if isinstance(item, str):
+        return item
+    try:
+        name = getattr(item, "name", None)
+    except Exception:  # a PIR Value without a name raises
+        name = None
+    if isinstance(name, str) and name:
+        return name
+    raise TypeError(
+        f"skip_opt_set[{index}] is a {type(item).__name__} with no variable name; "
+        "pass variable names (str) or Variables")
+
+
+def resolve_options(skip_opt_set=None, skip_grads: bool = True, level: int = 0,
+                    print_log: bool = False) -> Options:
+    """Check memory_optimize's arguments and turn them into :class:`Options`.
+
+    Raises
+    ------
+    TypeError
+        ``skip_opt_set`` is a bare string (``("fc")`` is the string ``"fc"``,
+        not a tuple) or not a set/list/tuple of names or Variables;
+        ``skip_grads`` or ``print_log`` is not a bool.
+    ValueError
+        ``level`` is not 0 or 1.
+    """
+    if skip_opt_set is None:
+        names: frozenset = frozenset()
+    elif isinstance(skip_opt_set, (str, bytes)):
+        raise TypeError(
+            f"skip_opt_set must be a set, list or tuple of variable names, not the "
+            f"string {skip_opt_set!r}: note that ({skip_opt_set!r}) is a string, not a "
+            f"tuple; write ({skip_opt_set!r},) or {{{skip_opt_set!r}}}")
+    elif isinstance(skip_opt_set, (set, frozenset, list, tuple)):
+        items = sorted(skip_opt_set, key=str) if isinstance(skip_opt_set, (set, frozenset)) \
+            else list(skip_opt_set)
+        names = frozenset(_name_of(item, i) for i, item in enumerate(items))
+    else:
+        raise TypeError(
+            "skip_opt_set must be None or a set, list or tuple of variable names or "
+            f"Variables, got {type(skip_opt_set).__name__}")
+    for arg, value in (("skip_grads", skip_grads), ("print_log", print_log)):
+        if not isinstance(value, bool) and type(value).__name__ != "bool_":
+            raise TypeError(f"{arg} must be True or False, got {value!r}")
+    if isinstance(level, bool) or level not in (0, 1):
+        raise ValueError(
+            f"level must be 0 (reuse only between variables of the same shape and "
+            f"dtype) or 1 (any variable whose memory is provably large enough), "
+            f"got {level!r}")
+    return Options(names, bool(skip_grads), int(level), bool(print_log))
+
+
+def runtime_gc() -> Tuple[bool, str]:
+    """Whether Paddle's eager-deletion garbage collector is on, and a line
+    saying so (``FLAGS_eager_delete_tensor_gb`` >= 0: on; < 0: off)."""
+    import paddle
+
+    flag = "FLAGS_eager_delete_tensor_gb"
+    value = float(paddle.get_flags([flag])[flag])
+    on = value >= 0
+    return on, f"garbage collection {'on' if on else 'off'} ({flag}={value:g})"
+
+
+# -- the plan (pure data) ---------------------------------------------------------
+
+@dataclass
+class Plan:
+    """A memory plan for a :class:`Graph`.
+
+    ``renames[block][old] = new`` is the rewrite; ``groups`` the variable
+    names that share one memory block (each in time order, first = the name
+    they all take; groups of one left out); ``reuses`` one line per merged
+    variable; ``inplace`` the ``(input, output, position)`` pairs run in
+    place; ``reasons`` why candidates were left alone.  ``buffers`` holds
+    every temporary's live interval (half-open op positions) and size, for
+    the estimates.
+    """
+
+    gc: bool
+    level: int
+    renames: Dict[int, Dict[str, str]] = field(default_factory=dict)
+    groups: List[List[str]] = field(default_factory=list)
+    reuses: List[Reuse] = field(default_factory=list)
+    inplace: List[Tuple[str, str, int]] = field(default_factory=list)
+    reasons: Dict[str, int] = field(default_factory=dict)
+    buffers: Dict[str, Buffer] = field(default_factory=dict)
+    persistable: List[Size] = field(default_factory=list)
+
+    def merged(self) -> Dict[str, str]:
+        """``{name: a variable it now shares memory with}`` for every member
+        of every group (the first member maps to the second)."""
+        out: Dict[str, str] = {}
+        for group in self.groups:
+            out[group[0]] = group[1]
+            for name in group[1:]:
+                out[name] = group[0]
+        return out
+
+
+def _is_grad(name: str) -> bool:
+    return GRAD_SUFFIX in name
+
+
+def _classify(graph: Graph, options: Options, intervals) -> Tuple[Dict[str, int], Dict[str, str],
+                                                                    Dict[str, int]]:
+    """Candidates (name -> block) and the reason every other temporary is
+    left alone; also the block of every temporary."""
+    blocks_of: Dict[str, set] = {}
+    control: set = set()
+    read: set = set()
+    grad_written: set = set()
+    loss_written: set = set()
+    for block in graph.blocks:
+        for op in block.ops:
+            for name in (*op.reads, *op.writes):
+                blocks_of.setdefault(name, set()).add(block.idx)
+            read.update(op.reads)
+            if op.sub_blocks:
+                control.update(op.reads)
+                control.update(op.writes)
+            if op.role == "backward":
+                grad_written.update(op.writes)
+            if op.attrs.get("loss"):
+                loss_written.update(op.writes)
+    declared: Dict[str, List[int]] = {}
+    for block_idx, var in graph.all_vars():
+        declared.setdefault(var.name, []).append(block_idx)
+    fetched = set(graph.fetch_names)
+
+    candidates: Dict[str, int] = {}
+    reason_of: Dict[str, str] = {}
+    home: Dict[str, int] = {}
+    for name in sorted(intervals):
+        homes = declared.get(name)
+        if not homes:
+            continue
+        var = graph.blocks[homes[0]].vars[name]
+        home[name] = homes[0]
+        if not var.is_dense:
+            reason = R_KIND
+        elif var.persistable:
+            reason = R_PERSISTABLE
+        elif var.is_feed or var.is_fetch or var.is_data:
+            reason = R_IO
+        elif name in options.skip_opt_set:
+            reason = R_SKIP
+        elif options.skip_grads and (_is_grad(name) or name in grad_written):
+            reason = R_GRAD
+        elif name in loss_written or name in fetched or (homes[0] == 0 and name not in read):
+            reason = R_FETCHED
+        elif (len(homes) > 1 or name in control or len(blocks_of.get(name, ())) != 1
+              or homes[0] not in blocks_of.get(name, ())):
+            reason = R_SHARED
+        elif var.size.coefficient == 0:
+            continue
+        else:
+            candidates[name] = homes[0]
+            continue
+        reason_of[name] = reason
+    return candidates, reason_of, home
+
+
+def _inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals) -> List[Tuple[str, str, int]]:
+    """``(input, output, position)`` for every op that can run in place on a
+    dying candidate input of the output's shape and dtype."""
+    pairs = []
+    for pos, (block_idx, _, op) in enumerate(live.positions):
+        pair = op.attrs.get("inplace")
+        if pair is None:
+            continue
+        src, dst = pair
+        if candidates.get(src) != block_idx or candidates.get(dst) != block_idx or src == dst:
+            continue
+        if intervals[src].end != pos or intervals[dst].start != pos:
+            continue
+        a, b = graph.var(src, block_idx), graph.var(dst, block_idx)
+        if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+            continue
+        if src in live.live_out(pos):
+            continue
+        pairs.append((src, dst, pos))
+    return pairs
+
+
+def plan_memory(graph: Graph, options: Options, gc: bool,
+                live=None) -> Plan:
+    """Plan memory sharing for ``graph`` (see the module docstring).
+
+    Parameters
+    ----------
+    graph : the program model (from an adapter).
+    options : resolved options (level, skip_opt_set, skip_grads).
+    gc : plan for Paddle's garbage collector on (in place only) or off
+        (in place, then whole-buffer renaming).
+    live : the graph's :class:`~memopt.liveness.GraphLiveness` if already
+        computed.
+
+    Returns
+    -------
+    Plan
+        Not yet checked: see :func:`check_plan`.
+    """
+    from .reuse import assign_groups  # local: the planner module is only needed here
+
+    live = analyze_graph(graph) if live is None else live
+    intervals = live.intervals()
+    candidates, reason_of, home = _classify(graph, options, intervals)
+    plan = Plan(gc=gc, level=options.level)
+    for reason in reason_of.values():
+        plan.reasons[reason] = plan.reasons.get(reason, 0) + 1
+
+    var_of = {name: graph.blocks[home[name]].vars[name] for name in home}
+    for name, var in var_of.items():
+        if not var.is_dense:
+            continue
+        if var.persistable:
+            plan.persistable.append(var.size)
+            continue
+        if var.size.coefficient:
+            lower, upper = intervals[name].half_open
+            plan.buffers[name] = Buffer(name, lower, upper, _plain(var.size))
+
+    # in-place chains: union of (input, output) pairs, head = the first input
+    pairs = _inplace_pairs(graph, live, candidates, intervals)
+    plan.inplace = pairs
+    head: Dict[str, str] = {}
+    for src, dst, _ in pairs:
+        head[dst] = head.get(src, src)
+    chains: Dict[str, List[str]] = {}
+    for name in sorted(candidates, key=lambda n: (intervals[n].start, n)):
+        chains.setdefault(head.get(name, name), []).append(name)
+    chain_buffers = []
+    for first, members in chains.items():
+        lower = min(plan.buffers[m].lower for m in members)
+        upper = max(plan.buffers[m].upper for m in members)
+        chain_buffers.append(Buffer(first, lower, upper, _plain(var_of[first].size)))
+
+    if gc:
+        grouped = [[b] for b in chain_buffers]
+    else:
+        compatible, fits = _predicates(var_of, home, options.level)
+        grouped = assign_groups(chain_buffers, compatible=compatible, fits=fits).groups
+        _check_grouping(chain_buffers, grouped, compatible, fits)
+
+    inplace_at = {(src, dst): pos for src, dst, pos in pairs}
+    op_at = {pos: live.positions[pos][2].type for _, _, pos in pairs}
+    for group in grouped:
+        members = [m for buf in sorted(group, key=lambda b: (b.lower, str(b.id)))
+                   for m in chains[buf.id]]
+        if len(members) < 2:
+            continue
+        owner = members[0]
+        plan.groups.append(members)
+        block_renames = plan.renames.setdefault(home[owner], {})
+        for prev, cur in zip(members, members[1:]):
+            block_renames[cur] = owner
+            var = var_of[cur]
+            pos = inplace_at.get((prev, cur))
+            plan.reuses.append(Reuse(
+                var=cur, takes=prev, renamed_to=owner, shape=tuple(var.shape),
+                dtype=var.dtype, size=var.size, block=home[cur],
+                how="in-place" if pos is not None else "rename",
+                op=op_at[pos] if pos is not None else ""))
+    return plan
+
+
+def _plain(size: Size):
+    """A Size as the planners take it: int when it does not grow with B."""
+    return size.coefficient if size.power == 0 else size
+
+
+def _as_size(size) -> Size:
+    return size if isinstance(size, Size) else Size(int(size), 0)
+
+
+def _predicates(var_of, home, level: int):
+    def compatible(a: Buffer, b: Buffer) -> bool:
+        if home[a.id] != home[b.id]:
+            return False
+        if level == 0:
+            va, vb = var_of[a.id], var_of[b.id]
+            return tuple(va.shape) == tuple(vb.shape) and va.dtype == vb.dtype
+        return True
+
+    def fits(member: Buffer, first: Buffer) -> bool:
+        return _as_size(member.size).provably_le(_as_size(first.size))
+
+    return compatible, (fits if level == 1 else None)
+
+
+def _check_grouping(buffers, groups, compatible, fits) -> None:
+    """The independent checker of :mod:`memopt.simulate` on the grouping."""
+    from .simulate import check_groups
+
+    class _Grouping:
+        pass
+
+    grouping = _Grouping()
+    grouping.groups = groups
+    grouping.group_of = {b.id: k for k, group in enumerate(groups) for b in group}
+    check_groups(buffers, grouping, compatible=compatible, fits=fits)
+
+
+def verify_renaming(graph: Graph, renames: Dict[int, Dict[str, str]],
+                    inplace: Iterable[Tuple[str, str, int]] = ()) -> None:
+    """Check that renaming changes no value any op reads.
+
+    Replays each block in order, tracking which original variable each name
+    holds after the rename.  Every read must find the value it found before:
+    a renamed name must hold the variable read, last written in the same
+    block (a read of a merged variable before its first write in the block --
+    a value carried in from outside or from the previous loop iteration -- is
+    an error).  An op may read and write the same name only where it did so
+    before or where it is one of the ``inplace`` pairs.  Two distinct
+    variables an op uses may not end up under one name otherwise.
+
+    Raises
+    ------
+    PlanError
+        Naming the block, op and variables at fault.
+    """
+    allowed = {(src, dst) for src, dst, _ in inplace}
+    merged = {name for mapping in renames.values() for name in mapping}
+    merged |= {new for mapping in renames.values() for new in mapping.values()}
+    for block in graph.blocks:
+        mapping = renames.get(block.idx, {})
+        if not mapping and not (merged & set(block.vars)):
+            continue
+        holds: Dict[str, str] = {}
+        for index, op in enumerate(block.ops):
+            where = f"op {index} ({op.type}) of block {block.idx}"
+            new_reads: Dict[str, str] = {}
+            for name in op.reads:
+                new = mapping.get(name, name)
+                if name in merged and holds.get(new) != name:
+                    raise PlanError(
+                        f"{where} reads {name!r}, but after renaming {new!r} holds "
+                        f"{holds.get(new)!r} there")
+                if new_reads.setdefault(new, name) != name:
+                    raise PlanError(f"{where} reads {new_reads[new]!r} and {name!r}, "
+                                    f"both renamed to {new!r}")
+            new_writes: Dict[str, str] = {}
+            for name in op.writes:
+                new = mapping.get(name, name)
+                if new_writes.setdefault(new, name) != name:
+                    raise PlanError(f"{where} writes {new_writes[new]!r} and {name!r}, "
+                                    f"both renamed to {new!r}")
+                src = new_reads.get(new)
+                if src is not None and src != name and (src, name) not in allowed:
+                    raise PlanError(f"{where} reads {src!r} and writes {name!r}, both "
+                                    f"renamed to {new!r}, but the op may not run in place")
+            for name in op.writes:
+                holds[mapping.get(name, name)] = name
+
+
+def check_plan(graph: Graph, plan: Plan) -> None:
+    """Every check a plan must pass before a program is rewritten."""
+    verify_renaming(graph, plan.renames, plan.inplace)
+    for group in plan.groups:
+        owner = group[0]
+        for name in group[1:]:
+            if plan.renames.get(_block_of(plan, name), {}).get(name) != owner:
+                raise PlanError(f"{name!r} is in the group of {owner!r} but not renamed to it")
+
+
+def _block_of(plan: Plan, name: str) -> int:
+    for block, mapping in plan.renames.items():
+        if name in mapping:
+            return block
+    return -1
+
+
+# -- estimates and the report ---------------------------------------------------------
+
+class _Groups:
+    def __init__(self, groups) -> None:
+        self.groups = groups
+
+
+def estimate(plan: Plan, gc: bool, batch_size: int = REFERENCE_BATCH):
+    """``(peak before, peak after, top holders after)`` in bytes at
+    ``batch_size``, persistable variables included, under the GC model."""
+    from .simulate import group_timeline
+
+    persist = sum(_as_size(s).at(batch_size) for s in plan.persistable)
+    buffers = plan.buffers
+    grouped = set()
+    after = []
+    for group in plan.groups:
+        after.append([buffers[n] for n in group])
+        grouped.update(group)
+    after.extend([b] for n, b in buffers.items() if n not in grouped)
+    before = [[b] for b in buffers.values()]
+    if not buffers:
+        return persist, persist, []
+    t_before = group_timeline(_Groups(before), gc=gc, batch_size=batch_size)
+    t_after = group_timeline(_Groups(after), gc=gc, batch_size=batch_size)
+    step = t_after.peak_step
+    holders = []
+    for group in after:
+        lo = min(b.lower for b in group)
+        hi = max(b.upper for b in group)
+        if step is None or not gc or lo <= step < hi:
+            size = max(_as_size(b.size).at(batch_size) for b in group)
+            holders.append(Holder(str(group[0].id), size, tuple(str(b.id) for b in group)))
+    holders.sort(key=lambda h: (-h.bytes, h.name))
+    return persist + t_before.peak, persist + t_after.peak, holders[:5]
+
+
+def make_report(plan: Plan, options: Options, runtime: str, program_type: str,
+                seconds: float, batch_size: int = REFERENCE_BATCH, release: str = "",
+                notes: Optional[List[str]] = None) -> Report:
+    """The :class:`Report` of a checked plan."""
+    peak_before, peak_after, holders = estimate(plan, plan.gc, batch_size)
+    sizes = {n: _as_size(b.size) for n, b in plan.buffers.items()}
+    merged_away = {name for group in plan.groups for name in group[1:]}
+    return Report(
+        program_type=program_type, level=options.level, skip_grads=options.skip_grads,
+        gc=plan.gc, runtime=runtime, reuses=list(plan.reuses),
+        temporaries_before=Bytes.total(sizes.values()),
+        temporaries_after=Bytes.total(s for n, s in sizes.items() if n not in merged_away),
+        batch_size=batch_size,
+        persistable_bytes=sum(_as_size(s).at(batch_size) for s in plan.persistable),
+        peak_before=peak_before, peak_after=peak_after, top_holders=holders,
+        release=release or _release_text(plan.gc), not_merged=dict(plan.reasons),
+        seconds=seconds, notes=list(notes or []))
+
+
+def _release_text(gc: bool) -> str:
+    if gc:
+        return ("Paddle's eager-deletion garbage collector frees each temporary right "
+                "after its last use (no delete_var ops: Paddle 3 has none and needs none)")
+    return ("garbage collection is off: temporaries are held until the run ends; "
+            "Paddle 3 has no delete_var op; set FLAGS_eager_delete_tensor_gb=0 "
+            "(paddle.set_flags) to free each temporary after its last use")
+
+
+# -- the public API ----------------------------------------------------------------
+
+def _default_program(program):
+    if program is not None:
+        return program
+    import paddle
+
+    return paddle.static.default_main_program()
+
+
+def _dispatch(program, options: Options, release: bool) -> Report:
+    from .paddle import legacy
+
+    if legacy.is_legacy_program(program):
+        if release:
+            return legacy.release_memory(program, options)
+        return legacy.memory_optimize(program, options)
+    from .paddle import pir
+
+    if pir.is_pir_program(program):
+        if release:
+            fn = getattr(pir, "release_memory", None)
+            if fn is None:
+                raise UnsupportedProgramError(
+                    "release_memory is not available for PIR programs in this version")
+            return fn(program, options)
+        return pir.memory_optimize(program, options)
+    raise UnsupportedProgramError(
+        f"memory_optimize takes a Paddle static program (paddle.base.framework.Program "
+        f"or paddle.pir.Program), got {type(program).__name__}")
+
+
+def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
+                    level: int = 0, print_log: bool = False) -> Report:
+    """Rewrite a Paddle static program so that variables share memory.
+
+    Parameters
+    ----------
+    program : a legacy ``paddle.base.framework.Program`` or a
+        ``paddle.pir.Program``; None means
+        ``paddle.static.default_main_program()``.  Rewritten in place.
+    skip_opt_set : names or Variables never renamed and whose memory is
+        never given to another (a set, list or tuple -- not a bare string).
+    skip_grads : leave the backward part (gradients) alone.
+    level : 0 -- share only between the same shape and dtype; 1 -- share
+        whenever the memory taken over is provably large enough (sizes
+        symbolic in the batch dimension are compared for every batch size).
+    print_log : print the report (one line per reuse and a summary).
+
+    Returns
+    -------
+    Report
+        What was merged and the estimated memory before/after.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad arguments (see :func:`resolve_options`).
+    UnsupportedProgramError
+        ``program`` is not a Paddle static program.
+    PlanError
+        The plan failed a check (a bug): the program is unchanged.
+
+    A later ``Executor.run`` that fetches a merged variable raises
+    :class:`memopt.errors.MergedVariableError` naming it and the
+    ``skip_opt_set`` fix, instead of returning another variable's data.
+    """
+    options = resolve_options(skip_opt_set, skip_grads, level, print_log)
+    report = _dispatch(_default_program(program), options, release=False)
+    if options.print_log:
+        print(report)
+    return report
+
+
+def release_memory(program=None, skip_opt_set=None) -> Report:
+    """Free each temporary of ``program`` right after its last use.
+
+    Fluid did this by inserting ``delete_var`` ops.  Paddle 3 has no such
+    op: its executor's eager-deletion garbage collector frees every
+    temporary after its last use whenever ``FLAGS_eager_delete_tensor_gb``
+    is >= 0 (the default).  So the program is left as it is, and the Report
+    says how memory is released (and, with the collector off, how to turn it
+    on); ``skip_opt_set`` names variables to keep regardless.
+    """
+    options = resolve_options(skip_opt_set)
+    return _dispatch(_default_program(program), options, release=True)
+
+
+def timed_plan(graph: Graph, options: Options, gc: bool):
+    """Plan and check, returning ``(plan, seconds)``."""
+    start = time.perf_counter()
+    plan = plan_memory(graph, options, gc)
+    check_plan(graph, plan)
+    return plan, time.perf_counter() - start

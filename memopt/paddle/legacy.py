@@ -1,0 +1,452 @@
+"""Legacy Paddle programs (``paddle.base.framework.Program``) <-> memopt.
+
+Two jobs, kept apart:
+
+- :func:`program_to_graph` reads a program into a :class:`memopt.graph.Graph`
+  without touching it: every block, every variable (shape with ``-1`` for the
+  batch, dtype, kind, persistable / feed / fetch / data flags), every op (what
+  it reads and writes, the sub-blocks it runs, its role from ``op_role``,
+  ``loop`` for ``while`` / ``while_grad``).  Each op's ``attrs`` carry what the
+  planner needs from Paddle: ``"loss"`` (the op has the Loss role),
+  ``"inplace"`` (the input/output pair Paddle's kernel may run in place, from
+  the op's declared in-place inferer) and ``"index"`` (position in its block).
+- :func:`apply_renames` rewrites a program: per block, every use of a name is
+  replaced by another.  The edits are all validated first and applied in one
+  go; if anything fails midway the program is restored, so it is either fully
+  rewritten or exactly as it was.
+
+:func:`memory_optimize` / :func:`release_memory` glue them to the planner in
+:mod:`memopt.optimize` and record what was merged on the program, so that a
+later fetch of a merged variable raises :class:`memopt.errors.MergedVariableError`
+(see :func:`install_fetch_guard`).
+
+Paddle is imported lazily, inside the functions.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+
+from ..errors import GraphError, MergedVariableError, UnsupportedProgramError
+from ..graph import DENSE, Block, Graph, Op, Var
+
+log = logging.getLogger(__name__)
+
+#: op_role bits (paddle.base.core.op_proto_and_checker_maker.OpRole)
+ROLE_BACKWARD = 0x0001
+ROLE_OPTIMIZE = 0x0002
+ROLE_LR_SCHED = 0x0010
+ROLE_LOSS = 0x0100
+
+#: Ops that run their sub-block repeatedly (values carried across iterations).
+LOOP_OPS = frozenset({"while", "while_grad", "recurrent", "recurrent_grad"})
+
+#: Name Paddle uses for "no variable here" in grad op outputs.
+EMPTY_VAR = "@EMPTY@"
+
+#: The program attribute holding ``{merged name: name it now lives under}``.
+MERGED_ATTR = "_memopt_merged"
+
+_KIND_OF_TYPE: Dict[int, str] = {}
+
+
+def is_legacy_program(obj) -> bool:
+    """Whether ``obj`` is a legacy ``paddle.base.framework.Program``."""
+    try:
+        from paddle.base.framework import Program
+    except ImportError:  # pragma: no cover - paddle missing
+        return False
+    return isinstance(obj, Program)
+
+
+def _kind_names() -> Dict[int, str]:
+    if not _KIND_OF_TYPE:
+        from paddle.base import core
+
+        vt = core.VarDesc.VarType
+        for attr in dir(vt):
+            if attr.isupper():
+                _KIND_OF_TYPE.setdefault(int(getattr(vt, attr)), attr.lower())
+        _KIND_OF_TYPE[int(vt.DENSE_TENSOR)] = DENSE
+    return _KIND_OF_TYPE
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dtype) -> str:
+    from paddle.base.data_feeder import convert_dtype
+
+    return convert_dtype(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _has_inplace(op_type: str) -> bool:
+    from paddle.base import core
+
+    try:
+        return bool(core.has_infer_inplace(op_type))
+    except Exception:  # an op without OpInfo (a pure-python or unknown op)
+        return False
+
+
+def _inplace_pair(op_type: str, inputs: Mapping[str, list],
+                  outputs: Mapping[str, list]) -> Optional[Tuple[str, str]]:
+    """The ``(input var, output var)`` pair Paddle may run in place, or None.
+
+    Paddle declares in-place pairs per op type (``core.has_infer_inplace``)
+    but does not expose which slots; its inferers follow two patterns, used
+    here: forward ops pair ``X`` with ``Out`` (``sum``: its first ``X``), grad
+    ops ``Out@GRAD`` with ``X@GRAD`` (``softmax_with_cross_entropy_grad``:
+    ``Softmax`` with ``Logits@GRAD``).  Only single-variable slots qualify,
+    and only where neither name is used in another slot of the op.
+    """
+    if not _has_inplace(op_type):
+        return None
+    if op_type == "softmax_with_cross_entropy_grad":
+        src, dst = "Softmax", "Logits@GRAD"
+    elif op_type.endswith("_grad"):
+        src, dst = "Out@GRAD", "X@GRAD"
+    else:
+        src, dst = "X", "Out"
+    ins, outs = inputs.get(src) or [], outputs.get(dst) or []
+    if op_type == "sum" and ins:
+        ins = ins[:1]
+    if len(ins) != 1 or len(outs) != 1 or EMPTY_VAR in (ins[0], outs[0]):
+        return None
+    src_var, dst_var = ins[0], outs[0]
+    # the pair must be the op's only use of either name
+    if sum(names.count(src_var) for names in inputs.values()) != 1:
+        return None
+    if sum(names.count(dst_var) for names in outputs.values()) != 1:
+        return None
+    if src_var in (n for names in outputs.values() for n in names):
+        return None
+    if dst_var in (n for names in inputs.values() for n in names):
+        return None
+    return src_var, dst_var
+
+
+def _role(op_role: int) -> str:
+    if op_role & (ROLE_OPTIMIZE | ROLE_LR_SCHED):
+        return "optimize"
+    if op_role & ROLE_BACKWARD:
+        return "backward"
+    return "forward"
+
+
+def _sub_block_ids(op) -> Tuple[int, ...]:
+    from paddle.base import core
+
+    ids: List[int] = []
+    desc = op.desc
+    for name in desc.attr_names():
+        kind = desc.attr_type(name)
+        if kind == core.AttrType.BLOCK:
+            ids.append(desc._block_attr_id(name))
+        elif kind == core.AttrType.BLOCKS:
+            ids.extend(desc._blocks_attr_ids(name))
+    return tuple(ids)
+
+
+def _slots(names: Iterable[str], get) -> Dict[str, list]:
+    return {slot: [n for n in get(slot) if n != EMPTY_VAR] for slot in names}
+
+
+def program_to_graph(program) -> Graph:
+    """Read a legacy Paddle program into a :class:`~memopt.graph.Graph`.
+
+    Read-only: the program is not changed.  Variables stay in the block that
+    declares them (a name a block borrows from a sibling's scope, as a
+    ``while_grad`` body does, is declared in the borrower too); ``@EMPTY@``
+    placeholders are left out.  Feed and fetch ops of block 0 mark their variables ``is_feed`` /
+    ``is_fetch`` and the fetched names become the graph's ``fetch_names``.
+
+    Raises
+    ------
+    UnsupportedProgramError
+        ``program`` is not a legacy Program.
+    GraphError
+        An op uses a name no enclosing block declares.
+    """
+    if not is_legacy_program(program):
+        raise UnsupportedProgramError(
+            f"expected a legacy paddle.base.framework.Program, got {type(program).__name__}")
+    kinds = _kind_names()
+    blocks: List[Block] = []
+    fetched: List[str] = []
+    fed: set = set()
+    for pblock in program.blocks:
+        block = Block(pblock.idx, pblock.parent_idx)
+        blocks.append(block)
+        for pvar in pblock.vars.values():
+            desc = pvar.desc
+            kind = kinds.get(int(desc.type()), "other")
+            if kind == DENSE:
+                shape, dtype = tuple(desc.shape()), _dtype_name(desc.dtype())
+            else:
+                shape, dtype = (), "float32"
+            block.add_var(Var(pvar.name, shape, dtype, kind, persistable=desc.persistable(),
+                              is_data=bool(getattr(pvar, "is_data", False))))
+        for index, pop in enumerate(pblock.ops):
+            desc = pop.desc
+            op_type = desc.type()
+            inputs = _slots(desc.input_names(), desc.input)
+            outputs = _slots(desc.output_names(), desc.output)
+            reads = tuple(dict.fromkeys(n for names in inputs.values() for n in names))
+            writes = tuple(dict.fromkeys(n for names in outputs.values() for n in names))
+            op_role = desc.attr("op_role") if desc.has_attr("op_role") else 0
+            attrs = {"index": index, "loss": bool(op_role & ROLE_LOSS)}
+            pair = _inplace_pair(op_type, inputs, outputs)
+            if pair is not None:
+                attrs["inplace"] = pair
+            subs = _sub_block_ids(pop)
+            block.add_op(Op(op_type, reads, writes, subs, _role(int(op_role)),
+                            op_type in LOOP_OPS, attrs))
+            if pblock.idx == 0 and op_type in ("fetch", "fetch_v2"):
+                fetched.extend(reads)
+            if pblock.idx == 0 and op_type == "feed":
+                fed.update(writes)
+    graph = Graph(blocks=blocks)
+    _declare_borrowed(graph)
+    _drop_unsafe_inplace(graph)
+    for name in fetched:
+        var = graph.find_var(name)
+        if var is not None:
+            var.is_fetch = True
+    for name in fed:
+        var = graph.find_var(name)
+        if var is not None:
+            var.is_feed = True
+    graph.fetch_names = tuple(dict.fromkeys(fetched))
+    graph.validate()
+    return graph
+
+
+#: Grad ops whose CPU kernels are bit-exact in place when the other input is
+#: broadcast over the leading dimensions only (a bias: ``Y`` a suffix of ``X``).
+_TRAILING_BROADCAST_OK = frozenset({"elementwise_add_grad", "elementwise_sub_grad"})
+
+
+def _drop_unsafe_inplace(graph: Graph) -> None:
+    """Keep a grad op's in-place pair only where no operand broadcasts.
+
+    Paddle declares ``Out@GRAD -> X@GRAD`` in place for elementwise grads,
+    but its CPU kernel for a general broadcast zeroes ``X@GRAD`` before
+    reading ``Out@GRAD`` (measured: a conv bias grad run in place changes
+    the numbers).  So a grad op's pair is kept only when every dense operand
+    has the pair's shape, or (add/sub grads) is a trailing suffix of it.
+    """
+    for block in graph.blocks:
+        for op in block.ops:
+            pair = op.attrs.get("inplace")
+            if pair is None or not op.type.endswith("_grad"):
+                continue
+            shape = tuple(graph.var(pair[0], block.idx).shape)
+            for name in (*op.reads, *op.writes):
+                var = graph.var(name, block.idx)
+                if not var.is_dense or tuple(var.shape) == shape:
+                    continue
+                other = tuple(var.shape)
+                if (op.type in _TRAILING_BROADCAST_OK and 0 < len(other) < len(shape)
+                        and shape[-len(other):] == other):
+                    continue
+                del op.attrs["inplace"]
+                break
+
+
+def _declare_borrowed(graph: Graph) -> None:
+    """Declare in a block the names its ops take from a sibling block.
+
+    A ``while_grad`` body reads the forward body's variables from the step
+    scopes the ``while`` op kept, though the forward body is no enclosing
+    block.  Such a name gets a copy of its declaration in the block using it
+    (the planner never merges a name used in two blocks).
+    """
+    anywhere: Dict[str, Var] = {}
+    for _, var in graph.all_vars():
+        anywhere.setdefault(var.name, var)
+    for block in graph.blocks[1:]:
+        for op in block.ops:
+            for name in (*op.reads, *op.writes):
+                if graph.find_var(name, block.idx) is None and name in anywhere:
+                    src = anywhere[name]
+                    block.add_var(Var(src.name, src.shape, src.dtype, src.kind,
+                                      src.persistable, is_data=src.is_data))
+
+
+# -- the rewrite ------------------------------------------------------------------
+
+def _edits(program, renames: Mapping[int, Mapping[str, str]]):
+    """Every slot to change: ``(op, is_input, slot, old names, new names)``,
+    validated before anything is written."""
+    edits = []
+    for block_idx, mapping in sorted(renames.items()):
+        if not mapping:
+            continue
+        if not 0 <= block_idx < program.num_blocks:
+            raise GraphError(f"rename plan names block {block_idx}, but the program has "
+                             f"{program.num_blocks} blocks")
+        pblock = program.block(block_idx)
+        for old, new in sorted(mapping.items()):
+            for name in (old, new):
+                if not pblock.has_var(name):
+                    raise GraphError(f"rename plan names variable {name!r}, which block "
+                                     f"{block_idx} does not declare")
+            if new in mapping:
+                raise GraphError(f"rename plan maps {old!r} to {new!r}, which is itself "
+                                 "renamed: plans must map straight to the final name")
+        for pop in pblock.ops:
+            desc = pop.desc
+            for is_input, slots, get in ((True, desc.input_names(), desc.input),
+                                         (False, desc.output_names(), desc.output)):
+                for slot in slots:
+                    names = get(slot)
+                    new_names = [mapping.get(n, n) for n in names]
+                    if new_names != names:
+                        edits.append((pop, is_input, slot, names, new_names))
+    return edits
+
+
+def _set_slot(pop, is_input: bool, slot: str, names: List[str]) -> None:
+    if is_input:
+        pop.desc.set_input(slot, names)
+    else:
+        pop.desc.set_output(slot, names)
+
+
+def apply_renames(program, renames: Mapping[int, Mapping[str, str]]) -> int:
+    """Rename variable uses in ``program``, all at once or not at all.
+
+    ``renames[block index][old] = new``: every op of that block that reads or
+    writes ``old`` uses ``new`` instead (both must be declared in the block;
+    declarations are kept).  Returns the number of op slots changed.
+
+    On any error the slots already changed are restored and the error is
+    re-raised: the program's serialized form is exactly what it was.
+    """
+    edits = _edits(program, renames)
+    done = []
+    try:
+        for pop, is_input, slot, old_names, new_names in edits:
+            _set_slot(pop, is_input, slot, new_names)
+            done.append((pop, is_input, slot, old_names))
+    except BaseException:
+        for pop, is_input, slot, old_names in reversed(done):
+            _set_slot(pop, is_input, slot, old_names)
+        raise
+    return len(edits)
+
+
+# -- fetches of merged variables ---------------------------------------------------
+
+def merged_record(program) -> Dict[str, str]:
+    """``{name: the variable whose memory it shares}`` for every variable a
+    rewrite of ``program`` made share memory (empty if none)."""
+    return dict(getattr(program, MERGED_ATTR, None) or {})
+
+
+def check_fetch(program, fetch_list) -> None:
+    """Raise :class:`MergedVariableError` if ``fetch_list`` asks for a
+    variable whose memory memory_optimize gave to another."""
+    record = getattr(program, MERGED_ATTR, None)
+    if not record or not fetch_list:
+        return
+    items = fetch_list if isinstance(fetch_list, (list, tuple)) else [fetch_list]
+    for item in items:
+        name = item if isinstance(item, str) else getattr(item, "name", None)
+        if isinstance(name, str) and name in record:
+            raise MergedVariableError(
+                f"cannot fetch {name!r}: memopt.memory_optimize made it share memory "
+                f"with {record[name]!r}, so after the run it no longer holds its own "
+                f"value. Rebuild the program and pass skip_opt_set={{{name!r}}} to "
+                "memory_optimize to keep it")
+
+
+_GUARD_INSTALLED = False
+
+
+def install_fetch_guard() -> None:
+    """Make ``Executor.run`` refuse to fetch a merged variable.
+
+    Paddle's executor, asked to fetch a name that no op writes any more,
+    returns None, data left over from an earlier run, or crashes; the guard
+    raises :class:`MergedVariableError` instead (naming the variable and the
+    ``skip_opt_set`` fix).  It wraps ``paddle.static.Executor.run`` once per
+    process and only acts on programs memory_optimize rewrote.
+    """
+    global _GUARD_INSTALLED
+    if _GUARD_INSTALLED:
+        return
+    from paddle.base.executor import Executor
+
+    original = Executor.run
+
+    @functools.wraps(original)
+    def run(self, program=None, feed=None, fetch_list=None, *args, **kwargs):
+        target = program
+        if target is None:
+            import paddle
+
+            target = paddle.static.default_main_program()
+        inner = getattr(target, "_program", None)  # CompiledProgram
+        check_fetch(inner if inner is not None else target, fetch_list)
+        return original(self, program, feed, fetch_list, *args, **kwargs)
+
+    run.__memopt_original__ = original
+    Executor.run = run
+    _GUARD_INSTALLED = True
+
+
+def record_merged(program, merged: Mapping[str, str]) -> None:
+    """Add ``merged`` to the program's record and install the fetch guard."""
+    if not merged:
+        return
+    record = dict(getattr(program, MERGED_ATTR, None) or {})
+    record.update(merged)
+    setattr(program, MERGED_ATTR, record)
+    install_fetch_guard()
+
+
+# -- memory_optimize / release_memory for legacy programs ----------------------------
+
+def memory_optimize(program, options):
+    """Plan, check and apply memory sharing on a legacy program.
+
+    ``options`` is a :class:`memopt.optimize.Options`.  The plan is made for
+    the runtime's current garbage-collection mode
+    (``FLAGS_eager_delete_tensor_gb``) and fully checked before the program
+    is touched; the rewrite is all-or-nothing.  Returns the Report.
+    """
+    import time
+
+    from .. import optimize
+
+    start = time.perf_counter()
+    graph = program_to_graph(program)
+    gc, runtime = optimize.runtime_gc()
+    plan = optimize.plan_memory(graph, options, gc)
+    optimize.check_plan(graph, plan)
+    apply_renames(program, plan.renames)
+    record_merged(program, plan.merged())
+    seconds = time.perf_counter() - start
+    log.debug("memory_optimize: %d variables merged in %.3f s", len(plan.reuses), seconds)
+    return optimize.make_report(plan, options, runtime, "legacy", seconds)
+
+
+def release_memory(program, options):
+    """Report how the temporaries of a legacy program are freed; the program
+    is not changed (Paddle 3.3.1 has no ``delete_var`` op; its garbage
+    collector frees temporaries after their last use when it is on)."""
+    import time
+
+    from .. import optimize
+
+    start = time.perf_counter()
+    graph = program_to_graph(program)
+    gc, runtime = optimize.runtime_gc()
+    plan = optimize.plan_memory(graph, optimize.Options(options.skip_opt_set), gc)
+    plan.groups, plan.reuses, plan.renames, plan.inplace = [], [], {}, []
+    kept = sorted(options.skip_opt_set & set(plan.buffers))
+    notes = [f"kept by skip_opt_set: {', '.join(kept)}"] if kept else []
+    return optimize.make_report(plan, options, runtime, "legacy",
+                                time.perf_counter() - start, notes=notes)

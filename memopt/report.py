@@ -1,0 +1,229 @@
+"""What :func:`memopt.memory_optimize` and :func:`memopt.release_memory` did.
+
+A :class:`Report` is plain data: one :class:`Reuse` per variable that took
+over another's memory, and a summary.  ``str(report)`` is the text
+``print_log=True`` prints; :meth:`Report.to_json` the same as JSON.
+
+Sizes are bytes.  A size that grows with the batch (a ``-1`` dimension) is
+kept symbolic (:class:`memopt.graph.Size`, ``c * B**k``) in the reuse lines
+and in the totals (:class:`Bytes`, a sum of such terms); the estimated peaks
+and the holders at the peak depend on *when* sizes are compared, so they are
+evaluated at a stated reference batch size (:attr:`Report.batch_size`).
+
+Fields of :class:`Report`
+-------------------------
+program_type : ``"legacy"`` or ``"pir"``.
+level, skip_grads : the options the plan was made with.
+runtime : the memory model planned for, e.g. ``"garbage collection on
+    (FLAGS_eager_delete_tensor_gb=0.0)"``; ``gc`` is its boolean.
+reuses : one :class:`Reuse` per variable that shares another's memory.
+temporaries_before / temporaries_after : bytes of the distinct temporaries
+    (non-persistable dense variables) before and after: every variable
+    its own memory before; one block per group of merged variables after.
+batch_size : the batch size the estimates below are evaluated at.
+persistable_bytes : parameters and optimizer state at ``batch_size``.
+peak_before / peak_after : the estimated peak (bytes, persistable included)
+    under the runtime model: with GC on, a variable (a group, after) holds
+    memory from its first write to its last use; with GC off, from the
+    start of the run to its end.
+top_holders : the five largest holders at the estimated peak after.
+release : how temporaries' memory is released at run time.
+not_merged : why candidates were left alone: reason -> number of variables.
+seconds : wall time memory_optimize took.
+notes : anything else worth saying (empty usually).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from .graph import Size
+
+#: Reference batch size for the estimates, when the caller gives none.
+REFERENCE_BATCH = 32
+
+_UNITS = (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10))
+
+
+def human(n: float) -> str:
+    """``1536 -> '1.5 KiB'``; plain bytes below 1 KiB."""
+    for unit, scale in _UNITS:
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_size(size) -> str:
+    """A Size (or int) as text: ``'4.0 KiB'``, ``'512 B * B'`` (per batch row)."""
+    if not isinstance(size, Size):
+        return human(int(size))
+    if size.power == 0:
+        return human(size.coefficient)
+    suffix = "B" if size.power == 1 else f"B^{size.power}"
+    return f"{human(size.coefficient)}*{suffix}"
+
+
+@dataclass(frozen=True)
+class Bytes:
+    """A sum of symbolic sizes: ``terms[k]`` bytes per ``B**k``."""
+
+    terms: Tuple[Tuple[int, int], ...] = ()  # (power, coefficient), ascending power
+
+    @classmethod
+    def total(cls, sizes: Iterable) -> "Bytes":
+        acc: Dict[int, int] = {}
+        for size in sizes:
+            if not isinstance(size, Size):
+                size = Size(int(size), 0)
+            acc[size.power] = acc.get(size.power, 0) + size.coefficient
+        return cls(tuple(sorted((p, c) for p, c in acc.items() if c)))
+
+    def at(self, batch_size: int) -> int:
+        return sum(c * batch_size ** p for p, c in self.terms)
+
+    def __str__(self) -> str:
+        if not self.terms:
+            return "0 B"
+        return " + ".join(format_size(Size(c, p)) for p, c in self.terms)
+
+    def to_dict(self) -> Dict[str, int]:
+        """``{"B^k": coefficient}``."""
+        return {f"B^{p}": c for p, c in self.terms}
+
+
+@dataclass
+class Reuse:
+    """One variable that took over another's memory.
+
+    ``var`` (in ``block``, of ``shape``/``dtype``/``size``) now uses the
+    memory ``takes`` used before it (``takes`` died at or before the op that
+    first writes ``var``); in the rewritten program both are called
+    ``renamed_to``.  ``how`` is ``"in-place"`` (the op that kills ``takes``
+    writes ``var`` into the same memory; ``op`` names it) or ``"rename"``.
+    """
+
+    var: str
+    takes: str
+    renamed_to: str
+    shape: tuple = ()
+    dtype: str = "float32"
+    size: object = 0
+    block: int = 0
+    how: str = "rename"
+    op: str = ""
+
+    def line(self) -> str:
+        shape = "[" + ", ".join(str(d) for d in self.shape) + "]"
+        where = f" at {self.op}" if self.op else ""
+        block = f" (block {self.block})" if self.block else ""
+        name = "" if self.renamed_to == self.takes else f", now {self.renamed_to!r}"
+        return (f"{self.var}{block} {shape} {self.dtype} {format_size(self.size)} -> "
+                f"{self.takes} ({self.how}{where}{name})")
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["shape"] = list(self.shape)
+        out["size"] = _size_json(self.size)
+        return out
+
+
+@dataclass
+class Holder:
+    """Memory held at the estimated peak: ``bytes`` under the name ``name``,
+    shared by ``members`` (the variables merged into it; just ``name`` when
+    nothing was)."""
+
+    name: str
+    bytes: int
+    members: Tuple[str, ...] = ()
+
+
+def _size_json(size):
+    if isinstance(size, Size):
+        return {"coefficient": size.coefficient, "power": size.power}
+    return int(size)
+
+
+@dataclass
+class Report:
+    """What a memory rewrite did; see the module docstring for the fields."""
+
+    program_type: str = "legacy"
+    level: int = 0
+    skip_grads: bool = True
+    gc: bool = True
+    runtime: str = ""
+    reuses: List[Reuse] = field(default_factory=list)
+    temporaries_before: Bytes = field(default_factory=Bytes)
+    temporaries_after: Bytes = field(default_factory=Bytes)
+    batch_size: int = REFERENCE_BATCH
+    persistable_bytes: int = 0
+    peak_before: int = 0
+    peak_after: int = 0
+    top_holders: List[Holder] = field(default_factory=list)
+    release: str = ""
+    not_merged: Dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def merged_count(self) -> int:
+        """Variables that now share another's memory."""
+        return len(self.reuses)
+
+    def summary_lines(self) -> List[str]:
+        b = self.batch_size
+        lines = [
+            f"memopt: {self.program_type} program, level {self.level}, "
+            f"skip_grads={self.skip_grads}, runtime: {self.runtime}",
+            f"  merged variables: {self.merged_count} "
+            f"({sum(1 for r in self.reuses if r.how == 'in-place')} in place)",
+            f"  distinct temporaries: {self.temporaries_before} -> {self.temporaries_after}"
+            f" (at batch {b}: {human(self.temporaries_before.at(b))} -> "
+            f"{human(self.temporaries_after.at(b))})",
+            f"  estimated peak at batch {b} (persistable {human(self.persistable_bytes)} "
+            f"included): {human(self.peak_before)} -> {human(self.peak_after)}",
+        ]
+        if self.top_holders:
+            lines.append("  largest holders at the peak:")
+            for h in self.top_holders:
+                shared = f" (shared by {len(h.members)})" if len(h.members) > 1 else ""
+                lines.append(f"    {h.name}: {human(h.bytes)}{shared}")
+        if self.not_merged:
+            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.not_merged.items()))
+            lines.append(f"  left alone: {reasons}")
+        if self.release:
+            lines.append(f"  memory release: {self.release}")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        lines.append(f"  time: {self.seconds * 1000:.1f} ms")
+        return lines
+
+    def __str__(self) -> str:
+        return "\n".join([r.line() for r in self.reuses] + self.summary_lines())
+
+    def to_dict(self) -> dict:
+        return {
+            "program_type": self.program_type,
+            "level": self.level,
+            "skip_grads": self.skip_grads,
+            "gc": self.gc,
+            "runtime": self.runtime,
+            "merged_count": self.merged_count,
+            "reuses": [r.to_dict() for r in self.reuses],
+            "temporaries_before": self.temporaries_before.to_dict(),
+            "temporaries_after": self.temporaries_after.to_dict(),
+            "batch_size": self.batch_size,
+            "persistable_bytes": self.persistable_bytes,
+            "peak_before": self.peak_before,
+            "peak_after": self.peak_after,
+            "top_holders": [asdict(h) for h in self.top_holders],
+            "release": self.release,
+            "not_merged": dict(sorted(self.not_merged.items())),
+            "seconds": self.seconds,
+            "notes": list(self.notes),
+        }
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        """The report as JSON (the fields of :meth:`to_dict`)."""
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
