@@ -325,7 +325,9 @@ def _nested_cond(ir, batch, opts):
 
     def outer_true():
         q = paddle.nn.functional.relu(inner_fc(h))
-        return _cond(ir, paddle.mean(q), 0.05, lambda: q * 2.0, lambda: q + h)
+        return _cond(ir, paddle.mean(q), 0.05,
+                     lambda: paddle.nn.functional.relu(q * 2.0) * 0.5 + 1.0,
+                     lambda: q + h)
 
     def outer_false():
         return paddle.nn.functional.relu(false_fc(h)) + 1.0
