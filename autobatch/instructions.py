@@ -258,7 +258,10 @@ def _describe(function: Callable) -> str:
         code = function.__code__
         params = list(code.co_varnames[:code.co_argcount])
         found = []
-        tree = ast.parse(source)
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:  # the header of a compound statement: `with ...:`
+            tree = ast.parse(source + "\n    pass")
         for node in ast.walk(tree):
             if isinstance(node, ast.Lambda) and [a.arg for a in node.args.args] == params:
                 found.append(ast.unparse(node.body))

@@ -32,6 +32,8 @@ back only where it is live after the block (``LoweredProgram.live_out``).
 from __future__ import annotations
 
 import logging
+import re
+from collections import Counter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -52,7 +54,7 @@ DEFAULT_MAX_STACK_DEPTH = 15
 
 _PC_TYPE = TensorType(np.int32, ())
 #: Most blocks one VM step runs through by jump threading.
-MAX_CHAIN = 8
+MAX_CHAIN = 16
 NULL = VariableAllocation.NULL
 TEMPORARY = VariableAllocation.TEMPORARY
 FULL = VariableAllocation.FULL
@@ -86,6 +88,21 @@ def prepare(program: Program, arg_types: Sequence[Any], backend: Any = None) -> 
     return lower(optimize(infer_types(program, arg_types, backend)))
 
 
+_PURE = re.compile(r"^    (t\d+) = B\.(read|read_frame|part|narrow|merge)\(")
+
+
+def _drop_unused(lines: List[str]) -> List[str]:
+    """Remove assignments of backend reads whose result nothing uses (a
+    selection part no arm reads from, say)."""
+    while True:
+        used = Counter(re.findall(r"\bt\d+\b", "\n".join(lines)))
+        kept = [line for line in lines
+                if not ((m := _PURE.match(line)) and used[m.group(1)] == 1)]
+        if len(kept) == len(lines):
+            return kept
+        lines = kept
+
+
 class _BlockCompiler:
     """Generates the Python source of one block's step function."""
 
@@ -100,6 +117,8 @@ class _BlockCompiler:
         self.in_frame: set = set()         # popped, not yet gathered, unchanged
         self.dirty: set = set()
         self.count = 0
+        self.sel = "sel"                   # the selection the code runs under
+        self.arm: Optional[Tuple[str, bool, Dict[str, Any]]] = None  # (split, side, outer values)
 
     # -- helpers --------------------------------------------------------------
     def local(self) -> str:
@@ -146,7 +165,14 @@ class _BlockCompiler:
         if var in self.values:
             return self.values[var]
         alloc = self.alloc(var)
-        if var in self.in_frame:
+        if self.arm is not None and var in self.arm[2]:
+            split, side, outer = self.arm
+            leaves = []
+            for leaf in pattern_leaves(outer[var]):
+                name = self.local()
+                self.emit(f"{name} = B.narrow({leaf}, {split}, {side})")
+                leaves.append(name)
+        elif var in self.in_frame:
             leaves = []
             for key in self.vm.stack_keys[var]:
                 name = self.local()
@@ -163,7 +189,7 @@ class _BlockCompiler:
             leaves = []
             for key in self.keyed(var):
                 name = self.local()
-                self.emit(f"{name} = B.read(state[{key}], sel)")
+                self.emit(f"{name} = B.read(state[{key}], {self.sel})")
                 leaves.append(name)
         value = self.skeleton(var, leaves)
         self.values[var] = value
@@ -239,6 +265,11 @@ class _BlockCompiler:
             block = self.lowered.blocks[chain[-1]]
             self.instructions(block)
             term = block.terminator
+            diamond = self.diamond(chain) if isinstance(term, BranchOp) else None
+            if diamond is not None:
+                self.run_arms(block, *diamond)
+                chain.extend(i for i in diamond if i is not None)
+                continue
             nxt = self.next_in_chain(term, chain)
             if nxt is None:
                 self.write_back(self.lowered.live_out.get(block.name, frozenset()))
@@ -253,8 +284,100 @@ class _BlockCompiler:
         self.emit("return state")
         self.chain = chain
         name = f"block_{self.index}"
-        source = f"def {name}(state):\n" + "\n".join(self.lines) + "\n"
+        source = f"def {name}(state):\n" + "\n".join(_drop_unused(self.lines)) + "\n"
         return source, self.namespace
+
+    def diamond(self, chain: List[int]) -> Optional[Tuple[Optional[int], Optional[int], int]]:
+        """``(true arm, false arm, join)`` where the branch ending the last
+        block of ``chain`` opens an if/else whose arms are straight-line
+        blocks that only this branch enters and that both go to one join
+        block only they (and the branch) enter; an absent arm (an ``if``
+        without ``else``) is None.  Such a region runs in this step: each arm
+        on its part of the selection, then the join on all of it."""
+        vm = self.vm
+        if len(chain) + 3 > MAX_CHAIN:
+            return None
+        here = chain[-1]
+        term = self.lowered.blocks[here].terminator
+        t, f = vm.index[term.true_target], vm.index[term.false_target]
+
+        def arm(i: int) -> Optional[int]:
+            """The block ``i`` jumps to, if ``i`` can be an arm."""
+            block = self.lowered.blocks[i]
+            if (vm.predecessors[i] != {here} or i in chain
+                    or not isinstance(block.terminator, GotoOp)
+                    or any(isinstance(op, (PushOp, PopOp)) for op in block.instructions)):
+                return None
+            return vm.index[block.terminator.target]
+
+        join_t, join_f = arm(t), arm(f)
+        if join_t is not None and join_t == join_f:
+            shape = (t, f, join_t)
+        elif join_t is not None and join_t == f:
+            shape = (t, None, f)
+        elif join_f is not None and join_f == t:
+            shape = (None, f, t)
+        else:
+            return None
+        join = shape[2]
+        if join in chain or not vm.predecessors[join] <= {here, t, f}:
+            return None
+        return shape
+
+    def run_arms(self, block: Any, true_arm: Optional[int], false_arm: Optional[int],
+                 join: int) -> None:
+        """Code for an if/else region found by :meth:`diamond`."""
+        live_after = self.lowered.live_out.get(block.name, frozenset())
+        for var in sorted(self.in_frame):  # gather what the arms may need
+            if var in live_after:
+                self.read(var)
+            else:
+                self.dirty.discard(var)
+        self.in_frame.clear()
+        cond = self.as_expr(self.read(block.terminator.cond))
+        split = self.local()
+        self.emit(f"{split} = B.split(sel, {cond})")
+        outer = self.values
+        results: Dict[bool, Dict[str, Any]] = {True: {}, False: {}}
+        written: Dict[bool, set] = {True: set(), False: set()}
+        parts: Dict[bool, str] = {}
+        live_join: frozenset = frozenset()  # live on entry to the join block
+        for side, index in ((True, true_arm), (False, false_arm)):
+            parts[side] = part = self.local()
+            self.emit(f"{part} = B.part({split}, {side})")
+            if index is None:
+                continue
+            arm_block = self.lowered.blocks[index]
+            live_join = live_join | self.lowered.live_out.get(arm_block.name, frozenset())
+            self.values, self.sel, self.arm = {}, part, (split, side, outer)
+            dirty_before = set(self.dirty)
+            self.dirty = set()
+            self.instructions(arm_block)
+            written[side] = self.dirty
+            results[side] = self.values
+            self.values, self.sel, self.arm = outer, "sel", None
+            self.dirty = dirty_before
+        for var in sorted(written[True] | written[False]):
+            if var not in live_join:
+                self.values.pop(var, None)  # dead after the region
+                self.dirty.discard(var)
+                continue
+            sides = {}
+            for side in (True, False):
+                if var in written[side]:
+                    sides[side] = pattern_leaves(results[side][var])
+                    continue
+                self.values, self.sel = results[side], parts[side]
+                self.arm = (split, side, outer)
+                sides[side] = pattern_leaves(self.read(var))
+                self.values, self.sel, self.arm = outer, "sel", None
+            leaves = []
+            for a, b, typ in zip(sides[True], sides[False],
+                                 self.lowered.var_types[var].leaves()):
+                name = self.local()
+                self.emit(f"{name} = B.merge({split}, {a}, {b}, {self.constant(typ)})")
+                leaves.append(name)
+            self.assign(var, self.skeleton(var, leaves))
 
     def instructions(self, block: Any) -> None:
         vm = self.vm
@@ -383,6 +506,16 @@ class VirtualMachine:
                 self.register_keys[var] = [f"{var}#{i}" for i in range(n)]
             if alloc == FULL:
                 self.stack_keys[var] = [f"{var}#{i}@stack" for i in range(n)]
+        #: block index -> indices of the blocks that may run right before it
+        #: (-1: a return lands there).
+        self.predecessors: Dict[int, set] = {i: set() for i in range(self.halt)}
+        for i, block in enumerate(lowered.blocks):
+            term = block.terminator
+            for target in term.targets:
+                self.predecessors[self.index[target]].add(i)
+            if isinstance(term, PushGotoOp):
+                self.predecessors[self.index[term.return_target]].add(-1)
+        self.predecessors[self.index[lowered.entry]].add(-1)
         self.steps = 0
         self._sources: Dict[int, str] = {}
         self.block_functions: List[Callable[[dict], dict]] = [

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from autobatch import examples, reference, stackless
 from autobatch.allocation_strategy import optimize
 from autobatch.backends.numpy import MaskedNumpyBackend, NumpyBackend
+from autobatch.dsl import ProgramBuilder
 from autobatch.errors import NullVariableError, ProgramError, StackOverflowError
 from autobatch.instructions import TensorType, VariableAllocation
 from autobatch.lowering import lower
@@ -201,3 +202,61 @@ def test_steps_count_blocks_run():
     few = vm.steps
     vm.run([np.array([27])])  # 111 Collatz steps
     assert few <= 3 and vm.steps > 111
+
+
+def _branchy_program():
+    """if without else, else without then, a tuple written in one arm, a
+    constant condition, a value used only inside an arm, nested ifs."""
+    ab = ProgramBuilder()
+    with ab.function("f", params=["n"]):
+        ab.primop(lambda n: (n, n * 0), "acc")
+        ab.const(True, "always")
+        with ab.while_(lambda n: n > 0):
+            ab.primop(lambda n: n % 3 == 0, "three")
+            with ab.if_("three"):                      # no else
+                ab.primop(lambda acc, n: (acc[0] + n, acc[1] + 1), "acc")
+            ab.primop(lambda n: n % 2 == 1, "odd")
+            with ab.if_("odd"):                        # empty then, code in else
+                pass
+            with ab.else_():
+                ab.primop(lambda n: n * 10, "scratch")  # only used in this arm
+                ab.primop(lambda acc, scratch: (acc[0] - scratch, acc[1]), "acc")
+            with ab.if_("always"):
+                ab.primop(lambda n: n - 1, "n")
+            with ab.if_("odd"):
+                ab.primop(lambda n: n > 4, "big")
+                with ab.if_("big"):
+                    ab.primop(lambda n: n - 1, "n")
+        ab.return_("acc")
+    return ab.program("f")
+
+
+def _branchy_python(n):
+    total, count = n, 0
+    while n > 0:
+        if n % 3 == 0:
+            total, count = total + n, count + 1
+        odd = n % 2 == 1
+        if not odd:
+            total -= n * 10
+        n -= 1
+        if odd and n > 4:
+            n -= 1
+    return total, count
+
+
+def test_if_else_regions_run_in_one_step_with_the_same_results():
+    program = _branchy_program()
+    n = np.random.default_rng(8).integers(0, 40, size=60)
+    pairs = [_branchy_python(int(v)) for v in n]
+    want = (np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
+    for got in run_all(program, [n]):
+        assert_same(got, want)
+
+
+def test_collatz_runs_one_step_per_iteration():
+    vm = VirtualMachine(prepare(examples.collatz(), [INT]), NumpyBackend())
+    assert_same(vm.run([np.array([27])]), [111])
+    assert vm.steps <= 111 + 3
+    source = vm.block_source(vm.index["collatz/loop1.body"])
+    assert "B.split(sel" in source and "B.merge(" in source

@@ -36,7 +36,7 @@ Minimal set of methods
 storage:     ``fill``, ``stack``, ``size``, ``as_batched``, ``to_numpy``
 types:       ``type_of``, ``placeholder``
 threads:     ``select``, ``read``, ``write``, ``read_frame``, ``write_frame``,
-             ``where``, ``callee_pc``
+             ``where``, ``split``, ``part``, ``narrow``, ``merge``, ``callee_pc``
 control:     ``reduce_min``, ``check``, ``while_loop``, ``switch_case``,
              ``wrap_block``
 """
@@ -122,6 +122,26 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def where(self, cond: Any, x: Any, y: Any) -> Any:
         """Elementwise ``x if cond else y`` on selection values or scalars."""
+
+    @abc.abstractmethod
+    def split(self, selection: Any, cond: Any) -> Any:
+        """The selected threads divided by ``cond`` (a boolean selection value
+        or scalar): an opaque *split*, for running both arms of an if/else in
+        one step."""
+
+    @abc.abstractmethod
+    def part(self, split: Any, side: bool) -> Any:
+        """The selection of the threads on one side of ``split``."""
+
+    @abc.abstractmethod
+    def narrow(self, value: Any, split: Any, side: bool) -> Any:
+        """A selection value of the whole selection, restricted to one side
+        (a value of :meth:`part`'s selection); scalars unchanged."""
+
+    @abc.abstractmethod
+    def merge(self, split: Any, if_true: Any, if_false: Any, tensor_type: TensorType) -> Any:
+        """One value of the whole selection from a value of each side (either
+        may be a scalar), of ``tensor_type``'s dtype."""
 
     @abc.abstractmethod
     def callee_pc(self, selection: Any, entry: int, halt: int) -> Any:

@@ -11,7 +11,7 @@ O(batch^2).
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable
+from typing import Any, Callable, Tuple
 
 import numpy as np
 
@@ -87,6 +87,27 @@ class NumpyBackend(Backend):
     def where(self, cond: Any, x: Any, y: Any) -> Any:
         return np.where(cond, x, y)
 
+    def split(self, selection: np.ndarray, cond: Any) -> Tuple[np.ndarray, ...]:
+        """``(selection, positions where cond holds, positions where not)``;
+        integer positions index faster than boolean masks."""
+        mask = np.broadcast_to(np.asarray(cond, dtype=bool), selection.shape)
+        return selection, mask.nonzero()[0], (~mask).nonzero()[0]
+
+    def part(self, split: Tuple[np.ndarray, ...], side: bool) -> np.ndarray:
+        return split[0][split[1] if side else split[2]]
+
+    def narrow(self, value: Any, split: Tuple[np.ndarray, ...], side: bool) -> Any:
+        if np.ndim(value) == 0:
+            return value
+        return value[split[1] if side else split[2]]
+
+    def merge(self, split: Tuple[np.ndarray, ...], if_true: Any, if_false: Any,
+              tensor_type: TensorType) -> np.ndarray:
+        out = np.empty(split[0].shape + tensor_type.shape, dtype=tensor_type.dtype)
+        out[split[1]] = if_true
+        out[split[2]] = if_false
+        return out
+
     def callee_pc(self, selection: np.ndarray, entry: int, halt: int) -> np.ndarray:
         return np.full(selection.shape[0], entry, dtype=np.int32)
 
@@ -138,6 +159,21 @@ class MaskedNumpyBackend(NumpyBackend):
         new = stack.copy()
         new[frame, threads] = self.write(old, selection, value)
         return new
+
+    def split(self, selection: np.ndarray, cond: Any) -> Tuple[np.ndarray, np.ndarray]:
+        return selection, np.asarray(cond, dtype=bool)
+
+    def part(self, split: Tuple[np.ndarray, np.ndarray], side: bool) -> np.ndarray:
+        return split[0] & (split[1] if side else ~split[1])
+
+    def narrow(self, value: Any, split: Tuple[np.ndarray, np.ndarray], side: bool) -> Any:
+        return value
+
+    def merge(self, split: Tuple[np.ndarray, np.ndarray], if_true: Any, if_false: Any,
+              tensor_type: TensorType) -> np.ndarray:
+        cond = split[1]
+        cond = cond.reshape(cond.shape + (1,) * (len(tensor_type.shape) if cond.ndim else 0))
+        return np.where(cond, if_true, if_false).astype(tensor_type.dtype)
 
     def callee_pc(self, selection: np.ndarray, entry: int, halt: int) -> np.ndarray:
         return np.where(selection, entry, halt).astype(np.int32)
