@@ -77,18 +77,25 @@ class RuntimeModel:
     workers: int = 4
 
     @classmethod
-    def from_paddle(cls, device: str = "cpu") -> "RuntimeModel":
-        """The model Paddle's current flags select (Paddle's defaults when
-        Paddle is not importable)."""
+    def from_paddle(cls, ir: str = "pir", device: str = "cpu") -> "RuntimeModel":
+        """The model Paddle's current flags select for a program of ``ir``
+        (Paddle's defaults when Paddle is not importable).
+
+        A legacy program runs translated to PIR, but measured on Paddle
+        3.3.1 its ops are never made in-place (the peak does not move with
+        ``FLAGS_pir_apply_inplace_pass``), so ``inplace`` is False for it.
+        """
+        gc, inplace = True, True
         try:
             import paddle
 
             flags = paddle.get_flags(["FLAGS_eager_delete_tensor_gb",
                                       "FLAGS_pir_apply_inplace_pass"])
+            gc = float(flags["FLAGS_eager_delete_tensor_gb"]) >= 0
+            inplace = bool(flags["FLAGS_pir_apply_inplace_pass"])
         except Exception:  # pragma: no cover - paddle missing or too old
-            return cls(device=device)
-        return cls(gc=float(flags["FLAGS_eager_delete_tensor_gb"]) >= 0,
-                   inplace=bool(flags["FLAGS_pir_apply_inplace_pass"]), device=device)
+            pass
+        return cls(gc=gc, inplace=inplace and ir == "pir", device=device)
 
 
 @dataclass(frozen=True)
@@ -539,7 +546,7 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
 
     ``inplace`` lists ``(position, input name, output name)``: the executor
     writes the output over the input's buffer at that op.  Ops whose
-    ``attrs["inplace"]`` lists ``(input, output)`` pairs (Paddle's own
+    ``attrs["overwrites"]`` lists ``(input, output)`` pairs (Paddle's own
     in-place ops) share buffers the same way.
     """
     runtime = runtime or RuntimeModel()
@@ -547,7 +554,7 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
     for _, src, dst in inplace:
         aliases.union(src, dst)
     for _, op in graph.walk_ops():
-        for src, dst in op.attrs.get("inplace", ()) if op.attrs else ():
+        for src, dst in op.attrs.get("overwrites", ()) if op.attrs else ():
             aliases.union(src, dst)
     flat = list(graph.walk_ops())
     if runtime.schedule == "dataflow":
@@ -568,11 +575,15 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
     for _, var in graph.all_vars():
         var_of.setdefault(var.name, var)
     persistable: dict = {}
-    persistent_roots = set()
+    persistent_roots: dict = {}  # alias root -> largest size (counted once)
     for name, var in var_of.items():
         if var.persistable and var.is_dense:
-            _poly_add(persistable, var.size)
-            persistent_roots.add(aliases.find(name))
+            root = aliases.find(name)
+            old = persistent_roots.get(root)
+            if old is None or (var.size.power, var.size.coefficient) > (old.power, old.coefficient):
+                persistent_roots[root] = var.size
+    for size in persistent_roots.values():
+        _poly_add(persistable, size)
     members: dict = {}
     for name, var in var_of.items():
         if var.persistable or not var.is_dense or var.size.coefficient == 0:
@@ -661,15 +672,11 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
         inplace = pir_adapter.executor_inplace(pg, fetch_list, rt.device) if rt.inplace else []
         return from_graph(pg.graph, batch_size, rt, inplace)
     if type(program_or_graph).__name__ == "Program":
-        from .paddle import legacy
-
-        graph = legacy.program_to_graph(program_or_graph)
-        names = [f if isinstance(f, str) else f.name for f in fetch_list]
-        if names:
-            graph.fetch_names = tuple(dict.fromkeys((*graph.fetch_names, *names)))
-        rt = runtime or RuntimeModel.from_paddle()
-        rt = RuntimeModel(gc=rt.gc, inplace=False, device=rt.device)
-        return from_graph(graph, batch_size, rt)
+        # Paddle 3 runs a legacy program translated to PIR: analyse that.
+        rt = runtime or RuntimeModel.from_paddle("legacy")
+        pg = pir_adapter.convert_legacy(program_or_graph, fetch_list)
+        inplace = pir_adapter.executor_inplace(pg, (), rt.device) if rt.inplace else []
+        return from_graph(pg.graph, batch_size, rt, inplace)
     raise UnsupportedProgramError(
         f"analyze() takes a Paddle program (PIR or legacy) or a memopt Graph, "
         f"got {type(program_or_graph).__name__}")

@@ -100,6 +100,7 @@ class PirGraph:
     name_of : ``Value.id`` -> name.
     values : name -> the PIR ``Value`` (the first one, for a vector's element).
     defining_op : name -> flat position of the op that writes it first.
+    program : the PIR program read (for a legacy program, its translation).
     """
 
     graph: Graph
@@ -107,6 +108,7 @@ class PirGraph:
     name_of: dict = field(default_factory=dict)
     values: dict = field(default_factory=dict)
     defining_op: dict = field(default_factory=dict)
+    program: Any = None
 
     def name(self, value) -> str:
         """The name of a PIR ``Value`` of this program (KeyError if foreign)."""
@@ -162,8 +164,10 @@ def _combine_inputs(vector) -> list:
 class _Converter:
     """One walk over a PIR program, building a :class:`PirGraph`."""
 
-    def __init__(self, program, fetch_list: Iterable = ()) -> None:
+    def __init__(self, program, fetch_list: Iterable = (),
+                 value_names: Optional[dict] = None) -> None:
         self.program = program
+        self.value_names = value_names or {}
         self.graph = Graph()
         self.result = PirGraph(self.graph)
         self.next_result = 0
@@ -221,6 +225,8 @@ class _Converter:
 
     def _result_name(self, op, value) -> str:
         """The name of ``value``, a result of ``op``, by the rules above."""
+        if value.id in self.value_names:
+            return self.value_names[value.id]
         op_name = op.name()
         if op_name == PARAMETER_OP:
             return str(op.attrs().get("parameter_name"))
@@ -352,7 +358,7 @@ class _Converter:
         attrs = {"pir_id": pir_op.id()}
         overwritten = self._overwritten(pir_op)
         if overwritten:
-            attrs["inplace"] = overwritten
+            attrs["overwrites"] = overwritten
         shape_only = self._no_need_buffer(pir_op)
         if shape_only:
             attrs["no_need_buffer"] = tuple(shape_only)
@@ -494,7 +500,7 @@ class _Converter:
         return any(getattr(self.graph.find_var(nm), "persistable", False) for nm in op.reads)
 
 
-def convert(program, fetch_list: Iterable = ()) -> PirGraph:
+def convert(program, fetch_list: Iterable = (), value_names: Optional[dict] = None) -> PirGraph:
     """Read a PIR program into a :class:`PirGraph` (the program is not changed).
 
     Parameters
@@ -503,17 +509,48 @@ def convert(program, fetch_list: Iterable = ()) -> PirGraph:
     fetch_list : Values (or names) the caller will fetch; they are live at the
         exit and marked ``is_fetch``.  Operands of ``pd_op.fetch`` /
         ``builtin.shadow_output`` ops already in the program are fetched too.
+    value_names : ``Value.id`` -> name, overriding the generated names.
     """
     if not is_pir_program(program):
         from ..errors import UnsupportedProgramError
         raise UnsupportedProgramError(
             f"expected a paddle.pir.Program, got {type(program).__name__}; "
             "build the program in Paddle's static mode with PIR on (the default)")
-    result = _Converter(program, list(fetch_list)).run()
+    result = _Converter(program, list(fetch_list), value_names).run()
+    result.program = program
     fetched = [nm for _, var in result.graph.all_vars() if var.is_fetch
                for nm in [var.name]]
     result.graph.fetch_names = tuple(dict.fromkeys((*result.graph.fetch_names, *fetched)))
     return result
+
+
+def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
+    """Read a legacy program the way Paddle 3 runs it: translated to PIR.
+
+    Paddle 3's executor translates a legacy ``Program`` to PIR before it runs
+    it (``FLAGS_enable_pir_in_executor``, on by default) and so applies PIR's
+    in-place pass and garbage collection to it.  This translates it the same
+    way and names every value after the legacy variable it came from (a
+    variable written again, as an in-place update of a parameter, gives
+    ``name#1``, ``name#2``...).  ``fetch_list`` holds legacy Variables or
+    names; the last value of each is fetched.
+    """
+    import paddle
+
+    translated, by_name = paddle.pir.translate_to_pir_with_param_map(program.desc)
+    value_names: dict = {}
+    last_value: dict = {}
+    for name in sorted(by_name):
+        for k, value in enumerate(by_name[name]):
+            if value.initialized() and value.id not in value_names:
+                value_names[value.id] = name if k == 0 else f"{name}#{k}"
+                last_value[name] = value
+    fetch_values = []
+    for item in fetch_list:
+        name = item if isinstance(item, str) else getattr(item, "name", None)
+        if name in last_value:
+            fetch_values.append(last_value[name])
+    return convert(translated, fetch_values, value_names)
 
 
 def program_to_graph(program, fetch_list: Iterable = ()) -> Graph:
