@@ -1,20 +1,21 @@
 """Write autobatch programs by hand: :class:`ProgramBuilder`.
 
-Example (recursive Fibonacci)::
+Example (``x ** k`` by squaring)::
 
     ab = ProgramBuilder()
-    with ab.function("fib", params=["n"]):
-        ab.primop(lambda n: n > 1, "big")          # inputs: the lambda's parameters
-        with ab.if_("big"):
-            ab.primop(lambda n: n - 1, "n1")
-            ab.call("fib", ["n1"], "left")
-            ab.primop(lambda n: n - 2, "n2")
-            ab.call("fib", ["n2"], "right")
-            ab.primop(lambda left, right: left + right, "sum")
-            ab.return_("sum")
-        ab.const(1, "one")
-        ab.return_("one")
-    program = ab.program(main="fib")
+    with ab.function("power", params=["x", "k"]):
+        ab.primop(lambda k: k == 0, "done")            # inputs: the lambda's parameters
+        with ab.if_("done"):
+            ab.primop(lambda x: x * 0 + 1, "one")
+            ab.return_("one")
+        ab.primop(lambda k: k // 2, "half_k")
+        ab.call("power", ["x", "half_k"], "half")      # recursion
+        ab.primop(lambda half: half * half, "result")
+        ab.primop(lambda k: k % 2 == 1, "odd")
+        with ab.if_("odd"):
+            ab.primop(lambda result, x: result * x, "result")
+        ab.return_("result")
+    program = ab.program(main="power")
 
 Functions call each other by name, so recursion and mutual recursion need no
 forward declarations.  Control flow: :meth:`~ProgramBuilder.if_` /
@@ -224,11 +225,8 @@ class ProgramBuilder:
             cond = self.primop(cond, f"loop{k}.cond", vars_in)
         self._terminate(BranchOp(cond, body.name, exit_.name))
         self._enter(body)
-        state.loops.append(_Loop(head.name, exit_.name))
-        yield
-        state.loops.pop()
-        self._close(head.name)
-        self._enter(exit_)
+        with self._looping(state, head, exit_):
+            yield
 
     @contextlib.contextmanager
     def loop(self) -> Iterator[None]:
@@ -239,10 +237,17 @@ class ProgramBuilder:
         exit_ = self._new_block(f"loop{k}.exit")
         self._close(body.name)
         self._enter(body)
-        state.loops.append(_Loop(body.name, exit_.name))
+        with self._looping(state, body, exit_):
+            yield
+
+    @contextlib.contextmanager
+    def _looping(self, state: _FunctionState, head: Block, exit_: Block) -> Iterator[None]:
+        """The body of a loop whose passes start at ``head``; code after the
+        loop goes into ``exit_``."""
+        state.loops.append(_Loop(head.name, exit_.name))
         yield
         state.loops.pop()
-        self._close(body.name)
+        self._close(head.name)
         self._enter(exit_)
 
     def break_(self) -> None:

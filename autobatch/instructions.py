@@ -278,12 +278,27 @@ def _names(vars_: Sequence[str]) -> Tuple[str, ...]:
     return tuple(vars_)
 
 
+class _Assignment:
+    """An instruction that reads ``vars_in`` and writes the pattern ``vars_out``."""
+
+    vars_in: Any
+    vars_out: Any
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return tuple(pattern_leaves(self.vars_in))
+
+    @property
+    def writes(self) -> Tuple[str, ...]:
+        return tuple(pattern_leaves(self.vars_out))
+
+
 @dataclass(eq=False)
-class PrimOp:
+class PrimOp(_Assignment):
     """``vars_out = function(*vars_in)`` on the whole batch of threads.
 
     ``name`` is a short description for printing (``"n > 1"``); by default
-    the function's ``__name__``.
+    the lambda's source or the function's ``__name__``.
     """
 
     vars_in: Tuple[str, ...]
@@ -294,21 +309,13 @@ class PrimOp:
     def __post_init__(self) -> None:
         self.vars_in = _names(self.vars_in)
 
-    @property
-    def reads(self) -> Tuple[str, ...]:
-        return self.vars_in
-
-    @property
-    def writes(self) -> Tuple[str, ...]:
-        return tuple(pattern_leaves(self.vars_out))
-
     def __str__(self) -> str:
         label = self.name or describe_function(self.function)
         return f"{format_pattern(self.vars_out)} = primop({', '.join(self.vars_in)}): {label}"
 
 
 @dataclass(eq=False)
-class FunctionCallOp:
+class FunctionCallOp(_Assignment):
     """``vars_out = function(*vars_in)`` where ``function`` names a Function."""
 
     function: str
@@ -318,21 +325,13 @@ class FunctionCallOp:
     def __post_init__(self) -> None:
         self.vars_in = _names(self.vars_in)
 
-    @property
-    def reads(self) -> Tuple[str, ...]:
-        return self.vars_in
-
-    @property
-    def writes(self) -> Tuple[str, ...]:
-        return tuple(pattern_leaves(self.vars_out))
-
     def __str__(self) -> str:
         return (f"{format_pattern(self.vars_out)} = call {self.function}"
                 f"({', '.join(self.vars_in)})")
 
 
 @dataclass(eq=False)
-class CopyOp:
+class CopyOp(_Assignment):
     """``vars_out = vars_in``, both patterns (lowered programs).
 
     The value built from the ``vars_in`` pattern is bound to the ``vars_out``
@@ -343,22 +342,12 @@ class CopyOp:
     vars_in: Pattern
     vars_out: Pattern
 
-    @property
-    def reads(self) -> Tuple[str, ...]:
-        return tuple(pattern_leaves(self.vars_in))
-
-    @property
-    def writes(self) -> Tuple[str, ...]:
-        return tuple(pattern_leaves(self.vars_out))
-
     def __str__(self) -> str:
         return f"{format_pattern(self.vars_out)} = copy {format_pattern(self.vars_in)}"
 
 
 @dataclass(eq=False)
-class PushOp:
-    """Save ``vars`` in the current stack frame of each thread (lowered)."""
-
+class _FrameOp:
     vars: Tuple[str, ...]
 
     def __post_init__(self) -> None:
@@ -366,28 +355,28 @@ class PushOp:
 
     @property
     def reads(self) -> Tuple[str, ...]:
-        return self.vars
+        return ()
 
     @property
     def writes(self) -> Tuple[str, ...]:
         return ()
+
+
+@dataclass(eq=False)
+class PushOp(_FrameOp):
+    """Save ``vars`` in the current stack frame of each thread (lowered)."""
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        return self.vars
 
     def __str__(self) -> str:
         return f"push {', '.join(self.vars)}"
 
 
 @dataclass(eq=False)
-class PopOp:
+class PopOp(_FrameOp):
     """Restore ``vars`` from the current stack frame of each thread (lowered)."""
-
-    vars: Tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        self.vars = _names(self.vars)
-
-    @property
-    def reads(self) -> Tuple[str, ...]:
-        return ()
 
     @property
     def writes(self) -> Tuple[str, ...]:
@@ -402,15 +391,23 @@ Instruction = Union[PrimOp, FunctionCallOp, CopyOp, PushOp, PopOp]
 
 # -- terminators -----------------------------------------------------------------
 
-@dataclass(eq=False)
-class GotoOp:
-    """Jump to ``target`` (a block name)."""
-
-    target: str
+class _Terminator:
+    """Defaults: reads nothing, jumps nowhere (the program or function ends)."""
 
     @property
     def reads(self) -> Tuple[str, ...]:
         return ()
+
+    @property
+    def targets(self) -> Tuple[str, ...]:
+        return ()
+
+
+@dataclass(eq=False)
+class GotoOp(_Terminator):
+    """Jump to ``target`` (a block name)."""
+
+    target: str
 
     @property
     def targets(self) -> Tuple[str, ...]:
@@ -421,7 +418,7 @@ class GotoOp:
 
 
 @dataclass(eq=False)
-class BranchOp:
+class BranchOp(_Terminator):
     """Jump to ``true_target`` where ``cond`` holds, else to ``false_target``."""
 
     cond: str
@@ -441,7 +438,7 @@ class BranchOp:
 
 
 @dataclass(eq=False)
-class ReturnOp:
+class ReturnOp(_Terminator):
     """Return the value of ``vars`` (a pattern) to the caller."""
 
     vars: Pattern
@@ -450,25 +447,17 @@ class ReturnOp:
     def reads(self) -> Tuple[str, ...]:
         return tuple(pattern_leaves(self.vars))
 
-    @property
-    def targets(self) -> Tuple[str, ...]:
-        return ()
-
     def __str__(self) -> str:
         return f"return {format_pattern(self.vars)}"
 
 
 @dataclass(eq=False)
-class PushGotoOp:
+class PushGotoOp(_Terminator):
     """Save ``return_target`` as the return address, then jump to ``target``
     (lowered programs: a call)."""
 
     return_target: str
     target: str
-
-    @property
-    def reads(self) -> Tuple[str, ...]:
-        return ()
 
     @property
     def targets(self) -> Tuple[str, ...]:
@@ -479,17 +468,9 @@ class PushGotoOp:
 
 
 @dataclass(eq=False)
-class IndirectGotoOp:
+class IndirectGotoOp(_Terminator):
     """Jump to the return address saved by the matching :class:`PushGotoOp`
     (lowered programs: a return; with no saved address the thread halts)."""
-
-    @property
-    def reads(self) -> Tuple[str, ...]:
-        return ()
-
-    @property
-    def targets(self) -> Tuple[str, ...]:
-        return ()
 
     def __str__(self) -> str:
         return "indirect-goto"

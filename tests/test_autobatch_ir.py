@@ -127,10 +127,20 @@ def test_reference_runs_tuple_programs_and_tail_calls_without_stack():
 def test_reference_reports_reads_before_writes():
     ab = ProgramBuilder()
     with ab.function("f", params=["x"]):
-        ab.primop(lambda x: x > 0, "pos")
-        with ab.if_("pos"):
-            ab.const(1, "y")
-        ab.return_("y")
-    program = ab.program("f")
+        ab.primop(lambda x, y: x + y, "z")
+        ab.return_("z")
     with pytest.raises(ProgramError, match="'y' is read before it is written"):
-        reference.run(program, [np.int64(-1)])
+        reference.run(ab.program("f"), [np.int64(-1)])
+
+
+def test_the_dsl_module_example_runs():
+    import textwrap
+
+    import autobatch.dsl
+    from autobatch.virtual_machine import execute
+    doc = autobatch.dsl.__doc__
+    code = textwrap.dedent(doc.split("::\n", 1)[1].split("\n\n", 2)[1])
+    namespace = {"ProgramBuilder": ProgramBuilder}
+    exec(code, namespace)
+    got = execute(namespace["program"], [np.array([2, 3, 5, 7]), np.array([10, 3, 0, 1])])
+    assert got.tolist() == [1024, 27, 1, 7]
