@@ -139,7 +139,7 @@ def test_the_dsl_module_example_runs():
     import autobatch.dsl
     from autobatch.virtual_machine import execute
     doc = autobatch.dsl.__doc__
-    code = textwrap.dedent(doc.split("::\n", 1)[1].split("\n\n", 2)[1])
+    code = textwrap.dedent(doc.split("::\n\n", 1)[1].split("\n\n", 1)[0])
     namespace = {"ProgramBuilder": ProgramBuilder}
     exec(code, namespace)
     got = execute(namespace["program"], [np.array([2, 3, 5, 7]), np.array([10, 3, 0, 1])])
