@@ -245,18 +245,19 @@ class _BlockCompiler:
         (goto, or the jump of a call) to such a block would be the next step,
         for exactly these threads: run it now instead (jump threading).
         """
-        if isinstance(term, GotoOp):
-            target = self.vm.index[term.target]
-        elif isinstance(term, PushGotoOp):
-            target = self.vm.index[term.target]
-        else:
+        if not isinstance(term, (GotoOp, PushGotoOp)):
             return None
+        target = self.vm.index[term.target]
         if target < self.index and target not in chain and len(chain) < MAX_CHAIN:
             return target
         return None
 
     def compile(self) -> Tuple[str, Dict[str, Any]]:
-        vm = self.vm
+        """The source of ``block_<index>(state) -> state`` and its namespace.
+
+        One step runs a *chain*: the scheduled block, then (jump threading)
+        blocks it jumps to unconditionally that no other thread can be at,
+        and whole if/else regions (:meth:`diamond`)."""
         self.have_depth = False
         self.depth_changed = False
         self.emit(f"sel = B.select(state['pc'], {self.index})")

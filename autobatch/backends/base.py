@@ -31,6 +31,13 @@ must be clipped before gathering; primops see those threads' stale values
 is such a backend, in NumPy: the semantics a TensorFlow/XLA backend
 implements with ``tf.where``, gathers and scatters.
 
+Besides these methods, the generated block code uses only Python operators
+on selection values of call depths: ``d + 1``, ``d - 1``, ``d <= limit``
+(int32 arrays or tensors), and ``<`` between :meth:`reduce_min`'s result and
+an int.  The loop state handed to :meth:`while_loop` is a dict of arrays
+plus two ints (``"next"``, ``"steps"``); each block function takes and returns
+that dict with the same keys.
+
 Minimal set of methods
 ----------------------
 storage:     ``fill``, ``stack``, ``size``, ``as_batched``, ``to_numpy``
