@@ -1,0 +1,296 @@
+"""memory_optimize on real legacy Paddle training programs: same numbers, less memory.
+
+Every model of memopt.models is trained for three steps unoptimized and
+optimized; losses, fetched outputs and every parameter must be bit-identical
+(np.array_equal), at level 0 and 1, with Paddle's garbage collector on and
+off.  The fetched logits are kept with skip_opt_set (fetching a merged
+variable raises, see test_fetch_of_merged_variable_raises).
+"""
+import numpy as np
+import pytest
+
+import memopt
+from memopt import models
+from memopt.errors import MergedVariableError
+
+STEPS = 3
+
+#: (level, gc, skip_grads): each level in each GC mode, gradients in and out
+CONFIGS = [
+    (0, "on", True),
+    (1, "on", False),
+    (0, "off", False),
+    (1, "off", False),
+    (1, "off", True),
+]
+
+_REFERENCE = {}
+
+
+def gc_flag(gc: str) -> dict:
+    return {"eager_delete_tensor_gb": 0.0 if gc == "on" else -1.0}
+
+
+def reference(name):
+    """Three unoptimized steps of model ``name`` (computed once per session;
+    the GC mode does not change the numbers)."""
+    if name not in _REFERENCE:
+        _REFERENCE[name] = models.run_steps(models.build(name, "legacy"), STEPS)
+    return _REFERENCE[name]
+
+
+def assert_same(expected, actual):
+    assert len(expected.fetches) == len(actual.fetches)
+    for step, (want, got) in enumerate(zip(expected.fetches, actual.fetches)):
+        for k, (a, b) in enumerate(zip(want, got)):
+            assert np.array_equal(a, b), f"step {step}, fetch {k} differs"
+    assert len(expected.params) == len(actual.params) > 0
+    for k, (a, b) in enumerate(zip(expected.params, actual.params)):
+        assert np.array_equal(a, b), f"parameter {k} differs after {STEPS} steps"
+
+
+def optimize(model, **kwargs):
+    kwargs.setdefault("skip_opt_set", [model.fetch_list[1]])
+    with model.guard():
+        return memopt.memory_optimize(model.main, **kwargs)
+
+
+@pytest.mark.parametrize("level,gc,skip_grads", CONFIGS)
+@pytest.mark.parametrize("name", models.MODEL_NAMES)
+def test_bit_identical(paddle, name, level, gc, skip_grads):
+    expected = reference(name)
+    model = models.build(name, "legacy")
+    with models.flags(**gc_flag(gc)):
+        report = optimize(model, level=level, skip_grads=skip_grads)
+        actual = models.run_steps(model, STEPS)
+    assert_same(expected, actual)
+    assert report.gc is (gc == "on")
+    if gc == "off" and not skip_grads:
+        assert report.merged_count > 0, "every model has something to share"
+    if gc == "on":
+        assert all(r.how == "in-place" for r in report.reuses)
+        assert report.peak_after <= report.peak_before
+
+
+def test_gc_off_saves_memory_in_the_estimate(paddle):
+    model = models.build("mlp", "legacy")
+    with models.flags(**gc_flag("off")):
+        report = optimize(model, level=1, skip_grads=False)
+    assert report.peak_after < report.peak_before
+    assert report.temporaries_after.at(32) < report.temporaries_before.at(32)
+
+
+# -- the arguments -------------------------------------------------------------
+
+def merged_names(report):
+    return {r.var for r in report.reuses} | {r.takes for r in report.reuses}
+
+
+def used_names(program):
+    return {n for block in program.blocks for op in block.ops
+            for n in (*op.input_arg_names, *op.output_arg_names)}
+
+
+@pytest.mark.parametrize("as_variable", [False, True])
+def test_skip_opt_set_keeps_a_variable(paddle, as_variable):
+    with models.flags(**gc_flag("off")):
+        probe = optimize(models.build("mlp", "legacy"), level=1, skip_grads=False)
+        victim = probe.reuses[0].takes
+        model = models.build("mlp", "legacy")
+        item = model.main.global_block().var(victim) if as_variable else victim
+        report = optimize(model, level=1, skip_grads=False,
+                          skip_opt_set=[model.fetch_list[1], item])
+    assert victim not in merged_names(report)
+    assert victim in used_names(model.main)
+    assert report.not_merged["skip_opt_set"] == 2
+
+
+def test_skip_grads(paddle):
+    with models.flags(**gc_flag("off")):
+        kept = optimize(models.build("transformer", "legacy"), level=1, skip_grads=True)
+        free = optimize(models.build("transformer", "legacy"), level=1, skip_grads=False)
+    assert not any("@GRAD" in n for n in merged_names(kept))
+    assert any("@GRAD" in n for n in merged_names(free))
+    assert free.merged_count > kept.merged_count
+
+
+def test_levels(paddle):
+    """Level 0 shares only between equal shapes and dtypes; level 1 also
+    across shapes, never into memory that may be smaller for some batch."""
+    with models.flags(**gc_flag("off")):
+        model0 = models.build("transformer", "legacy")
+        level0 = optimize(model0, level=0, skip_grads=False)
+        model1 = models.build("transformer", "legacy")
+        level1 = optimize(model1, level=1, skip_grads=False)
+    block0 = model0.main.global_block()
+    for r in level0.reuses:
+        taken = block0.var(r.takes) if r.block == 0 else model0.main.block(r.block).var(r.takes)
+        assert (tuple(taken.shape), str(taken.dtype)) == (r.shape, "paddle." + r.dtype)
+    assert any(r.shape != tuple(model1.main.block(r.block).var(r.takes).shape)
+               for r in level1.reuses)
+    for r in level1.reuses:
+        group_first = model1.main.block(r.block).var(r.renamed_to)
+        assert r.size.provably_le(_size(group_first))
+    assert level1.merged_count >= level0.merged_count
+
+
+def _size(var):
+    from memopt.graph import size_of
+    from paddle.base.data_feeder import convert_dtype
+
+    return size_of(tuple(var.shape), convert_dtype(var.dtype))
+
+
+def test_print_log(paddle, capsys):
+    with models.flags(**gc_flag("off")):
+        report = optimize(models.build("mlp", "legacy"), level=1, skip_grads=False,
+                          print_log=True)
+    out = capsys.readouterr().out
+    assert out.strip() == str(report)
+    assert f"merged variables: {report.merged_count}" in out
+    first = report.reuses[0]
+    assert f"{first.var} " in out and f"-> {first.takes}" in out
+    quiet = optimize(models.build("mlp", "legacy"))
+    assert capsys.readouterr().out == ""
+    assert quiet.merged_count >= 0
+
+
+def test_default_program(paddle):
+    model = models.build("mlp", "legacy")
+    with model.guard(), paddle.static.program_guard(model.main, model.startup):
+        report = memopt.memory_optimize(skip_opt_set=[model.fetch_list[1]], skip_grads=False)
+    assert report.merged_count > 0
+    assert report.program_type == "legacy"
+
+
+# -- errors ----------------------------------------------------------------------
+
+def test_bare_string_skip_opt_set(paddle):
+    model = models.build("mlp", "legacy")
+    with pytest.raises(TypeError, match="not a tuple") as info:
+        memopt.memory_optimize(model.main, skip_opt_set=("fc"))
+    assert "'fc'" in str(info.value)
+
+
+@pytest.mark.parametrize("level", [2, -1, True, "1", 0.5])
+def test_bad_level(paddle, level):
+    with pytest.raises(ValueError, match="level must be 0"):
+        memopt.memory_optimize(models.build("mlp", "legacy").main, level=level)
+
+
+@pytest.mark.parametrize("bad", [3, {"a": 1}.keys(), b"fc"])
+def test_bad_skip_opt_set_type(paddle, bad):
+    with pytest.raises(TypeError, match="skip_opt_set"):
+        memopt.memory_optimize(models.build("mlp", "legacy").main, skip_opt_set=bad)
+
+
+def test_bad_skip_opt_set_item(paddle):
+    with pytest.raises(TypeError, match=r"skip_opt_set\[1\]"):
+        memopt.memory_optimize(models.build("mlp", "legacy").main, skip_opt_set=["x", 3])
+
+
+def test_bad_flags(paddle):
+    with pytest.raises(TypeError, match="skip_grads"):
+        memopt.memory_optimize(models.build("mlp", "legacy").main, skip_grads="no")
+    with pytest.raises(TypeError, match="print_log"):
+        memopt.memory_optimize(models.build("mlp", "legacy").main, print_log=1)
+
+
+def test_not_a_program(paddle):
+    with pytest.raises(memopt.UnsupportedProgramError, match="dict"):
+        memopt.memory_optimize({"ops": []})
+
+
+# -- fetches of merged variables -------------------------------------------------------
+
+def test_fetch_of_merged_variable_raises(paddle):
+    model = models.build("mlp", "legacy")
+    with models.flags(**gc_flag("off")):
+        report = optimize(model, level=1, skip_grads=False)
+        gone = report.reuses[0].var
+        owner = report.reuses[0].renamed_to
+        scope = paddle.static.Scope()
+        rng = np.random.default_rng(0)
+        with paddle.static.scope_guard(scope), model.guard():
+            exe = paddle.static.Executor(paddle.CPUPlace())
+            model.initialize(exe)
+            exe.run(model.main, feed=model.feed(rng), fetch_list=[model.loss])
+            for item in (gone, model.main.global_block().var(gone), owner):
+                with pytest.raises(MergedVariableError) as info:
+                    exe.run(model.main, feed=model.feed(rng), fetch_list=[model.loss, item])
+                text = str(info.value)
+                assert repr(item if isinstance(item, str) else item.name) in text
+                assert "skip_opt_set" in text
+
+
+def test_fetch_kept_intermediate_is_correct(paddle):
+    """The fetched logits (kept by skip_opt_set) match the unoptimized run."""
+    expected = reference("cnn")
+    model = models.build("cnn", "legacy")
+    with models.flags(**gc_flag("off")):
+        optimize(model, level=1, skip_grads=False)
+        actual = models.run_steps(model, STEPS)
+    for want, got in zip(expected.fetches, actual.fetches):
+        assert np.array_equal(want[1], got[1])
+
+
+# -- all or nothing --------------------------------------------------------------------
+
+def serialized(program):
+    return program.desc.serialize_to_string()
+
+
+def test_program_unchanged_when_rewrite_fails_midway(paddle, monkeypatch):
+    from memopt.paddle import legacy
+
+    model = models.build("resnet50", "legacy")
+    before = serialized(model.main)
+    real = legacy._set_slot
+    calls = {"n": 0}
+
+    def failing(*args):
+        calls["n"] += 1
+        if calls["n"] == 40:  # fault injection: the 40th slot edit fails
+            raise RuntimeError("injected failure")
+        real(*args)
+
+    monkeypatch.setattr(legacy, "_set_slot", failing)
+    with models.flags(**gc_flag("off")), pytest.raises(RuntimeError, match="injected"):
+        optimize(model, level=1, skip_grads=False)
+    assert calls["n"] > 40, "the failure happened midway, then edits were undone"
+    assert serialized(model.main) == before
+    assert not legacy.merged_record(model.main)
+
+
+def test_program_unchanged_when_plan_fails_check(paddle, monkeypatch):
+    from memopt import optimize as opt
+
+    model = models.build("mlp", "legacy")
+    before = serialized(model.main)
+    real = opt.plan_memory
+
+    def corrupt(graph, options, gc, live=None):
+        plan = real(graph, options, gc, live)
+        # merge the input of the first matmul into its output: both live there
+        op = graph.blocks[0].ops[0]
+        plan.renames.setdefault(0, {})[op.writes[0]] = op.reads[0]
+        return plan
+
+    monkeypatch.setattr(opt, "plan_memory", corrupt)
+    with pytest.raises(memopt.PlanError):
+        optimize(model, level=1, skip_grads=False)
+    assert serialized(model.main) == before
+
+
+def test_release_memory(paddle):
+    model = models.build("mlp", "legacy")
+    before = serialized(model.main)
+    with model.guard(), models.flags(**gc_flag("on")):
+        on = memopt.release_memory(model.main)
+    with model.guard(), models.flags(**gc_flag("off")):
+        off = memopt.release_memory(model.main, skip_opt_set={"x"})
+    assert serialized(model.main) == before
+    assert on.merged_count == off.merged_count == 0
+    assert "garbage collector frees" in on.release
+    assert "FLAGS_eager_delete_tensor_gb=0" in off.release
+    assert on.peak_after == on.peak_before
