@@ -187,7 +187,9 @@ class Analysis:
         self._coef = np.cumsum(coef, axis=1)[:, :n]
 
     # -- figures --------------------------------------------------------------
-    def _b(self, batch_size: Optional[int]) -> int:
+    def batch_for(self, batch_size: Optional[int] = None) -> int:
+        """The batch size figures are given at: ``batch_size``, else the
+        analysis's own, else 1 (ValueError below 1)."""
         b = batch_size if batch_size is not None else (self.batch_size or 1)
         if not isinstance(b, (int, np.integer)) or b < 1:
             raise ValueError(f"batch_size must be a positive integer, got {b!r}")
@@ -195,7 +197,7 @@ class Analysis:
 
     def timeline(self, batch_size: Optional[int] = None) -> list:
         """Live non-persistable bytes at every op position (while it runs)."""
-        b = self._b(batch_size)
+        b = self.batch_for(batch_size)
         total = np.zeros(self._coef.shape[1], dtype=object)
         for k, p in enumerate(self._powers):
             total = total + self._coef[k] * (b ** p)
@@ -213,7 +215,7 @@ class Analysis:
 
     def persistable_bytes(self, batch_size: Optional[int] = None) -> int:
         """Bytes of persistable variables (allocated before the step)."""
-        return _poly_at(self.persistable, self._b(batch_size))
+        return _poly_at(self.persistable, self.batch_for(batch_size))
 
     def total_peak(self, batch_size: Optional[int] = None) -> int:
         """Persistable bytes plus the step's peak: what the device must hold."""
@@ -228,7 +230,7 @@ class Analysis:
     def held_at(self, position: Optional[int] = None,
                 batch_size: Optional[int] = None) -> list:
         """Buffers live at ``position`` (default: the peak), largest first."""
-        b = self._b(batch_size)
+        b = self.batch_for(batch_size)
         pos = self.peak_position(b) if position is None else position
         live = [h for h in self.holders if h.start <= pos <= h.end]
         return sorted(live, key=lambda h: (-h.bytes(b), h.start, h.name))
@@ -237,7 +239,7 @@ class Analysis:
                   batch_size: Optional[int] = None) -> dict:
         """Bytes by category at ``position`` (default: the peak), persistable
         variables under ``"parameter"``."""
-        b = self._b(batch_size)
+        b = self.batch_for(batch_size)
         out = {c: 0 for c in CATEGORIES}
         out["parameter"] = self.persistable_bytes(b)
         for h in self.held_at(position, b):
@@ -287,7 +289,7 @@ class Analysis:
     # -- output ---------------------------------------------------------------
     def to_json(self, batch_size: Optional[int] = None, top: int = 10) -> dict:
         """A JSON-ready dict of the figures at ``batch_size``."""
-        b = self._b(batch_size)
+        b = self.batch_for(batch_size)
         pos = self.peak_position(b)
         return {
             "batch_size": b,
@@ -313,7 +315,7 @@ class Analysis:
     def report(self, batch_size: Optional[int] = None, top: int = 5,
                budget_bytes: Optional[int] = None) -> str:
         """A human-readable summary (what ``str(analysis)`` prints)."""
-        b = self._b(batch_size)
+        b = self.batch_for(batch_size)
         pos = self.peak_position(b)
         lines = [
             f"memory analysis at batch size {b} ({len(self.op_types)} ops; "

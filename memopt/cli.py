@@ -1,0 +1,429 @@
+"""The ``memopt`` command.
+
+::
+
+    memopt analyze  MODEL [--batch-size N] [--budget 16GiB] [--top K] [--json]
+    memopt optimize MODEL [--level 0|1] [--skip NAME ...] [--keep-grads] -o OUT [--json]
+    memopt plan     PROBLEM.csv [--exact] [--time-limit S] [-o OUT.csv] [--json]
+    memopt plot     MODEL -o timeline.png [--batch-size N] [--level 0|1] [--top K]
+    memopt plot     PROBLEM.csv -o arena.png [--exact] [--time-limit S]
+
+MODEL is a saved Paddle program: ``.pdmodel`` (legacy), ``.json`` (PIR) or
+the prefix given to ``paddle.static.save`` (see :mod:`memopt.modelio`).
+
+Exit codes: 0 success, 1 a user error (a one-line message on stderr:
+missing or corrupt file, bad value), 2 wrong usage (argparse's message).
+``--debug`` shows the traceback of an error.  Slow steps show progress on
+stderr: a live line when stderr is a terminal, otherwise one line per step
+that takes more than a couple of seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+from typing import List, Optional
+
+from .errors import MemoptError
+
+__all__ = ["main", "build_parser"]
+
+#: Seconds a step may take before a non-terminal stderr hears about it.
+QUIET_SECONDS = 2.0
+
+
+class Progress:
+    """Progress of slow steps on stderr.
+
+    On a terminal, a line ``memopt: <step> ... 3.2 s`` is redrawn while a
+    step runs and cleared when it ends.  Elsewhere (a pipe, a log file) a
+    step that takes more than :data:`QUIET_SECONDS` prints one line when it
+    ends, so logs show where the time went without noise for quick runs.
+    """
+
+    def __init__(self, stream=None, enabled: bool = True) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def step(self, label: str) -> "_Step":
+        return _Step(self, label)
+
+
+class _Step:
+    def __init__(self, progress: Progress, label: str) -> None:
+        self.progress, self.label = progress, label
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> "_Step":
+        self.start = time.perf_counter()
+        if self.progress.enabled and self.progress.tty:
+            self._thread = threading.Thread(target=self._spin, daemon=True)
+            self._thread.start()
+        return self
+
+    def _spin(self) -> None:
+        frames = "|/-\\"
+        k = 0
+        while not self._stop.wait(0.2):
+            elapsed = time.perf_counter() - self.start
+            self.progress.stream.write(
+                f"\rmemopt: {self.label} {frames[k % 4]} {elapsed:5.1f} s")
+            self.progress.stream.flush()
+            k += 1
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self.progress.stream.write("\r\033[K")
+            self.progress.stream.flush()
+        elapsed = time.perf_counter() - self.start
+        if self.progress.enabled and not self.progress.tty and elapsed > QUIET_SECONDS \
+                and exc[0] is None:
+            self.progress.stream.write(f"memopt: {self.label}: {elapsed:.1f} s\n")
+            self.progress.stream.flush()
+
+
+# -- helpers ------------------------------------------------------------------
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value}")
+    return value
+
+
+def _bytes_arg(text: str) -> int:
+    from .analysis import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+
+
+def _is_problem(path: str) -> bool:
+    return path.lower().endswith(".csv")
+
+
+def _load(path: str, progress: Progress):
+    from .modelio import load_model
+
+    with progress.step(f"loading {os.path.basename(path)}"):
+        return load_model(path)
+
+
+def _guard(loaded):
+    """The IR guard the program was built in (so Paddle treats it right)."""
+    from .models import ir_guard
+
+    return ir_guard(loaded.ir)
+
+
+def _read_problem(path: str):
+    from .errors import ModelFileError
+    from .problems import read_csv
+
+    if not os.path.isfile(path):
+        raise ModelFileError(f"no such file: {path}")
+    return read_csv(path)
+
+
+def _plan_problem(problem, exact: bool, time_limit: Optional[float], progress: Progress):
+    from . import arena
+
+    mode = "exact" if exact else "default"
+    with progress.step(f"planning {len(problem.buffers)} buffers ({mode} mode)"):
+        if hasattr(arena, "plan_arena"):
+            kwargs = {"mode": mode}
+            if time_limit is not None:
+                kwargs["time_limit"] = time_limit
+            return arena.plan_arena(problem.buffers, **kwargs)
+        plan = arena.choose(problem.buffers)
+        if not plan.lower_bound:
+            from .bounds import peak_live_bytes
+
+            plan.lower_bound = int(peak_live_bytes(problem.buffers))
+            plan.optimal = plan.height == plan.lower_bound
+        return plan
+
+
+# -- commands -----------------------------------------------------------------
+
+def cmd_analyze(args, progress: Progress) -> int:
+    if _is_problem(args.model):
+        return _analyze_problem(args)
+    from .analysis import analyze
+
+    loaded = _load(args.model, progress)
+    with _guard(loaded), progress.step("analysing"):
+        result = analyze(loaded.program, args.batch_size)
+    b = result.batch_for(args.batch_size)
+    if args.json:
+        doc = result.to_json(b, top=args.top)
+        doc["model"] = loaded.path
+        doc["ir"] = loaded.ir
+        if args.budget is not None:
+            doc["budget_bytes"] = args.budget
+            doc["max_batch_size"] = result.max_batch_size(args.budget)
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(f"{loaded.path} ({loaded.ir} program)")
+        print(result.report(b, top=args.top, budget_bytes=args.budget))
+    return 0
+
+
+def _analyze_problem(args) -> int:
+    from .analysis import format_bytes
+    from .bounds import peak_live_bytes, whole_buffer_lower_bound
+
+    problem = _read_problem(args.model)
+    b = args.batch_size
+    doc = {
+        "problem": args.model, "buffers": len(problem.buffers),
+        "horizon": max((buf.upper for buf in problem.buffers), default=0),
+        "peak_live_bytes": int(peak_live_bytes(problem.buffers, b)),
+        "whole_buffer_lower_bound": int(whole_buffer_lower_bound(problem.buffers, b)),
+        "capacity": problem.capacity,
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(f"{args.model}: {doc['buffers']} buffers over {doc['horizon']} time steps")
+        print(f"  peak live bytes (no arena can be lower)  {format_bytes(doc['peak_live_bytes'])}")
+        print(f"  whole-buffer reuse lower bound           "
+              f"{format_bytes(doc['whole_buffer_lower_bound'])}")
+        if problem.capacity:
+            print(f"  capacity                                 {format_bytes(problem.capacity)}")
+    return 0
+
+
+def cmd_optimize(args, progress: Progress) -> int:
+    from .modelio import save_program
+    from .optimize import memory_optimize
+
+    loaded = _load(args.model, progress)
+    with _guard(loaded):
+        with progress.step("optimizing"):
+            report = memory_optimize(loaded.program, skip_opt_set=list(args.skip or []),
+                                     skip_grads=not args.keep_grads, level=args.level)
+        with progress.step(f"writing {args.output}"):
+            written = save_program(loaded.program, args.output)
+    if args.json:
+        doc = report.to_dict()
+        doc["model"], doc["output"] = loaded.path, written
+        print(json.dumps(doc, indent=2))
+    else:
+        print(report)
+        print(f"wrote {written}")
+    return 0
+
+
+def cmd_plan(args, progress: Progress) -> int:
+    from .analysis import format_bytes
+
+    problem = _read_problem(args.problem)
+    plan = _plan_problem(problem, args.exact, args.time_limit, progress)
+    if args.output:
+        _write_offsets(problem, plan, args.output)
+    bound = getattr(plan, "lower_bound", None)
+    doc = {
+        "problem": args.problem, "buffers": len(problem.buffers), "height": int(plan.height),
+        "lower_bound": None if bound is None else int(bound),
+        "optimal": bool(getattr(plan, "optimal", False)), "strategy": plan.strategy,
+        "seconds": round(float(getattr(plan, "seconds", 0.0)), 4),
+        "fits_capacity": None if not problem.capacity else bool(plan.height <= problem.capacity),
+        "output": args.output,
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        gap = f" ({(plan.height / bound - 1) * 100:.2f}% above)" if bound else ""
+        print(f"{args.problem}: {len(problem.buffers)} buffers")
+        print(f"  arena height  {plan.height:,} B ({format_bytes(plan.height)}){gap}")
+        if bound is not None:
+            print(f"  lower bound   {bound:,} B"
+                  + ("  -- proven optimal" if doc["optimal"] else ""))
+        if problem.capacity:
+            print(f"  capacity      {problem.capacity:,} B: "
+                  + ("fits" if doc["fits_capacity"] else "does NOT fit"))
+        print(f"  strategy      {plan.strategy}, {doc['seconds']:.3f} s")
+        if args.output:
+            print(f"wrote {args.output}")
+    return 0
+
+
+def _write_offsets(problem, plan, path: str) -> None:
+    from .errors import ModelFileError
+    from .problems import size_at
+
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("id,lower,upper,size,offset\n")
+            for buf in problem.buffers:
+                f.write(f"{buf.id},{buf.lower},{buf.upper},{size_at(buf.size)},"
+                        f"{plan.offsets[buf.id]}\n")
+    except OSError as exc:
+        raise ModelFileError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def cmd_plot(args, progress: Progress) -> int:
+    from . import plot
+
+    if _is_problem(args.model):
+        from .bounds import peak_live_bytes
+
+        problem = _read_problem(args.model)
+        plan = _plan_problem(problem, args.exact, args.time_limit, progress)
+        with progress.step(f"drawing {args.output}"):
+            plot.plot_arena(problem.buffers, plan.offsets, args.output,
+                            lower_bound=int(peak_live_bytes(problem.buffers)),
+                            title=f"{os.path.basename(args.model)}: {len(problem.buffers)} "
+                                  f"buffers, {plan.strategy}")
+        print(f"wrote {args.output}")
+        return 0
+    from .analysis import analyze, format_bytes
+    from .optimize import memory_optimize
+
+    loaded = _load(args.model, progress)
+    with _guard(loaded):
+        with progress.step("analysing"):
+            before = analyze(loaded.program, args.batch_size)
+        with progress.step("optimizing"):
+            report = memory_optimize(loaded.program, level=args.level)
+        with progress.step("analysing the optimized program"):
+            after = analyze(loaded.program, args.batch_size)
+    b = before.batch_for(args.batch_size)
+    with progress.step(f"drawing {args.output}"):
+        plot.plot_timeline([before, after], args.output,
+                           labels=["before", f"after memory_optimize (level {args.level})"],
+                           batch_size=b, top=args.top,
+                           title=f"{os.path.basename(loaded.path)}: live memory over one step, "
+                                 f"batch {b}")
+    print(f"peak at batch {b}: {format_bytes(before.peak(b))} before, "
+          f"{format_bytes(after.peak(b))} after memory_optimize "
+          f"({report.merged_count} variables share memory)")
+    print(f"wrote {args.output}")
+    return 0
+
+
+# -- the parser -----------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memopt",
+        description="Where a Paddle program's memory goes, and less of it: memory "
+                    "analysis, memory_optimize, arena planning.",
+        epilog="MODEL: a saved Paddle program (.pdmodel legacy, .json PIR, or the prefix "
+               "given to paddle.static.save).  Exit codes: 0 ok, 1 user error, 2 usage.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks and debug logging")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("analyze", help="peak memory, who holds it, what batch size fits",
+                       description="Model one training/inference step of a saved program as "
+                                   "Paddle's executor runs it and report the peak of live "
+                                   "memory, the variables holding it, the peak as a function "
+                                   "of the batch size and, with --budget, the largest batch "
+                                   "that fits.  A .csv interval problem gets its lower bounds.")
+    p.add_argument("model", metavar="MODEL", help="saved program (.pdmodel/.json) or .csv problem")
+    p.add_argument("--batch-size", "-b", type=_positive_int, default=None,
+                   help="batch size for the -1 dimensions (default 1)")
+    p.add_argument("--budget", type=_bytes_arg, default=None, metavar="BYTES",
+                   help="memory budget, e.g. 16GiB, 512MiB, 2GB: report the largest batch size "
+                        "that fits (parameters included)")
+    p.add_argument("--top", type=_positive_int, default=5, help="holders to list (default 5)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("optimize", help="memory_optimize a saved program and write it",
+                       description="Run memopt.memory_optimize on a saved program and write "
+                                   "the rewritten program (legacy: .pdmodel; PIR: .json).")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--level", type=int, choices=(0, 1), default=0,
+                   help="0: share only same shape and dtype; 1: any provably large enough")
+    p.add_argument("--skip", nargs="+", metavar="NAME", default=[],
+                   help="variables never to merge (e.g. what you fetch)")
+    p.add_argument("--keep-grads", action="store_true",
+                   help="let gradients take part (skip_grads=False)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="where to write the rewritten program")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser("plan", help="plan arena offsets for an interval problem (.csv)",
+                       description="Give every buffer of an interval problem (CSV "
+                                   "id,lower,upper,size) an offset in one arena.")
+    p.add_argument("problem", metavar="PROBLEM.csv")
+    p.add_argument("--exact", action="store_true",
+                   help="search until the plan is proven optimal or the time limit")
+    p.add_argument("--time-limit", type=_positive_float, default=None, metavar="S",
+                   help="seconds the search may take")
+    p.add_argument("-o", "--output", default=None, metavar="OUT.csv",
+                   help="write id,lower,upper,size,offset")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("plot", help="draw a program's memory timeline or an arena plan",
+                       description="MODEL: live memory over the op sequence before and after "
+                                   "memory_optimize, the peaks marked, the top holders named.  "
+                                   "PROBLEM.csv: the arena plan, buffers as rectangles.")
+    p.add_argument("model", metavar="MODEL|PROBLEM.csv")
+    p.add_argument("-o", "--output", required=True, metavar="PNG")
+    p.add_argument("--batch-size", "-b", type=_positive_int, default=None)
+    p.add_argument("--level", type=int, choices=(0, 1), default=0,
+                   help="memory_optimize level for the 'after' line")
+    p.add_argument("--top", type=_positive_int, default=5, help="holders to name")
+    p.add_argument("--exact", action="store_true", help="(problems) exact arena search")
+    p.add_argument("--time-limit", type=_positive_float, default=None, metavar="S")
+    p.set_defaults(func=cmd_plot)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the command line; returns the exit code (see the module docstring)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 on a usage error
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="memopt: %(levelname)s %(name)s: %(message)s")
+    if not args.debug:
+        os.environ.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ info lines
+        warnings.filterwarnings("ignore", category=UserWarning)
+    progress = Progress(enabled=not args.quiet)
+    try:
+        return int(args.func(args, progress) or 0)
+    except (MemoptError, ValueError, OSError) as exc:
+        if args.debug:
+            raise
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"memopt: error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("memopt: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # python -m memopt.cli
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Pictures of memory: a program's timeline and an arena plan.
+
+- :func:`plot_timeline`: live bytes over the op sequence (run order) of one
+  or more :class:`memopt.analysis.Analysis` (e.g. before and after
+  ``memory_optimize``), each peak marked and the largest holders at the
+  peak named.
+- :func:`plot_arena`: an offset plan as rectangles, time (op positions)
+  across and bytes up, with the peak of live bytes (the lower bound) drawn.
+
+matplotlib is imported when a picture is drawn, with the non-interactive
+Agg backend; nothing else in memopt needs it.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+__all__ = ["plot_timeline", "plot_arena"]
+
+_MIB = float(1 << 20)
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise RuntimeError("plotting needs matplotlib: pip install 'memopt[plot]'") from exc
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _unit(max_bytes: float):
+    for name, scale in (("GiB", float(1 << 30)), ("MiB", _MIB), ("KiB", 1024.0)):
+        if max_bytes >= scale:
+            return name, scale
+    return "B", 1.0
+
+
+def plot_timeline(analyses: Sequence, path: str, *, labels: Sequence[str] = (),
+                  batch_size: Optional[int] = None, title: str = "", top: int = 5) -> str:
+    """Draw live bytes per op for each analysis into ``path`` (PNG, SVG...).
+
+    Parameters
+    ----------
+    analyses : :class:`~memopt.analysis.Analysis` objects, drawn in order
+        (the first is the reference, e.g. "before").
+    labels : a legend label per analysis.
+    batch_size : the batch size to draw at (default: each analysis's own).
+    title : the figure's title.
+    top : how many of the largest holders at the last analysis's peak to name.
+
+    Returns the path written.
+    """
+    plt = _pyplot()
+    lines = [a.timeline(batch_size) for a in analyses]
+    peak_all = max((max(line) for line in lines if line), default=0)
+    unit, scale = _unit(peak_all)
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(12, 5.2),
+                                   gridspec_kw={"width_ratios": [3.2, 1]})
+    for k, (analysis, line) in enumerate(zip(analyses, lines)):
+        color = _COLORS[k % len(_COLORS)]
+        label = labels[k] if k < len(labels) else f"program {k + 1}"
+        ys = [v / scale for v in line]
+        if not ys:
+            continue
+        peak = max(ys)
+        if k == 0:  # the reference: a filled area the others are drawn over
+            ax.fill_between(range(len(ys)), ys, step="post", color=color, alpha=0.18)
+        ax.step(range(len(ys)), ys, where="post", color=color, linewidth=1.5,
+                linestyle="-" if k == 0 else "--", label=f"{label}: peak {peak:.1f} {unit}")
+        pos = analysis.peak_position(batch_size)
+        ax.plot([pos], [ys[pos]], marker="v", color=color, markersize=9)
+        right = pos > 0.6 * len(ys)
+        ax.annotate(f"peak {ys[pos]:.1f} {unit} at op {pos}\n{analysis.op_types[pos]}",
+                    xy=(pos, ys[pos]), xytext=(-10 if right else 10, 8 + 26 * k),
+                    textcoords="offset points", fontsize=8, color=color,
+                    ha="right" if right else "left")
+    persistable = analyses[0].persistable_bytes(batch_size) if analyses else 0
+    b = analyses[0].batch_for(batch_size) if analyses else 1
+    ax.set_xlabel("op position (run order)")
+    ax.set_ylabel(f"live bytes of the step ({unit})")
+    ax.set_title(title or f"memory over one step, batch {b} "
+                 f"(+ {persistable / scale:.1f} {unit} persistable)", fontsize=11)
+    ax.grid(True, alpha=0.3)
+    ax.set_ylim(bottom=0, top=peak_all / scale * 1.25 if peak_all else 1)
+    ax.legend(loc="upper left", fontsize=9)
+    # the largest holders at the peak of the last analysis, as a bar list
+    last = analyses[-1] if analyses else None
+    held = last.held_at(None, batch_size)[:top] if last else []
+    names = [f"{h.name}\n{h.category}, {h.op.split('.')[-1]}" for h in held][::-1]
+    sizes = [h.bytes(b) / scale for h in held][::-1]
+    side.barh(range(len(sizes)), sizes, color=_COLORS[(len(analyses) - 1) % len(_COLORS)],
+              alpha=0.8)
+    for y, v in enumerate(sizes):
+        side.text(v, y, f" {v:.1f}", va="center", fontsize=7)
+    side.set_yticks(range(len(names)))
+    side.set_yticklabels(names, fontsize=7)
+    side.set_xlabel(unit)
+    side.set_xlim(0, max(sizes, default=1) * 1.25)
+    side.set_title(f"largest {len(held)} at the peak"
+                   + (f"\n{labels[-1]}" if labels else ""), fontsize=10)
+    side.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_arena(buffers: Sequence, offsets: dict, path: str, *, batch_size: Optional[int] = None,
+               title: str = "", lower_bound: Optional[int] = None) -> str:
+    """Draw an offset plan: each buffer a rectangle spanning its live interval
+    ``[lower, upper)`` across and ``[offset, offset + size)`` up.
+
+    ``offsets`` maps buffer id -> offset in bytes.  The arena's height and,
+    when given, ``lower_bound`` (the peak of live bytes) are drawn as lines.
+    Returns the path written.
+    """
+    plt = _pyplot()
+    from matplotlib.collections import PatchCollection
+    from matplotlib.patches import Rectangle
+
+    from .problems import size_at
+
+    sizes = [size_at(buf.size, batch_size) for buf in buffers]
+    height = max((offsets[buf.id] + s for buf, s in zip(buffers, sizes)), default=0)
+    unit, scale = _unit(max(height, lower_bound or 0))
+    horizon = max((buf.upper for buf in buffers), default=1)
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    cmap = plt.get_cmap("tab20")
+    patches, colors = [], []
+    for k, (buf, s) in enumerate(zip(buffers, sizes)):
+        patches.append(Rectangle((buf.lower, offsets[buf.id] / scale), buf.upper - buf.lower,
+                                 s / scale))
+        colors.append(cmap(k % 20))
+    coll = PatchCollection(patches, facecolor=colors, edgecolor="black",
+                           linewidth=0.3 if len(buffers) < 400 else 0.0, alpha=0.85)
+    ax.add_collection(coll)
+    if len(buffers) <= 40:  # few buffers: name them
+        for buf, s in zip(buffers, sizes):
+            ax.text(buf.lower + (buf.upper - buf.lower) / 2,
+                    (offsets[buf.id] + s / 2) / scale, str(buf.id),
+                    ha="center", va="center", fontsize=8)
+    ax.axhline(height / scale, color="#d62728", linestyle="--", linewidth=1.2,
+               label=f"arena height {_fmt(height, unit, scale)}")
+    if lower_bound is not None:
+        ax.axhline(lower_bound / scale, color="#2ca02c", linestyle=":", linewidth=1.4,
+                   label=f"peak live bytes (lower bound) {_fmt(lower_bound, unit, scale)}")
+    ax.set_xlim(0, horizon)
+    ax.set_ylim(0, max(height, lower_bound or 0) / scale * 1.12 or 1)
+    ax.set_xlabel("time (op position)")
+    ax.set_ylabel(f"offset ({unit})")
+    ax.set_title(title or f"arena plan: {len(buffers)} buffers", fontsize=11)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=9,
+              frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _fmt(n: float, unit: str, scale: float) -> str:
+    return f"{int(n)} B" if unit == "B" else f"{n / scale:.2f} {unit}"
