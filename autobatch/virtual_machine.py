@@ -24,6 +24,10 @@ threads: O(selected threads), never O(batch^2).  A thread whose depth would
 exceed ``max_stack_depth`` pending calls raises
 :class:`~autobatch.errors.StackOverflowError` naming the called function.
 
+On a backend that allows it (NumPy), threads that have halted are dropped
+from every array once at most half the threads still run, so a long tail of
+slow threads does not pay for the whole batch at every step.
+
 Block code is generated Python (see :meth:`VirtualMachine.block_source`),
 straight-line calls to the :class:`~autobatch.backends.base.Backend`: each
 variable is read from its register at most once per block run, and written
@@ -55,6 +59,10 @@ DEFAULT_MAX_STACK_DEPTH = 15
 _PC_TYPE = TensorType(np.int32, ())
 #: Most blocks one VM step runs through by jump threading.
 MAX_CHAIN = 16
+#: Backends with ``compaction``: steps between checks, and the smallest
+#: batch worth compacting.
+COMPACT_EVERY = 64
+MIN_COMPACT = 256
 NULL = VariableAllocation.NULL
 TEMPORARY = VariableAllocation.TEMPORARY
 FULL = VariableAllocation.FULL
@@ -605,25 +613,72 @@ class VirtualMachine:
         (arrays with a leading batch dimension; tuples for tuple values)."""
         backend = self.backend
         state, batch = self.initial_state(args)
-        if batch:
-            blocks = self.block_functions
-            halt = self.halt
-
-            def cond(s: dict) -> Any:
-                return s["next"] < halt
-
-            def body(s: dict) -> dict:
-                s = backend.switch_case(s["next"], blocks, s)
-                s["next"] = backend.reduce_min(s["pc"])
-                s["steps"] = s["steps"] + 1
-                return s
-
-            state["next"] = backend.reduce_min(state["pc"])
-            state = backend.while_loop(cond, body, state)
+        out_keys = self.register_keys[self.lowered.output]
+        if batch and getattr(backend, "compaction", False):
+            state, outputs = self._run_compacting(state)
+        else:
+            if batch:
+                state = self._run_loop(state)
+            outputs = [state[k] for k in out_keys]
         self.steps = state["steps"]
-        out = self.lowered.output
-        leaves = [backend.to_numpy(state[k]) for k in self.register_keys[out]]
-        return pattern_unflatten(self.lowered.var_types[out].tensors, leaves)
+        leaves = [backend.to_numpy(v) for v in outputs]
+        return pattern_unflatten(self.lowered.var_types[self.lowered.output].tensors, leaves)
+
+    def _run_loop(self, state: dict, max_steps: Optional[int] = None) -> dict:
+        """Steps until every thread halted (or ``max_steps`` more steps)."""
+        backend = self.backend
+        blocks = self.block_functions
+        halt = self.halt
+        stop = None if max_steps is None else state["steps"] + max_steps
+
+        def cond(s: dict) -> Any:
+            if stop is not None and s["steps"] >= stop:
+                return False
+            return s["next"] < halt
+
+        def body(s: dict) -> dict:
+            s = backend.switch_case(s["next"], blocks, s)
+            s["next"] = backend.reduce_min(s["pc"])
+            s["steps"] = s["steps"] + 1
+            return s
+
+        state["next"] = backend.reduce_min(state["pc"])
+        return backend.while_loop(cond, body, state)
+
+    def _run_compacting(self, state: dict) -> Tuple[dict, List[Any]]:
+        """:meth:`_run_loop` for backends with ``compaction``: every
+        ``COMPACT_EVERY`` steps, once at most half the threads still run,
+        drop the halted ones from every array, so that each step's selection
+        and scheduling passes cost O(running threads), not O(batch).  Halted
+        threads' results are kept in batch order first."""
+        backend, halt = self.backend, self.halt
+        out_keys = self.register_keys[self.lowered.output]
+        out_types = self.lowered.var_types[self.lowered.output].leaves()
+        stacks = {k for keys in self.stack_keys.values() for k in keys} | {"pc@stack"}
+        rows = None      # original index of each row kept (None: all, in order)
+        results = None   # the output in original order, for the halted threads
+        while True:
+            state = self._run_loop(state, COMPACT_EVERY)
+            if not state["next"] < halt:
+                break
+            running, count = backend.running_threads(state["pc"], halt)
+            size = backend.size(state["pc"])
+            if count * 2 > size or size < MIN_COMPACT:
+                continue
+            if results is None:
+                results = [backend.as_batched(state[k], t, size)
+                           for k, t in zip(out_keys, out_types)]
+            else:
+                results = [backend.write(r, rows, state[k]) for r, k in zip(results, out_keys)]
+            rows = running if rows is None else backend.read(rows, running)
+            for key, value in list(state.items()):
+                if key in stacks:
+                    state[key] = backend.take_threads(value, running, axis=1)
+                elif key not in ("next", "steps"):
+                    state[key] = backend.take_threads(value, running, axis=0)
+        if results is None:
+            return state, [state[k] for k in out_keys]
+        return state, [backend.write(r, rows, state[k]) for r, k in zip(results, out_keys)]
 
 
 def execute(program: Any, args: Sequence[Any], backend: Any = None,

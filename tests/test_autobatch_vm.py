@@ -260,3 +260,31 @@ def test_collatz_runs_one_step_per_iteration():
     assert vm.steps <= 111 + 3
     source = vm.block_source(vm.index["collatz/loop1.body"])
     assert "B.split(sel" in source and "B.merge(" in source
+
+
+class _CountingBackend(NumpyBackend):
+    """The NumPy backend, counting how often the VM compacted its arrays."""
+
+    def __init__(self):
+        super().__init__()
+        self.compactions = 0
+
+    def running_threads(self, pc, halt):
+        running, count = super().running_threads(pc, halt)
+        self.compactions += count * 2 <= pc.shape[0]
+        return running, count
+
+
+@pytest.mark.parametrize("program, make_args, python", [
+    (examples.fibonacci(), lambda rng: [rng.integers(0, 15, 700)], examples.fib_python),
+    (examples.even_odd(tail_calls=True),  # a few threads run long
+     lambda rng: [np.where(rng.random(700) < 0.1, 301, rng.integers(0, 30, 700))],
+     examples.is_even_python),
+])
+def test_halted_threads_are_compacted_away_without_changing_results(program, make_args,
+                                                                    python):
+    args = make_args(np.random.default_rng(9))
+    backend = _CountingBackend()
+    got = execute(program, args, backend, max_stack_depth=20)
+    assert backend.compactions >= 1
+    assert_same(got, [python(int(v)) for v in args[0]])

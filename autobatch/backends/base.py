@@ -46,6 +46,12 @@ threads:     ``select``, ``read``, ``write``, ``read_frame``, ``write_frame``,
              ``where``, ``split``, ``part``, ``narrow``, ``merge``, ``callee_pc``
 control:     ``reduce_min``, ``check``, ``while_loop``, ``switch_case``,
              ``wrap_block``
+
+Optional: a backend whose arrays may change shape between steps sets
+``compaction = True`` and provides ``running_threads(pc, halt) ->
+(selection, count)`` and ``take_threads(array, selection, axis)``; the VM
+then drops halted threads from every array once at most half still run
+(see :meth:`autobatch.virtual_machine.VirtualMachine._run_compacting`).
 """
 from __future__ import annotations
 
@@ -62,6 +68,8 @@ class Backend(abc.ABC):
 
     #: A short name used in cache keys and messages (``"numpy"``).
     name: str = "abstract"
+    #: Whether the VM may drop halted threads (see the module doc).
+    compaction: bool = False
 
     # -- storage ------------------------------------------------------------------------
     @abc.abstractmethod

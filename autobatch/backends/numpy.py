@@ -111,6 +111,17 @@ class NumpyBackend(Backend):
     def callee_pc(self, selection: np.ndarray, entry: int, halt: int) -> np.ndarray:
         return np.full(selection.shape[0], entry, dtype=np.int32)
 
+    # -- compaction (optional protocol) ----------------------------------------------------
+    #: The VM may drop halted threads from every array (shapes change).
+    compaction = True
+
+    def running_threads(self, pc: np.ndarray, halt: int) -> Tuple[np.ndarray, int]:
+        running = (pc < halt).nonzero()[0]
+        return running, int(running.shape[0])
+
+    def take_threads(self, array: np.ndarray, selection: np.ndarray, axis: int) -> np.ndarray:
+        return np.take(array, selection, axis=axis)
+
     # -- control -------------------------------------------------------------------------
     def reduce_min(self, array: np.ndarray) -> int:
         return int(array.min())
@@ -132,6 +143,7 @@ class MaskedNumpyBackend(NumpyBackend):
     """
 
     name = "numpy-masked"
+    compaction = False  # fixed shapes, as under XLA
 
     @staticmethod
     def _rows(mask: np.ndarray, ndim: int) -> np.ndarray:
