@@ -59,6 +59,7 @@ __all__ = [
     "pattern_map",
     "pattern_unflatten",
     "bind_pattern",
+    "as_pattern",
     "TensorType",
     "Type",
     "VariableAllocation",
@@ -129,6 +130,14 @@ def bind_pattern(pattern: Any, value: Any, where: str = "",
             yield from bind_pattern(part, sub, where, op)
     else:
         yield pattern, value
+
+
+def as_pattern(value: Any) -> Any:
+    """``value`` with every list turned into a tuple (so that patterns treat
+    user values given as lists as structure)."""
+    if isinstance(value, (tuple, list)):
+        return tuple(as_pattern(v) for v in value)
+    return value
 
 
 def format_pattern(pattern: Any) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 
 from autobatch.errors import ProgramError, StackOverflowError
 from autobatch.instructions import (
-    BranchOp, FunctionCallOp, GotoOp, PrimOp, Program, ReturnOp, bind_pattern,
+    BranchOp, FunctionCallOp, GotoOp, PrimOp, Program, ReturnOp, as_pattern, bind_pattern,
     pattern_leaves, pattern_map, pattern_unflatten,
 )
 
@@ -122,21 +122,14 @@ def run(program: Program, args: Sequence[Any], max_stack_depth: Optional[int] = 
     if len(args) != len(main.params):
         raise ProgramError(f"function {main.name!r} takes {len(main.params)} argument(s) "
                            f"{main.params}, got {len(args)}")
-    batched = [pattern_map(_one, _as_pattern(a)) for a in args]
+    batched = [pattern_map(_one, as_pattern(a)) for a in args]
     result = interp.call(main.name, batched, 0)
-    result = pattern_map(_unbatch, _as_pattern(result))
+    result = pattern_map(_unbatch, as_pattern(result))
     if main.return_type is not None:
         leaves = [np.asarray(v, dtype=t.dtype)
                   for v, t in zip(pattern_leaves(result), main.return_type.leaves())]
         result = pattern_unflatten(result, leaves)
     return result
-
-
-def _as_pattern(value: Any) -> Any:
-    """Lists become tuples so that patterns treat them as structure."""
-    if isinstance(value, (tuple, list)):
-        return tuple(_as_pattern(v) for v in value)
-    return value
 
 
 def run_batch(program: Program, args: Sequence[Any],
@@ -146,7 +139,7 @@ def run_batch(program: Program, args: Sequence[Any],
     ``args`` have a leading batch dimension (all the same size); a leaf
     without one (0-d) is given to every example.
     """
-    args = [_as_pattern(a) for a in args]
+    args = [as_pattern(a) for a in args]
     sizes = {np.asarray(leaf).shape[0] for a in args for leaf in pattern_leaves(a)
              if np.asarray(leaf).ndim}
     if len(sizes) > 1:

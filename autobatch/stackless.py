@@ -20,9 +20,9 @@ import numpy as np
 from autobatch.errors import ProgramError, StackOverflowError
 from autobatch.instructions import (
     BranchOp, FunctionCallOp, Function, GotoOp, PrimOp, Program, ReturnOp, TensorType, Type,
-    bind_pattern, pattern_leaves, pattern_map, pattern_unflatten,
+    as_pattern, bind_pattern, pattern_leaves, pattern_map, pattern_unflatten,
 )
-from autobatch.virtual_machine import DEFAULT_MAX_STACK_DEPTH, _shape, _tuples, argument_types
+from autobatch.virtual_machine import DEFAULT_MAX_STACK_DEPTH, argument_types, batch_size
 
 __all__ = ["execute"]
 
@@ -48,7 +48,7 @@ class _Stackless:
             leaves = registers.get(var)
             if leaves is None:
                 leaves = registers[var] = [B.fill(t, size) for t in typ.leaves()]
-            parts = pattern_leaves(_tuples(value)) if typ.is_tuple else [value]
+            parts = pattern_leaves(as_pattern(value)) if typ.is_tuple else [value]
             registers[var] = [B.write(reg, sel, part) for reg, part in zip(leaves, parts)]
 
         def load(var: str, sel: Any) -> Any:
@@ -60,7 +60,7 @@ class _Stackless:
                                      [B.read(reg, sel) for reg in leaves])
 
         for param, typ, arg in zip(fn.params, [fn.var_types[p] for p in fn.params], args):
-            leaves = pattern_leaves(_tuples(arg))
+            leaves = pattern_leaves(as_pattern(arg))
             registers[param] = [B.as_batched(a, t, size) for a, t in zip(leaves, typ.leaves())]
         ret = [B.fill(t, size) for t in fn.return_type.leaves()]
         while True:
@@ -97,7 +97,7 @@ class _Stackless:
                                               index[term.false_target]))
             elif isinstance(term, ReturnOp):
                 value = pattern_map(lambda v: load(v, sel), term.vars)
-                parts = pattern_leaves(_tuples(value))
+                parts = pattern_leaves(as_pattern(value))
                 ret = [B.write(r, sel, part) for r, part in zip(ret, parts)]
                 pc = B.write(pc, sel, halt)
             else:
@@ -126,16 +126,8 @@ def execute(program: Program, args: Sequence[Any], backend: Any = None,
     if len(args) != len(main.params):
         raise ProgramError(f"function {main.name!r} takes {len(main.params)} argument(s) "
                            f"{main.params}, got {len(args)}")
-    sizes = set()
-    for arg, param in zip(args, main.params):
-        for leaf, typ in zip(pattern_leaves(_tuples(arg)), main.var_types[param].leaves()):
-            shape = _shape(leaf)
-            if len(shape) == len(typ.shape) + 1 and shape[0] != 1:
-                sizes.add(shape[0])
-    if len(sizes) > 1:
-        raise ProgramError(f"arguments have different batch sizes {sorted(sizes)}")
-    batch = sizes.pop() if sizes else 1
+    batch = batch_size(args, [main.var_types[p] for p in main.params])
     pc = backend.fill(TensorType(np.int32, ()), batch, 0)
     runner = _Stackless(program, backend, max_stack_depth)
     result = runner.run_function(main, list(args), pc, 0)
-    return pattern_map(backend.to_numpy, _tuples(result))
+    return pattern_map(backend.to_numpy, as_pattern(result))

@@ -35,7 +35,7 @@ from autobatch.allocation_strategy import call_graph, check_defined, function_fl
 from autobatch.errors import ProgramError, TypeInferenceError
 from autobatch.instructions import (
     BranchOp, CopyOp, FunctionCallOp, Function, PrimOp, Program, ReturnOp, TensorType,
-    Type, bind_pattern, pattern_map, pattern_unflatten,
+    Type, as_pattern, bind_pattern, pattern_map, pattern_unflatten,
 )
 
 __all__ = ["infer_types", "merge_types", "as_type", "type_of_value"]
@@ -107,13 +107,7 @@ def type_of_value(value: Any, backend: Any, batch_size: int) -> Type:
     """The Type of a (possibly tuple) value for ``batch_size`` threads."""
     def leaf(v: Any) -> TensorType:
         return backend.type_of(v, batch_size)
-    return Type(pattern_map(leaf, _tuples(value)))
-
-
-def _tuples(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return tuple(_tuples(v) for v in value)
-    return value
+    return Type(pattern_map(leaf, as_pattern(value)))
 
 
 class _Inference:

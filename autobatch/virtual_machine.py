@@ -45,11 +45,12 @@ import numpy as np
 from autobatch.errors import NullVariableError, ProgramError, StackOverflowError
 from autobatch.instructions import (
     BranchOp, CopyOp, GotoOp, IndirectGotoOp, PopOp, PrimOp, Program, PushGotoOp, PushOp,
-    TensorType, Type, VariableAllocation, pattern_leaves, pattern_map, pattern_unflatten,
+    TensorType, Type, VariableAllocation, as_pattern, pattern_leaves, pattern_map,
+    pattern_unflatten,
 )
 from autobatch.lowering import LoweredProgram, lower
 
-__all__ = ["VirtualMachine", "execute", "prepare", "argument_types"]
+__all__ = ["VirtualMachine", "execute", "prepare", "argument_types", "batch_size"]
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,24 @@ def _shape(value: Any) -> Tuple[int, ...]:
     return tuple(shape) if shape is not None else np.shape(value)
 
 
-def _tuples(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return tuple(_tuples(v) for v in value)
-    return value
+def batch_size(args: Sequence[Any], types: Sequence[Type]) -> int:
+    """The batch size of arguments of the given per-thread types: the leading
+    dimension of the leaves that have one beyond their type's shape (size 1
+    broadcasts); 1 where none has.  Raises ProgramError for two sizes."""
+    sizes = set()
+    for arg, typ in zip(args, types):
+        leaves = pattern_leaves(as_pattern(arg))
+        if len(leaves) != len(typ.leaves()):
+            raise ProgramError(f"an argument has {len(leaves)} part(s); its type {typ} "
+                               f"has {len(typ.leaves())}")
+        for leaf, leaf_type in zip(leaves, typ.leaves()):
+            shape = _shape(leaf)
+            if len(shape) == len(leaf_type.shape) + 1 and shape[0] != 1:
+                sizes.add(shape[0])
+    if len(sizes) > 1:
+        raise ProgramError(f"arguments have different batch sizes {sorted(sizes)}; "
+                           f"give them one batch size (size-1 and scalars broadcast)")
+    return sizes.pop() if sizes else 1
 
 
 def argument_types(args: Sequence[Any], backend: Any) -> List[Type]:
@@ -86,7 +101,7 @@ def argument_types(args: Sequence[Any], backend: Any) -> List[Type]:
     def leaf_type(leaf: Any) -> TensorType:
         shape = _shape(leaf)
         return backend.type_of(leaf, shape[0] if shape else 1).strong()
-    return [Type(pattern_map(leaf_type, _tuples(a))) for a in args]
+    return [Type(pattern_map(leaf_type, as_pattern(a))) for a in args]
 
 
 def prepare(program: Program, arg_types: Sequence[Any], backend: Any = None) -> LoweredProgram:
@@ -570,23 +585,8 @@ class VirtualMachine:
         if len(args) != len(lowered.inputs):
             raise ProgramError(f"the program takes {len(lowered.inputs)} argument(s) "
                                f"{lowered.inputs}, got {len(args)}")
-        leaves_per_input = []
-        sizes = set()
-        for var, arg in zip(lowered.inputs, args):
-            types = lowered.var_types[var].leaves()
-            leaves = pattern_leaves(_tuples(arg))
-            if len(leaves) != len(types):
-                raise ProgramError(f"argument for {var!r} has {len(leaves)} part(s); its "
-                                   f"type {lowered.var_types[var]} has {len(types)}")
-            for leaf, typ in zip(leaves, types):
-                shape = _shape(leaf)
-                if len(shape) == len(typ.shape) + 1 and shape[0] != 1:
-                    sizes.add(shape[0])
-            leaves_per_input.append(leaves)
-        if len(sizes) > 1:
-            raise ProgramError(f"arguments have different batch sizes {sorted(sizes)}; "
-                               f"give them one batch size (size-1 and scalars broadcast)")
-        batch = sizes.pop() if sizes else 1
+        batch = batch_size(args, [lowered.var_types[v] for v in lowered.inputs])
+        leaves_per_input = [pattern_leaves(as_pattern(a)) for a in args]
         frames = self.max_stack_depth + 1
         state: Dict[str, Any] = {}
         for var, keys in self.register_keys.items():
