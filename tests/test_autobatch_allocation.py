@@ -5,13 +5,15 @@ but never live across a block boundary or a call -> TEMPORARY; live across a
 boundary or a call that cannot overwrite it -> REGISTER; live across a call
 that may run the variable's own function again -> FULL.
 """
+import numpy as np
 import pytest
 
-from autobatch import examples
+from autobatch import examples, reference
 from autobatch.allocation_strategy import function_flow, optimize
 from autobatch.dsl import ProgramBuilder
 from autobatch.errors import ProgramError
 from autobatch.instructions import VariableAllocation
+from autobatch.virtual_machine import execute
 
 NULL = VariableAllocation.NULL
 TEMPORARY = VariableAllocation.TEMPORARY
@@ -151,3 +153,12 @@ def test_liveness_comes_from_the_shared_core():
     program = examples.fibonacci()
     optimize(program)
     assert program.function("fib").var_alloc == {} and program.pc_alloc is None
+
+
+@pytest.mark.parametrize("helper_calls_main", [False, True])
+def test_programs_run_with_these_allocations_as_the_reference_says(helper_calls_main):
+    program = _caller_of(helper_calls_main)
+    x = np.array([1, 5, 40, 99, 101, 150])
+    args = [x, np.zeros_like(x)]
+    want = reference.run_batch(program, args, max_stack_depth=20)
+    assert np.array_equal(execute(program, args, max_stack_depth=20), want)
