@@ -336,13 +336,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "analysis, memory_optimize, arena planning.",
         epilog="MODEL: a saved Paddle program (.pdmodel legacy, .json PIR, or the prefix "
                "given to paddle.static.save).  Exit codes: 0 ok, 1 user error, 2 usage.")
+    # --debug / --quiet go before or after the command
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks and debug logging")
+    common.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress on stderr")
     parser.add_argument("--debug", action="store_true",
                         help="show tracebacks and debug logging")
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("analyze", help="peak memory, who holds it, what batch size fits",
+    p = sub.add_parser("analyze", parents=[common], help="peak memory, who holds it, what batch size fits",
                        description="Model one training/inference step of a saved program as "
                                    "Paddle's executor runs it and report the peak of live "
                                    "memory, the variables holding it, the peak as a function "
@@ -358,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_analyze)
 
-    p = sub.add_parser("optimize", help="memory_optimize a saved program and write it",
+    p = sub.add_parser("optimize", parents=[common], help="memory_optimize a saved program and write it",
                        description="Run memopt.memory_optimize on a saved program and write "
                                    "the rewritten program (legacy: .pdmodel; PIR: .json).")
     p.add_argument("model", metavar="MODEL")
@@ -373,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_optimize)
 
-    p = sub.add_parser("plan", help="plan arena offsets for an interval problem (.csv)",
+    p = sub.add_parser("plan", parents=[common], help="plan arena offsets for an interval problem (.csv)",
                        description="Give every buffer of an interval problem (CSV "
                                    "id,lower,upper,size) an offset in one arena.")
     p.add_argument("problem", metavar="PROBLEM.csv")
@@ -386,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("plot", help="draw a program's memory timeline or an arena plan",
+    p = sub.add_parser("plot", parents=[common], help="draw a program's memory timeline or an arena plan",
                        description="MODEL: live memory over the op sequence before and after "
                                    "memory_optimize, the peaks marked, the top holders named.  "
                                    "PROBLEM.csv: the arena plan, buffers as rectangles.")

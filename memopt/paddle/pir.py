@@ -646,16 +646,16 @@ def inplace_map(pir_op, program=None) -> dict:
     if not has_inplace_variant(name):
         _INPLACE_MAPS[name] = {}
         return {}
-    found: dict = {}
     try:
-        block = pir_op.get_parent_block()
-        index = [o.id() for o in block.ops].index(pir_op.id())
-        scratch = (program or block.program).clone()
-        target = _same_op_in_clone(scratch, pir_op, index)
-        if target is not None:
-            found = dict(core.pir.get_op_inplace_info(_build_inplace(target)))
-            found = {k: v for k, v in found.items()
-                     if v < pir_op.num_operands() and k < pir_op.num_results()}
+        program = program or _program_of(pir_op)
+        index = _flat_index(program, pir_op)
+        scratch = program.clone()
+        target = _walk(scratch.global_block())[index] if index is not None else None
+        if target is None or target.name() != name:
+            return {}  # not found: try again with another op, do not cache
+        found = dict(core.pir.get_op_inplace_info(_build_inplace(target)))
+        found = {k: v for k, v in found.items()
+                 if v < pir_op.num_operands() and k < pir_op.num_results()}
     except Exception as exc:  # a variant whose builder needs other arguments
         log.debug("no usable in-place variant for %s: %s", name, exc)
         found = {}
@@ -663,20 +663,35 @@ def inplace_map(pir_op, program=None) -> dict:
     return found
 
 
+def _walk(block) -> list:
+    """Every op of ``block`` and its regions, in program text order."""
+    out = []
+    for op in block.ops:
+        out.append(op)
+        for sub in op.blocks():
+            out.extend(_walk(sub))
+    return out
+
+
+def _program_of(pir_op):
+    block = pir_op.get_parent_block()
+    while not (block.parent_op is None or block.parent_op.name() == "builtin.module"):
+        block = block.parent_op.get_parent_block()
+    return block.program
+
+
+def _flat_index(program, pir_op) -> Optional[int]:
+    target = pir_op.id()
+    for k, op in enumerate(_walk(program.global_block())):
+        if op.id() == target:
+            return k
+    return None
+
+
 def is_top_level(pir_op) -> bool:
     """Whether ``pir_op`` sits in its program's global block (not in a region)."""
     parent = pir_op.get_parent_block().parent_op
     return parent is None or parent.name() == "builtin.module"
-
-
-def _same_op_in_clone(clone, pir_op, index: int):
-    """The op of ``clone`` at ``pir_op``'s place (global block ops only)."""
-    if not is_top_level(pir_op):
-        return None
-    ops = clone.global_block().ops
-    if index < len(ops) and ops[index].name() == pir_op.name():
-        return ops[index]
-    return None
 
 
 def _ids(values) -> set:
