@@ -1,0 +1,416 @@
+"""The TensorFlow backend: the batched VM eagerly, in ``tf.function``, or with XLA.
+
+Modes (``TensorFlowBackend(mode=...)``):
+
+- ``"eager"``: the VM's loop runs in Python, one block per step.  Each
+  block's code is a ``tf.function`` (traced once per block and kept in the
+  ``block_code_cache``), so a step is one graph call, not a dozen eager ops;
+  ``compile_blocks=False`` runs every op eagerly instead.
+- ``"graph"``: the whole run (every step, every block) is one
+  ``tf.function``: ``tf.while_loop`` around ``tf.switch_case`` over the
+  blocks.  Traced once per program and argument signature.
+- ``"xla"``: the same function with ``jit_compile=True``.
+
+Selections: ``"gather"`` (the default for eager and graph) selects the
+threads at a block with ``tf.where`` and gathers/scatters their rows, so
+primops see only those threads (work proportional to them; dynamic shapes).
+``"mask"`` (the default, and the only choice, for XLA, which needs static
+shapes) computes every block on every thread and keeps the selected rows with
+``tf.where``: primops then also see threads outside the selection (stale
+values), as the backend protocol allows.
+
+Stacks are stored thread-major, ``[batch, frames, ...]``: a push or pop is one
+gather or scatter of one row per selected thread (O(batch)).
+
+Stack overflow: where the VM runs inside a graph, the depth check cannot
+raise; the failing check's code is kept in the loop state, the loop stops, and
+:meth:`TensorFlowBackend.execute` raises the engine's StackOverflowError after
+the run.  Eagerly, the check raises at once.
+
+Results are ``tf.Tensor`` s (EagerTensors outside a graph); ``.numpy()``
+gives arrays.  Inside a user's own ``tf.function`` the VM builds graph ops
+(``tf.while_loop``, ``tf.switch_case``) whatever the mode.
+
+Not thread-safe: a backend object traces one program at a time.
+"""
+from __future__ import annotations
+
+import logging
+import numbers
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from autobatch.backends.base import Backend
+from autobatch.instructions import TensorType, pattern_leaves, pattern_map
+
+__all__ = ["TensorFlowBackend", "MODES", "SELECTIONS"]
+
+log = logging.getLogger(__name__)
+
+#: The ways the VM can run on TensorFlow.
+MODES = ("eager", "graph", "xla")
+#: How threads at a block are picked: gather their rows, or mask every row.
+SELECTIONS = ("gather", "mask")
+
+#: Loop-state key of the error code (0: no failed check).
+ERROR_KEY = "__error"
+
+# The errors of failed checks inside graphs, by code (index + 1).  Shared by
+# every backend object, because block code traced with one backend may be
+# reused (through a block_code_cache) by an equal one.
+_ERROR_MAKERS: List[Callable[[], Exception]] = []
+_ERROR_CODES: Dict[int, int] = {}
+
+
+def _error_code(make_error: Callable[[], Exception]) -> int:
+    code = _ERROR_CODES.get(id(make_error))
+    if code is None or _ERROR_MAKERS[code - 1] is not make_error:
+        _ERROR_MAKERS.append(make_error)
+        code = len(_ERROR_MAKERS)
+        _ERROR_CODES[id(make_error)] = code
+    return code
+
+
+def raise_for_error_code(code: int) -> None:
+    """Raise the error of a failed check whose ``code`` a graph run returned
+    (nothing for 0)."""
+    code = int(code)
+    if code:
+        raise _ERROR_MAKERS[code - 1]()
+
+
+def _tf_dtype(dtype: Any) -> tf.DType:
+    return tf.as_dtype(np.dtype(dtype))
+
+
+def _is_python_scalar(value: Any) -> bool:
+    return isinstance(value, (bool, numbers.Number)) and not isinstance(value, np.generic)
+
+
+class TensorFlowBackend(Backend):
+    """Runs autobatch programs on TensorFlow (see the module doc).
+
+    Parameters
+    ----------
+    mode : ``"eager"``, ``"graph"`` (default) or ``"xla"``.
+    selection : ``"gather"`` or ``"mask"``; default ``"mask"`` for XLA, else
+        ``"gather"``.
+    compile_blocks : eager mode only: run each block as a ``tf.function``
+        (default True) instead of op by op.
+
+    Two backends with the same settings are equal (and hash alike), so
+    compiled code cached for one is reused by the other.
+    """
+
+    name = "tensorflow"
+
+    def __init__(self, mode: str = "graph", selection: Optional[str] = None,
+                 compile_blocks: bool = True) -> None:
+        if mode not in MODES:
+            raise ValueError(f"TensorFlowBackend mode must be one of {MODES}, got {mode!r}")
+        if selection is None:
+            selection = "mask" if mode == "xla" else "gather"
+        if selection not in SELECTIONS:
+            raise ValueError(f"TensorFlowBackend selection must be one of {SELECTIONS}, "
+                             f"got {selection!r}")
+        if mode == "xla" and selection != "mask":
+            raise ValueError("XLA needs static shapes: use selection='mask' with "
+                             "mode='xla' (gathering the selected threads makes shapes "
+                             "data-dependent)")
+        self.mode = mode
+        self.selection = selection
+        self.compile_blocks = bool(compile_blocks)
+        self.masked = selection == "mask"
+        #: How many times a whole program run was traced into a graph.
+        self.trace_count = 0
+        self._pending_checks: List[Any] = []
+        self._final_error: Any = None
+
+    # -- identity -------------------------------------------------------------------
+    def _config(self) -> Tuple[Any, ...]:
+        return (type(self), self.mode, self.selection, self.compile_blocks)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, TensorFlowBackend) and self._config() == other._config()
+
+    def __hash__(self) -> int:
+        return hash(self._config())
+
+    def __repr__(self) -> str:
+        return f"TensorFlowBackend(mode={self.mode!r}, selection={self.selection!r})"
+
+    # -- storage ----------------------------------------------------------------------
+    def fill(self, tensor_type: TensorType, batch_size: int, value: Any = 0) -> tf.Tensor:
+        scalar = tf.constant(np.asarray(value, dtype=tensor_type.dtype))
+        return tf.fill((batch_size,) + tensor_type.shape, scalar)
+
+    def stack(self, tensor_type: TensorType, batch_size: int, frames: int,
+              value: Any = 0) -> tf.Tensor:
+        scalar = tf.constant(np.asarray(value, dtype=tensor_type.dtype))
+        return tf.fill((batch_size, frames) + tensor_type.shape, scalar)
+
+    def size(self, array: Any) -> int:
+        dim = array.shape[0]
+        return int(dim) if dim is not None else tf.shape(array)[0]
+
+    def as_batched(self, value: Any, tensor_type: TensorType, batch_size: int) -> tf.Tensor:
+        dtype = _tf_dtype(tensor_type.dtype)
+        if tf.is_tensor(value):
+            tensor = tf.cast(value, dtype)
+        else:
+            tensor = tf.constant(np.asarray(value, dtype=tensor_type.dtype))
+        if tensor.shape.rank == len(tensor_type.shape):
+            tensor = tensor[None]
+        # tf.identity: a new tensor even where no broadcast is needed (tensors
+        # are immutable, so aliasing the user's value is harmless anyway).
+        return tf.identity(tf.broadcast_to(tensor, (batch_size,) + tensor_type.shape))
+
+    def to_numpy(self, value: Any) -> Any:
+        """Results stay tensors (EagerTensors outside a graph)."""
+        return value
+
+    # -- types ---------------------------------------------------------------------------
+    def type_of(self, value: Any, batch_size: int) -> TensorType:
+        if _is_python_scalar(value):
+            return TensorType(np.asarray(value).dtype, (), weak=True)
+        if tf.is_tensor(value):
+            shape = tuple(value.shape)
+            dtype = value.dtype.as_numpy_dtype
+        else:
+            array = np.asarray(value)
+            shape, dtype = array.shape, array.dtype
+        if len(shape) == 0:
+            return TensorType(dtype, ())
+        if shape[0] != batch_size or None in shape[1:]:
+            raise TypeError(f"a primop returned a value of shape {shape} for {batch_size} "
+                            f"thread(s); outputs must have the batch dimension first, or "
+                            f"be scalars, and a static shape per thread")
+        return TensorType(dtype, shape[1:])
+
+    def placeholder(self, tensor_type: TensorType, batch_size: int) -> tf.Tensor:
+        return tf.zeros((batch_size,) + tensor_type.shape, _tf_dtype(tensor_type.dtype))
+
+    # -- threads -------------------------------------------------------------------------
+    def select(self, pc: tf.Tensor, block: int) -> Any:
+        hit = tf.equal(pc, block)
+        if self.masked:
+            return hit
+        return tf.cast(tf.where(hit)[:, 0], tf.int32)
+
+    def read(self, array: tf.Tensor, selection: Any) -> tf.Tensor:
+        if self.masked:
+            return array
+        return tf.gather(array, selection)
+
+    @staticmethod
+    def _cast(value: Any, dtype: tf.DType) -> tf.Tensor:
+        if tf.is_tensor(value):
+            return value if value.dtype == dtype else tf.cast(value, dtype)
+        return tf.constant(np.asarray(value, dtype=dtype.as_numpy_dtype))
+
+    @staticmethod
+    def _rows(mask: tf.Tensor, rank: int) -> tf.Tensor:
+        """``mask`` [n] reshaped to broadcast against a rank-``rank`` array."""
+        for _ in range(rank - 1):
+            mask = mask[..., None]
+        return mask
+
+    def write(self, array: tf.Tensor, selection: Any, value: Any) -> tf.Tensor:
+        value = self._cast(value, array.dtype)
+        if self.masked:
+            return tf.where(self._rows(selection, array.shape.rank), value, array)
+        if value.shape.rank != array.shape.rank:
+            value = tf.broadcast_to(value, tf.concat([tf.shape(selection), tf.shape(array)[1:]],
+                                                     axis=0))
+        return tf.tensor_scatter_nd_update(array, selection[:, None], value)
+
+    def _frame_indices(self, stack: tf.Tensor, selection: Any, frame: Any) -> tf.Tensor:
+        """``[n, 2]`` (thread, frame) indices into a ``[batch, frames, ...]`` stack."""
+        frame = self._cast(frame, tf.int32)
+        if self.masked:
+            frames = stack.shape[1]
+            frame = tf.clip_by_value(frame, 0, frames - 1)
+            threads = tf.range(tf.shape(stack)[0], dtype=tf.int32)
+        else:
+            threads = selection
+        frame = tf.broadcast_to(frame, tf.shape(threads))
+        return tf.stack([threads, frame], axis=1)
+
+    def read_frame(self, stack: tf.Tensor, selection: Any, frame: Any) -> tf.Tensor:
+        return tf.gather_nd(stack, self._frame_indices(stack, selection, frame))
+
+    def write_frame(self, stack: tf.Tensor, selection: Any, frame: Any,
+                    value: Any) -> tf.Tensor:
+        indices = self._frame_indices(stack, selection, frame)
+        value = self._cast(value, stack.dtype)
+        if self.masked:
+            old = tf.gather_nd(stack, indices)
+            value = tf.where(self._rows(selection, old.shape.rank), value, old)
+        elif value.shape.rank != stack.shape.rank - 1:
+            value = tf.broadcast_to(value, tf.concat([tf.shape(indices)[:1],
+                                                      tf.shape(stack)[2:]], axis=0))
+        return tf.tensor_scatter_nd_update(stack, indices, value)
+
+    def where(self, cond: Any, x: Any, y: Any) -> tf.Tensor:
+        return tf.where(cond, x, y)
+
+    def split(self, selection: Any, cond: Any) -> Tuple[Any, ...]:
+        """Mask: ``(selection, cond)``.  Gather: ``(selection, positions of
+        the true threads in it, positions of the false ones)``."""
+        cond = tf.convert_to_tensor(cond, tf.bool)
+        if self.masked:
+            return selection, cond
+        cond = tf.broadcast_to(cond, tf.shape(selection))
+        true_at = tf.cast(tf.where(cond)[:, 0], tf.int32)
+        false_at = tf.cast(tf.where(tf.logical_not(cond))[:, 0], tf.int32)
+        return selection, true_at, false_at
+
+    def part(self, split: Tuple[Any, ...], side: bool) -> Any:
+        if self.masked:
+            selection, cond = split
+            return tf.logical_and(selection, cond if side else tf.logical_not(cond))
+        return tf.gather(split[0], split[1] if side else split[2])
+
+    def narrow(self, value: Any, split: Tuple[Any, ...], side: bool) -> Any:
+        if self.masked or _is_python_scalar(value) or len(getattr(value, "shape", ())) == 0:
+            return value
+        return tf.gather(value, split[1] if side else split[2])
+
+    def merge(self, split: Tuple[Any, ...], if_true: Any, if_false: Any,
+              tensor_type: TensorType) -> tf.Tensor:
+        dtype = _tf_dtype(tensor_type.dtype)
+        if_true, if_false = self._cast(if_true, dtype), self._cast(if_false, dtype)
+        if self.masked:
+            cond = split[1]
+            if cond.shape.rank:
+                cond = self._rows(cond, 1 + len(tensor_type.shape))
+            return tf.where(cond, if_true, if_false)
+        parts = []
+        for at, value in ((split[1], if_true), (split[2], if_false)):
+            if value.shape.rank != 1 + len(tensor_type.shape):
+                value = tf.broadcast_to(value, tf.concat([tf.shape(at), tensor_type.shape],
+                                                         axis=0))
+            parts.append(value)
+        return tf.dynamic_stitch([split[1], split[2]], parts)
+
+    def callee_pc(self, selection: Any, entry: int, halt: int) -> tf.Tensor:
+        if self.masked:
+            return tf.where(selection, tf.constant(entry, tf.int32), tf.constant(halt, tf.int32))
+        return tf.fill(tf.shape(selection), tf.constant(entry, tf.int32))
+
+    # -- control -------------------------------------------------------------------------
+    def reduce_min(self, array: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_min(array)
+
+    def check(self, ok: Any, selection: Any, make_error: Callable[[], Exception]) -> None:
+        """Eagerly: raise now.  In a graph: record the check; the block wrapper
+        (:meth:`wrap_block`) turns it into the loop state's error code."""
+        ok = tf.convert_to_tensor(ok)
+        if self.masked:
+            ok = tf.logical_or(ok, tf.logical_not(selection))
+        if tf.executing_eagerly():
+            if not bool(tf.reduce_all(ok)):
+                raise make_error()
+            return
+        code = _error_code(make_error)
+        self._pending_checks.append(tf.where(tf.reduce_all(ok), 0, code))
+
+    def wrap_block(self, function: Callable[[dict], dict], name: str) -> Callable[[dict], dict]:
+        """Turn checks recorded while tracing a block into its state's error
+        code; in eager mode, compile the block with ``tf.function``."""
+        pending = self._pending_checks
+
+        def block(state: dict) -> dict:
+            mark = len(pending)
+            state = function(dict(state))
+            if len(pending) > mark:
+                codes = pending[mark:]
+                del pending[mark:]
+                error = state.get(ERROR_KEY, tf.constant(0))
+                for code in codes:
+                    error = tf.maximum(error, code)
+                state[ERROR_KEY] = error
+            return state
+
+        block.__name__ = getattr(function, "__name__", "block")
+        if self.mode == "eager" and self.compile_blocks:
+            return tf.function(block, autograph=False, reduce_retracing=True)
+        return block
+
+    def while_loop(self, cond: Callable[[Any], Any], body: Callable[[Any], Any],
+                   state: Any) -> Any:
+        state = dict(state)
+        state["steps"] = tf.constant(state["steps"], tf.int32) \
+            if not tf.is_tensor(state["steps"]) else state["steps"]
+        state.setdefault(ERROR_KEY, tf.constant(0))
+        if tf.executing_eagerly():
+            while bool(cond(state)):
+                state = body(state)
+                if int(state[ERROR_KEY]):
+                    break
+            raise_for_error_code(state.pop(ERROR_KEY))
+            return state
+
+        def go_on(s: dict) -> Any:
+            return tf.logical_and(cond(s), tf.equal(s[ERROR_KEY], 0))
+
+        state, = tf.while_loop(lambda s: go_on(s), lambda s: (body(s),), (state,),
+                               parallel_iterations=1)
+        self._final_error = state.pop(ERROR_KEY)
+        return state
+
+    def switch_case(self, index: Any, branches: Sequence[Callable[[Any], Any]],
+                    state: Any) -> Any:
+        if tf.executing_eagerly():
+            return branches[int(index)](dict(state))
+        return tf.switch_case(index, [lambda b=b: b(dict(state)) for b in branches])
+
+    # -- whole runs ------------------------------------------------------------------------
+    def execute(self, vm: Any, args: Sequence[Any], cache: Optional[dict] = None) -> Any:
+        """Run ``vm`` (a :class:`~autobatch.virtual_machine.VirtualMachine`
+        built with this backend) over ``args``, as this backend's mode says.
+
+        In graph and XLA mode the run is one ``tf.function``, kept in
+        ``cache`` (a dict, e.g. the block_code_cache) under the VM's program,
+        max_stack_depth and this backend, so a later call with arguments of
+        the same shapes and dtypes neither traces nor compiles again.
+        Sets ``vm.steps``.
+        """
+        if self.mode == "eager" or not tf.executing_eagerly():
+            result = vm.run(args)
+            vm.steps = int(vm.steps) if tf.executing_eagerly() else vm.steps
+            return result
+        key = ("tf-run", vm.lowered, vm.max_stack_depth, self)
+        run = cache.get(key) if cache is not None else None
+        if run is None:
+            run = self._graph_run(vm)
+            if cache is not None:
+                cache[key] = run
+        inputs = [self._as_tensor(a) for a in args]
+        result, steps, error = run(*inputs)
+        raise_for_error_code(error)
+        vm.steps = int(steps)
+        return result
+
+    def _graph_run(self, vm: Any) -> Callable[..., Any]:
+        backend = self
+
+        def whole_run(*inputs: Any) -> Any:
+            backend.trace_count += 1
+            log.debug("tracing a whole VM run (%s), trace %d", backend, backend.trace_count)
+            backend._final_error = tf.constant(0)
+            result = vm.run(list(inputs))
+            error, backend._final_error = backend._final_error, None
+            return result, vm.steps, error
+
+        return tf.function(whole_run, jit_compile=self.mode == "xla", autograph=False)
+
+    @staticmethod
+    def _as_tensor(value: Any) -> Any:
+        if isinstance(value, (tuple, list)):
+            return tuple(TensorFlowBackend._as_tensor(v) for v in value)
+        if tf.is_tensor(value):
+            return value
+        return tf.constant(np.asarray(value))
