@@ -1,0 +1,700 @@
+"""Offset planning: every buffer gets a byte offset in one arena.
+
+Buffers live at the same time step (half-open intervals ``[lower, upper)``
+that intersect) must not overlap in ``[offset, offset + size)``; a plan costs
+its *height*, ``max(offset + size)``.  No plan can be lower than the peak of
+live bytes (:func:`memopt.bounds.peak_live_bytes`).
+
+Three layers, each usable alone:
+
+1. **Heuristics** (:data:`HEURISTICS`): one ordering rule and one placement
+   rule each, a few lines apiece, as in TFLite's arena planner and XLA's heap
+   simulator:
+
+   ``tflite_size``    decreasing size, best fit (TFLite's greedy by size);
+   ``xla_spatial``    decreasing size, then longer life, best fit (XLA's
+                      ``GlobalDecreasingSizeBestFitHeap``, spatial order);
+   ``xla_temporal``   longer life, then larger size, best fit (XLA, temporal);
+   ``first_fit``      by start time, lowest gap that fits (an online allocator);
+   ``size_first_fit`` decreasing size, lowest gap that fits.
+
+   *Best fit* takes the smallest gap between buffers already placed (and live
+   at the same time) that is large enough, else the top; *first fit* the
+   lowest such gap.
+
+2. **Chooser** (:func:`choose`): runs several heuristics and keeps the lowest
+   plan (ties: the first in the list), as XLA does.
+
+3. **Search** (:func:`plan_arena` with ``mode="default"`` or ``"exact"``): a
+   branch and bound over *canonical* solutions in the manner of MiniMalloc
+   (see :class:`CanonicalSearch`).  In the default mode it runs for a short
+   budget to improve on the chooser; in the exact mode it runs until it proves
+   the plan optimal (its height equals a lower bound, or the search space is
+   exhausted below it) or the time limit is reached.
+
+Every plan is checked by the independent :func:`memopt.simulate.check_offsets`
+before it is returned.  Deterministic: same input, same plan (the search has
+a node budget besides its time limit; only a time limit that strikes first
+can make two runs differ).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .bounds import peak_live_bytes
+from .problems import Buffer, Problem, size_at
+from .simulate import check_offsets
+
+__all__ = [
+    "ArenaPlan",
+    "HEURISTICS",
+    "run_heuristic",
+    "choose",
+    "plan_arena",
+    "CanonicalSearch",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ArenaPlan:
+    """Offsets of every buffer in one arena.
+
+    Attributes
+    ----------
+    offsets : buffer id -> offset in bytes.
+    height : ``max(offset + size)`` in bytes.
+    strategy : what produced it (a heuristic's name, ``"search"``...).
+    lower_bound : a lower bound on any plan's height (peak live bytes, or a
+        better one the search proved); ``height == lower_bound`` means optimal.
+    optimal : True when the height is proven optimal.
+    seconds : wall time spent planning.
+    trials : ``(strategy, height, seconds)`` of every method tried, in order.
+    """
+
+    offsets: Dict[Hashable, int]
+    height: int
+    strategy: str = ""
+    lower_bound: int = 0
+    optimal: bool = False
+    seconds: float = 0.0
+    trials: List[Tuple[str, int, float]] = field(default_factory=list)
+
+    @property
+    def gap(self) -> float:
+        """Height over lower bound minus one (0.0 when on the bound)."""
+        if self.lower_bound <= 0:
+            return 0.0
+        return self.height / self.lower_bound - 1.0
+
+
+# -- problem arrays ------------------------------------------------------------
+
+@dataclass
+class _Arrays:
+    """The problem as numpy arrays (sizes in bytes)."""
+
+    ids: list
+    lower: np.ndarray
+    upper: np.ndarray
+    size: np.ndarray
+
+    @classmethod
+    def of(cls, buffers: Sequence[Buffer], batch_size: Optional[int]) -> "_Arrays":
+        n = len(buffers)
+        return cls([b.id for b in buffers],
+                   np.fromiter((b.lower for b in buffers), np.int64, n),
+                   np.fromiter((b.upper for b in buffers), np.int64, n),
+                   np.fromiter((size_at(b.size, batch_size) for b in buffers), np.int64, n))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+# -- heuristics ----------------------------------------------------------------
+
+def _order_tflite_size(a: _Arrays) -> np.ndarray:
+    return np.lexsort((np.arange(len(a)), a.lower, -a.size))
+
+
+def _order_xla_spatial(a: _Arrays) -> np.ndarray:
+    return np.lexsort((np.arange(len(a)), a.lower, -(a.upper - a.lower), -a.size))
+
+
+def _order_xla_temporal(a: _Arrays) -> np.ndarray:
+    return np.lexsort((np.arange(len(a)), a.lower, -a.size, -(a.upper - a.lower)))
+
+
+def _order_by_start(a: _Arrays) -> np.ndarray:
+    return np.lexsort((np.arange(len(a)), -a.size, a.upper, a.lower))
+
+
+#: name -> (ordering rule, placement rule)
+HEURISTICS: Dict[str, Tuple[Callable[[_Arrays], np.ndarray], str]] = {
+    "tflite_size": (_order_tflite_size, "best"),
+    "xla_spatial": (_order_xla_spatial, "best"),
+    "xla_temporal": (_order_xla_temporal, "best"),
+    "first_fit": (_order_by_start, "first"),
+    "size_first_fit": (_order_tflite_size, "first"),
+}
+
+
+def _place(a: _Arrays, order: np.ndarray, fit: str) -> np.ndarray:
+    """Offsets for buffers taken in ``order``, each at the best or first gap.
+
+    A gap is the free space between the buffers already placed that are live
+    at the same time as the new one, sorted by offset.
+    """
+    n = len(a)
+    offsets = np.zeros(n, dtype=np.int64)
+    lower, upper, size = a.lower, a.upper, a.size
+    placed = np.zeros(n, dtype=bool)
+    best_fit = fit == "best"
+    for i in order.tolist():
+        need = int(size[i])
+        mask = placed & (lower < upper[i]) & (upper > lower[i])
+        idx = np.flatnonzero(mask)
+        placed[i] = True
+        if need == 0 or len(idx) == 0:
+            continue  # offset 0
+        los = offsets[idx]
+        his = los + size[idx]
+        sort = np.argsort(los, kind="stable")
+        los = los[sort].tolist()
+        his = his[sort].tolist()
+        top = 0
+        chosen = -1
+        chosen_waste = None
+        for lo, hi in zip(los, his):
+            gap = lo - top
+            if gap >= need:
+                if not best_fit:
+                    chosen = top
+                    break
+                waste = gap - need
+                if chosen_waste is None or waste < chosen_waste:
+                    chosen, chosen_waste = top, waste
+            if hi > top:
+                top = hi
+        offsets[i] = chosen if chosen >= 0 else top
+    return offsets
+
+
+def _height(a: _Arrays, offsets: np.ndarray) -> int:
+    return int((offsets + a.size).max()) if len(a) else 0
+
+
+def run_heuristic(buffers: Sequence[Buffer], name: str,
+                  batch_size: Optional[int] = None) -> ArenaPlan:
+    """Plan with one heuristic of :data:`HEURISTICS` (checked before return)."""
+    if name not in HEURISTICS:
+        raise ValueError(f"unknown heuristic {name!r}: expected one of "
+                         f"{', '.join(HEURISTICS)}")
+    start = time.perf_counter()
+    a = _Arrays.of(buffers, batch_size)
+    order_rule, fit = HEURISTICS[name]
+    offsets = _place(a, order_rule(a), fit)
+    plan = _plan_from(a, offsets, name, start)
+    check_offsets(buffers, plan.offsets, batch_size=batch_size)
+    return plan
+
+
+def _plan_from(a: _Arrays, offsets: np.ndarray, strategy: str, start: float) -> ArenaPlan:
+    height = _height(a, offsets)
+    seconds = time.perf_counter() - start
+    return ArenaPlan(dict(zip(a.ids, offsets.tolist())), height, strategy,
+                     seconds=seconds, trials=[(strategy, height, seconds)])
+
+
+def choose(buffers: Sequence[Buffer], names: Sequence[str] = tuple(HEURISTICS),
+           batch_size: Optional[int] = None) -> ArenaPlan:
+    """Run the named heuristics and keep the lowest plan (ties: the first)."""
+    start = time.perf_counter()
+    a = _Arrays.of(buffers, batch_size)
+    best = None
+    trials = []
+    for name in names:
+        if name not in HEURISTICS:
+            raise ValueError(f"unknown heuristic {name!r}: expected one of "
+                             f"{', '.join(HEURISTICS)}")
+        t0 = time.perf_counter()
+        order_rule, fit = HEURISTICS[name]
+        offsets = _place(a, order_rule(a), fit)
+        height = _height(a, offsets)
+        trials.append((name, height, time.perf_counter() - t0))
+        if best is None or height < best[0]:
+            best = (height, name, offsets)
+    if best is None:
+        raise ValueError("choose() needs at least one heuristic name")
+    plan = _plan_from(a, best[2], best[1], start)
+    plan.trials = trials
+    check_offsets(buffers, plan.offsets, batch_size=batch_size)
+    return plan
+
+
+# -- canonical branch and bound ------------------------------------------------
+
+FOUND, INFEASIBLE, LIMIT = "found", "infeasible", "limit"
+
+#: Value orders the search cycles through on restarts: for each, the keys by
+#: which candidate buffers are tried (Z size, W lifetime, A area = size x
+#: lifetime, T the most bytes live in any of the buffer's sections), all
+#: descending.
+SEARCH_ORDERS = ("ZW", "TZW", "A", "WZ")
+
+
+class _NodeLimit(Exception):
+    """The search used up its node budget or its time."""
+
+
+class CanonicalSearch:
+    """Does a set of buffers fit in ``capacity`` bytes?  Branch and bound.
+
+    Time is cut into *sections*: the stretches between consecutive buffer
+    starts and ends, in which the set of live buffers is constant.  The
+    search builds *canonical* solutions, the ideas of MiniMalloc (Moffitt,
+    ASPLOS 2023) in a formulation of our own:
+
+    - **Gravity.**  Any plan can be turned into one no higher where every
+      buffer sits at offset 0 or directly on a buffer it overlaps in time.
+      Taken in order of offset, such a plan places each buffer exactly at the
+      *floor* of its sections (the top of what is already placed there), so
+      only those offsets are ever tried.
+    - **Lowest point first.**  Each node takes the lowest floor ``m`` over
+      the sections that still have unplaced buffers and picks one such
+      section ``s``.  Either some buffer whose floor is ``m`` covers ``s`` and
+      sits at ``m`` (one branch per such buffer), or nothing ever occupies
+      ``s`` at height ``m`` (one more branch: ``s`` is *closed* at ``m``, and
+      its next buffer sits at least one size quantum higher).  The branches
+      are disjoint and together complete, and the level ``m`` never
+      decreases, so space below ``m`` is wasted for good.
+    - **Section bounds.**  In every section the unplaced bytes must still fit
+      between the section's effective floor and the capacity; the effective
+      floor is the highest of its placed tops, the current level ``m`` (plus a
+      quantum when the section is closed at ``m``), and the lowest floor of
+      any unplaced buffer that covers it (each of those must sit at or above
+      its own floor).
+    - **Decomposition.**  When no unplaced buffer spans the boundary between
+      two sections, the two sides are independent and solved one after the
+      other; a side that fails fails the node (no retrying its neighbour).
+    - **Memo.**  A failed sub-problem (same sections, floors, closures and
+      unplaced buffers) is remembered and not searched again.
+
+    Candidates at a node are tried in a static order (:data:`SEARCH_ORDERS`);
+    :meth:`solve` restarts with each order in turn under a doubling node
+    limit, which keeps one unlucky early choice from sinking the whole run.
+    """
+
+    def __init__(self, lower: np.ndarray, upper: np.ndarray, size: np.ndarray) -> None:
+        points = np.unique(np.concatenate([lower, upper]))
+        self.n = n = len(size)
+        self.sections = S = max(len(points) - 1, 0)
+        self.s0 = np.searchsorted(points, lower)
+        self.s1 = np.searchsorted(points, upper)
+        self.size = size.astype(np.int64)
+        self.life = (upper - lower).astype(np.int64)
+        self.quantum = int(np.gcd.reduce(self.size)) if n else 1
+        self.overlap = (lower[:, None] < upper[None, :]) & (upper[:, None] > lower[None, :])
+        np.fill_diagonal(self.overlap, False)
+        cover = np.zeros((n, S), dtype=bool)
+        for i in range(n):
+            cover[i, self.s0[i]:self.s1[i]] = True
+        self.cover = cover
+        self.total = (cover * self.size[:, None]).sum(0) if n else np.zeros(0, np.int64)
+        self.peak = int(self.total.max()) if n else 0
+        most = np.array([self.total[self.s0[i]:self.s1[i]].max() for i in range(n)],
+                        dtype=np.int64)
+        keys = {"Z": -self.size, "W": -self.life, "A": -self.size * self.life, "T": -most}
+        self.ranks = {}
+        for name in SEARCH_ORDERS:
+            order = np.lexsort([np.arange(n)] + [keys[c] for c in reversed(name)])
+            rank = np.empty(n, dtype=np.int64)
+            rank[order] = np.arange(n)
+            self.ranks[name] = rank
+        self.nodes = 0
+
+    # -- driver --------------------------------------------------------------
+    def solve(self, capacity: int, node_budget: int, deadline: Optional[float] = None,
+              orders: Sequence[str] = SEARCH_ORDERS) -> Tuple[str, Optional[np.ndarray]]:
+        """Search for offsets with every top at most ``capacity``.
+
+        Returns ``(FOUND, offsets)``, ``(INFEASIBLE, None)`` when the search
+        space was exhausted (no plan fits: a proof), or ``(LIMIT, None)``
+        when ``node_budget`` nodes or the ``deadline`` (a
+        ``time.perf_counter()`` value) ran out first.
+        """
+        self.nodes = 0
+        if self.n == 0:
+            return FOUND, np.zeros(0, dtype=np.int64)
+        if self.peak > capacity:
+            return INFEASIBLE, None
+        if getattr(self, "_failed_for", None) != capacity:
+            self._failed_for, self.failed = capacity, set()  # proofs hold per capacity
+        limit = 2 * self.n
+        while True:
+            limit *= 2
+            for name in orders:
+                left = node_budget - self.nodes
+                if left <= 0 or (deadline is not None and time.perf_counter() > deadline):
+                    return LIMIT, None
+                status, offsets = self._run(capacity, self.ranks[name], min(limit, left),
+                                            deadline)
+                if status != LIMIT:
+                    return status, offsets
+
+    def dive(self, order: str = SEARCH_ORDERS[0]) -> np.ndarray:
+        """One greedy descent with no capacity: a good plan in about n nodes."""
+        self._failed_for, self.failed = None, set()
+        status, offsets = self._run(int(self.size.sum()) + 1, self.ranks[order],
+                                    64 * self.n + 64, None)
+        if status != FOUND:  # cannot happen: nothing ever fails without a capacity
+            raise AssertionError("unbounded dive did not finish")
+        return offsets
+
+    def _run(self, capacity: int, rank: np.ndarray, limit: int,
+             deadline: Optional[float]) -> Tuple[str, Optional[np.ndarray]]:
+        n, S = self.n, self.sections
+        self.capacity = capacity
+        self.rank = rank
+        self.limit = self.nodes + limit
+        self.deadline = deadline
+        self.floor = np.zeros(S, dtype=np.int64)
+        self.closed_at = np.full(S, -1, dtype=np.int64)
+        self.load = self.total.copy()
+        crossing = np.zeros(S + 1, dtype=np.int64)
+        np.add.at(crossing, self.s0, 1)
+        np.add.at(crossing, self.s1 - 1, -1)
+        self.crossing = np.cumsum(crossing)[:S]  # buffers spanning boundary k | k+1
+        self.min_offset = np.zeros(n, dtype=np.int64)
+        self.placed = np.zeros(n, dtype=bool)
+        self.offsets = np.zeros(n, dtype=np.int64)
+        depth = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(depth, 4 * (n + S) + 1000))  # a frame per node of a path
+        try:
+            ok = self._solve_range(0, S, 0)
+        except _NodeLimit:
+            return LIMIT, None
+        finally:
+            sys.setrecursionlimit(depth)
+        return (FOUND, self.offsets.copy()) if ok else (INFEASIBLE, None)
+
+    # -- search ----------------------------------------------------------------
+    def _snapshot(self):
+        return (self.floor.copy(), self.closed_at.copy(), self.load.copy(),
+                self.crossing.copy(), self.min_offset.copy(), self.placed.copy())
+
+    def _restore(self, saved) -> None:
+        (self.floor, self.closed_at, self.load, self.crossing, self.min_offset,
+         self.placed) = saved
+
+    def _solve_range(self, lo: int, hi: int, level: int) -> bool:
+        """Place every unplaced buffer within sections ``[lo, hi)``."""
+        self.nodes += 1
+        if self.nodes > self.limit or (
+                self.deadline is not None and (self.nodes & 255) == 0
+                and time.perf_counter() > self.deadline):
+            raise _NodeLimit
+        live = self.load[lo:hi] > 0
+        if not live.any():
+            return True
+        cuts = np.flatnonzero(self.crossing[lo:hi - 1] == 0)
+        if len(cuts):
+            parts = []
+            edges = [lo] + (cuts + lo + 1).tolist() + [hi]
+            for a, z in zip(edges, edges[1:]):
+                busy = np.flatnonzero(self.load[a:z] > 0)
+                if len(busy):
+                    parts.append((a + int(busy[0]), a + int(busy[-1]) + 1))
+            if parts != [(lo, hi)]:
+                saved = self._snapshot()
+                for a, z in parts:
+                    if not self._solve_range(a, z, level):
+                        self._restore(saved)
+                        return False
+                return True
+        unplaced = np.flatnonzero(~self.placed & (self.s0 >= lo) & (self.s0 < hi))
+        key = (lo, hi, level, self.floor[lo:hi].tobytes(),
+               self.closed_at[lo:hi].tobytes(), unplaced.tobytes())
+        if key in self.failed:
+            return False
+        if self._branch(lo, hi, level, unplaced):
+            return True
+        self.failed.add(key)
+        return False
+
+    def _branch(self, lo: int, hi: int, level: int, unplaced: np.ndarray) -> bool:
+        cap, quantum = self.capacity, self.quantum
+        floor = self.floor[lo:hi]
+        load = self.load[lo:hi]
+        live = load > 0
+        eff = np.maximum(floor, level)
+        closed = (self.closed_at[lo:hi] == eff) & live
+        open_ = live & ~closed
+        if not open_.any():
+            return False
+        m = int(eff[open_].min())
+        if m > level:  # the level rises: closures below it no longer matter
+            level = m
+            eff = np.maximum(floor, m)
+            closed[:] = False
+            open_ = live
+        base = eff + quantum * closed
+        if ((base + load)[live] > cap).any():
+            return False
+        lowest = np.maximum(self.min_offset[unplaced], level)
+        cover = self.cover[unplaced, lo:hi]
+        bottom = np.where(cover, lowest[:, None], np.iinfo(np.int64).max).min(0)
+        if ((np.maximum(base, bottom) + load)[live] > cap).any():
+            return False
+        at_m = open_ & (eff == m)
+        cand = unplaced[self.min_offset[unplaced] == m]
+        if len(cand) and closed.any():
+            cand = cand[~self.cover[cand, lo:hi][:, closed].any(1)]
+        counts = self.cover[cand, lo:hi].sum(0) if len(cand) else np.zeros(hi - lo, np.int64)
+        empty = at_m & (counts == 0)
+        restore_closed = None
+        if empty.any():  # nobody can sit at m there: those sections close
+            if ((eff + quantum + load)[empty] > cap).any():
+                return False
+            restore_closed = self.closed_at.copy()
+            self.closed_at[lo:hi][empty] = m
+            at_m &= ~empty
+            if not at_m.any():
+                if self._solve_range(lo, hi, level):
+                    return True
+                self.closed_at = restore_closed
+                return False
+        idx = np.flatnonzero(at_m)
+        slack = cap - eff[idx] - load[idx]
+        s = lo + int(idx[np.lexsort((idx, slack, counts[idx]))[0]])
+        choices = cand[self.cover[cand, s]]
+        for b in choices[np.argsort(self.rank[choices], kind="stable")].tolist():
+            size = int(self.size[b])
+            top = m + size
+            if top > cap:
+                continue
+            saved = self._snapshot()
+            a, z = self.s0[b], self.s1[b]
+            self.floor[a:z] = top
+            self.load[a:z] -= size
+            self.crossing[a:z - 1] -= 1
+            np.maximum(self.min_offset, np.where(self.overlap[b], top, 0),
+                       out=self.min_offset)
+            self.placed[b] = True
+            self.offsets[b] = m
+            if self._solve_range(lo, hi, m):
+                return True
+            self._restore(saved)
+        if eff[s - lo] + quantum + load[s - lo] <= cap:  # nothing at (s, m)
+            before = int(self.closed_at[s])
+            self.closed_at[s] = m
+            if self._solve_range(lo, hi, m):
+                return True
+            self.closed_at[s] = before
+        if restore_closed is not None:
+            self.closed_at = restore_closed
+        return False
+
+
+# -- the planner -----------------------------------------------------------------
+
+#: Default settings per mode: (seconds at most, nodes per buffer at most).
+MODES = {
+    "heuristic": (0.0, 0),
+    "default": (1.0, 40),
+    "exact": (60.0, 1_000_000),
+}
+
+
+def _partitions(a: _Arrays, live: np.ndarray) -> List[np.ndarray]:
+    """Indices (into ``a``) of independent groups: no buffer spans a cut."""
+    idx = live[np.lexsort((a.upper[live], a.lower[live]))]
+    parts: List[List[int]] = []
+    reach = None
+    for i in idx.tolist():
+        if reach is None or a.lower[i] >= reach:
+            parts.append([])
+            reach = int(a.upper[i])
+        parts[-1].append(i)
+        reach = max(reach, int(a.upper[i]))
+    return [np.array(sorted(p), dtype=np.int64) for p in parts]
+
+
+class _Part:
+    """One independent group of buffers with its search and best plan so far."""
+
+    def __init__(self, a: _Arrays, idx: np.ndarray, offsets: np.ndarray) -> None:
+        self.idx = idx
+        self.size = a.size[idx]
+        self.search = CanonicalSearch(a.lower[idx], a.upper[idx], self.size)
+        self.best = offsets[idx].copy()
+        self.height = int((self.best + self.size).max())
+
+    def offer(self, offsets: np.ndarray) -> None:
+        height = int((offsets + self.size).max())
+        if height < self.height:
+            self.best, self.height = offsets, height
+
+
+def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None,
+               time_limit: Optional[float] = None, node_budget: Optional[int] = None,
+               batch_size: Optional[int] = None) -> ArenaPlan:
+    """Offsets for every buffer of ``problem`` in one arena, as low as it can.
+
+    Parameters
+    ----------
+    problem : a :class:`~memopt.problems.Problem` or a sequence of buffers.
+    mode : ``"heuristic"`` (the chooser only), ``"default"`` (the chooser,
+        greedy descents of the canonical search, then a short branch and bound
+        toward the lower bound; about a second at most) or ``"exact"``
+        (branch and bound until optimal or ``time_limit``).
+    capacity : bytes the plan must fit in (default: the problem's capacity,
+        if any).  The search aims below it; a plan above it raises.
+    time_limit : seconds for the search (default 1 for ``"default"``, 60 for
+        ``"exact"``); a safety net -- the node budget keeps runs
+        deterministic.
+    node_budget : search nodes in all (default: 40 per buffer in the default
+        mode, a million in the exact mode).
+    batch_size : for symbolic sizes.
+
+    Returns
+    -------
+    ArenaPlan
+        Checked by :func:`memopt.simulate.check_offsets`.  ``optimal`` is
+        True when the height equals the lower bound or the search proved
+        that nothing lower fits.
+
+    Raises
+    ------
+    PlanError
+        No plan found within ``capacity``.
+    ValueError
+        An unknown ``mode``.
+    """
+    from .errors import PlanError
+
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
+    if isinstance(problem, Problem):
+        buffers = problem.buffers
+        if capacity is None:
+            capacity = problem.capacity
+    else:
+        buffers = list(problem)
+    default_time, per_buffer = MODES[mode]
+    limit_s = default_time if time_limit is None else time_limit
+    start = time.perf_counter()
+    deadline = start + limit_s
+    a = _Arrays.of(buffers, batch_size)
+    budget = per_buffer * max(len(a), 1) if node_budget is None else node_budget
+
+    base = choose(buffers, batch_size=batch_size)
+    trials = list(base.trials)
+    offsets = np.array([base.offsets[i] for i in a.ids], dtype=np.int64)
+    lower_bound = peak_live_bytes(buffers, batch_size)
+    height = _height(a, offsets)
+    strategy = base.strategy
+    proven = height <= lower_bound
+
+    if mode != "heuristic" and not proven:
+        live = np.flatnonzero(a.size > 0)
+        parts = [_Part(a, idx, offsets) for idx in _partitions(a, live)]
+        # greedy descents (cheap): one per value order
+        t0 = time.perf_counter()
+        for part in parts:
+            for order in SEARCH_ORDERS:
+                part.offer(part.search.dive(order))
+        dive_height = max(p.height for p in parts)
+        trials.append(("canonical_dive", dive_height, time.perf_counter() - t0))
+        # branch and bound toward the lower bound
+        t0 = time.perf_counter()
+        lower_bound, proven, used = _improve(parts, lower_bound, capacity, mode, budget,
+                                             deadline)
+        searched = max(p.height for p in parts)
+        trials.append(("canonical_search", searched, time.perf_counter() - t0))
+        if searched < height:
+            for part in parts:
+                offsets[part.idx] = part.best
+            height = _height(a, offsets)
+            strategy = "canonical_search" if searched < dive_height else "canonical_dive"
+        log.debug("arena search: %d nodes, height %d, bound %d", used, height, lower_bound)
+
+    plan = ArenaPlan(dict(zip(a.ids, offsets.tolist())), height, strategy,
+                     lower_bound=lower_bound, optimal=proven or height <= lower_bound,
+                     seconds=time.perf_counter() - start, trials=trials)
+    check_offsets(buffers, plan.offsets, batch_size=batch_size)
+    if capacity is not None and plan.height > capacity:
+        raise PlanError(
+            f"no plan found within the capacity of {capacity} bytes: the best is "
+            f"{plan.height} bytes high (lower bound {lower_bound}); try "
+            "mode='exact' or a longer time_limit")
+    return plan
+
+
+def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode: str,
+             budget: int, deadline: float) -> Tuple[int, bool, int]:
+    """Lower the parts' heights by searching at decreasing capacities.
+
+    Returns the (possibly raised) lower bound, whether the final height is
+    proven optimal, and the nodes used.
+    """
+    quantum = int(np.gcd.reduce([p.search.quantum for p in parts])) if parts else 1
+    used = 0
+
+    def attempt(target: int, nodes: int) -> str:
+        """Fit every part within ``target``: FOUND, INFEASIBLE or LIMIT."""
+        nonlocal used
+        pending = [p for p in parts if p.height > target]
+        results = []
+        for part in pending:
+            status, offs = part.search.solve(target, max(nodes // len(pending), 1),
+                                             deadline)
+            used += part.search.nodes
+            if status != FOUND:
+                return status
+            results.append((part, offs))
+        for part, offs in results:
+            part.offer(offs)
+        return FOUND
+
+    def best() -> int:
+        return max(p.height for p in parts)
+
+    lo = lower_bound - quantum  # highest capacity known (or assumed) too small
+    targets = []
+    if mode == "exact":
+        targets.append((lower_bound, 0.5))
+        if capacity is not None and lower_bound < capacity < best():
+            targets.append((capacity, 0.25))
+    for target, share in targets:
+        if best() <= target or time.perf_counter() > deadline or used >= budget:
+            continue
+        status = attempt(target, int(share * (budget - used)))
+        if status == INFEASIBLE:
+            lo = max(lo, target)
+            lower_bound = max(lower_bound, target + quantum)
+        elif status == LIMIT:
+            lo = max(lo, target)
+    # bisection between what failed and what fits
+    while used < budget and time.perf_counter() < deadline:
+        hi = best()
+        if hi - lo <= quantum:
+            break
+        target = lo + (hi - lo) // 2 // quantum * quantum
+        if target <= lo:
+            target = lo + quantum
+        status = attempt(target, max((budget - used) // 4, 1))
+        if status == INFEASIBLE:
+            lower_bound = max(lower_bound, target + quantum)
+            lo = target
+        elif status == LIMIT:
+            lo = target
+    height = best()
+    return lower_bound, height <= lower_bound, used
