@@ -11,10 +11,11 @@ product; batch 100 and 1,000), and the three workloads of TFP 0.25's NumPy
 reference figures (fib batch 1,000 n <= 10: 6.1 s; is_even batch 1,000
 n <= 50: 3.4 s; Collatz batch 10,000: 0.87 s).
 
-Columns: VM seconds (median of --repeat runs), VM steps (blocks run), peak
-memory traced by tracemalloc during one VM run, the stackless executor (one
-run), plain Python looping over the examples one by one (median), and the
-ratios.  Every run's result is checked against plain Python.
+Columns: VM seconds (wall-clock and CPU, medians of --repeat runs), VM
+steps (VM steps: one or more blocks each), peak memory traced by tracemalloc
+during one VM run, the stackless executor (one run), plain Python looping
+over the examples one by one (medians), and the ratios.  Every run's result
+is checked against plain Python.
 
 BLAS threads default to 1 (set before NumPy is imported): on a shared
 machine a multi-threaded BLAS makes small matrix products erratic, and the
@@ -41,7 +42,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from typing import Any, Callable, List, Optional  # noqa: E402
+from typing import Any, Callable, List, Optional, Tuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -62,13 +63,15 @@ class Workload:
     quick: bool = True               # part of --quick
 
 
-def median_time(fn: Callable[[], Any], repeat: int) -> float:
-    times = []
+def median_time(fn: Callable[[], Any], repeat: int) -> Tuple[float, float]:
+    """Median wall-clock and median CPU seconds (this process) of ``fn()``."""
+    wall, cpu = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def same(got: Any, want: Any) -> bool:
@@ -130,7 +133,7 @@ def run(work: Workload, repeat: int, backend: NumpyBackend) -> dict:
     got = vm.run(work.args)
     if not same(got, want):
         raise AssertionError(f"{work.name}: the VM disagrees with plain Python")
-    vm_s = median_time(lambda: vm.run(work.args), repeat)
+    vm_s, vm_cpu = median_time(lambda: vm.run(work.args), repeat)
     steps = vm.steps
     tracemalloc.start()
     vm.run(work.args)
@@ -141,8 +144,9 @@ def run(work: Workload, repeat: int, backend: NumpyBackend) -> dict:
     stackless_s = time.perf_counter() - t0
     if not same(sl, want):
         raise AssertionError(f"{work.name}: the stackless executor disagrees")
-    python_s = median_time(work.python, repeat)
-    return dict(vm=vm_s, steps=steps, peak=peak, stackless=stackless_s, python=python_s)
+    python_s, python_cpu = median_time(work.python, repeat)
+    return dict(vm=vm_s, vm_cpu=vm_cpu, steps=steps, peak=peak, stackless=stackless_s,
+                python=python_s, python_cpu=python_cpu)
 
 
 def main() -> None:
@@ -158,9 +162,9 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     print(f"autobatch VM, NumPy {np.__version__} backend, BLAS threads "
           f"{os.environ.get('OPENBLAS_NUM_THREADS')}, median of {repeat} run(s)\n")
-    print("| program | batch | VM s | VM steps | VM peak MiB | stackless s | "
-          "plain Python s | Python / VM | TFP 0.25 NumPy s | TFP / VM |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| program | batch | VM s | VM CPU s | VM steps | VM peak MiB | stackless s | "
+          "plain Python s | Python CPU s | Python / VM | TFP 0.25 NumPy s | TFP / VM |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     start = time.perf_counter()
     for work in workloads(rng):
         if args.quick and not work.quick:
@@ -168,9 +172,13 @@ def main() -> None:
         r = run(work, repeat, backend)
         tfp = f"{work.tfp_seconds:.2f}" if work.tfp_seconds else "-"
         tfp_ratio = f"{work.tfp_seconds / r['vm']:.0f}x" if work.tfp_seconds else "-"
-        print(f"| {work.name} | {work.batch:,} | {r['vm']:.3f} | {r['steps']:,} | "
-              f"{r['peak'] / 2**20:.1f} | {r['stackless']:.3f} | {r['python']:.3f} | "
-              f"{r['python'] / r['vm']:.2f}x | {tfp} | {tfp_ratio} |", flush=True)
+        print(f"| {work.name} | {work.batch:,} | {r['vm']:.3f} | {r['vm_cpu']:.3f} | "
+              f"{r['steps']:,} | {r['peak'] / 2**20:.1f} | {r['stackless']:.3f} | "
+              f"{r['python']:.3f} | {r['python_cpu']:.3f} | {r['python'] / r['vm']:.2f}x | "
+              f"{tfp} | {tfp_ratio} |", flush=True)
+    print("\nRatios use wall-clock medians.  CPU seconds are this process's only: on a "
+          "shared machine\nthey show what the wall clock would be without the other "
+          "load (the BLAS runs one thread).")
     print(f"\ntotal bench time {time.perf_counter() - start:.0f} s")
 
 
