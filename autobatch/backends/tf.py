@@ -24,7 +24,7 @@ gather or scatter of one row per selected thread (O(batch)).
 
 Stack overflow: where the VM runs inside a graph, the depth check cannot
 raise; the failing check's code is kept in the loop state, the loop stops, and
-:meth:`TensorFlowBackend.execute` raises the engine's StackOverflowError after
+:meth:`TensorFlowBackend.run_vm` raises the engine's StackOverflowError after
 the run.  Eagerly, the check raises at once.
 
 Results are ``tf.Tensor`` s (EagerTensors outside a graph); ``.numpy()``
@@ -368,7 +368,7 @@ class TensorFlowBackend(Backend):
         return tf.switch_case(index, [lambda b=b: b(dict(state)) for b in branches])
 
     # -- whole runs ------------------------------------------------------------------------
-    def execute(self, vm: Any, args: Sequence[Any], cache: Optional[dict] = None) -> Any:
+    def run_vm(self, vm: Any, args: Sequence[Any], cache: Optional[dict] = None) -> Any:
         """Run ``vm`` (a :class:`~autobatch.virtual_machine.VirtualMachine`
         built with this backend) over ``args``, as this backend's mode says.
 
