@@ -259,9 +259,20 @@ def _classify(graph: Graph, options: Options, intervals) -> Tuple[Dict[str, int]
     return candidates, reason_of, home
 
 
+def _in_loop(graph: Graph) -> set:
+    """Indices of the blocks run repeatedly: loop bodies and their sub-blocks."""
+    looped: set = set()
+    for block in graph.blocks:  # parents come before children
+        for op in block.ops:
+            if op.loop or block.idx in looped:
+                looped.update(op.sub_blocks)
+    return looped
+
+
 def _inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals) -> List[Tuple[str, str, int]]:
     """``(input, output, position)`` for every op that can run in place on a
     dying candidate input of the output's shape and dtype."""
+    looped = _in_loop(graph)
     pairs = []
     for pos, (block_idx, _, op) in enumerate(live.positions):
         pair = op.attrs.get("inplace")
@@ -275,7 +286,9 @@ def _inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals) ->
         a, b = graph.var(src, block_idx), graph.var(dst, block_idx)
         if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
             continue
-        if src in live.live_out(pos):
+        # in a loop body the input's interval may end here yet the value be
+        # carried to the next iteration: ask the liveness itself
+        if block_idx in looped and src in live.live_out(pos):
             continue
         pairs.append((src, dst, pos))
     return pairs
@@ -338,7 +351,10 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
         grouped = [[b] for b in chain_buffers]
     else:
         compatible, fits = _predicates(var_of, home, options.level)
-        grouped = assign_groups(chain_buffers, compatible=compatible, fits=fits).groups
+        if len(chain_buffers) <= SMALL_PROBLEM:
+            grouped = assign_groups(chain_buffers, compatible=compatible, fits=fits).groups
+        else:
+            grouped = best_fit_groups(chain_buffers, _klass(var_of, home, options.level))
         _check_grouping(chain_buffers, grouped, compatible, fits)
 
     inplace_at = {(src, dst): pos for src, dst, pos in pairs}
@@ -361,6 +377,120 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
                 how="in-place" if pos is not None else "rename",
                 op=op_at[pos] if pos is not None else ""))
     return plan
+
+
+#: Up to this many buffers the grouping is :func:`memopt.reuse.assign_groups`
+#: ("best" of its orders); above it, :func:`best_fit_groups` (one sweep).
+SMALL_PROBLEM = 200
+
+
+def _klass(var_of, home, level: int):
+    """Compatibility class of a buffer: its block (level 1), plus its shape
+    and dtype (level 0).  Buffers of different classes never share."""
+    def klass(buf: Buffer):
+        var = var_of[buf.id]
+        if level == 0:
+            return home[buf.id], tuple(var.shape), var.dtype
+        return (home[buf.id],)
+
+    return klass
+
+
+def best_fit_groups(buffers: List[Buffer], klass) -> List[List[Buffer]]:
+    """Group buffers by sweeping over time, best fit, ``O(n log n)``.
+
+    Two sweeps, the cheaper plan kept (at :data:`memopt.reuse.RANK_BATCH`;
+    ties: forward):
+
+    - forward (by start time): a buffer joins a free group of its class
+      (``klass(buffer)``) -- one whose last member has ended -- whose memory,
+      allocated by the group's first member, is the smallest that provably
+      holds it (:meth:`Size.provably_le`, for every batch size); else it
+      opens a group;
+    - reverse (by end time, latest first, as XLA's reverse order): a buffer
+      becomes the new first member of a free group -- one whose first member
+      starts after it ends -- whose members it provably holds, the largest
+      such group (least growth); else it opens a group.
+
+    Either way every member fits its group's first member and members of a
+    group never overlap in time.  Deterministic: ties go to the group opened
+    first.
+    """
+    from .reuse import RANK_BATCH
+
+    plans = [_sweep(buffers, klass, reverse=False), _sweep(buffers, klass, reverse=True)]
+
+    def cost(groups):
+        return sum(max(_as_size(b.size).at(RANK_BATCH) for b in g) for g in groups)
+
+    return min(plans, key=cost)
+
+
+def _sweep(buffers: List[Buffer], klass, reverse: bool) -> List[List[Buffer]]:
+    import heapq
+    from bisect import bisect_left, bisect_right, insort
+
+    from .reuse import RANK_BATCH
+
+    if reverse:
+        order = sorted(range(len(buffers)),
+                       key=lambda i: (-buffers[i].upper, -buffers[i].lower, i))
+    else:
+        order = sorted(range(len(buffers)),
+                       key=lambda i: (buffers[i].lower, buffers[i].upper, i))
+    groups: List[List[Buffer]] = []
+    capacity: List[Size] = []
+    klass_of: List[Hashable] = []
+    busy: List[Tuple[int, int]] = []  # (time the group frees up, in sweep direction; group)
+    free: Dict[Hashable, Dict[int, list]] = {}  # class -> power -> sorted [(coef, group)]
+    for i in order:
+        buf = buffers[i]
+        now = -buf.upper if reverse else buf.lower
+        while busy and busy[0][0] <= now:
+            _, gid = heapq.heappop(busy)
+            cap = capacity[gid]
+            insort(free.setdefault(klass_of[gid], {}).setdefault(cap.power, []),
+                   (cap.coefficient, gid))
+        size = _as_size(buf.size)
+        k = klass(buf)
+        best = None  # (rank key, gid, power, index)
+        for power, pool in free.get(k, {}).items():
+            if reverse:
+                # largest group that buf provably holds: power <= buf's, coef <= buf's
+                if power > size.power:
+                    continue
+                j = bisect_right(pool, (size.coefficient, len(groups))) - 1
+                if j < 0:
+                    continue
+                coef, gid = pool[j]
+                key = (-Size(coef, power).at(RANK_BATCH), gid)
+            else:
+                # smallest group that provably holds buf
+                if power < size.power:
+                    continue
+                j = bisect_left(pool, (size.coefficient, -1))
+                if j >= len(pool):
+                    continue
+                coef, gid = pool[j]
+                key = (Size(coef, power).at(RANK_BATCH), gid)
+            if best is None or key < best[0]:
+                best = (key, gid, power, j)
+        if best is None:
+            gid = len(groups)
+            groups.append([buf])
+            capacity.append(size)
+            klass_of.append(k)
+        else:
+            _, gid, power, j = best
+            free[k][power].pop(j)
+            groups[gid].append(buf)
+            if reverse:
+                capacity[gid] = size
+        heapq.heappush(busy, (buf.lower if reverse else buf.upper, gid))
+    if reverse:
+        for g in groups:
+            g.reverse()
+    return groups
 
 
 def _plain(size: Size):

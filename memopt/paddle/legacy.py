@@ -134,17 +134,36 @@ def _role(op_role: int) -> str:
     return "forward"
 
 
-def _sub_block_ids(op) -> Tuple[int, ...]:
-    from paddle.base import core
+_BLOCK_ATTRS: Dict[str, Tuple[Tuple[str, bool], ...]] = {}
 
+
+def _sub_block_ids(desc) -> Tuple[int, ...]:
+    """Indices of the blocks an op runs (its BLOCK / BLOCKS attributes).
+
+    Which attributes hold blocks depends on the op type only, so it is
+    looked up once per type.
+    """
+    op_type = desc.type()
+    names = _BLOCK_ATTRS.get(op_type)
+    if names is None:
+        from paddle.base import core
+
+        found = []
+        for name in desc.attr_names():
+            kind = desc.attr_type(name)
+            if kind == core.AttrType.BLOCK:
+                found.append((name, False))
+            elif kind == core.AttrType.BLOCKS:
+                found.append((name, True))
+        names = _BLOCK_ATTRS[op_type] = tuple(found)
     ids: List[int] = []
-    desc = op.desc
-    for name in desc.attr_names():
-        kind = desc.attr_type(name)
-        if kind == core.AttrType.BLOCK:
-            ids.append(desc._block_attr_id(name))
-        elif kind == core.AttrType.BLOCKS:
+    for name, many in names:
+        if not desc.has_attr(name):
+            continue
+        if many:
             ids.extend(desc._blocks_attr_ids(name))
+        else:
+            ids.append(desc._block_attr_id(name))
     return tuple(ids)
 
 
@@ -158,8 +177,9 @@ def program_to_graph(program) -> Graph:
     Read-only: the program is not changed.  Variables stay in the block that
     declares them (a name a block borrows from a sibling's scope, as a
     ``while_grad`` body does, is declared in the borrower too); ``@EMPTY@``
-    placeholders are left out.  Feed and fetch ops of block 0 mark their variables ``is_feed`` /
-    ``is_fetch`` and the fetched names become the graph's ``fetch_names``.
+    placeholders are left out.  Feed and fetch ops of block 0 mark their
+    variables ``is_feed`` / ``is_fetch`` and the fetched names become the
+    graph's ``fetch_names``.
 
     Raises
     ------
@@ -190,16 +210,19 @@ def program_to_graph(program) -> Graph:
         for index, pop in enumerate(pblock.ops):
             desc = pop.desc
             op_type = desc.type()
-            inputs = _slots(desc.input_names(), desc.input)
-            outputs = _slots(desc.output_names(), desc.output)
-            reads = tuple(dict.fromkeys(n for names in inputs.values() for n in names))
-            writes = tuple(dict.fromkeys(n for names in outputs.values() for n in names))
+            reads = tuple(dict.fromkeys(desc.input_arg_names()))
+            writes = tuple(dict.fromkeys(desc.output_arg_names()))
+            if EMPTY_VAR in reads or EMPTY_VAR in writes:
+                reads = tuple(n for n in reads if n != EMPTY_VAR)
+                writes = tuple(n for n in writes if n != EMPTY_VAR)
             op_role = desc.attr("op_role") if desc.has_attr("op_role") else 0
             attrs = {"index": index, "loss": bool(op_role & ROLE_LOSS)}
-            pair = _inplace_pair(op_type, inputs, outputs)
-            if pair is not None:
-                attrs["inplace"] = pair
-            subs = _sub_block_ids(pop)
+            if _has_inplace(op_type):
+                pair = _inplace_pair(op_type, _slots(desc.input_names(), desc.input),
+                                     _slots(desc.output_names(), desc.output))
+                if pair is not None:
+                    attrs["inplace"] = pair
+            subs = _sub_block_ids(desc)
             block.add_op(Op(op_type, reads, writes, subs, _role(int(op_role)),
                             op_type in LOOP_OPS, attrs))
             if pblock.idx == 0 and op_type in ("fetch", "fetch_v2"):
@@ -218,7 +241,6 @@ def program_to_graph(program) -> Graph:
         if var is not None:
             var.is_feed = True
     graph.fetch_names = tuple(dict.fromkeys(fetched))
-    graph.validate()
     return graph
 
 
@@ -255,23 +277,35 @@ def _drop_unsafe_inplace(graph: Graph) -> None:
 
 
 def _declare_borrowed(graph: Graph) -> None:
-    """Declare in a block the names its ops take from a sibling block.
+    """Declare in a block the names its ops take from a sibling block, and
+    check that every other name an op uses is declared.
 
     A ``while_grad`` body reads the forward body's variables from the step
     scopes the ``while`` op kept, though the forward body is no enclosing
     block.  Such a name gets a copy of its declaration in the block using it
-    (the planner never merges a name used in two blocks).
+    (the planner never merges a name used in two blocks).  A name declared
+    nowhere raises :class:`GraphError`.
     """
     anywhere: Dict[str, Var] = {}
     for _, var in graph.all_vars():
         anywhere.setdefault(var.name, var)
-    for block in graph.blocks[1:]:
+    visible: List[set] = []
+    for block in graph.blocks:  # a parent block always comes before its children
+        inherited = visible[block.parent] if 0 <= block.parent < len(visible) else set()
+        visible.append(inherited | set(block.vars))
+    for block in graph.blocks:
+        seen = visible[block.idx]
         for op in block.ops:
             for name in (*op.reads, *op.writes):
-                if graph.find_var(name, block.idx) is None and name in anywhere:
-                    src = anywhere[name]
-                    block.add_var(Var(src.name, src.shape, src.dtype, src.kind,
-                                      src.persistable, is_data=src.is_data))
+                if name in seen:
+                    continue
+                src = anywhere.get(name)
+                if src is None:
+                    raise GraphError(f"op {op.type!r} in block {block.idx} uses {name!r}, "
+                                     "which no block of the program declares")
+                block.add_var(Var(src.name, src.shape, src.dtype, src.kind,
+                                  src.persistable, is_data=src.is_data))
+                seen.add(name)
 
 
 # -- the rewrite ------------------------------------------------------------------
@@ -295,8 +329,12 @@ def _edits(program, renames: Mapping[int, Mapping[str, str]]):
             if new in mapping:
                 raise GraphError(f"rename plan maps {old!r} to {new!r}, which is itself "
                                  "renamed: plans must map straight to the final name")
+        keys = set(mapping)
         for pop in pblock.ops:
             desc = pop.desc
+            if keys.isdisjoint(desc.input_arg_names()) and keys.isdisjoint(
+                    desc.output_arg_names()):
+                continue
             for is_input, slots, get in ((True, desc.input_names(), desc.input),
                                          (False, desc.output_names(), desc.output)):
                 for slot in slots:

@@ -1,0 +1,165 @@
+"""memopt.paddle.legacy: reading legacy Paddle programs, renaming all-or-nothing."""
+import pytest
+
+from memopt import models
+from memopt.errors import GraphError, UnsupportedProgramError
+from memopt.graph import DENSE
+
+
+@pytest.fixture(scope="module")
+def legacy(paddle):
+    from memopt.paddle import legacy as module
+
+    return module
+
+
+def serialized(program):
+    return program.desc.serialize_to_string()
+
+
+def test_reads_an_mlp(legacy):
+    model = models.build("mlp", "legacy")
+    before = serialized(model.main)
+    graph = legacy.program_to_graph(model.main)
+    assert serialized(model.main) == before, "reading does not touch the program"
+    block = model.main.global_block()
+    assert graph.num_ops() == len(block.ops)
+    for gop, pop in zip(graph.global_block.ops, block.ops):
+        assert gop.type == pop.type
+        assert set(gop.reads) == set(pop.input_arg_names)
+        assert set(gop.writes) == set(pop.output_arg_names)
+    x = graph.var("x")
+    assert x.is_data and x.shape == (-1, 64) and x.dtype == "float32"
+    assert graph.var("label").dtype == "int64"
+    w = graph.var("linear_0.w_0")
+    assert w.persistable and not w.size.symbolic
+    roles = {op.type: op.role for op in graph.global_block.ops}
+    assert roles["matmul_v2"] == "forward"
+    assert roles["matmul_v2_grad"] == "backward"
+    assert roles["momentum"] == "optimize"
+    loss_ops = [op for op in graph.global_block.ops if op.attrs["loss"]]
+    assert loss_ops and model.loss.name in loss_ops[0].writes
+
+
+def test_inplace_pairs_follow_paddle(legacy):
+    graph = legacy.program_to_graph(models.build("mlp", "legacy").main)
+    pairs = {op.type: op.attrs.get("inplace") for op in graph.global_block.ops}
+    relu = next(op for op in graph.global_block.ops if op.type == "relu")
+    assert relu.attrs["inplace"] == (relu.reads[0], relu.writes[0])
+    assert pairs["matmul_v2"] is None  # Paddle declares no in-place for matmul
+    relu_grad = next(op for op in graph.global_block.ops if op.type == "relu_grad")
+    src, dst = relu_grad.attrs["inplace"]
+    assert src.endswith("@GRAD") and dst.endswith("@GRAD")
+
+
+def test_broadcasting_grad_loses_its_inplace_pair(legacy):
+    """A conv bias grad (Y [1, C, 1, 1]) is not bit-exact in place."""
+    graph = legacy.program_to_graph(models.build("cnn", "legacy").main)
+    bias_grads = [op for op in graph.global_block.ops
+                  if op.type == "elementwise_add_grad" and "conv2d" in op.reads[0]]
+    assert len(bias_grads) == 2
+    assert all("inplace" not in op.attrs for op in bias_grads)
+    # the linear layer's bias (Y [classes], a trailing suffix) keeps its pair
+    linear = [op for op in graph.global_block.ops
+              if op.type == "elementwise_add_grad" and "linear" in op.reads[0]]
+    assert linear and all("inplace" in op.attrs for op in linear)
+
+
+def test_reads_nested_control_flow(legacy):
+    model = models.build("nested_cond", "legacy")
+    graph = legacy.program_to_graph(model.main)
+    assert len(graph.blocks) == model.main.num_blocks
+    for gblock, pblock in zip(graph.blocks, model.main.blocks):
+        assert gblock.parent == pblock.parent_idx
+    owners = [op for _, op in graph.walk_ops() if op.sub_blocks]
+    types = {op.type for op in owners}
+    assert types == {"conditional_block", "conditional_block_grad"}
+    assert not any(op.loop for op in owners)
+    depth2 = [b for b in graph.blocks if b.parent > 0]
+    assert depth2, "a conditional inside a conditional"
+    scope_vars = [v for _, v in graph.all_vars() if v.kind != DENSE]
+    assert scope_vars, "conditional_block's Scope output is not a dense tensor"
+    graph.validate()
+
+
+def test_reads_a_while_loop(legacy):
+    model = models.build("while_loop", "legacy")
+    graph = legacy.program_to_graph(model.main)
+    loops = {op.type for _, op in graph.walk_ops() if op.loop}
+    assert loops == {"while", "while_grad"}
+    # the while_grad body reads the forward body's variables from the step
+    # scopes: they are declared in the grad body too
+    grad_owner = next(op for _, op in graph.walk_ops() if op.type == "while_grad")
+    body = graph.blocks[grad_owner.sub_blocks[0]]
+    forward_names = set(graph.blocks[1].vars)
+    assert forward_names & set(body.vars)
+    graph.validate()
+
+
+def test_not_a_legacy_program(legacy, paddle):
+    with pytest.raises(UnsupportedProgramError, match="legacy"):
+        legacy.program_to_graph(models.build("mlp", "pir").main)
+    with pytest.raises(UnsupportedProgramError):
+        legacy.program_to_graph("main")
+
+
+def test_apply_renames(legacy):
+    model = models.build("mlp", "legacy")
+    block = model.main.global_block()
+    relu = next(op for op in block.ops if op.type == "relu")
+    src, dst = relu.input("X")[0], relu.output("Out")[0]
+    users = [op for op in block.ops if dst in op.input_arg_names + op.output_arg_names]
+    changed = legacy.apply_renames(model.main, {0: {dst: src}})
+    assert changed >= len(users)
+    assert relu.output("Out") == [src]
+    assert all(dst not in op.input_arg_names + op.output_arg_names for op in block.ops)
+    assert block.has_var(dst), "declarations are kept"
+
+
+@pytest.mark.parametrize("plan,match", [
+    ({0: {"nope": "x"}}, "does not declare"),
+    ({0: {"x": "nope"}}, "does not declare"),
+    ({7: {"x": "label"}}, "block 7"),
+    ({0: {"relu_0.tmp_0": "linear_0.tmp_1", "linear_0.tmp_1": "x"}}, "itself renamed"),
+])
+def test_bad_rename_plans_change_nothing(legacy, plan, match):
+    model = models.build("mlp", "legacy")
+    before = serialized(model.main)
+    with pytest.raises(GraphError, match=match):
+        legacy.apply_renames(model.main, plan)
+    assert serialized(model.main) == before
+
+
+def test_failure_midway_is_undone(legacy, monkeypatch):
+    model = models.build("transformer", "legacy")
+    graph = legacy.program_to_graph(model.main)
+    # rename a dozen temporaries to one name: many slots to edit
+    temps = [n for n, v in graph.global_block.vars.items()
+             if v.kind == DENSE and not v.persistable and not v.is_data][:12]
+    before = serialized(model.main)
+    real, calls = legacy._set_slot, []
+
+    def flaky(*args):  # fault injection: the 10th edit fails
+        calls.append(args)
+        if len(calls) == 10:
+            raise RuntimeError("injected")
+        real(*args)
+
+    monkeypatch.setattr(legacy, "_set_slot", flaky)
+    with pytest.raises(RuntimeError, match="injected"):
+        legacy.apply_renames(model.main, {0: {n: temps[0] for n in temps[1:]}})
+    assert len(calls) > 10
+    assert serialized(model.main) == before
+
+
+def test_merged_record_and_fetch_check(legacy):
+    model = models.build("mlp", "legacy")
+    assert legacy.merged_record(model.main) == {}
+    legacy.check_fetch(model.main, ["relu_0.tmp_0"])  # nothing merged: no error
+    legacy.record_merged(model.main, {"relu_0.tmp_0": "linear_0.tmp_1"})
+    assert legacy.merged_record(model.main) == {"relu_0.tmp_0": "linear_0.tmp_1"}
+    from memopt.errors import MergedVariableError
+
+    with pytest.raises(MergedVariableError, match="relu_0.tmp_0.*skip_opt_set"):
+        legacy.check_fetch(model.main, [model.loss, "relu_0.tmp_0"])
+    legacy.check_fetch(model.main, [model.loss])

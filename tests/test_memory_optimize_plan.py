@@ -1,0 +1,211 @@
+"""The memory_optimize planner on hand-made graphs (no Paddle needed).
+
+Small programs whose right answer is known: what is a candidate, what runs
+in place, what a loop keeps alive, and that the checks reject broken plans.
+"""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from memopt.errors import PlanError
+from memopt.graph import Graph, Op, Var
+from memopt.optimize import (
+    Options,
+    best_fit_groups,
+    check_plan,
+    plan_memory,
+    resolve_options,
+    verify_renaming,
+)
+from memopt.problems import Buffer
+
+ALL = Options(skip_grads=False, level=1)
+
+
+def chain(n=4, shape=(-1, 8), inplace=False):
+    """x -> t0 -> t1 -> ... -> t{n-1} -> loss, each op reading the last."""
+    g = Graph(fetch_names=())
+    b = g.global_block
+    b.add_var(Var("x", shape, is_data=True))
+    names = [f"t{i}" for i in range(n)]
+    for name in names:
+        b.add_var(Var(name, shape))
+    b.add_var(Var("loss", ()))
+    prev = "x"
+    for name in names:
+        attrs = {"inplace": (prev, name)} if inplace else {}
+        b.add_op(Op("relu", (prev,), (name,), attrs=attrs))
+        prev = name
+    b.add_op(Op("mean", (prev,), ("loss",), attrs={"loss": True}))
+    return g
+
+
+def test_chain_gc_off_alternates_two_buffers():
+    plan = plan_memory(chain(6), ALL, gc=False)
+    check_plan(chain(6), plan)
+    assert plan.renames[0] == {"t2": "t0", "t4": "t0", "t3": "t1", "t5": "t1"}
+    assert all(r.how == "rename" for r in plan.reuses)
+
+
+def test_chain_gc_on_plans_nothing_without_inplace():
+    plan = plan_memory(chain(6), ALL, gc=True)
+    assert plan.renames == {} and plan.reuses == []
+
+
+def test_inplace_chain():
+    g = chain(4, inplace=True)
+    plan = plan_memory(g, ALL, gc=True)
+    check_plan(g, plan)
+    # x is data (never merged); t0 -> t1 -> t2 -> t3 in place
+    assert plan.renames[0] == {"t1": "t0", "t2": "t0", "t3": "t0"}
+    assert [r.how for r in plan.reuses] == ["in-place"] * 3
+    assert [(s, d) for s, d, _ in plan.inplace] == [("t0", "t1"), ("t1", "t2"), ("t2", "t3")]
+
+
+def test_candidates_and_reasons():
+    g = chain(3)
+    b = g.global_block
+    b.add_var(Var("w", (8, 8), persistable=True))
+    b.add_var(Var("t0@GRAD", (-1, 8)))
+    b.add_var(Var("unread", (-1, 8)))
+    b.add_op(Op("fill", (), ("t0@GRAD",), role="backward"))
+    b.add_op(Op("scale", ("t0@GRAD", "w"), ("unread",), role="backward"))
+    plan = plan_memory(g, Options(skip_opt_set=frozenset({"t1"}), skip_grads=True), gc=False)
+    assert plan.reasons == {
+        "feed/fetch/data": 1,
+        "persistable": 1,
+        "skip_opt_set": 1,
+        "gradient (skip_grads=True)": 2,  # t0@GRAD by name, unread written by backward
+        "likely fetched (loss, never read, or fetch op input)": 1,
+    }
+    merged = {n for grp in plan.groups for n in grp}
+    assert merged <= {"t0", "t2"}
+
+
+def test_level0_needs_equal_shapes_level1_needs_provable_fit():
+    g = Graph()
+    b = g.global_block
+    b.add_var(Var("x", (-1, 8), is_data=True))
+    b.add_var(Var("big", (-1, 16)))
+    b.add_var(Var("small", (-1, 4)))
+    b.add_var(Var("fixed", (1000,)))
+    b.add_var(Var("out", ()))
+    b.add_op(Op("a", ("x",), ("big",)))
+    b.add_op(Op("b", ("big",), ("small",)))      # big dies here
+    b.add_op(Op("c", ("small",), ("fixed",)))    # small dies here
+    b.add_op(Op("d", ("fixed",), ("out",), attrs={"loss": True}))
+    assert plan_memory(g, Options(skip_grads=False, level=0), gc=False).groups == []
+    plan = plan_memory(g, ALL, gc=False)
+    # small (16 B * B) fits in big (64 B * B); fixed 4000 B does not fit
+    # 64 B * B for every B >= 1, nor does anything fit in fixed
+    assert plan.groups == []  # big and small overlap at op b
+    g.global_block.ops.insert(2, Op("e", ("small",), ("small2",)))
+    g.global_block.add_var(Var("small2", (-1, 2)))
+    g.global_block.ops[3] = Op("c", ("small2",), ("fixed",))
+    plan = plan_memory(g, ALL, gc=False)
+    check_plan(g, plan)
+    assert plan.groups == [["big", "small2"]]
+
+
+def loop_graph(carried_local: bool):
+    """A while loop whose body writes h and, optionally, reads a local c
+    before writing it (c is carried to the next iteration)."""
+    g = Graph()
+    b0 = g.global_block
+    for name in ("x", "h", "cond"):
+        b0.add_var(Var(name, (-1, 8), is_data=(name == "x")))
+    b0.add_var(Var("out", ()))
+    body = g.new_block(0)
+    for name in ("a", "c", "d"):
+        body.add_var(Var(name, (-1, 8)))
+    b0.add_op(Op("assign", ("x",), ("h",)))
+    b0.add_op(Op("while", ("h", "cond"), ("h",), sub_blocks=(body.idx,), loop=True))
+    if carried_local:
+        body.add_op(Op("relu", ("c",), ("a",)))      # reads last iteration's c
+    else:
+        body.add_op(Op("relu", ("h",), ("a",)))
+    body.add_op(Op("scale", ("a",), ("d",)))
+    body.add_op(Op("relu", ("d",), ("c",)))
+    body.add_op(Op("add", ("c", "h"), ("h",)))
+    b0.add_op(Op("mean", ("h",), ("out",), attrs={"loss": True}))
+    return g
+
+
+def test_loop_locals_share_within_an_iteration():
+    g = loop_graph(carried_local=False)
+    plan = plan_memory(g, ALL, gc=False)
+    check_plan(g, plan)
+    assert plan.renames == {1: {"c": "a"}}
+    assert "h" not in {n for grp in plan.groups for n in grp}, "shared with the loop op"
+
+
+def test_value_read_in_next_iteration_is_live_across_the_loop():
+    g = loop_graph(carried_local=True)
+    plan = plan_memory(g, ALL, gc=False)
+    check_plan(g, plan)
+    assert "c" not in {n for grp in plan.groups for n in grp}
+
+
+def test_verify_renaming_rejects_a_carried_value():
+    g = loop_graph(carried_local=True)
+    with pytest.raises(PlanError, match="reads 'c'"):
+        verify_renaming(g, {1: {"c": "d"}})
+
+
+def test_verify_renaming_rejects_overlap_and_bad_inplace():
+    g = chain(4)
+    with pytest.raises(PlanError, match="may not run in place"):
+        verify_renaming(g, {0: {"t1": "t0"}})          # relu(t0) -> t0, not declared
+    verify_renaming(g, {0: {"t1": "t0"}}, [("t0", "t1", 1)])  # declared in place: fine
+    verify_renaming(g, {0: {"t2": "t0"}})  # t0 dies at op 1, t2 born at op 2: fine
+    g.global_block.add_var(Var("late", (-1, 8)))
+    g.global_block.add_op(Op("add", ("t0", "t3"), ("late",)))  # t0 now lives to the end
+    with pytest.raises(PlanError, match="reads 't0', but after renaming 't0' holds 't2'"):
+        verify_renaming(g, {0: {"t2": "t0"}})
+    with pytest.raises(PlanError, match="holds 't3'"):
+        verify_renaming(g, {0: {"t3": "t0"}})
+
+
+def test_skip_opt_set_validation():
+    assert resolve_options(["a", "b"]).skip_opt_set == frozenset({"a", "b"})
+    assert resolve_options(("a",), level=1).level == 1
+    with pytest.raises(TypeError, match="not a tuple"):
+        resolve_options("fc")
+
+
+@st.composite
+def interval_buffers(draw):
+    n = draw(st.integers(1, 40))
+    out = []
+    for i in range(n):
+        lower = draw(st.integers(0, 30))
+        upper = lower + draw(st.integers(1, 10))
+        power = draw(st.integers(0, 1))
+        coef = draw(st.integers(1, 64)) * 4
+        from memopt.graph import Size
+
+        out.append(Buffer(f"b{i}", lower, upper, Size(coef, power)))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(interval_buffers(), st.integers(1, 3))
+def test_best_fit_groups_are_valid(buffers, classes):
+    from memopt.graph import Size
+    from memopt.simulate import check_groups
+
+    klass = {b.id: hash(b.id) % classes for b in buffers}
+    groups = best_fit_groups(buffers, lambda b: klass[b.id])
+
+    class Plan:
+        pass
+
+    plan = Plan()
+    plan.groups = groups
+    plan.group_of = {b.id: k for k, grp in enumerate(groups) for b in grp}
+
+    def as_size(s):
+        return s if isinstance(s, Size) else Size(s, 0)
+
+    check_groups(buffers, plan,
+                 compatible=lambda a, b: klass[a.id] == klass[b.id],
+                 fits=lambda m, f: as_size(m.size).provably_le(as_size(f.size)))
