@@ -319,6 +319,8 @@ class CanonicalSearch:
             rank[order] = np.arange(n)
             self.ranks[name] = rank
         self.nodes = 0
+        self._failed_for: Optional[int] = None
+        self.failed: set = set()  # keys of sub-problems proven infeasible
 
     # -- driver --------------------------------------------------------------
     def solve(self, capacity: int, node_budget: int, deadline: Optional[float] = None,
@@ -335,7 +337,7 @@ class CanonicalSearch:
             return FOUND, np.zeros(0, dtype=np.int64)
         if self.peak > capacity:
             return INFEASIBLE, None
-        if getattr(self, "_failed_for", None) != capacity:
+        if self._failed_for != capacity:
             self._failed_for, self.failed = capacity, set()  # proofs hold per capacity
         limit = 2 * self.n
         while True:
