@@ -61,6 +61,7 @@ ERROR_KEY = "__error"
 # every backend object, because block code traced with one backend may be
 # reused (through a block_code_cache) by an equal one.
 _ERROR_MAKERS: List[Callable[[], Exception]] = []
+_TRACE_COUNTS: Dict[Tuple[Any, ...], int] = {}
 _ERROR_CODES: Dict[int, int] = {}
 
 
@@ -123,10 +124,14 @@ class TensorFlowBackend(Backend):
         self.selection = selection
         self.compile_blocks = bool(compile_blocks)
         self.masked = selection == "mask"
-        #: How many times a whole program run was traced into a graph.
-        self.trace_count = 0
         self._pending_checks: List[Any] = []
         self._final_error: Any = None
+
+    @property
+    def trace_count(self) -> int:
+        """How many times a whole program run was traced into a graph, by any
+        backend equal to this one."""
+        return _TRACE_COUNTS.get(self._config(), 0)
 
     # -- identity -------------------------------------------------------------------
     def _config(self) -> Tuple[Any, ...]:
@@ -190,7 +195,9 @@ class TensorFlowBackend(Backend):
         return TensorType(dtype, shape[1:])
 
     def placeholder(self, tensor_type: TensorType, batch_size: int) -> tf.Tensor:
-        return tf.zeros((batch_size,) + tensor_type.shape, _tf_dtype(tensor_type.dtype))
+        """Ones, not zeros: TensorFlow raises on an integer division by zero
+        (``a % b`` in a primop), where NumPy only warns."""
+        return tf.ones((batch_size,) + tensor_type.shape, _tf_dtype(tensor_type.dtype))
 
     # -- threads -------------------------------------------------------------------------
     def select(self, pc: tf.Tensor, block: int) -> Any:
@@ -228,10 +235,11 @@ class TensorFlowBackend(Backend):
 
     def _frame_indices(self, stack: tf.Tensor, selection: Any, frame: Any) -> tf.Tensor:
         """``[n, 2]`` (thread, frame) indices into a ``[batch, frames, ...]`` stack."""
-        frame = self._cast(frame, tf.int32)
+        # Clipped: masked threads may hold any depth, and a thread past the
+        # last frame (a failed overflow check, which stops the run after this
+        # step) must not make the gather or scatter fail first.
+        frame = tf.clip_by_value(self._cast(frame, tf.int32), 0, stack.shape[1] - 1)
         if self.masked:
-            frames = stack.shape[1]
-            frame = tf.clip_by_value(frame, 0, frames - 1)
             threads = tf.range(tf.shape(stack)[0], dtype=tf.int32)
         else:
             threads = selection
@@ -398,7 +406,7 @@ class TensorFlowBackend(Backend):
         backend = self
 
         def whole_run(*inputs: Any) -> Any:
-            backend.trace_count += 1
+            _TRACE_COUNTS[backend._config()] = backend.trace_count + 1
             log.debug("tracing a whole VM run (%s), trace %d", backend, backend.trace_count)
             backend._final_error = tf.constant(0)
             result = vm.run(list(inputs))
