@@ -150,40 +150,36 @@ def _place(a: _Arrays, order: np.ndarray, fit: str) -> np.ndarray:
     """Offsets for buffers taken in ``order``, each at the best or first gap.
 
     A gap is the free space between the buffers already placed that are live
-    at the same time as the new one, sorted by offset.
+    at the same time as the new one, sorted by offset (and the space above
+    them all, which always fits).
     """
     n = len(a)
     offsets = np.zeros(n, dtype=np.int64)
+    tops = np.zeros(n, dtype=np.int64)
     lower, upper, size = a.lower, a.upper, a.size
     placed = np.zeros(n, dtype=bool)
     best_fit = fit == "best"
     for i in order.tolist():
-        need = int(size[i])
-        mask = placed & (lower < upper[i]) & (upper > lower[i])
-        idx = np.flatnonzero(mask)
+        need = size[i]
+        idx = np.flatnonzero(placed & (lower < upper[i]) & (upper > lower[i]))
         placed[i] = True
         if need == 0 or len(idx) == 0:
-            continue  # offset 0
-        los = offsets[idx]
-        his = los + size[idx]
-        sort = np.argsort(los, kind="stable")
-        los = los[sort].tolist()
-        his = his[sort].tolist()
-        top = 0
-        chosen = -1
-        chosen_waste = None
-        for lo, hi in zip(los, his):
-            gap = lo - top
-            if gap >= need:
-                if not best_fit:
-                    chosen = top
-                    break
-                waste = gap - need
-                if chosen_waste is None or waste < chosen_waste:
-                    chosen, chosen_waste = top, waste
-            if hi > top:
-                top = hi
-        offsets[i] = chosen if chosen >= 0 else top
+            offsets[i] = 0
+        else:
+            los = offsets[idx]
+            sort = np.argsort(los, kind="stable")
+            los = los[sort]
+            reach = np.maximum.accumulate(tops[idx][sort])  # highest top so far
+            below = np.concatenate(([0], reach[:-1]))  # free from here ...
+            gaps = los - below  # ... up to the next buffer's offset
+            fitting = np.flatnonzero(gaps >= need)
+            if len(fitting) == 0:
+                offsets[i] = reach[-1]
+            elif best_fit:
+                offsets[i] = below[fitting[np.argmin(gaps[fitting])]]
+            else:
+                offsets[i] = below[fitting[0]]
+        tops[i] = offsets[i] + need
     return offsets
 
 
@@ -214,8 +210,12 @@ def _plan_from(a: _Arrays, offsets: np.ndarray, strategy: str, start: float) -> 
 
 
 def choose(buffers: Sequence[Buffer], names: Sequence[str] = tuple(HEURISTICS),
-           batch_size: Optional[int] = None) -> ArenaPlan:
-    """Run the named heuristics and keep the lowest plan (ties: the first)."""
+           batch_size: Optional[int] = None, *, stop_at: Optional[int] = None) -> ArenaPlan:
+    """Run the named heuristics and keep the lowest plan (ties: the first).
+
+    ``stop_at``: a height known to be optimal (a lower bound); the chooser
+    stops at the first heuristic that reaches it.
+    """
     start = time.perf_counter()
     a = _Arrays.of(buffers, batch_size)
     best = None
@@ -231,6 +231,8 @@ def choose(buffers: Sequence[Buffer], names: Sequence[str] = tuple(HEURISTICS),
         trials.append((name, height, time.perf_counter() - t0))
         if best is None or height < best[0]:
             best = (height, name, offsets)
+        if stop_at is not None and height <= stop_at:
+            break
     if best is None:
         raise ValueError("choose() needs at least one heuristic name")
     plan = _plan_from(a, best[2], best[1], start)
@@ -351,14 +353,17 @@ class CanonicalSearch:
                 if status != LIMIT:
                     return status, offsets
 
-    def dive(self, order: str = SEARCH_ORDERS[0]) -> np.ndarray:
-        """One greedy descent with no capacity: a good plan in about n nodes."""
+    def dive(self, order: str = SEARCH_ORDERS[0],
+             deadline: Optional[float] = None) -> Optional[np.ndarray]:
+        """One greedy descent with no capacity: a good plan in about n nodes.
+
+        None when the ``deadline`` came first.
+        """
         self._failed_for, self.failed = None, set()
+        self.nodes = 0
         status, offsets = self._run(int(self.size.sum()) + 1, self.ranks[order],
-                                    64 * self.n + 64, None)
-        if status != FOUND:  # cannot happen: nothing ever fails without a capacity
-            raise AssertionError("unbounded dive did not finish")
-        return offsets
+                                    64 * (self.n + self.sections) + 64, deadline)
+        return offsets if status == FOUND else None
 
     def _run(self, capacity: int, rank: np.ndarray, limit: int,
              deadline: Optional[float]) -> Tuple[str, Optional[np.ndarray]]:
@@ -400,7 +405,7 @@ class CanonicalSearch:
         """Place every unplaced buffer within sections ``[lo, hi)``."""
         self.nodes += 1
         if self.nodes > self.limit or (
-                self.deadline is not None and (self.nodes & 255) == 0
+                self.deadline is not None and (self.nodes & 15) == 0
                 and time.perf_counter() > self.deadline):
             raise _NodeLimit
         live = self.load[lo:hi] > 0
@@ -547,7 +552,7 @@ class _Part:
 
 def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None,
                time_limit: Optional[float] = None, node_budget: Optional[int] = None,
-               batch_size: Optional[int] = None) -> ArenaPlan:
+               tolerance: float = 0.001, batch_size: Optional[int] = None) -> ArenaPlan:
     """Offsets for every buffer of ``problem`` in one arena, as low as it can.
 
     Parameters
@@ -564,6 +569,10 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
         deterministic.
     node_budget : search nodes in all (default: 40 per buffer in the default
         mode, a million in the exact mode).
+    tolerance : outside the exact mode, planning stops as soon as a plan is
+        within this fraction of the lower bound (0.001: 0.1 %): the chooser
+        stops at the first such heuristic and no search is run.  The exact
+        mode always searches until the plan is proven optimal.
     batch_size : for symbolic sizes.
 
     Returns
@@ -597,22 +606,26 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
     a = _Arrays.of(buffers, batch_size)
     budget = per_buffer * max(len(a), 1) if node_budget is None else node_budget
 
-    base = choose(buffers, batch_size=batch_size)
+    lower_bound = peak_live_bytes(buffers, batch_size)
+    good_enough = lower_bound if mode == "exact" else int(lower_bound * (1 + tolerance))
+    base = choose(buffers, batch_size=batch_size, stop_at=good_enough)
     trials = list(base.trials)
     offsets = np.array([base.offsets[i] for i in a.ids], dtype=np.int64)
-    lower_bound = peak_live_bytes(buffers, batch_size)
     height = _height(a, offsets)
     strategy = base.strategy
     proven = height <= lower_bound
+    close_enough = mode != "exact" and height <= good_enough
 
-    if mode != "heuristic" and not proven:
+    if mode != "heuristic" and not proven and not close_enough:
         live = np.flatnonzero(a.size > 0)
         parts = [_Part(a, idx, offsets) for idx in _partitions(a, live)]
         # greedy descents (cheap): one per value order
         t0 = time.perf_counter()
         for part in parts:
             for order in SEARCH_ORDERS:
-                part.offer(part.search.dive(order))
+                dived = part.search.dive(order, deadline)
+                if dived is not None:
+                    part.offer(dived)
         dive_height = max(p.height for p in parts)
         trials.append(("canonical_dive", dive_height, time.perf_counter() - t0))
         # branch and bound toward the lower bound
