@@ -172,7 +172,10 @@ class Plan:
     variable; ``inplace`` the ``(input, output, position)`` pairs run in
     place; ``reasons`` why candidates were left alone.  ``buffers`` holds
     every temporary's live interval (half-open op positions) and size, for
-    the estimates.
+    the estimates; ``before`` the same in the original op order.  ``order``
+    (None: unchanged) is the new order of block 0's ops as indices of the
+    original ops, ``moved`` how many optimizer ops it moves up, and
+    ``scheduled`` the graph in that order, which positions refer to.
     """
 
     gc: bool
@@ -184,6 +187,10 @@ class Plan:
     reasons: Dict[str, int] = field(default_factory=dict)
     buffers: Dict[str, Buffer] = field(default_factory=dict)
     persistable: List[Size] = field(default_factory=list)
+    order: Optional[List[int]] = None
+    moved: int = 0
+    scheduled: Optional[Graph] = None
+    before: Dict[str, Buffer] = field(default_factory=dict)
 
     def merged(self) -> Dict[str, str]:
         """``{name: a variable it now shares memory with}`` for every member
@@ -294,6 +301,125 @@ def _inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals) ->
     return pairs
 
 
+def _temporaries(graph: Graph, intervals) -> Dict[str, Buffer]:
+    """Every non-persistable dense variable with a live interval: its buffer."""
+    out: Dict[str, Buffer] = {}
+    for name, interval in intervals.items():
+        var = graph.find_var(name)
+        if var is None:
+            var = next((v for _, v in graph.all_vars() if v.name == name), None)
+        if var is None or not var.is_dense or var.persistable or not var.size.coefficient:
+            continue
+        lower, upper = interval.half_open
+        out[name] = Buffer(name, lower, upper, _plain(var.size))
+    return out
+
+
+def schedule_optimizer_ops(graph: Graph) -> Optional[List[int]]:
+    """Move every optimizer op of block 0 up to right after the last op it
+    depends on; None when nothing moves.
+
+    A training program runs all optimizer ops at its end, so every gradient
+    of a parameter is held until then.  Run right after its gradient is
+    complete, an optimizer op lets that gradient die at once (Paddle's PIR
+    executor schedules them so too).  An optimizer op (role ``"optimize"``,
+    no sub-blocks) moves up past ops it does not depend on: it stays after
+    every op that writes what it reads or reads or writes what it writes,
+    and never crosses an op that runs sub-blocks.  Optimizer ops keep their
+    relative order where they share a dependency.  The result is the new
+    order as indices of the original ops.
+    """
+    ops = graph.blocks[0].ops
+    if not any(op.role == "optimize" for op in ops):
+        return None
+    last_write: Dict[str, tuple] = {}
+    last_access: Dict[str, tuple] = {}
+    barrier: tuple = ()
+    keys: List[tuple] = []
+    for i, op in enumerate(ops):
+        if op.role == "optimize" and not op.sub_blocks:
+            dep = barrier
+            for name in op.reads:
+                dep = max(dep, last_write.get(name, ()))
+            for name in op.writes:
+                dep = max(dep, last_access.get(name, ()))
+            key = dep + (0.5, i) if dep else (-1, i)
+        else:
+            key = (i,)
+        if op.sub_blocks:
+            barrier = max(barrier, key)
+        for name in op.writes:
+            last_write[name] = max(last_write.get(name, ()), key)
+        for name in (*op.reads, *op.writes):
+            last_access[name] = max(last_access.get(name, ()), key)
+        keys.append(key)
+    order = sorted(range(len(ops)), key=lambda i: keys[i])
+    return None if order == list(range(len(ops))) else order
+
+
+def reorder(graph: Graph, order: List[int]) -> Graph:
+    """A graph sharing ``graph``'s blocks and ops, block 0's ops in ``order``."""
+    from .graph import Block
+
+    b0 = graph.blocks[0]
+    new0 = Block(0, b0.parent, [b0.ops[i] for i in order], b0.vars)
+    return Graph(blocks=[new0, *graph.blocks[1:]], fetch_names=graph.fetch_names)
+
+
+def verify_order(graph: Graph, order: Optional[List[int]]) -> None:
+    """Check that ``order`` (a permutation of block 0's ops) keeps every
+    dependency: for each variable, a write stays after every earlier access
+    and a read after the write before it; ops that run sub-blocks keep
+    their order relative to every op.
+
+    Raises
+    ------
+    PlanError
+        Naming the variable and ops whose order would change.
+    """
+    if order is None:
+        return
+    ops = graph.blocks[0].ops
+    if sorted(order) != list(range(len(ops))):
+        raise PlanError("the new op order is not a permutation of block 0's ops")
+    new_pos = [0] * len(ops)
+    for pos, i in enumerate(order):
+        new_pos[i] = pos
+    # for each name, the op (original index) that comes last in the new order
+    # among the earlier writers / earlier accessors of it
+    last_write: Dict[str, int] = {}
+    last_any: Dict[str, int] = {}
+    latest = -1          # earlier op that comes last in the new order
+    barrier = -1         # the last earlier op that runs sub-blocks
+    for i, op in enumerate(ops):
+        here = new_pos[i]
+        if barrier >= 0 and new_pos[barrier] > here:
+            raise PlanError(f"op {i} ({op.type}) would move above op {barrier} "
+                            f"({ops[barrier].type}), which runs sub-blocks")
+        if op.sub_blocks and latest >= 0 and new_pos[latest] > here:
+            raise PlanError(f"op {i} ({op.type}) runs sub-blocks; op {latest} "
+                            f"({ops[latest].type}) may not move below it")
+        for name in op.reads:
+            j = last_write.get(name)
+            if j is not None and new_pos[j] > here:
+                raise PlanError(f"op {i} ({op.type}) reads {name!r} and would move above "
+                                f"op {j} ({ops[j].type}), which writes it")
+        for name in op.writes:
+            j = last_any.get(name)
+            if j is not None and new_pos[j] > here:
+                raise PlanError(f"op {i} ({op.type}) writes {name!r} and would move above "
+                                f"op {j} ({ops[j].type}), which uses it")
+        for table, names in ((last_write, op.writes), (last_any, (*op.reads, *op.writes))):
+            for name in names:
+                j = table.get(name)
+                if j is None or new_pos[j] < here:
+                    table[name] = i
+        if latest < 0 or new_pos[latest] < here:
+            latest = i
+        if op.sub_blocks:
+            barrier = i
+
+
 def plan_memory(graph: Graph, options: Options, gc: bool,
                 live=None) -> Plan:
     """Plan memory sharing for ``graph`` (see the module docstring).
@@ -315,9 +441,18 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
     from .reuse import assign_groups  # local: the planner module is only needed here
 
     live = analyze_graph(graph) if live is None else live
+    before = _temporaries(graph, live.intervals())
+    order = schedule_optimizer_ops(graph)
+    plan = Plan(gc=gc, level=options.level, before=before)
+    if order is not None:
+        plan.order = order
+        plan.moved = sum(1 for k, i in enumerate(order) if i != k and
+                         graph.blocks[0].ops[i].role == "optimize" and i > k)
+        graph = reorder(graph, order)
+        live = analyze_graph(graph)
+    plan.scheduled = graph
     intervals = live.intervals()
     candidates, reason_of, home = _classify(graph, options, intervals)
-    plan = Plan(gc=gc, level=options.level)
     for reason in reason_of.values():
         plan.reasons[reason] = plan.reasons.get(reason, 0) + 1
 
@@ -583,8 +718,12 @@ def verify_renaming(graph: Graph, renames: Dict[int, Dict[str, str]],
 
 
 def check_plan(graph: Graph, plan: Plan) -> None:
-    """Every check a plan must pass before a program is rewritten."""
-    verify_renaming(graph, plan.renames, plan.inplace)
+    """Every check a plan must pass before a program is rewritten: the new
+    op order keeps every dependency of ``graph`` (the original), and the
+    renaming changes no value any op reads in that order."""
+    verify_order(graph, plan.order)
+    scheduled = graph if plan.order is None else reorder(graph, plan.order)
+    verify_renaming(scheduled, plan.renames, plan.inplace)
     for group in plan.groups:
         owner = group[0]
         for name in group[1:]:
@@ -619,7 +758,7 @@ def estimate(plan: Plan, gc: bool, batch_size: int = REFERENCE_BATCH):
         after.append([buffers[n] for n in group])
         grouped.update(group)
     after.extend([b] for n, b in buffers.items() if n not in grouped)
-    before = [[b] for b in buffers.values()]
+    before = [[b] for b in (plan.before or buffers).values()]
     if not buffers:
         return persist, persist, []
     t_before = group_timeline(_Groups(before), gc=gc, batch_size=batch_size)
@@ -652,7 +791,15 @@ def make_report(plan: Plan, options: Options, runtime: str, program_type: str,
         persistable_bytes=sum(_as_size(s).at(batch_size) for s in plan.persistable),
         peak_before=peak_before, peak_after=peak_after, top_holders=holders,
         release=release or _release_text(plan.gc), not_merged=dict(plan.reasons),
-        seconds=seconds, notes=list(notes or []))
+        seconds=seconds, notes=_notes(plan) + list(notes or []))
+
+
+def _notes(plan: Plan) -> List[str]:
+    if not plan.moved:
+        return []
+    return [f"moved {plan.moved} optimizer ops up to right after their gradients are "
+            "complete, so each gradient dies at once (bit-identical: every dependency "
+            "is kept)"]
 
 
 def _release_text(gc: bool) -> str:

@@ -163,3 +163,36 @@ def test_merged_record_and_fetch_check(legacy):
     with pytest.raises(MergedVariableError, match="relu_0.tmp_0.*skip_opt_set"):
         legacy.check_fetch(model.main, [model.loss, "relu_0.tmp_0"])
     legacy.check_fetch(model.main, [model.loss])
+
+
+def test_rewrite_moves_ops_and_undoes_on_failure(legacy, monkeypatch):
+    model = models.build("mlp", "legacy")
+    block = model.main.global_block()
+    types = [op.type for op in block.ops]
+    n = len(types)
+    order = list(range(n))
+    order.insert(3, order.pop(n - 1))      # last op (an optimizer op) to index 3
+    order.insert(10, order.pop(n - 2))     # and another one lower down
+    before = serialized(model.main)
+    legacy.rewrite(model.main, {}, order)
+    assert [op.type for op in block.ops] == [types[i] for i in order]
+    assert [op.desc.type() for op in block.ops] == [types[i] for i in order]
+    # put it back with the inverse permutation: byte-identical again
+    inverse = sorted(range(n), key=lambda k: order[k])
+    legacy.rewrite(model.main, {}, inverse)
+    assert serialized(model.main) == before
+
+    real, calls = legacy._move_op, []
+
+    def flaky(*args):  # fault injection: the second move fails
+        calls.append(args)
+        if len(calls) == 2:
+            raise RuntimeError("injected")
+        real(*args)
+
+    monkeypatch.setattr(legacy, "_move_op", flaky)
+    with pytest.raises(RuntimeError, match="injected"):
+        legacy.rewrite(model.main, {0: {"relu_1.tmp_0": "linear_1.tmp_1"}}, order)
+    assert serialized(model.main) == before
+    with pytest.raises(GraphError, match="permutation"):
+        legacy.rewrite(model.main, {}, order[:-1])

@@ -14,6 +14,8 @@ from memopt.optimize import (
     check_plan,
     plan_memory,
     resolve_options,
+    schedule_optimizer_ops,
+    verify_order,
     verify_renaming,
 )
 from memopt.problems import Buffer
@@ -209,3 +211,55 @@ def test_best_fit_groups_are_valid(buffers, classes):
     check_groups(buffers, plan,
                  compatible=lambda a, b: klass[a.id] == klass[b.id],
                  fits=lambda m, f: as_size(m.size).provably_le(as_size(f.size)))
+
+
+def training_graph():
+    """fwd: h = x*w1; y = h*w2; loss.  bwd: dy, dw2 (reads h), dh, dw1.
+    opt: sgd(w1), sgd(w2) at the end."""
+    g = Graph()
+    b = g.global_block
+    for name in ("x", "h", "y", "loss", "dy", "dh", "dw1", "dw2"):
+        b.add_var(Var(name, (-1, 4) if name not in ("dw1", "dw2", "loss") else (4, 4),
+                      is_data=(name == "x")))
+    for name in ("w1", "w2", "lr"):
+        b.add_var(Var(name, (4, 4), persistable=True))
+    b.add_op(Op("mul", ("x", "w1"), ("h",)))
+    b.add_op(Op("mul", ("h", "w2"), ("y",)))
+    b.add_op(Op("mean", ("y",), ("loss",), attrs={"loss": True}))
+    b.add_op(Op("fill", (), ("dy",), role="backward"))
+    b.add_op(Op("mul_grad", ("dy", "h", "w2"), ("dh", "dw2"), role="backward"))
+    b.add_op(Op("mul_grad", ("dh", "x", "w1"), ("dw1",), role="backward"))
+    b.add_op(Op("sgd", ("w1", "dw1", "lr"), ("w1",), role="optimize"))
+    b.add_op(Op("sgd", ("w2", "dw2", "lr"), ("w2",), role="optimize"))
+    return g
+
+
+def test_optimizer_ops_move_up_to_their_gradient():
+    g = training_graph()
+    order = schedule_optimizer_ops(g)
+    types = [g.global_block.ops[i].type + ":" + ",".join(g.global_block.ops[i].reads[:2])
+             for i in order]
+    # sgd(w2) right after the op that writes dw2 (and last reads w2)
+    assert order == [0, 1, 2, 3, 4, 7, 5, 6], types
+    verify_order(g, order)
+    plan = plan_memory(g, ALL, gc=True)
+    assert plan.order == order and plan.moved == 1
+
+
+def test_verify_order_rejects_broken_dependencies():
+    g = training_graph()
+    with pytest.raises(PlanError, match="reads 'dw2'"):
+        verify_order(g, [0, 1, 2, 3, 7, 4, 5, 6])     # sgd(w2) before dw2 exists
+    war = Graph()
+    war.global_block.add_var(Var("w", (4,), persistable=True))
+    war.global_block.add_var(Var("t", (4,)))
+    war.global_block.add_op(Op("scale", ("w",), ("t",)))
+    war.global_block.add_op(Op("sgd", ("w",), ("w",), role="optimize"))
+    with pytest.raises(PlanError, match="writes 'w' and would move above op 0"):
+        verify_order(war, [1, 0])
+    with pytest.raises(PlanError, match="permutation"):
+        verify_order(g, [0, 1, 2])
+
+
+def test_no_optimizer_no_reorder():
+    assert schedule_optimizer_ops(chain(3)) is None

@@ -362,17 +362,64 @@ def apply_renames(program, renames: Mapping[int, Mapping[str, str]]) -> int:
     On any error the slots already changed are restored and the error is
     re-raised: the program's serialized form is exactly what it was.
     """
+    return rewrite(program, renames, None)
+
+
+def rewrite(program, renames: Mapping[int, Mapping[str, str]],
+            order: Optional[List[int]] = None) -> int:
+    """Apply renames, then put block 0's ops in ``order`` -- all or nothing.
+
+    ``order`` lists block 0's op indices in their new order (None: keep it);
+    only the ops that change place are moved (their descs are re-created),
+    every other op keeps its Operator object.  Everything is validated
+    first; if a step fails midway, the steps done are undone in reverse and
+    the error is re-raised.  Returns the number of op slots renamed.
+    """
     edits = _edits(program, renames)
+    if order is not None:
+        n = len(program.global_block().ops)
+        if sorted(order) != list(range(n)):
+            raise GraphError(f"the new op order is not a permutation of the {n} ops "
+                             "of block 0")
     done = []
+    moves: List[Tuple[int, int]] = []
     try:
         for pop, is_input, slot, old_names, new_names in edits:
             _set_slot(pop, is_input, slot, new_names)
             done.append((pop, is_input, slot, old_names))
+        if order is not None:
+            current = list(range(len(order)))
+            for k, want in enumerate(order):
+                if current[k] == want:
+                    continue
+                j = current.index(want, k)
+                _move_op(program.global_block(), j, k)
+                moves.append((j, k))
+                current.insert(k, current.pop(j))
     except BaseException:
+        block = program.global_block()
+        for j, k in reversed(moves):
+            _move_op(block, k, j)
         for pop, is_input, slot, old_names in reversed(done):
             _set_slot(pop, is_input, slot, old_names)
         raise
     return len(edits)
+
+
+def _move_op(block, src: int, dst: int) -> None:
+    """Move block op ``src`` so that it ends at index ``dst`` (the ops between
+    shift by one); the moved op's desc and Operator are re-created."""
+    from paddle.base.framework import Operator
+
+    if src == dst:
+        return
+    desc = block.desc
+    insert_at, old_at = (dst, src + 1) if src > dst else (dst + 1, src)
+    new = desc._insert_op(insert_at)
+    new.copy_from(desc.op(old_at))
+    desc._remove_op(old_at, old_at + 1)
+    block.ops.insert(insert_at, Operator(block, new))
+    del block.ops[old_at]
 
 
 # -- fetches of merged variables ---------------------------------------------------
@@ -464,7 +511,7 @@ def memory_optimize(program, options):
     gc, runtime = optimize.runtime_gc()
     plan = optimize.plan_memory(graph, options, gc)
     optimize.check_plan(graph, plan)
-    apply_renames(program, plan.renames)
+    rewrite(program, plan.renames, plan.order)
     record_merged(program, plan.merged())
     seconds = time.perf_counter() - start
     log.debug("memory_optimize: %d variables merged in %.3f s", len(plan.reuses), seconds)
@@ -484,6 +531,7 @@ def release_memory(program, options):
     gc, runtime = optimize.runtime_gc()
     plan = optimize.plan_memory(graph, optimize.Options(options.skip_opt_set), gc)
     plan.groups, plan.reuses, plan.renames, plan.inplace = [], [], {}, []
+    plan.order, plan.moved, plan.buffers = None, 0, plan.before
     kept = sorted(options.skip_opt_set & set(plan.buffers))
     notes = [f"kept by skip_opt_set: {', '.join(kept)}"] if kept else []
     return optimize.make_report(plan, options, runtime, "legacy",
