@@ -146,7 +146,20 @@ HEURISTICS: Dict[str, Tuple[Callable[[_Arrays], np.ndarray], str]] = {
 }
 
 
-def _place(a: _Arrays, order: np.ndarray, fit: str) -> np.ndarray:
+def _overlaps(a: _Arrays) -> List[np.ndarray]:
+    """For every buffer, the indices of the buffers live at some same step."""
+    n = len(a)
+    rows: List[np.ndarray] = []
+    block = max(1, 2_000_000 // max(n, 1))
+    for r0 in range(0, n, block):
+        r1 = min(n, r0 + block)
+        hit = (a.lower[r0:r1, None] < a.upper[None, :]) & (a.upper[r0:r1, None] > a.lower[None, :])
+        rows.extend(np.flatnonzero(row) for row in hit)
+    return rows
+
+
+def _place(a: _Arrays, order: np.ndarray, fit: str,
+           overlaps: Optional[List[np.ndarray]] = None) -> np.ndarray:
     """Offsets for buffers taken in ``order``, each at the best or first gap.
 
     A gap is the free space between the buffers already placed that are live
@@ -154,29 +167,32 @@ def _place(a: _Arrays, order: np.ndarray, fit: str) -> np.ndarray:
     them all, which always fits).
     """
     n = len(a)
+    if overlaps is None:
+        overlaps = _overlaps(a)
     offsets = np.zeros(n, dtype=np.int64)
     tops = np.zeros(n, dtype=np.int64)
-    lower, upper, size = a.lower, a.upper, a.size
+    size = a.size
     placed = np.zeros(n, dtype=bool)
     best_fit = fit == "best"
     for i in order.tolist():
-        need = size[i]
-        idx = np.flatnonzero(placed & (lower < upper[i]) & (upper > lower[i]))
+        need = int(size[i])
+        near = overlaps[i]
+        idx = near[placed[near]]
         placed[i] = True
-        if need == 0 or len(idx) == 0:
-            offsets[i] = 0
-        else:
+        if need and len(idx):
             los = offsets[idx]
-            sort = np.argsort(los, kind="stable")
+            sort = los.argsort(kind="stable")
             los = los[sort]
-            reach = np.maximum.accumulate(tops[idx][sort])  # highest top so far
-            below = np.concatenate(([0], reach[:-1]))  # free from here ...
+            reach = np.maximum.accumulate(tops[idx[sort]])  # highest top so far
+            below = np.empty_like(reach)  # free from here ...
+            below[0] = 0
+            below[1:] = reach[:-1]
             gaps = los - below  # ... up to the next buffer's offset
-            fitting = np.flatnonzero(gaps >= need)
+            fitting = (gaps >= need).nonzero()[0]
             if len(fitting) == 0:
                 offsets[i] = reach[-1]
             elif best_fit:
-                offsets[i] = below[fitting[np.argmin(gaps[fitting])]]
+                offsets[i] = below[fitting[gaps[fitting].argmin()]]
             else:
                 offsets[i] = below[fitting[0]]
         tops[i] = offsets[i] + need
@@ -210,14 +226,17 @@ def _plan_from(a: _Arrays, offsets: np.ndarray, strategy: str, start: float) -> 
 
 
 def choose(buffers: Sequence[Buffer], names: Sequence[str] = tuple(HEURISTICS),
-           batch_size: Optional[int] = None, *, stop_at: Optional[int] = None) -> ArenaPlan:
+           batch_size: Optional[int] = None, *, stop_at: Optional[int] = None,
+           check: bool = True) -> ArenaPlan:
     """Run the named heuristics and keep the lowest plan (ties: the first).
 
-    ``stop_at``: a height known to be optimal (a lower bound); the chooser
-    stops at the first heuristic that reaches it.
+    ``stop_at``: a height good enough (for example the lower bound); the
+    chooser stops at the first heuristic that reaches it.  ``check=False``
+    leaves the check to the caller.
     """
     start = time.perf_counter()
     a = _Arrays.of(buffers, batch_size)
+    near = _overlaps(a)
     best = None
     trials = []
     for name in names:
@@ -226,7 +245,7 @@ def choose(buffers: Sequence[Buffer], names: Sequence[str] = tuple(HEURISTICS),
                              f"{', '.join(HEURISTICS)}")
         t0 = time.perf_counter()
         order_rule, fit = HEURISTICS[name]
-        offsets = _place(a, order_rule(a), fit)
+        offsets = _place(a, order_rule(a), fit, near)
         height = _height(a, offsets)
         trials.append((name, height, time.perf_counter() - t0))
         if best is None or height < best[0]:
@@ -237,7 +256,8 @@ def choose(buffers: Sequence[Buffer], names: Sequence[str] = tuple(HEURISTICS),
         raise ValueError("choose() needs at least one heuristic name")
     plan = _plan_from(a, best[2], best[1], start)
     plan.trials = trials
-    check_offsets(buffers, plan.offsets, batch_size=batch_size)
+    if check:
+        check_offsets(buffers, plan.offsets, batch_size=batch_size)
     return plan
 
 
@@ -608,7 +628,7 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
 
     lower_bound = peak_live_bytes(buffers, batch_size)
     good_enough = lower_bound if mode == "exact" else int(lower_bound * (1 + tolerance))
-    base = choose(buffers, batch_size=batch_size, stop_at=good_enough)
+    base = choose(buffers, batch_size=batch_size, stop_at=good_enough, check=False)
     trials = list(base.trials)
     offsets = np.array([base.offsets[i] for i in a.ids], dtype=np.int64)
     height = _height(a, offsets)
