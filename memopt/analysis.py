@@ -45,7 +45,8 @@ from .liveness import analyze_graph as _liveness_of
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RuntimeModel", "Holder", "Analysis", "analyze", "from_graph", "parse_bytes", "format_bytes"]
+__all__ = ["RuntimeModel", "Holder", "Analysis", "analyze", "from_graph", "executor_order",
+           "parse_bytes", "format_bytes"]
 
 #: Categories of memory, in report order.
 CATEGORIES = ("parameter", "input", "activation", "gradient", "optimizer")
@@ -123,6 +124,11 @@ class Holder:
 
     def bytes(self, batch_size: int) -> int:
         return self.size.at(batch_size)
+
+
+def _order(size: Size) -> tuple:
+    """Sort key of sizes: the larger for large batches first."""
+    return size.power, size.coefficient
 
 
 def _poly_add(poly: dict, size: Size, sign: int = 1) -> None:
@@ -582,7 +588,7 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
         if var.persistable and var.is_dense:
             root = aliases.find(name)
             old = persistent_roots.get(root)
-            if old is None or (var.size.power, var.size.coefficient) > (old.power, old.coefficient):
+            if old is None or _order(var.size) > _order(old):
                 persistent_roots[root] = var.size
     for size in persistent_roots.values():
         _poly_add(persistable, size)
@@ -613,8 +619,7 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
         start = spans[0][0]
         end = max(e for _, e, _ in spans)
         owner = spans[0][2]
-        size = max((var_of[nm].size for _, _, nm in spans),
-                   key=lambda s: (s.power, s.coefficient))
+        size = max((var_of[nm].size for _, _, nm in spans), key=_order)
         pos = first_writer.get(owner, start)
         op = positions[pos][1] if positions else None
         holders.append(Holder(

@@ -348,12 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("analyze", parents=[common], help="peak memory, who holds it, what batch size fits",
-                       description="Model one training/inference step of a saved program as "
-                                   "Paddle's executor runs it and report the peak of live "
-                                   "memory, the variables holding it, the peak as a function "
-                                   "of the batch size and, with --budget, the largest batch "
-                                   "that fits.  A .csv interval problem gets its lower bounds.")
+    p = sub.add_parser(
+        "analyze", parents=[common],
+        help="peak memory, who holds it, what batch size fits",
+        description="Model one training/inference step of a saved program as "
+            "Paddle's executor runs it and report the peak of live "
+            "memory, the variables holding it, the peak as a function "
+            "of the batch size and, with --budget, the largest batch "
+            "that fits.  A .csv interval problem gets its lower bounds.")
     p.add_argument("model", metavar="MODEL", help="saved program (.pdmodel/.json) or .csv problem")
     p.add_argument("--batch-size", "-b", type=_positive_int, default=None,
                    help="batch size for the -1 dimensions (default 1)")
@@ -364,9 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_analyze)
 
-    p = sub.add_parser("optimize", parents=[common], help="memory_optimize a saved program and write it",
-                       description="Run memopt.memory_optimize on a saved program and write "
-                                   "the rewritten program (legacy: .pdmodel; PIR: .json).")
+    p = sub.add_parser(
+        "optimize", parents=[common],
+        help="memory_optimize a saved program and write it",
+        description="Run memopt.memory_optimize on a saved program and write "
+            "the rewritten program (legacy: .pdmodel; PIR: .json).")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--level", type=int, choices=(0, 1), default=0,
                    help="0: share only same shape and dtype; 1: any provably large enough")
@@ -379,9 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_optimize)
 
-    p = sub.add_parser("plan", parents=[common], help="plan arena offsets for an interval problem (.csv)",
-                       description="Give every buffer of an interval problem (CSV "
-                                   "id,lower,upper,size) an offset in one arena.")
+    p = sub.add_parser(
+        "plan", parents=[common],
+        help="plan arena offsets for an interval problem (.csv)",
+        description="Give every buffer of an interval problem (CSV "
+            "id,lower,upper,size) an offset in one arena.")
     p.add_argument("problem", metavar="PROBLEM.csv")
     p.add_argument("--exact", action="store_true",
                    help="search until the plan is proven optimal or the time limit")
@@ -392,10 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("plot", parents=[common], help="draw a program's memory timeline or an arena plan",
-                       description="MODEL: live memory over the op sequence before and after "
-                                   "memory_optimize, the peaks marked, the top holders named.  "
-                                   "PROBLEM.csv: the arena plan, buffers as rectangles.")
+    p = sub.add_parser(
+        "plot", parents=[common],
+        help="draw a program's memory timeline or an arena plan",
+        description="MODEL: live memory over the op sequence before and after "
+            "memory_optimize, the peaks marked, the top holders named.  "
+            "PROBLEM.csv: the arena plan, buffers as rectangles.")
     p.add_argument("model", metavar="MODEL|PROBLEM.csv")
     p.add_argument("-o", "--output", required=True, metavar="PNG")
     p.add_argument("--batch-size", "-b", type=_positive_int, default=None)

@@ -198,10 +198,9 @@ class _Converter:
             name = f"{name}#{k}"
         self.result.name_of[value.id] = name
         self.result.values[name] = value
-        if value.is_dense_tensor_type():
-            kind, shape, dtype = DENSE, tuple(int(d) for d in value.shape), _dtype_name(value)
-        elif value.is_selected_row_type():
-            kind, shape, dtype = "selected_rows", tuple(int(d) for d in value.shape), _dtype_name(value)
+        if value.is_dense_tensor_type() or value.is_selected_row_type():
+            kind = DENSE if value.is_dense_tensor_type() else "selected_rows"
+            shape, dtype = tuple(int(d) for d in value.shape), _dtype_name(value)
         elif value.is_dense_tensor_array_type():
             kind, shape, dtype = "tensor_array", (), "float32"
         else:
