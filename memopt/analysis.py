@@ -672,17 +672,18 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
         rt = runtime or RuntimeModel(inplace=False)
         return from_graph(graph, batch_size, rt)
     from .paddle import pir as pir_adapter
+    from .paddle import pir_inplace
 
     if pir_adapter.is_pir_program(program_or_graph):
         rt = runtime or RuntimeModel.from_paddle()
         pg = pir_adapter.convert(program_or_graph, fetch_list)
-        inplace = pir_adapter.executor_inplace(pg, fetch_list, rt.device) if rt.inplace else []
+        inplace = pir_inplace.executor_inplace(pg, fetch_list, rt.device) if rt.inplace else []
         return from_graph(pg.graph, batch_size, rt, inplace)
     if type(program_or_graph).__name__ == "Program":
         # Paddle 3 runs a legacy program translated to PIR: analyse that.
         rt = runtime or RuntimeModel.from_paddle("legacy")
         pg = pir_adapter.convert_legacy(program_or_graph, fetch_list)
-        inplace = pir_adapter.executor_inplace(pg, (), rt.device) if rt.inplace else []
+        inplace = pir_inplace.executor_inplace(pg, (), rt.device) if rt.inplace else []
         return from_graph(pg.graph, batch_size, rt, inplace)
     raise UnsupportedProgramError(
         f"analyze() takes a Paddle program (PIR or legacy) or a memopt Graph, "

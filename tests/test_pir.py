@@ -22,6 +22,20 @@ def pir(paddle):
     return module
 
 
+@pytest.fixture(scope="module")
+def inplace(paddle):
+    from memopt.paddle import pir_inplace
+
+    return pir_inplace
+
+
+@pytest.fixture(scope="module")
+def rewrite(paddle):
+    from memopt.paddle import pir_rewrite
+
+    return pir_rewrite
+
+
 def _control_flow_program(paddle):
     """fc -> cond (relu*2 | h-1) -> while (3 x tanh) -> split/concat -> mean."""
     main, startup = paddle.static.Program(), paddle.static.Program()
@@ -101,10 +115,10 @@ def test_roles_and_gradients(paddle, pir):
     assert all(r == "forward" for r in roles[:first_back])
 
 
-def test_executor_inplace_follows_paddles_rules(paddle, pir):
+def test_executor_inplace_follows_paddles_rules(paddle, pir, inplace):
     main, _, v = _mlp(paddle)
     pg = pir.convert(main, [v["loss"]])
-    pairs = pir.executor_inplace(pg)
+    pairs = inplace.executor_inplace(pg)
     chosen = {pg.ops[pos].name(): (src, dst) for pos, src, dst in pairs}
     # relu's input (fc's add) dies there; scale's input r is still read by relu_grad
     assert chosen["pd_op.relu"] == (pg.name(v["h"]), pg.name(v["r"]))
@@ -170,17 +184,17 @@ def test_skip_opt_set_by_name_keeps_the_op(paddle, pir):
     assert report.not_merged
 
 
-def test_apply_is_all_or_nothing(paddle, pir):
+def test_apply_is_all_or_nothing(paddle, pir, rewrite):
     main, _, v = _mlp(paddle)
     before = str(main)
     pg = pir.convert(main)
-    rewrites, _ = pir.plan_inplace(pg, Options(skip_grads=False))
+    rewrites, _ = rewrite.plan_inplace(pg, Options(skip_grads=False))
     assert rewrites
     # pd_op.full has a full_ whose builder takes other arguments: it cannot be built
     full = next(i for i, op in enumerate(pg.ops) if op is not None and op.name() == "pd_op.full")
-    bad = pir.InplaceRewrite(full, "pd_op.full", ())
+    bad = rewrite.InplaceRewrite(full, "pd_op.full", ())
     with pytest.raises(Exception):
-        pir.apply_inplace(pg, list(rewrites) + [bad])
+        rewrite.apply_inplace(pg, list(rewrites) + [bad])
     assert str(main) == before
 
 
@@ -204,7 +218,7 @@ def test_models_bit_identical_after_memory_optimize(paddle, pir, name, level):
         np.array_equal(x, y) for x, y in zip(a.params, b.params))
 
 
-def test_sub_block_ops_run_in_place(paddle, pir):
+def test_sub_block_ops_run_in_place(paddle, pir, rewrite):
     """The executor's own pass never touches if/while regions; memopt does:
     in an inference program's branch, and in training programs' backward
     regions (forward regions push their values for the backward)."""
@@ -212,14 +226,14 @@ def test_sub_block_ops_run_in_place(paddle, pir):
 
     main, loss = _control_flow_program(paddle)
     pg = pir.convert(main, [loss])
-    rewrites, _ = pir.plan_inplace(pg, Options())
+    rewrites, _ = rewrite.plan_inplace(pg, Options())
     assert [rw.op_name for rw in rewrites if rw.block != 0] == ["pd_op.scale"]
     for name in ("nested_cond", "while_loop"):
         model = models.build(name, ir="pir")
         pg = pir.convert(model.main, model.fetch_list)
-        rewrites, reasons = pir.plan_inplace(pg, Options(skip_grads=False))
+        rewrites, _ = rewrite.plan_inplace(pg, Options(skip_grads=False))
         assert any(rw.block != 0 and rw.op_name == "pd_op.relu_grad" for rw in rewrites)
-        assert not [rw for rw in pir.plan_inplace(pg, Options())[0] if rw.block != 0]
+        assert not [rw for rw in rewrite.plan_inplace(pg, Options())[0] if rw.block != 0]
 
 
 def test_gc_off_rewrite_is_bit_identical_and_lowers_the_estimate(paddle, pir):

@@ -41,16 +41,30 @@ the ops just before it whose results only the backward part uses (the
 persistable value in place (``sgd_``, ``adam_``, ``momentum_``...) is an
 optimizer op.  Values written by backward ops are gradients.
 
+Memory facts the executor needs, kept on the ops' ``attrs``:
+``"no_need_buffer"`` (operands the op reads only for their shape, which do
+not keep memory alive), ``"overwrites"`` (``(input, output)`` pairs of an op
+that writes over its operands: ``sgd_``, ``batch_norm_``, ``relu_``), and
+``"synthetic"`` (above).  An ``xshape`` output holds no data (kind
+``"shape"``); an einsum's ``inner_cache`` gets the size of the operands the
+kernel really caches.
+
+A legacy ``Program`` is read the way Paddle 3 runs it, translated to PIR
+(:func:`convert_legacy`), with values named after the legacy variables.
+
 Values are identified by ``Value.id`` (stable while the program lives).
+
+Related modules: :mod:`memopt.paddle.pir_inplace` (Paddle's in-place
+variants and a model of the executor's in-place pass) and
+:mod:`memopt.paddle.pir_rewrite` (memory_optimize on PIR), whose entry
+points :func:`memory_optimize` and :func:`release_memory` are here.
 """
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from ..errors import PlanError
 from ..graph import DENSE, Block, Graph, Op, Var
 
 log = logging.getLogger(__name__)
@@ -59,11 +73,9 @@ __all__ = [
     "PirGraph",
     "program_to_graph",
     "convert",
-    "is_pir_program",
     "convert_legacy",
-    "executor_inplace",
-    "plan_inplace",
-    "apply_inplace",
+    "is_pir_program",
+    "is_pir_value",
     "value_name",
     "memory_optimize",
     "release_memory",
@@ -84,6 +96,12 @@ def is_pir_program(program: Any) -> bool:
     when it is plainly something else)."""
     cls = type(program)
     return cls.__name__ == "Program" and "pir" in cls.__module__
+
+
+def is_pir_value(obj: Any) -> bool:
+    """Whether ``obj`` is a PIR ``Value`` (an SSA value of a PIR program)."""
+    cls = type(obj)
+    return cls.__name__ == "Value" and "pir" in cls.__module__
 
 
 def _dtype_name(value) -> str:
@@ -571,313 +589,6 @@ def program_to_graph(program, fetch_list: Iterable = ()) -> Graph:
     return convert(program, fetch_list).graph
 
 
-# -- in-place variants -------------------------------------------------------
-
-#: name -> {result slot: operand slot} of in-place variants, probed once per op name.
-_INPLACE_MAPS: dict = {}
-
-#: Ops whose result may differ in shape from the input they overwrite.
-_RESHAPE_LIKE = ("pd_op.reshape", "pd_op.squeeze", "pd_op.unsqueeze")
-#: Ops for which the executor's pass compares element counts loosely.
-_RELAXED_NUMEL = ("pd_op.reshape_grad", "pd_op.add_grad")
-#: Ops the executor's pass never makes in-place on CPU (their CPU kernels
-#: cannot write over an input, see Paddle's inplace_pass.cc).
-_CPU_NO_INPLACE = ("pd_op.add_grad", "pd_op.subtract_grad")
-#: Ops with a registered ``name_`` that is not an in-place version of them.
-_NOT_INPLACE_VARIANT = ("pd_op.transpose",)
-
-
-def _ops_module():
-    from paddle.base import core
-
-    return core.pir.ops
-
-
-def has_inplace_variant(op_name: str) -> bool:
-    """Whether Paddle registers ``op_name + "_"`` (e.g. ``pd_op.relu_``)."""
-    dialect, _, short = op_name.partition(".")
-    return (dialect == "pd_op" and not short.endswith("_")
-            and op_name not in _NOT_INPLACE_VARIANT
-            and hasattr(_ops_module(), short + "_"))
-
-
-def is_inplace_op(pir_op) -> bool:
-    """Whether ``pir_op`` already writes over one of its operands (``sgd_``,
-    ``batch_norm_``, an op a previous rewrite made in-place)."""
-    from paddle.base import core
-
-    return pir_op.name().endswith("_") and bool(core.pir.get_op_inplace_info(pir_op))
-
-
-def _build_inplace(pir_op):
-    """Insert ``pir_op``'s in-place variant right before it, with the same
-    operands and attributes; return the new operation."""
-    import paddle
-
-    short = pir_op.name().partition(".")[2]
-    attrs = pir_op.attrs()
-    args = [pir_op.operand_source(i) for i in range(pir_op.num_operands())]
-    args += [attrs[a] for a in pir_op.get_attr_names()]
-    paddle.pir.set_insertion_point(pir_op)
-    try:
-        out = getattr(_ops_module(), short + "_")(*args)
-    finally:
-        paddle.pir.reset_insertion_point_to_end()
-    first = out[0] if isinstance(out, (list, tuple)) else out
-    return first.get_defining_op()
-
-
-def inplace_map(pir_op, program=None) -> dict:
-    """``{result slot: operand slot}`` of the in-place variant of ``pir_op``'s
-    type ({} when there is none or it cannot be built).
-
-    An op that is already in-place answers its own map.  Otherwise the
-    variant is built once per op name in a throwaway clone of ``program``
-    (the op's own program when None) and its map is cached.
-    """
-    from paddle.base import core
-
-    if is_inplace_op(pir_op):
-        return dict(core.pir.get_op_inplace_info(pir_op))
-    name = pir_op.name()
-    if name in _INPLACE_MAPS:
-        return _INPLACE_MAPS[name]
-    if not has_inplace_variant(name):
-        _INPLACE_MAPS[name] = {}
-        return {}
-    try:
-        program = program or _program_of(pir_op)
-        index = _flat_index(program, pir_op)
-        scratch = program.clone()
-        target = _walk(scratch.global_block())[index] if index is not None else None
-        if target is None or target.name() != name:
-            return {}  # not found: try again with another op, do not cache
-        found = dict(core.pir.get_op_inplace_info(_build_inplace(target)))
-        found = {k: v for k, v in found.items()
-                 if v < pir_op.num_operands() and k < pir_op.num_results()}
-    except Exception as exc:  # a variant whose builder needs other arguments
-        log.debug("no usable in-place variant for %s: %s", name, exc)
-        found = {}
-    _INPLACE_MAPS[name] = found
-    return found
-
-
-def _walk(block) -> list:
-    """Every op of ``block`` and its regions, in program text order."""
-    out = []
-    for op in block.ops:
-        out.append(op)
-        for sub in op.blocks():
-            out.extend(_walk(sub))
-    return out
-
-
-def _program_of(pir_op):
-    block = pir_op.get_parent_block()
-    while not (block.parent_op is None or block.parent_op.name() == "builtin.module"):
-        block = block.parent_op.get_parent_block()
-    return block.program
-
-
-def _flat_index(program, pir_op) -> Optional[int]:
-    target = pir_op.id()
-    for k, op in enumerate(_walk(program.global_block())):
-        if op.id() == target:
-            return k
-    return None
-
-
-def is_top_level(pir_op) -> bool:
-    """Whether ``pir_op`` sits in its program's global block (not in a region)."""
-    parent = pir_op.get_parent_block().parent_op
-    return parent is None or parent.name() == "builtin.module"
-
-
-def _ids(values) -> set:
-    """``Value.id`` of the non-null values among ``values``."""
-    return {v.id for v in values if v.initialized()}
-
-
-def _deletable(value) -> bool:
-    """What Paddle's pass may free early: a non-persistable dense tensor
-    (or selected rows)."""
-    if value is None or not value.initialized():
-        return False
-    if not (value.is_dense_tensor_type() or value.is_selected_row_type()):
-        return False
-    try:
-        return not value.persistable
-    except Exception:  # pragma: no cover
-        return True
-
-
-def _numel_fits(value_in, value_out, relaxed: bool) -> bool:
-    """The element-count test of Paddle's in-place pass (``-1`` allowed in
-    dimension 0 of a tensor of rank 2 or more only, unless relaxed)."""
-    def count(shape):
-        total = 1
-        for k, dim in enumerate(shape):
-            if not relaxed and dim == -1 and (len(shape) == 1 or k != 0):
-                return None
-            total *= dim
-        return total
-
-    a, b = count(list(value_in.shape)), count(list(value_out.shape))
-    return a is not None and b is not None and a == b
-
-
-def executor_inplace(pg: "PirGraph", fetch_list=(), device: str = "cpu",
-                     blacklist: Iterable[str] = ()) -> list:
-    """The ops Paddle's executor turns in-place when it runs the program.
-
-    Paddle 3's PIR executor (``FLAGS_pir_apply_inplace_pass``, on by default)
-    rewrites ops of the program's top-level block to their in-place variants
-    where the input dies at the op; this predicts its choices by its rules
-    (Paddle's ``inplace_pass.cc``): the variant must be registered, the input
-    must be a deletable dense tensor whose last use in the block is this op,
-    not fed, fetched, persistable, used inside a control-flow region or
-    already reused; dtypes and element counts must match.  Ops inside
-    ``if``/``while`` regions are never rewritten by the executor.
-
-    Returns ``[(position, input name, output name)]`` in program order, the
-    position being the op's flat position in ``pg.graph``.
-    """
-    from paddle.base import core
-
-    program_block = None
-    top = [(i, op) for i, op in enumerate(pg.ops) if op is not None and is_top_level(op)]
-    if not top:
-        return []
-    program_block = top[0][1].get_parent_block()
-    fetch_ids = {v.id for v in fetch_list if hasattr(v, "id")}
-    fetch_ids |= {pg.values[n].id for n in pg.graph.fetch_names if n in pg.values}
-    skip = set(fetch_ids)
-    for _, op in top:
-        name = op.name()
-        if name in DATA_OPS or name == "pd_op.shadow_feed":
-            skip.add(op.result(0).id)
-        elif name in FETCH_OPS:
-            skip.add(op.operand_source(0).id)
-    last_op: dict = {}
-
-    def scan(block) -> None:
-        for op in block.ops:
-            for v in op.operands_source():
-                if v.initialized() and v.id not in skip and _deletable(v):
-                    last_op[v.id] = op.id()
-            for v in op.results():
-                if _deletable(v):
-                    last_op[v.id] = op.id()
-            for sub in op.blocks():
-                scan(sub)
-
-    scan(program_block)
-    dies_at: dict = {}
-    for vid, oid in last_op.items():
-        dies_at.setdefault(oid, set()).add(vid)
-    external = _ids(core.pir.get_used_external_value(program_block))
-    for _, op in top:
-        if op.num_regions():
-            external |= _ids(core.pir.get_used_external_value(op))
-    blacklist = set(blacklist)
-    visited: set = set()
-    reused_in: set = set()
-    reused_out: set = set()
-    chosen = []
-    for position, op in top:
-        name = op.name()
-        operands = list(op.operands_source())
-        results = list(op.results())
-        visited |= _ids(operands)
-        result_ids = _ids(results)
-        if not name.startswith("pd_op.") or op.num_regions():
-            visited |= result_ids
-            continue
-        if device == "cpu" and name in _CPU_NO_INPLACE:
-            visited |= result_ids
-            continue
-        if is_inplace_op(op):
-            reused_in |= _ids(operands)
-            reused_out |= result_ids
-            visited |= result_ids
-            continue
-        dying = dies_at.get(op.id())
-        if name in blacklist or not dying or not has_inplace_variant(name):
-            visited |= result_ids
-            continue
-        pairs = inplace_map(op, program_block.program).items()
-        ok = bool(pairs)
-        for out_slot, in_slot in pairs:
-            vin, vout = operands[in_slot], results[out_slot]
-            if not _inplace_allowed(name, vin, vout, dying) or vout.id in visited \
-                    or not _deletable(vout) or vin.id in reused_in \
-                    or vout.id in reused_out or vin.id in external or vout.id in external:
-                ok = False
-                break
-        if ok:
-            for out_slot, in_slot in pairs:
-                vin, vout = operands[in_slot], results[out_slot]
-                reused_in.add(vin.id)
-                reused_out.add(vout.id)
-                if vin.id in pg.name_of and vout.id in pg.name_of:
-                    chosen.append((position, pg.name_of[vin.id], pg.name_of[vout.id]))
-        visited |= result_ids
-    return chosen
-
-
-def _inplace_allowed(op_name: str, vin, vout, dying: set) -> bool:
-    """``CanDoInplace`` of Paddle's pass: may ``vout`` be written over ``vin``?"""
-    if not vin.initialized() or not vout.initialized():
-        return False
-    if vin.is_dense_tensor_type() and vout.is_dense_tensor_type():
-        if vin.dtype != vout.dtype:
-            return False
-        if op_name in _RESHAPE_LIKE and vin.id in dying:
-            return True
-        if not _numel_fits(vin, vout, op_name in _RELAXED_NUMEL):
-            return False
-    elif str(vin.type()) != str(vout.type()):
-        return False
-    return vin.id in dying
-
-
-# -- memory_optimize on PIR ----------------------------------------------------
-
-#: Ops whose result may be a view of an operand: never overwrite such a result
-#: in place (the viewed tensor may still be live).
-_VIEW_OPS = frozenset({
-    "pd_op.split", "pd_op.split_with_num", "pd_op.slice", "pd_op.strided_slice",
-    "pd_op.transpose", "pd_op.reshape", "pd_op.squeeze", "pd_op.unsqueeze",
-    "pd_op.flatten", "pd_op.view_dtype", "pd_op.view_shape", "pd_op.as_strided",
-    "pd_op.unbind", "pd_op.diagonal", "pd_op.expand", "pd_op.share_data",
-    "pd_op.assign", "builtin.split", "builtin.slice", "pd_op.while", "pd_op.if"})
-
-#: memory_optimize's reasons for leaving an op as it is (Report.not_merged).
-R_GRAD = "gradient (skip_grads=True)"
-R_PROTECTED = "input or output protected (persistable, fed, fetched, skip_opt_set)"
-R_ALIVE = "input still used later"
-R_SHAPE = "input and output differ in shape or dtype"
-R_OUTSIDE = "input from outside the op's block, carried by a loop, or a view"
-R_KERNEL = "CPU kernel cannot run in place"
-
-#: program -> {"replaced": {old value id: new Value}, "overwritten": {value id: name}}
-_REWRITES: dict = {}
-
-
-@dataclass
-class InplaceRewrite:
-    """One op to turn into its in-place variant (pure data, before the rewrite).
-
-    ``position`` is the op's flat position in the :class:`PirGraph`; ``pairs``
-    the ``(input name, output name)`` the variant writes over.
-    """
-
-    position: int
-    op_name: str
-    pairs: tuple
-    block: int = 0
-
-
 def value_name(value) -> str:
     """The name :func:`program_to_graph` gives ``value`` (a parameter's or
     data's name, ``%N`` otherwise), found from the value's own program."""
@@ -902,334 +613,17 @@ def value_name(value) -> str:
         raise ValueError("the Value belongs to no program") from None
 
 
-def plan_inplace(pg: PirGraph, options, device: str = "cpu") -> tuple:
-    """Which ops of ``pg`` may soundly run in place (pure data; nothing changes).
-
-    An op qualifies when Paddle registers its in-place variant and, for each
-    (input, output) pair of that variant: the input dies at the op (no later
-    read anywhere, loops included), is defined in the op's own block by an op
-    that cannot return a view, and is not persistable, fed, fetched, in
-    ``skip_opt_set`` or a loop-carried value; the output is not fetched or in
-    ``skip_opt_set``; the input is read by no other operand of the op; both
-    have the same dtype and, at level 0, the same shape (level 1: the same
-    size in bytes for every batch size).  With ``skip_grads``, backward and
-    optimizer ops are left alone.
-
-    Returns ``(rewrites, reasons)``: the :class:`InplaceRewrite` list in
-    program order and ``{reason: ops left alone for it}``.
-    """
-    from ..liveness import analyze_graph
-
-    graph = pg.graph
-    positions = list(graph.walk_ops())
-    live = analyze_graph(graph)
-    skip = set(options.skip_opt_set)
-    var_block: dict = {}
-    for block_idx, var in graph.all_vars():
-        var_block.setdefault(var.name, block_idx)
-    owners = {sub: pos for pos, (_, op) in enumerate(positions) for sub in op.sub_blocks}
-    overwritten_persistable = set()
-    for _, op in positions:
-        for src, dst in op.attrs.get("overwrites", ()) if op.attrs else ():
-            overwritten_persistable.add(dst)
-    rewrites, reasons = [], {}
-
-    def refuse(reason: str) -> None:
-        reasons[reason] = reasons.get(reason, 0) + 1
-
-    for pos, (block_idx, op) in enumerate(positions):
-        pir_op = pg.ops[pos]
-        if pir_op is None or not has_inplace_variant(op.type) or is_inplace_op(pir_op):
-            continue
-        if device == "cpu" and op.type in _CPU_NO_INPLACE:
-            refuse(R_KERNEL)
-            continue
-        if options.skip_grads and op.role in ("backward", "optimize"):
-            refuse(R_GRAD)
-            continue
-        pairs_slots = inplace_map(pir_op, pg.program).items()
-        if not pairs_slots:
-            continue
-        operands = list(pir_op.operands_source())
-        results = list(pir_op.results())
-        pairs, reason = [], None
-        for out_slot, in_slot in sorted(pairs_slots):
-            vin, vout = operands[in_slot], results[out_slot]
-            if not (vin.initialized() and vout.initialized()) \
-                    or vin.id not in pg.name_of or vout.id not in pg.name_of:
-                reason = R_SHAPE
-                break
-            nin, nout = pg.name_of[vin.id], pg.name_of[vout.id]
-            var_in, var_out = graph.find_var(nin, block_idx), graph.find_var(nout, block_idx)
-            if var_in is None or var_out is None or not var_in.is_dense or not var_out.is_dense:
-                reason = R_SHAPE
-                break
-            if (var_in.persistable or var_in.is_data or var_in.is_feed or var_in.is_fetch
-                    or var_out.persistable or var_out.is_fetch or nin in skip or nout in skip
-                    or nin in overwritten_persistable or nin in graph.fetch_names
-                    or nout in graph.fetch_names):
-                reason = R_PROTECTED
-                break
-            maker = pg.defining_op.get(nin)
-            maker_op = positions[maker][1] if maker is not None else None
-            if (var_block.get(nin) != block_idx or maker is None or maker_op.type in _VIEW_OPS
-                    or maker_op.attrs.get("synthetic") or nin.startswith("%arg_")):
-                reason = R_OUTSIDE
-                break
-            if sum(1 for v in operands if v.initialized() and v.id == vin.id) != 1:
-                reason = R_ALIVE
-                break
-            if live.liveness.is_live_out(pos, nin) or _read_later_in_loop(
-                    graph, positions, owners, block_idx, pos, nin):
-                reason = R_ALIVE
-                break
-            if var_in.dtype != var_out.dtype or (
-                    tuple(var_in.shape) != tuple(var_out.shape) if options.level == 0
-                    else var_in.size != var_out.size):
-                reason = R_SHAPE
-                break
-            pairs.append((nin, nout))
-        if reason:
-            refuse(reason)
-            continue
-        rewrites.append(InplaceRewrite(pos, op.type, tuple(pairs), block_idx))
-    return rewrites, reasons
-
-
-def _read_later_in_loop(graph, positions, owners, block_idx, pos, name) -> bool:
-    """Whether ``name`` is read again by a later iteration of a loop around
-    op ``pos`` (liveness already says so for values defined outside the
-    loop; this guards values defined inside that a loop-carried read may
-    reach through the back edge)."""
-    b = block_idx
-    while b in owners:
-        owner = positions[owners[b]][1]
-        if owner.loop:
-            head = owners[b]
-            return name in owner.reads or name in owner.writes or any(
-                name in op.reads for i, (_, op) in enumerate(positions)
-                if head <= i < pos and _inside(positions, owners, i, b))
-        b = positions[owners[b]][0]
-    return False
-
-
-def _inside(positions, owners, position: int, block: int) -> bool:
-    b = positions[position][0]
-    while True:
-        if b == block:
-            return True
-        if b not in owners:
-            return False
-        b = positions[owners[b]][0]
-
-
-def apply_inplace(pg: PirGraph, rewrites) -> dict:
-    """Turn each planned op into its in-place variant, all or nothing.
-
-    Every new op is built first, right before its original (which keeps its
-    uses); if any build fails, the new ops are erased and the program is as
-    it was.  Then each original's uses move to the new op and it is erased.
-    Returns ``{old result Value id: new result Value}``.
-    """
-    built = []
-    try:
-        for rw in rewrites:
-            old = pg.ops[rw.position]
-            new = _build_inplace(old)
-            if new.name() != old.name() + "_" or new.num_results() != old.num_results() \
-                    or [str(r.type()) for r in new.results()] != \
-                    [str(r.type()) for r in old.results()]:
-                new.erase()
-                raise PlanError(f"the in-place variant of {old.name()} does not "
-                                "match the op it replaces")
-            built.append((old, new))
-    except Exception:
-        for _, new in built:
-            new.erase()
-        raise
-    replaced = {}
-    for old, new in built:
-        for a, b in zip(old.results(), new.results()):
-            if a.initialized():
-                replaced[a.id] = b
-        old.replace_all_uses_with(new.results())
-        old.erase()
-    return replaced
-
-
-def _record(program, replaced: dict, overwritten: dict) -> None:
-    """Remember what the rewrite replaced so fetches stay right (the guard)."""
-    key = id(program)
-    entry = _REWRITES.setdefault(key, {"program": program, "replaced": {}, "overwritten": {}})
-    entry["replaced"].update(replaced)
-    entry["overwritten"].update(overwritten)
-    install_fetch_guard()
-
-
-def resolve_fetch_list(program, fetch_list):
-    """``fetch_list`` with Values replaced by memory_optimize swapped for their
-    replacements; raises :class:`MergedVariableError` for a Value an in-place
-    op now overwrites (fetching it would return another value's data)."""
-    entry = _REWRITES.get(id(program))
-    if not entry or entry["program"] is not program or fetch_list is None:
-        return fetch_list
-    single = not isinstance(fetch_list, (list, tuple))
-    items = [fetch_list] if single else list(fetch_list)
-    out = []
-    for item in items:
-        vid = getattr(item, "id", None) if not isinstance(item, str) else None
-        if isinstance(vid, str) and vid in entry["overwritten"]:
-            from ..errors import MergedVariableError
-
-            name = entry["overwritten"][vid]
-            raise MergedVariableError(
-                f"cannot fetch {name}: memopt.memory_optimize made an op write over it "
-                "in place, so after the run it holds another value. Rebuild the program "
-                f"and pass the Value (or {name!r}) in skip_opt_set to keep it")
-        out.append(entry["replaced"].get(vid, item) if isinstance(vid, str) else item)
-    return out[0] if single else type(fetch_list)(out)
-
-
-_GUARD = False
-
-
-def install_fetch_guard() -> None:
-    """Wrap ``Executor.run`` once so fetches of rewritten PIR programs go
-    through :func:`resolve_fetch_list`."""
-    global _GUARD
-    if _GUARD:
-        return
-    from paddle.base.executor import Executor
-
-    original = Executor.run
-
-    @functools.wraps(original)
-    def run(self, program=None, feed=None, fetch_list=None, *args, **kwargs):
-        target = program
-        if target is None:
-            import paddle
-
-            target = paddle.static.default_main_program()
-        if _REWRITES and is_pir_program(target):
-            fetch_list = resolve_fetch_list(target, fetch_list)
-        return original(self, program, feed, fetch_list, *args, **kwargs)
-
-    Executor.run = run
-    _GUARD = True
-
-
-def _runtime_text() -> tuple:
-    """``(gc on?, executor in-place on?, text)`` from Paddle's flags."""
-    import paddle
-
-    flags = paddle.get_flags(["FLAGS_eager_delete_tensor_gb", "FLAGS_pir_apply_inplace_pass"])
-    gc = float(flags["FLAGS_eager_delete_tensor_gb"]) >= 0
-    inplace = bool(flags["FLAGS_pir_apply_inplace_pass"])
-    text = (f"garbage collection {'on' if gc else 'off'} (FLAGS_eager_delete_tensor_gb="
-            f"{float(flags['FLAGS_eager_delete_tensor_gb']):g}), executor in-place pass "
-            f"{'on' if inplace else 'off'} (FLAGS_pir_apply_inplace_pass)")
-    return gc, inplace, text
-
-
 def memory_optimize(program, options, batch_size: Optional[int] = None):
-    """memory_optimize for a PIR program (see :mod:`memopt.optimize`).
+    """memory_optimize for a PIR program: see
+    :func:`memopt.paddle.pir_rewrite.memory_optimize`."""
+    from . import pir_rewrite
 
-    On PIR, values are SSA and Paddle's executor already frees each one
-    after its last use (GC on) and already runs some ops of the top-level
-    block in place (``FLAGS_pir_apply_inplace_pass``).  What is left to do
-    soundly is to turn ops into their in-place variants wherever the input
-    dies at the op (:func:`plan_inplace`): inside ``if``/``while`` regions
-    (which the executor's pass never touches), where that pass is off, with
-    GC off, and for shapes the pass refuses (a ``-1`` past the first
-    dimension).  The Report estimates the peak before and after with
-    :mod:`memopt.analysis`, i.e. with what the executor does anyway.
-
-    Replaced ops' result Values are new objects; ``Executor.run`` is wrapped
-    so that fetching an old one fetches its replacement, and fetching a
-    Value that an in-place op now overwrites raises
-    :class:`~memopt.errors.MergedVariableError`.
-    """
-    import time
-
-    from .. import analysis
-    from ..report import REFERENCE_BATCH, Bytes, Holder, Report, Reuse
-
-    start = time.perf_counter()
-    batch = batch_size or REFERENCE_BATCH
-    gc, executor_inplace_on, runtime = _runtime_text()
-    model = analysis.RuntimeModel(gc=gc, inplace=executor_inplace_on)
-    pg = convert(program)
-    before = analysis.from_graph(
-        pg.graph, batch, model, executor_inplace(pg) if executor_inplace_on else [])
-    rewrites, reasons = plan_inplace(pg, options)
-    reuses, overwritten = [], {}
-    for rw in rewrites:
-        for nin, nout in rw.pairs:
-            var = pg.graph.find_var(nout, rw.block)
-            reuses.append(Reuse(var=nout, takes=nin, renamed_to=nin, shape=tuple(var.shape),
-                                dtype=var.dtype, size=var.size, block=rw.block,
-                                how="in-place", op=f"{rw.op_name} -> {rw.op_name}_"))
-            overwritten[pg.values[nin].id] = nin
-    replaced = apply_inplace(pg, rewrites) if rewrites else {}
-    if rewrites:
-        _record(program, replaced, overwritten)
-        after_pg = convert(program)
-        after = analysis.from_graph(
-            after_pg.graph, batch, model,
-            executor_inplace(after_pg) if executor_inplace_on else [])
-    else:
-        after = before
-    temps = {var.name: var.size for _, var in pg.graph.all_vars()
-             if var.is_dense and not var.persistable}
-    shared = {r.var for r in reuses}
-    holders = [Holder(h.name, h.bytes(batch), tuple(h.names)) for h in after.held_at()[:5]]
-    ours = len(rewrites)
-    notes = [f"{len(before.inplace)} ops of the top-level block already run in place "
-             "by Paddle's executor (its in-place pass); memopt changed "
-             f"{ours} op{'s' if ours != 1 else ''} to in-place variants"]
-    report = Report(
-        program_type="pir", level=options.level, skip_grads=options.skip_grads, gc=gc,
-        runtime=runtime, reuses=reuses,
-        temporaries_before=Bytes.total(temps.values()),
-        temporaries_after=Bytes.total(s for n, s in temps.items() if n not in shared),
-        batch_size=batch, persistable_bytes=before.persistable_bytes(batch),
-        peak_before=before.total_peak(batch), peak_after=after.total_peak(batch),
-        top_holders=holders,
-        release=("Paddle's garbage collector frees each value right after its last use"
-                 if gc else "garbage collection is off: values are held until the run "
-                 "ends; set FLAGS_eager_delete_tensor_gb=0 to free them after their "
-                 "last use"),
-        not_merged=reasons, seconds=time.perf_counter() - start, notes=notes)
-    log.debug("PIR memory_optimize: %d ops in place in %.3f s", ours, report.seconds)
-    return report
+    return pir_rewrite.memory_optimize(program, options, batch_size)
 
 
 def release_memory(program, options):
-    """release_memory for a PIR program: nothing to insert (Paddle's garbage
-    collector frees each value after its last use); the Report says how
-    memory is released and what the analysis estimates.  The program is not
-    changed."""
-    import time
+    """release_memory for a PIR program: see
+    :func:`memopt.paddle.pir_rewrite.release_memory`."""
+    from . import pir_rewrite
 
-    from .. import analysis
-    from ..report import REFERENCE_BATCH, Bytes, Report
-
-    start = time.perf_counter()
-    gc, inplace_on, runtime = _runtime_text()
-    pg = convert(program)
-    an = analysis.from_graph(pg.graph, REFERENCE_BATCH,
-                             analysis.RuntimeModel(gc=gc, inplace=inplace_on),
-                             executor_inplace(pg) if inplace_on else [])
-    temps = Bytes.total(var.size for _, var in pg.graph.all_vars()
-                        if var.is_dense and not var.persistable)
-    kept = sorted(set(options.skip_opt_set) & set(pg.values))
-    return Report(program_type="pir", gc=gc, runtime=runtime, temporaries_before=temps,
-                  temporaries_after=temps, batch_size=REFERENCE_BATCH,
-                  persistable_bytes=an.persistable_bytes(), peak_before=an.total_peak(),
-                  peak_after=an.total_peak(),
-                  release=("Paddle's garbage collector frees each value right after its "
-                           "last use; nothing to insert" if gc else
-                           "garbage collection is off: set FLAGS_eager_delete_tensor_gb=0 "
-                           "to free each value after its last use"),
-                  seconds=time.perf_counter() - start,
-                  notes=[f"kept by skip_opt_set: {', '.join(kept)}"] if kept else [])
+    return pir_rewrite.release_memory(program, options)

@@ -1,0 +1,399 @@
+"""memory_optimize on PIR programs: ops turned into their in-place variants.
+
+On PIR, values are SSA and Paddle's executor already frees each one after
+its last use (GC on) and already runs some ops of the top-level block in
+place (its in-place pass).  What is left to do soundly is to turn ops into
+their in-place variants wherever the input dies at the op
+(:func:`plan_inplace`): inside ``if``/``while`` regions (the executor's pass
+never touches them), where that pass is off, with GC off, and for shapes
+the pass refuses (a ``-1`` past the first dimension).
+
+The plan is pure data and is made in full before the program is touched;
+:func:`apply_inplace` then rewrites all or nothing.  A replaced op's result
+Values are new objects: the old Python ``Value`` objects are dead (touch
+them only to fetch them).  ``Executor.run`` is wrapped so that fetching an
+old one fetches its replacement, and fetching a Value an in-place op now
+overwrites raises :class:`~memopt.errors.MergedVariableError`.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import PlanError
+from .pir import PirGraph, convert, is_pir_program
+from .pir_inplace import (CPU_NO_INPLACE, build_inplace, executor_inplace,
+                          has_inplace_variant, inplace_map, inplace_maps, is_inplace_op)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "InplaceRewrite",
+    "plan_inplace",
+    "apply_inplace",
+    "resolve_fetch_list",
+    "install_fetch_guard",
+    "memory_optimize",
+    "release_memory",
+]
+
+#: Ops whose result may be a view of an operand: never overwrite such a result
+#: in place (the viewed tensor may still be live).
+_VIEW_OPS = frozenset({
+    "pd_op.split", "pd_op.split_with_num", "pd_op.slice", "pd_op.strided_slice",
+    "pd_op.transpose", "pd_op.reshape", "pd_op.squeeze", "pd_op.unsqueeze",
+    "pd_op.flatten", "pd_op.view_dtype", "pd_op.view_shape", "pd_op.as_strided",
+    "pd_op.unbind", "pd_op.diagonal", "pd_op.expand", "pd_op.share_data",
+    "pd_op.assign", "builtin.split", "builtin.slice", "pd_op.while", "pd_op.if"})
+
+#: memory_optimize's reasons for leaving an op as it is (Report.not_merged).
+R_GRAD = "gradient (skip_grads=True)"
+R_PROTECTED = "input or output protected (persistable, fed, fetched, skip_opt_set)"
+R_ALIVE = "input still used later"
+R_SHAPE = "input and output differ in shape or dtype"
+R_OUTSIDE = "input from outside the op's block, carried by a loop, or a view"
+R_KERNEL = "CPU kernel cannot run in place"
+
+#: program -> {"replaced": {old value id: new Value}, "overwritten": {value id: name}}
+_REWRITES: dict = {}
+
+
+@dataclass
+class InplaceRewrite:
+    """One op to turn into its in-place variant (pure data, before the rewrite).
+
+    ``position`` is the op's flat position in the :class:`PirGraph`; ``pairs``
+    the ``(input name, output name)`` the variant writes over.
+    """
+
+    position: int
+    op_name: str
+    pairs: tuple
+    block: int = 0
+
+
+def plan_inplace(pg: PirGraph, options, device: str = "cpu") -> tuple:
+    """Which ops of ``pg`` may soundly run in place (pure data; nothing changes).
+
+    An op qualifies when Paddle registers its in-place variant and, for each
+    (input, output) pair of that variant: the input dies at the op (no later
+    read anywhere, loops included), is defined in the op's own block by an op
+    that cannot return a view, and is not persistable, fed, fetched, in
+    ``skip_opt_set`` or a loop-carried value; the output is not fetched or in
+    ``skip_opt_set``; the input is read by no other operand of the op; both
+    have the same dtype and, at level 0, the same shape (level 1: the same
+    size in bytes for every batch size).  With ``skip_grads``, backward and
+    optimizer ops are left alone.
+
+    Returns ``(rewrites, reasons)``: the :class:`InplaceRewrite` list in
+    program order and ``{reason: ops left alone for it}``.
+    """
+    from ..liveness import analyze_graph
+
+    graph = pg.graph
+    positions = list(graph.walk_ops())
+    live = analyze_graph(graph)
+    skip = set(options.skip_opt_set)
+    var_block: dict = {}
+    for block_idx, var in graph.all_vars():
+        var_block.setdefault(var.name, block_idx)
+    owners = {sub: pos for pos, (_, op) in enumerate(positions) for sub in op.sub_blocks}
+    overwritten_persistable = set()
+    for _, op in positions:
+        for src, dst in op.attrs.get("overwrites", ()) if op.attrs else ():
+            overwritten_persistable.add(dst)
+    inplace_maps(pg.program, [op for op in pg.ops if op is not None])
+    rewrites, reasons = [], {}
+
+    def refuse(reason: str) -> None:
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+    for pos, (block_idx, op) in enumerate(positions):
+        pir_op = pg.ops[pos]
+        if pir_op is None or not has_inplace_variant(op.type) or is_inplace_op(pir_op):
+            continue
+        if device == "cpu" and op.type in CPU_NO_INPLACE:
+            refuse(R_KERNEL)
+            continue
+        if options.skip_grads and op.role in ("backward", "optimize"):
+            refuse(R_GRAD)
+            continue
+        pairs_slots = inplace_map(pir_op, pg.program).items()
+        if not pairs_slots:
+            continue
+        operands = list(pir_op.operands_source())
+        results = list(pir_op.results())
+        pairs, reason = [], None
+        for out_slot, in_slot in sorted(pairs_slots):
+            vin, vout = operands[in_slot], results[out_slot]
+            if not (vin.initialized() and vout.initialized()) \
+                    or vin.id not in pg.name_of or vout.id not in pg.name_of:
+                reason = R_SHAPE
+                break
+            nin, nout = pg.name_of[vin.id], pg.name_of[vout.id]
+            var_in, var_out = graph.find_var(nin, block_idx), graph.find_var(nout, block_idx)
+            if var_in is None or var_out is None or not var_in.is_dense or not var_out.is_dense:
+                reason = R_SHAPE
+                break
+            if (var_in.persistable or var_in.is_data or var_in.is_feed or var_in.is_fetch
+                    or var_out.persistable or var_out.is_fetch or nin in skip or nout in skip
+                    or nin in overwritten_persistable or nin in graph.fetch_names
+                    or nout in graph.fetch_names):
+                reason = R_PROTECTED
+                break
+            maker = pg.defining_op.get(nin)
+            maker_op = positions[maker][1] if maker is not None else None
+            if (var_block.get(nin) != block_idx or maker is None or maker_op.type in _VIEW_OPS
+                    or maker_op.attrs.get("synthetic") or nin.startswith("%arg_")):
+                reason = R_OUTSIDE
+                break
+            if sum(1 for v in operands if v.initialized() and v.id == vin.id) != 1:
+                reason = R_ALIVE
+                break
+            if live.liveness.is_live_out(pos, nin) or _read_later_in_loop(
+                    graph, positions, owners, block_idx, pos, nin):
+                reason = R_ALIVE
+                break
+            if var_in.dtype != var_out.dtype or (
+                    tuple(var_in.shape) != tuple(var_out.shape) if options.level == 0
+                    else var_in.size != var_out.size):
+                reason = R_SHAPE
+                break
+            pairs.append((nin, nout))
+        if reason:
+            refuse(reason)
+            continue
+        rewrites.append(InplaceRewrite(pos, op.type, tuple(pairs), block_idx))
+    return rewrites, reasons
+
+
+def _read_later_in_loop(graph, positions, owners, block_idx, pos, name) -> bool:
+    """Whether ``name`` is read again by a later iteration of a loop around
+    op ``pos`` (liveness already says so for values defined outside the
+    loop; this guards values defined inside that a loop-carried read may
+    reach through the back edge)."""
+    b = block_idx
+    while b in owners:
+        owner = positions[owners[b]][1]
+        if owner.loop:
+            head = owners[b]
+            return name in owner.reads or name in owner.writes or any(
+                name in op.reads for i, (_, op) in enumerate(positions)
+                if head <= i < pos and _inside(positions, owners, i, b))
+        b = positions[owners[b]][0]
+    return False
+
+
+def _inside(positions, owners, position: int, block: int) -> bool:
+    b = positions[position][0]
+    while True:
+        if b == block:
+            return True
+        if b not in owners:
+            return False
+        b = positions[owners[b]][0]
+
+
+def apply_inplace(pg: PirGraph, rewrites) -> dict:
+    """Turn each planned op into its in-place variant, all or nothing.
+
+    Every new op is built first, right before its original (which keeps its
+    uses); if any build fails, the new ops are erased and the program is as
+    it was.  Then each original's uses move to the new op and it is erased.
+    Returns ``{old result Value id: new result Value}``.
+    """
+    built = []
+    try:
+        for rw in rewrites:
+            old = pg.ops[rw.position]
+            new = build_inplace(old)
+            if new.name() != old.name() + "_" or new.num_results() != old.num_results() \
+                    or [str(r.type()) for r in new.results()] != \
+                    [str(r.type()) for r in old.results()]:
+                new.erase()
+                raise PlanError(f"the in-place variant of {old.name()} does not "
+                                "match the op it replaces")
+            built.append((old, new))
+    except Exception:
+        for _, new in built:
+            new.erase()
+        raise
+    replaced = {}
+    for old, new in built:
+        for a, b in zip(old.results(), new.results()):
+            if a.initialized():
+                replaced[a.id] = b
+        old.replace_all_uses_with(new.results())
+        old.erase()
+    return replaced
+
+
+def _record(program, replaced: dict, overwritten: dict) -> None:
+    """Remember what the rewrite replaced so fetches stay right (the guard)."""
+    key = id(program)
+    entry = _REWRITES.setdefault(key, {"program": program, "replaced": {}, "overwritten": {}})
+    entry["replaced"].update(replaced)
+    entry["overwritten"].update(overwritten)
+    install_fetch_guard()
+
+
+def resolve_fetch_list(program, fetch_list):
+    """``fetch_list`` with Values replaced by memory_optimize swapped for their
+    replacements; raises :class:`MergedVariableError` for a Value an in-place
+    op now overwrites (fetching it would return another value's data)."""
+    entry = _REWRITES.get(id(program))
+    if not entry or entry["program"] is not program or fetch_list is None:
+        return fetch_list
+    single = not isinstance(fetch_list, (list, tuple))
+    items = [fetch_list] if single else list(fetch_list)
+    out = []
+    for item in items:
+        vid = getattr(item, "id", None) if not isinstance(item, str) else None
+        if isinstance(vid, str) and vid in entry["overwritten"]:
+            from ..errors import MergedVariableError
+
+            name = entry["overwritten"][vid]
+            raise MergedVariableError(
+                f"cannot fetch {name}: memopt.memory_optimize made an op write over it "
+                "in place, so after the run it holds another value. Rebuild the program "
+                f"and pass the Value (or {name!r}) in skip_opt_set to keep it")
+        out.append(entry["replaced"].get(vid, item) if isinstance(vid, str) else item)
+    return out[0] if single else type(fetch_list)(out)
+
+
+_GUARD = False
+
+
+def install_fetch_guard() -> None:
+    """Wrap ``Executor.run`` once so fetches of rewritten PIR programs go
+    through :func:`resolve_fetch_list`."""
+    global _GUARD
+    if _GUARD:
+        return
+    from paddle.base.executor import Executor
+
+    original = Executor.run
+
+    @functools.wraps(original)
+    def run(self, program=None, feed=None, fetch_list=None, *args, **kwargs):
+        target = program
+        if target is None:
+            import paddle
+
+            target = paddle.static.default_main_program()
+        if _REWRITES and is_pir_program(target):
+            fetch_list = resolve_fetch_list(target, fetch_list)
+        return original(self, program, feed, fetch_list, *args, **kwargs)
+
+    Executor.run = run
+    _GUARD = True
+
+
+def _runtime_text() -> tuple:
+    """``(gc on?, executor in-place on?, text)`` from Paddle's flags."""
+    import paddle
+
+    flags = paddle.get_flags(["FLAGS_eager_delete_tensor_gb", "FLAGS_pir_apply_inplace_pass"])
+    gc = float(flags["FLAGS_eager_delete_tensor_gb"]) >= 0
+    inplace = bool(flags["FLAGS_pir_apply_inplace_pass"])
+    text = (f"garbage collection {'on' if gc else 'off'} (FLAGS_eager_delete_tensor_gb="
+            f"{float(flags['FLAGS_eager_delete_tensor_gb']):g}), executor in-place pass "
+            f"{'on' if inplace else 'off'} (FLAGS_pir_apply_inplace_pass)")
+    return gc, inplace, text
+
+
+def memory_optimize(program, options, batch_size: Optional[int] = None):
+    """Plan (:func:`plan_inplace`), apply (:func:`apply_inplace`) and report.
+
+    ``options`` is a :class:`memopt.optimize.Options`.  The Report's peaks
+    (persistable bytes included) are :mod:`memopt.analysis` estimates at
+    ``batch_size`` (default :data:`memopt.report.REFERENCE_BATCH`) under the
+    runtime's current flags, i.e. counting what the executor does anyway; its
+    notes say how many ops the executor's own pass runs in place.
+    """
+    import time
+
+    from .. import analysis
+    from ..report import REFERENCE_BATCH, Bytes, Holder, Report, Reuse
+
+    start = time.perf_counter()
+    batch = batch_size or REFERENCE_BATCH
+    gc, executor_inplace_on, runtime = _runtime_text()
+    model = analysis.RuntimeModel(gc=gc, inplace=executor_inplace_on)
+    pg = convert(program)
+    before = analysis.from_graph(
+        pg.graph, batch, model, executor_inplace(pg) if executor_inplace_on else [])
+    rewrites, reasons = plan_inplace(pg, options)
+    reuses, overwritten = [], {}
+    for rw in rewrites:
+        for nin, nout in rw.pairs:
+            var = pg.graph.find_var(nout, rw.block)
+            reuses.append(Reuse(var=nout, takes=nin, renamed_to=nin, shape=tuple(var.shape),
+                                dtype=var.dtype, size=var.size, block=rw.block,
+                                how="in-place", op=f"{rw.op_name} -> {rw.op_name}_"))
+            overwritten[pg.values[nin].id] = nin
+    replaced = apply_inplace(pg, rewrites) if rewrites else {}
+    if rewrites:
+        _record(program, replaced, overwritten)
+        after_pg = convert(program)
+        after = analysis.from_graph(
+            after_pg.graph, batch, model,
+            executor_inplace(after_pg) if executor_inplace_on else [])
+    else:
+        after = before
+    temps = {var.name: var.size for _, var in pg.graph.all_vars()
+             if var.is_dense and not var.persistable}
+    shared = {r.var for r in reuses}
+    holders = [Holder(h.name, h.bytes(batch), tuple(h.names)) for h in after.held_at()[:5]]
+    ours = len(rewrites)
+    notes = [f"{len(before.inplace)} ops of the top-level block already run in place "
+             "by Paddle's executor (its in-place pass); memopt changed "
+             f"{ours} op{'s' if ours != 1 else ''} to in-place variants"]
+    report = Report(
+        program_type="pir", level=options.level, skip_grads=options.skip_grads, gc=gc,
+        runtime=runtime, reuses=reuses,
+        temporaries_before=Bytes.total(temps.values()),
+        temporaries_after=Bytes.total(s for n, s in temps.items() if n not in shared),
+        batch_size=batch, persistable_bytes=before.persistable_bytes(batch),
+        peak_before=before.total_peak(batch), peak_after=after.total_peak(batch),
+        top_holders=holders,
+        release=("Paddle's garbage collector frees each value right after its last use"
+                 if gc else "garbage collection is off: values are held until the run "
+                 "ends; set FLAGS_eager_delete_tensor_gb=0 to free them after their "
+                 "last use"),
+        not_merged=reasons, seconds=time.perf_counter() - start, notes=notes)
+    log.debug("PIR memory_optimize: %d ops in place in %.3f s", ours, report.seconds)
+    return report
+
+
+def release_memory(program, options):
+    """release_memory for a PIR program: nothing to insert (Paddle's garbage
+    collector frees each value after its last use); the Report says how
+    memory is released and what the analysis estimates.  The program is not
+    changed."""
+    import time
+
+    from .. import analysis
+    from ..report import REFERENCE_BATCH, Bytes, Report
+
+    start = time.perf_counter()
+    gc, inplace_on, runtime = _runtime_text()
+    pg = convert(program)
+    an = analysis.from_graph(pg.graph, REFERENCE_BATCH,
+                             analysis.RuntimeModel(gc=gc, inplace=inplace_on),
+                             executor_inplace(pg) if inplace_on else [])
+    temps = Bytes.total(var.size for _, var in pg.graph.all_vars()
+                        if var.is_dense and not var.persistable)
+    kept = sorted(set(options.skip_opt_set) & set(pg.values))
+    return Report(program_type="pir", gc=gc, runtime=runtime, temporaries_before=temps,
+                  temporaries_after=temps, batch_size=REFERENCE_BATCH,
+                  persistable_bytes=an.persistable_bytes(), peak_before=an.total_peak(),
+                  peak_after=an.total_peak(),
+                  release=("Paddle's garbage collector frees each value right after its "
+                           "last use; nothing to insert" if gc else
+                           "garbage collection is off: set FLAGS_eager_delete_tensor_gb=0 "
+                           "to free each value after its last use"),
+                  seconds=time.perf_counter() - start,
+                  notes=[f"kept by skip_opt_set: {', '.join(kept)}"] if kept else [])
