@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from typing import Dict, Hashable, Iterable, List, Optional, Tuple
 
 from .errors import PlanError, UnsupportedProgramError
-from .graph import DENSE, Graph, Size
-from .liveness import analyze_graph
+from .graph import DENSE, Graph, Size, Var
+from .liveness import Interval, analyze_graph
 from .problems import Buffer
 from .report import REFERENCE_BATCH, Bytes, Holder, Report, Reuse
 
@@ -257,7 +257,7 @@ def _classify(graph: Graph, options: Options, intervals) -> Tuple[Dict[str, int]
         elif (len(homes) > 1 or name in control or len(blocks_of.get(name, ())) != 1
               or homes[0] not in blocks_of.get(name, ())):
             reason = R_SHARED
-        elif var.size.coefficient == 0:
+        elif _vsize(var).coefficient == 0:
             continue
         else:
             candidates[name] = homes[0]
@@ -301,17 +301,73 @@ def _inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals) ->
     return pairs
 
 
+_SIZES: Dict[tuple, Size] = {}
+
+
+def _vsize(var: Var) -> Size:
+    """``var.size``, memoized on (shape, dtype, kind): shapes repeat a lot."""
+    key = (var.shape, var.dtype, var.kind)
+    size = _SIZES.get(key)
+    if size is None:
+        size = _SIZES[key] = var.size
+    return size
+
+
+class _StraightLine:
+    """Liveness of a graph with one block and no sub-blocks: a variable is
+    live from its first write (from the start if it is read first) to its
+    last use (to the end if fetched) -- what :func:`analyze_graph` finds for
+    straight-line code, in one pass."""
+
+    def __init__(self, graph: Graph) -> None:
+        ops = graph.blocks[0].ops
+        self.positions = [(0, i, op) for i, op in enumerate(ops)]
+        first: Dict[str, int] = {}
+        last: Dict[str, int] = {}
+        for i, op in enumerate(ops):
+            for name in op.reads:
+                if name not in first:
+                    first[name] = 0
+                last[name] = i
+            for name in op.writes:
+                if name not in first:
+                    first[name] = i
+                last[name] = i
+        end = max(len(ops) - 1, 0)
+        for name in graph.fetch_names:
+            if name in first:
+                last[name] = end
+        self._intervals = {n: Interval(first[n], last[n]) for n in first}
+
+    def intervals(self) -> Dict[str, "Interval"]:
+        return self._intervals
+
+    def live_out(self, position: int) -> frozenset:  # pragma: no cover - loops only
+        raise NotImplementedError("straight-line code has no loop")
+
+
+def _analyze(graph: Graph):
+    """Liveness of ``graph``: the one-pass form for a single block."""
+    if len(graph.blocks) == 1 and not any(op.sub_blocks for op in graph.blocks[0].ops):
+        return _StraightLine(graph)
+    return analyze_graph(graph)
+
+
 def _temporaries(graph: Graph, intervals) -> Dict[str, Buffer]:
-    """Every non-persistable dense variable with a live interval: its buffer."""
+    """Every non-persistable dense variable with a live interval: its buffer
+    (a name declared in several blocks: its first declaration)."""
+    declared: Dict[str, Var] = {}
+    for _, var in graph.all_vars():
+        declared.setdefault(var.name, var)
     out: Dict[str, Buffer] = {}
     for name, interval in intervals.items():
-        var = graph.find_var(name)
-        if var is None:
-            var = next((v for _, v in graph.all_vars() if v.name == name), None)
-        if var is None or not var.is_dense or var.persistable or not var.size.coefficient:
+        var = declared.get(name)
+        if var is None or not var.is_dense or var.persistable:
             continue
-        lower, upper = interval.half_open
-        out[name] = Buffer(name, lower, upper, _plain(var.size))
+        size = _vsize(var)
+        if size.coefficient:
+            lower, upper = interval.half_open
+            out[name] = Buffer(name, lower, upper, _plain(size))
     return out
 
 
@@ -440,7 +496,7 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
     """
     from .reuse import assign_groups  # local: the planner module is only needed here
 
-    live = analyze_graph(graph) if live is None else live
+    live = _analyze(graph) if live is None else live
     before = _temporaries(graph, live.intervals())
     order = schedule_optimizer_ops(graph)
     plan = Plan(gc=gc, level=options.level, before=before)
@@ -449,7 +505,7 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
         plan.moved = sum(1 for k, i in enumerate(order) if i != k and
                          graph.blocks[0].ops[i].role == "optimize" and i > k)
         graph = reorder(graph, order)
-        live = analyze_graph(graph)
+        live = _analyze(graph)
     plan.scheduled = graph
     intervals = live.intervals()
     candidates, reason_of, home = _classify(graph, options, intervals)
@@ -457,15 +513,9 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
         plan.reasons[reason] = plan.reasons.get(reason, 0) + 1
 
     var_of = {name: graph.blocks[home[name]].vars[name] for name in home}
-    for name, var in var_of.items():
-        if not var.is_dense:
-            continue
-        if var.persistable:
-            plan.persistable.append(var.size)
-            continue
-        if var.size.coefficient:
-            lower, upper = intervals[name].half_open
-            plan.buffers[name] = Buffer(name, lower, upper, _plain(var.size))
+    plan.persistable = [_vsize(var) for var in var_of.values()
+                        if var.is_dense and var.persistable]
+    plan.buffers = before if order is None else _temporaries(graph, intervals)
 
     # in-place chains: union of (input, output) pairs, head = the first input
     pairs = _inplace_pairs(graph, live, candidates, intervals)
@@ -480,7 +530,7 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
     for first, members in chains.items():
         lower = min(plan.buffers[m].lower for m in members)
         upper = max(plan.buffers[m].upper for m in members)
-        chain_buffers.append(Buffer(first, lower, upper, _plain(var_of[first].size)))
+        chain_buffers.append(Buffer(first, lower, upper, plan.buffers[first].size))
 
     if gc:
         grouped = [[b] for b in chain_buffers]

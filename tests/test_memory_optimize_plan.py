@@ -263,3 +263,12 @@ def test_verify_order_rejects_broken_dependencies():
 
 def test_no_optimizer_no_reorder():
     assert schedule_optimizer_ops(chain(3)) is None
+
+
+def test_straight_line_liveness_matches_the_core():
+    from memopt.liveness import analyze_graph
+    from memopt.optimize import _StraightLine
+
+    for g in (chain(5), training_graph()):
+        g.fetch_names = ("t1",) if "t1" in g.global_block.vars else ("h",)
+        assert _StraightLine(g).intervals() == analyze_graph(g).intervals()
