@@ -28,31 +28,38 @@ candidate of the same shape and dtype, the output takes the input's memory
 at that very op.
 
 *Rename*: with the garbage collector off, candidates (after in-place chains
-are joined) are grouped by :func:`memopt.reuse.assign_groups` so that the
-members of a group never live at the same time; level 0 groups only the same
-shape and dtype, level 1 any, provided every member provably fits (for every
-batch size) in the memory the group's earliest member allocates.
+are joined) are grouped so that the members of a group never live at the
+same time -- by :func:`memopt.reuse.assign_groups` (the best of its orders)
+for up to :data:`SMALL_PROBLEM` buffers, by the ``O(n log n)`` sweep
+:func:`best_fit_groups` above that; level 0 groups only the same shape and
+dtype, level 1 any, provided every member provably fits (for every batch
+size) in the memory the group's earliest member allocates.
+
+*Schedule*: a training program runs every optimizer op at its end, so every
+parameter gradient lives until then.  :func:`schedule_optimizer_ops` moves
+each optimizer op up to right after the last op it depends on, as Paddle's
+PIR executor does, so each gradient dies as soon as it is applied.
 
 Runtime awareness: with Paddle's eager-deletion GC on (the default) a
 variable's memory is freed after its last use, and renaming would only
 stretch lifetimes (a group holds its memory from its first member's birth to
-its last member's death) -- so with GC on only in-place reuse is planned,
-which can never raise the peak.  With GC off nothing is freed during a run,
-and renaming is the whole win.
+its last member's death) -- so with GC on only in-place reuse and the
+schedule are planned, which never raise the peak.  With GC off nothing is
+freed during a run, and renaming is the main win.
 
 Checks before the program is touched: :func:`memopt.simulate.check_groups`
-on the grouping, and :func:`verify_renaming`, which replays every block and
-checks that each read still sees the value it saw before the rename.
+on the grouping; :func:`verify_order`, which checks that the new op order
+keeps every dependency; and :func:`verify_renaming`, which replays every
+block and checks that each read still sees the value it saw before.
 """
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Dict, Hashable, Iterable, List, Optional, Tuple
 
 from .errors import PlanError, UnsupportedProgramError
-from .graph import DENSE, Graph, Size, Var
+from .graph import Graph, Size, Var
 from .liveness import Interval, analyze_graph
 from .problems import Buffer
 from .report import REFERENCE_BATCH, Bytes, Holder, Report, Reuse
@@ -64,6 +71,10 @@ __all__ = [
     "release_memory",
     "resolve_options",
     "plan_memory",
+    "check_plan",
+    "schedule_optimizer_ops",
+    "best_fit_groups",
+    "verify_order",
     "verify_renaming",
     "runtime_gc",
 ]
@@ -97,8 +108,17 @@ class Options:
 
 
 def _name_of(item, index: int) -> str:
+    """The variable name of a skip_opt_set item: a str, a legacy Variable, or
+    a PIR Value (named as :func:`memopt.paddle.pir.value_name` does)."""
     if isinstance(item, str):
         return item
+    if type(item).__name__ == "Value" and hasattr(item, "get_defining_op"):
+        from .paddle import pir
+
+        try:
+            return pir.value_name(item)
+        except ValueError as exc:
+            raise TypeError(f"skip_opt_set[{index}]: {exc}") from None
     try:
         name = getattr(item, "name", None)
     except Exception:  # a PIR Value without a name raises
@@ -561,6 +581,8 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
                 dtype=var.dtype, size=var.size, block=home[cur],
                 how="in-place" if pos is not None else "rename",
                 op=op_at[pos] if pos is not None else ""))
+    log.debug("plan (gc=%s, level %d): %d candidates, %d in place, %d groups, %d ops moved",
+              gc, options.level, len(candidates), len(pairs), len(plan.groups), plan.moved)
     return plan
 
 
@@ -947,11 +969,3 @@ def release_memory(program=None, skip_opt_set=None) -> Report:
     """
     options = resolve_options(skip_opt_set)
     return _dispatch(_default_program(program), options, release=True)
-
-
-def timed_plan(graph: Graph, options: Options, gc: bool):
-    """Plan and check, returning ``(plan, seconds)``."""
-    start = time.perf_counter()
-    plan = plan_memory(graph, options, gc)
-    check_plan(graph, plan)
-    return plan, time.perf_counter() - start

@@ -294,3 +294,14 @@ def test_release_memory(paddle):
     assert "garbage collector frees" in on.release
     assert "FLAGS_eager_delete_tensor_gb=0" in off.release
     assert on.peak_after == on.peak_before
+
+
+def test_dispatches_pir_programs(paddle):
+    """A PIR program goes to memopt.paddle.pir (its own helper's tests check
+    the rewrite); the arguments are validated here first."""
+    model = models.build("mlp", "pir")
+    with pytest.raises(TypeError, match="not a tuple"):
+        memopt.memory_optimize(model.main, skip_opt_set="fc")
+    report = memopt.memory_optimize(model.main, skip_grads=False,
+                                    skip_opt_set=[model.fetch_list[1]])
+    assert report.program_type == "pir"
