@@ -134,6 +134,15 @@ def _labels(rng: np.random.Generator, batch: int, classes: int) -> np.ndarray:
     return rng.integers(0, classes, size=(batch, 1)).astype("int64")
 
 
+def _vector_feed(batch: int, width: int, classes: int):
+    """``feed(rng)`` of standard-normal ``x`` rows and class labels."""
+    def feed(rng):
+        return {"x": rng.standard_normal((batch, width)).astype("float32"),
+                "label": _labels(rng, batch, classes)}
+
+    return feed
+
+
 def _legacy_cond(pred, not_pred, true_fn, false_fn):
     """``cond`` for the legacy IR: two ``conditional_block`` ops and a
     ``select_input``; ``not_pred`` must be the negation of ``pred``."""
@@ -182,13 +191,7 @@ def _mlp(ir, batch, opts):
         h = paddle.nn.functional.relu(paddle.nn.Linear(width, hidden)(h))
         width = hidden
     logits = paddle.nn.Linear(width, classes)(h)
-    loss = _cross_entropy(logits, y)
-
-    def feed(rng):
-        return {"x": rng.standard_normal((batch, d_in)).astype("float32"),
-                "label": _labels(rng, batch, classes)}
-
-    return feed, [loss, logits]
+    return _vector_feed(batch, d_in, classes), [_cross_entropy(logits, y), logits]
 
 
 def _image_model(net_fn, default_size):
@@ -301,13 +304,7 @@ def _while_loop(ir, batch, opts):
 
     _, h = paddle.static.nn.while_loop(lambda i, h: i < n, body, [i0, h0])
     logits = paddle.nn.Linear(d, classes)(h)
-    loss = _cross_entropy(logits, y)
-
-    def feed(rng):
-        return {"x": rng.standard_normal((batch, d)).astype("float32"),
-                "label": _labels(rng, batch, classes)}
-
-    return feed, [loss, logits]
+    return _vector_feed(batch, d, classes), [_cross_entropy(logits, y), logits]
 
 
 def _nested_cond(ir, batch, opts):

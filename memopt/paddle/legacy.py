@@ -447,7 +447,10 @@ def check_fetch(program, fetch_list) -> None:
                 "memory_optimize to keep it")
 
 
-_GUARD_INSTALLED = False
+def _fetch_hook(program, fetch_list):
+    """The :mod:`memopt.paddle.fetch_guard` hook: refuse merged variables."""
+    check_fetch(program, fetch_list)
+    return fetch_list
 
 
 def install_fetch_guard() -> None:
@@ -456,30 +459,13 @@ def install_fetch_guard() -> None:
     Paddle's executor, asked to fetch a name that no op writes any more,
     returns None, data left over from an earlier run, or crashes; the guard
     raises :class:`MergedVariableError` instead (naming the variable and the
-    ``skip_opt_set`` fix).  It wraps ``paddle.static.Executor.run`` once per
-    process and only acts on programs memory_optimize rewrote.
+    ``skip_opt_set`` fix).  It hooks ``Executor.run`` once per process
+    (:mod:`memopt.paddle.fetch_guard`) and only acts on programs
+    memory_optimize rewrote.
     """
-    global _GUARD_INSTALLED
-    if _GUARD_INSTALLED:
-        return
-    from paddle.base.executor import Executor
+    from . import fetch_guard
 
-    original = Executor.run
-
-    @functools.wraps(original)
-    def run(self, program=None, feed=None, fetch_list=None, *args, **kwargs):
-        target = program
-        if target is None:
-            import paddle
-
-            target = paddle.static.default_main_program()
-        inner = getattr(target, "_program", None)  # CompiledProgram
-        check_fetch(inner if inner is not None else target, fetch_list)
-        return original(self, program, feed, fetch_list, *args, **kwargs)
-
-    run.__memopt_original__ = original
-    Executor.run = run
-    _GUARD_INSTALLED = True
+    fetch_guard.add_hook(_fetch_hook)
 
 
 def record_merged(program, merged: Mapping[str, str]) -> None:
