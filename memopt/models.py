@@ -90,7 +90,7 @@ class BuiltModel:
     def guard(self):
         """The IR guard to build *and run* this model's programs under: an
         Executor outside ``OldIrGuard`` takes a legacy program for PIR."""
-        return _ir_guard(self.ir)
+        return ir_guard(self.ir)
 
     @property
     def loss(self):
@@ -100,12 +100,16 @@ class BuiltModel:
         """Names of the fetched variables (legacy) or values (PIR, where set)."""
         out = []
         for item in self.fetch_list:
-            name = getattr(item, "name", None)
+            try:
+                name = item.name
+            except Exception:  # a PIR Value without a name
+                name = None
             out.append(name if isinstance(name, str) else str(item))
         return out
 
 
-def _ir_guard(ir: str):
+def ir_guard(ir: str):
+    """Context manager under which Paddle builds (and runs) programs of ``ir``."""
     if ir == "legacy":
         from paddle.pir_utils import OldIrGuard
 
@@ -115,11 +119,6 @@ def _ir_guard(ir: str):
 
         return IrGuard()
     raise ValueError(f"ir must be one of {IRS}, got {ir!r}")
-
-
-def ir_guard(ir: str):
-    """Context manager under which Paddle builds (and runs) programs of ``ir``."""
-    return _ir_guard(ir)
 
 
 # -- building blocks ----------------------------------------------------------
@@ -384,7 +383,7 @@ def build(name: str, ir: str = "legacy", batch_size: Optional[int] = None,
     paddle.enable_static()
     batch = DEFAULT_BATCH[name] if batch_size is None else int(batch_size)
     opts = dict(options)
-    with _ir_guard(ir):
+    with ir_guard(ir):
         main, startup = paddle.static.Program(), paddle.static.Program()
         with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
             feed, fetch_list = _BUILDERS[name](ir, batch, opts)
@@ -438,7 +437,7 @@ def run_steps(model: BuiltModel, steps: int = 3, *, data_seed: int = 1,
     scope = paddle.static.Scope() if scope is None else scope
     rng = np.random.default_rng(data_seed)
     fetch = model.fetch_list if fetch_list is None else fetch_list
-    with paddle.static.scope_guard(scope), _ir_guard(model.ir):
+    with paddle.static.scope_guard(scope), ir_guard(model.ir):
         exe = paddle.static.Executor(paddle.CPUPlace())
         model.initialize(exe)
         fetched = []
