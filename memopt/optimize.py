@@ -211,6 +211,8 @@ class Plan:
     moved: int = 0
     scheduled: Optional[Graph] = None
     before: Dict[str, Buffer] = field(default_factory=dict)
+    estimates: Optional[tuple] = None
+    notes: List[str] = field(default_factory=list)
 
     def merged(self) -> Dict[str, str]:
         """``{name: a variable it now shares memory with}`` for every member
@@ -581,6 +583,13 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
                 dtype=var.dtype, size=var.size, block=home[cur],
                 how="in-place" if pos is not None else "rename",
                 op=op_at[pos] if pos is not None else ""))
+    plan.estimates = estimate(plan, gc)
+    if gc and plan.estimates[1] > plan.estimates[0]:
+        # never raise the peak the garbage collector reaches on its own
+        plan.notes.append("no change: the plan would have raised the estimated peak")
+        plan.order, plan.moved, plan.renames, plan.groups = None, 0, {}, []
+        plan.reuses, plan.inplace, plan.buffers = [], [], plan.before
+        plan.estimates = estimate(plan, gc)
     log.debug("plan (gc=%s, level %d): %d candidates, %d in place, %d groups, %d ops moved",
               gc, options.level, len(candidates), len(pairs), len(plan.groups), plan.moved)
     return plan
@@ -851,7 +860,10 @@ def make_report(plan: Plan, options: Options, runtime: str, program_type: str,
                 seconds: float, batch_size: int = REFERENCE_BATCH, release: str = "",
                 notes: Optional[List[str]] = None) -> Report:
     """The :class:`Report` of a checked plan."""
-    peak_before, peak_after, holders = estimate(plan, plan.gc, batch_size)
+    if plan.estimates is not None and batch_size == REFERENCE_BATCH:
+        peak_before, peak_after, holders = plan.estimates
+    else:
+        peak_before, peak_after, holders = estimate(plan, plan.gc, batch_size)
     sizes = {n: _as_size(b.size) for n, b in plan.buffers.items()}
     merged_away = {name for group in plan.groups for name in group[1:]}
     return Report(
@@ -868,8 +880,8 @@ def make_report(plan: Plan, options: Options, runtime: str, program_type: str,
 
 def _notes(plan: Plan) -> List[str]:
     if not plan.moved:
-        return []
-    return [f"moved {plan.moved} optimizer ops up to right after their gradients are "
+        return list(plan.notes)
+    return list(plan.notes) + [f"moved {plan.moved} optimizer ops up to right after their gradients are "
             "complete, so each gradient dies at once (bit-identical: every dependency "
             "is kept)"]
 

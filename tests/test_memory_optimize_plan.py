@@ -272,3 +272,20 @@ def test_straight_line_liveness_matches_the_core():
     for g in (chain(5), training_graph()):
         g.fetch_names = ("t1",) if "t1" in g.global_block.vars else ("h",)
         assert _StraightLine(g).intervals() == analyze_graph(g).intervals()
+
+
+def test_gc_plan_that_would_raise_the_peak_is_dropped():
+    """An optimizer op writing a big temporary, hoisted to the top, would keep
+    it alive through the peak: with GC on the plan is dropped instead."""
+    g = chain(4)
+    b = g.global_block
+    b.add_var(Var("big", (-1, 1024)))
+    b.add_var(Var("w", (8,), persistable=True))
+    b.ops.insert(len(b.ops) - 1, Op("make_big", (), ("big",), role="optimize"))
+    b.ops.insert(len(b.ops) - 1, Op("sgd", ("w", "big"), ("w",), role="optimize"))
+    b.ops[-1] = Op("mean", ("t3", "big"), ("loss",), attrs={"loss": True})
+    assert schedule_optimizer_ops(g) is not None
+    plan = plan_memory(g, ALL, gc=True)
+    assert plan.order is None and plan.renames == {}
+    assert plan.estimates[1] == plan.estimates[0]
+    assert plan.notes == ["no change: the plan would have raised the estimated peak"]

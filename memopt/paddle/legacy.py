@@ -518,6 +518,7 @@ def release_memory(program, options):
     plan = optimize.plan_memory(graph, optimize.Options(options.skip_opt_set), gc)
     plan.groups, plan.reuses, plan.renames, plan.inplace = [], [], {}, []
     plan.order, plan.moved, plan.buffers = None, 0, plan.before
+    plan.estimates = optimize.estimate(plan, gc)
     kept = sorted(options.skip_opt_set & set(plan.buffers))
     notes = [f"kept by skip_opt_set: {', '.join(kept)}"] if kept else []
     return optimize.make_report(plan, options, runtime, "legacy",
