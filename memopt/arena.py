@@ -265,11 +265,15 @@ def choose(buffers: Sequence[Buffer], names: Sequence[str] = tuple(HEURISTICS),
 
 FOUND, INFEASIBLE, LIMIT = "found", "infeasible", "limit"
 
-#: Value orders the search cycles through on restarts: for each, the keys by
-#: which candidate buffers are tried (Z size, W lifetime, A area = size x
-#: lifetime, T the most bytes live in any of the buffer's sections), all
-#: descending.
-SEARCH_ORDERS = ("ZW", "TZW", "A", "WZ")
+#: Value orders the search cycles through on restarts.  Letters name keys by
+#: which candidate buffers are tried, all descending: Z size, W lifetime, A
+#: area (size x lifetime), T the most bytes live in any of the buffer's
+#: sections.  ``B<k>`` is the blended score log(size) + log(lifetime) / 2,
+#: with seeded noise when ``k > 0`` (deterministic restarts).
+SEARCH_ORDERS = ("ZW", "B0", "TZW", "A", "B1", "B2")
+
+#: The orders of the greedy descents that open the search.
+DIVE_ORDERS = ("ZW", "B0")
 
 
 class _NodeLimit(Exception):
@@ -329,20 +333,40 @@ class CanonicalSearch:
         for i in range(n):
             cover[i, self.s0[i]:self.s1[i]] = True
         self.cover = cover
+        # sections -> the buffers covering them, flattened (for reduceat)
+        by_section = [np.flatnonzero(cover[:, s]) for s in range(S)]
+        self.sec_len = np.array([len(b) for b in by_section], dtype=np.int64)
+        self.sec_start = np.concatenate(([0], np.cumsum(self.sec_len)[:-1])).astype(np.int64) \
+            if S else np.zeros(0, np.int64)
+        self.sec_buf = np.concatenate(by_section) if S else np.zeros(0, np.int64)
         self.total = (cover * self.size[:, None]).sum(0) if n else np.zeros(0, np.int64)
         self.peak = int(self.total.max()) if n else 0
         most = np.array([self.total[self.s0[i]:self.s1[i]].max() for i in range(n)],
                         dtype=np.int64)
-        keys = {"Z": -self.size, "W": -self.life, "A": -self.size * self.life, "T": -most}
-        self.ranks = {}
-        for name in SEARCH_ORDERS:
-            order = np.lexsort([np.arange(n)] + [keys[c] for c in reversed(name)])
-            rank = np.empty(n, dtype=np.int64)
-            rank[order] = np.arange(n)
-            self.ranks[name] = rank
+        self._keys = {"Z": -self.size, "W": -self.life, "A": -self.size * self.life,
+                      "T": -most}
+        self._ranks: Dict[str, np.ndarray] = {}
         self.nodes = 0
         self._failed_for: Optional[int] = None
         self.failed: set = set()  # keys of sub-problems proven infeasible
+
+    def rank(self, name: str) -> np.ndarray:
+        """Position of every buffer in the value order ``name`` (see
+        :data:`SEARCH_ORDERS`)."""
+        if name not in self._ranks:
+            n = self.n
+            if name.startswith("B"):
+                score = np.log(np.maximum(self.size, 1)) + 0.5 * np.log(np.maximum(self.life, 1))
+                seed = int(name[1:] or 0)
+                if seed:
+                    score = score + 0.5 * np.random.default_rng(seed).standard_normal(n)
+                order = np.lexsort((np.arange(n), -score))
+            else:
+                order = np.lexsort([np.arange(n)] + [self._keys[c] for c in reversed(name)])
+            rank = np.empty(n, dtype=np.int64)
+            rank[order] = np.arange(n)
+            self._ranks[name] = rank
+        return self._ranks[name]
 
     # -- driver --------------------------------------------------------------
     def solve(self, capacity: int, node_budget: int, deadline: Optional[float] = None,
@@ -368,7 +392,7 @@ class CanonicalSearch:
                 left = node_budget - self.nodes
                 if left <= 0 or (deadline is not None and time.perf_counter() > deadline):
                     return LIMIT, None
-                status, offsets = self._run(capacity, self.ranks[name], min(limit, left),
+                status, offsets = self._run(capacity, self.rank(name), min(limit, left),
                                             deadline)
                 if status != LIMIT:
                     return status, offsets
@@ -381,7 +405,7 @@ class CanonicalSearch:
         """
         self._failed_for, self.failed = None, set()
         self.nodes = 0
-        status, offsets = self._run(int(self.size.sum()) + 1, self.ranks[order],
+        status, offsets = self._run(int(self.size.sum()) + 1, self.rank(order),
                                     64 * (self.n + self.sections) + 64, deadline)
         return offsets if status == FOUND else None
 
@@ -389,11 +413,10 @@ class CanonicalSearch:
              deadline: Optional[float]) -> Tuple[str, Optional[np.ndarray]]:
         n, S = self.n, self.sections
         self.capacity = capacity
-        self.rank = rank
+        self._order_rank = rank
         self.limit = self.nodes + limit
         self.deadline = deadline
         self.floor = np.zeros(S, dtype=np.int64)
-        self.closed_at = np.full(S, -1, dtype=np.int64)
         self.load = self.total.copy()
         crossing = np.zeros(S + 1, dtype=np.int64)
         np.add.at(crossing, self.s0, 1)
@@ -414,12 +437,11 @@ class CanonicalSearch:
 
     # -- search ----------------------------------------------------------------
     def _snapshot(self):
-        return (self.floor.copy(), self.closed_at.copy(), self.load.copy(),
-                self.crossing.copy(), self.min_offset.copy(), self.placed.copy())
+        return (self.floor.copy(), self.load.copy(), self.crossing.copy(),
+                self.min_offset.copy(), self.placed.copy())
 
     def _restore(self, saved) -> None:
-        (self.floor, self.closed_at, self.load, self.crossing, self.min_offset,
-         self.placed) = saved
+        self.floor, self.load, self.crossing, self.min_offset, self.placed = saved
 
     def _solve_range(self, lo: int, hi: int, level: int) -> bool:
         """Place every unplaced buffer within sections ``[lo, hi)``."""
@@ -447,8 +469,7 @@ class CanonicalSearch:
                         return False
                 return True
         unplaced = np.flatnonzero(~self.placed & (self.s0 >= lo) & (self.s0 < hi))
-        key = (lo, hi, level, self.floor[lo:hi].tobytes(),
-               self.closed_at[lo:hi].tobytes(), unplaced.tobytes())
+        key = (lo, hi, self.floor[lo:hi].tobytes(), unplaced.tobytes())
         if key in self.failed:
             return False
         if self._branch(lo, hi, level, unplaced):
@@ -456,53 +477,83 @@ class CanonicalSearch:
         self.failed.add(key)
         return False
 
+    def _raise(self, sections: np.ndarray, values: np.ndarray, unplaced: np.ndarray) -> None:
+        """Raise the floors of ``sections`` (absolute indices) to ``values``."""
+        self.floor[sections] = values
+        lifted = np.where(self.cover[np.ix_(unplaced, sections)], values[None, :], 0).max(1)
+        self.min_offset[unplaced] = np.maximum(self.min_offset[unplaced], lifted)
+
+    def _per_section(self, ufunc, values: np.ndarray, empty) -> np.ndarray:
+        """``ufunc`` over the buffers covering each section (``empty`` if none)."""
+        gathered = np.append(values[self.sec_buf], empty)
+        out = ufunc.reduceat(gathered, self.sec_start)
+        out[self.sec_len == 0] = empty
+        return out
+
     def _branch(self, lo: int, hi: int, level: int, unplaced: np.ndarray) -> bool:
-        cap, quantum = self.capacity, self.quantum
-        floor = self.floor[lo:hi]
-        load = self.load[lo:hi]
-        live = load > 0
-        eff = np.maximum(floor, level)
-        closed = (self.closed_at[lo:hi] == eff) & live
-        open_ = live & ~closed
-        if not open_.any():
-            return False
-        m = int(eff[open_].min())
-        if m > level:  # the level rises: closures below it no longer matter
-            level = m
-            eff = np.maximum(floor, m)
-            closed[:] = False
-            open_ = live
-        base = eff + quantum * closed
-        if ((base + load)[live] > cap).any():
-            return False
-        lowest = np.maximum(self.min_offset[unplaced], level)
-        cover = self.cover[unplaced, lo:hi]
-        bottom = np.where(cover, lowest[:, None], np.iinfo(np.int64).max).min(0)
-        if ((np.maximum(base, bottom) + load)[live] > cap).any():
-            return False
-        at_m = open_ & (eff == m)
-        cand = unplaced[self.min_offset[unplaced] == m]
-        if len(cand) and closed.any():
-            cand = cand[~self.cover[cand, lo:hi][:, closed].any(1)]
-        counts = self.cover[cand, lo:hi].sum(0) if len(cand) else np.zeros(hi - lo, np.int64)
-        empty = at_m & (counts == 0)
-        restore_closed = None
-        if empty.any():  # nobody can sit at m there: those sections close
-            if ((eff + quantum + load)[empty] > cap).any():
-                return False
-            restore_closed = self.closed_at.copy()
-            self.closed_at[lo:hi][empty] = m
-            at_m &= ~empty
-            if not at_m.any():
-                if self._solve_range(lo, hi, level):
+        cap = self.capacity
+        big = np.iinfo(np.int64).max
+        saved = None
+        while True:
+            floor = self.floor[lo:hi]
+            load = self.load[lo:hi]
+            live = load > 0
+            if ((floor + load)[live] > cap).any():
+                break
+            waiting = np.where(self.placed, big, self.min_offset)
+            bottom = self._per_section(np.minimum, waiting, big)[lo:hi]
+            if ((np.maximum(floor, bottom) + load)[live] > cap).any():
+                break
+            m = int(floor[live].min())
+            at_m = live & (floor == m)
+            is_cand = waiting == m
+            counts = self._per_section(np.add, is_cand.astype(np.int64), 0)[lo:hi]
+            empty = at_m & (counts == 0)
+            if not empty.any():
+                if self._choose(lo, hi, m, unplaced, at_m, counts, is_cand[unplaced]):
                     return True
-                self.closed_at = restore_closed
-                return False
+                break
+            # nobody can sit at m there: the next occupant sits on its own floor
+            if saved is None:
+                saved = self._snapshot()
+            where = np.flatnonzero(empty)
+            self._raise(where + lo, bottom[where], unplaced)
+        if saved is not None:
+            self._restore(saved)
+        return False
+
+    def _closing_floor(self, s: int, m: int, unplaced: np.ndarray) -> int:
+        """Lowest offset of the next buffer in section ``s`` if none sits at ``m``.
+
+        A buffer covering ``s`` whose floor is above ``m`` can sit on it; one
+        whose floor is ``m`` must rest on another buffer that does not cover
+        ``s``, placed at ``m`` or higher: at least the smallest such one up.
+        Returns a huge number when no buffer can ever occupy ``s`` again.
+        """
+        big = np.iinfo(np.int64).max
+        here = unplaced[self.cover[unplaced, s]]
+        mo = self.min_offset[here]
+        best = int(mo[mo > m].min()) if (mo > m).any() else big
+        low = here[mo == m]
+        if len(low):
+            others = unplaced[~self.cover[unplaced, s]]
+            if len(others):
+                support = self.overlap[np.ix_(low, others)]
+                sizes = np.where(support, self.size[others][None, :], big).min()
+                if sizes < big:
+                    best = min(best, m + int(sizes))
+        return best
+
+    def _choose(self, lo: int, hi: int, m: int, unplaced: np.ndarray, at_m: np.ndarray,
+                counts: np.ndarray, is_cand: np.ndarray) -> bool:
+        """Branch on what sits at height ``m`` in the most constrained section."""
+        cap = self.capacity
         idx = np.flatnonzero(at_m)
-        slack = cap - eff[idx] - load[idx]
+        slack = cap - self.floor[lo:hi][idx] - self.load[lo:hi][idx]
         s = lo + int(idx[np.lexsort((idx, slack, counts[idx]))[0]])
+        cand = unplaced[is_cand]
         choices = cand[self.cover[cand, s]]
-        for b in choices[np.argsort(self.rank[choices], kind="stable")].tolist():
+        for b in choices[np.argsort(self._order_rank[choices], kind="stable")].tolist():
             size = int(self.size[b])
             top = m + size
             if top > cap:
@@ -519,14 +570,14 @@ class CanonicalSearch:
             if self._solve_range(lo, hi, m):
                 return True
             self._restore(saved)
-        if eff[s - lo] + quantum + load[s - lo] <= cap:  # nothing at (s, m)
-            before = int(self.closed_at[s])
-            self.closed_at[s] = m
+        # nothing sits at (s, m): the section's floor rises to its next occupant
+        raised = self._closing_floor(s, m, unplaced)
+        if raised + int(self.load[s]) <= cap:
+            saved = self._snapshot()
+            self._raise(np.array([s]), np.array([raised], dtype=np.int64), unplaced)
             if self._solve_range(lo, hi, m):
                 return True
-            self.closed_at[s] = before
-        if restore_closed is not None:
-            self.closed_at = restore_closed
+            self._restore(saved)
         return False
 
 
@@ -642,7 +693,7 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
         # greedy descents (cheap): one per value order
         t0 = time.perf_counter()
         for part in parts:
-            for order in SEARCH_ORDERS:
+            for order in DIVE_ORDERS:
                 dived = part.search.dive(order, deadline)
                 if dived is not None:
                     part.offer(dived)
@@ -708,6 +759,8 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
         targets.append((lower_bound, 0.5))
         if capacity is not None and lower_bound < capacity < best():
             targets.append((capacity, 0.25))
+    else:  # aim first at 5 % above the bound, the default mode's promise
+        targets.append((lower_bound + lower_bound // 20 // quantum * quantum, 0.5))
     for target, share in targets:
         if best() <= target or time.perf_counter() > deadline or used >= budget:
             continue
