@@ -69,6 +69,10 @@ class RuntimeModel:
         program order.
     workers : threads of the executor's work queue in the dataflow schedule
         (Paddle uses 4 on CPU).
+    loop_iterations : how many times a ``while`` body runs, for the memory a
+        training program's loop saves for its backward pass (each iteration
+        pushes its values on a stack).  The trip count is known only at run
+        time; the default 1 gives a lower estimate for loops.
     """
 
     gc: bool = True
@@ -76,6 +80,7 @@ class RuntimeModel:
     device: str = "cpu"
     schedule: str = "dataflow"
     workers: int = 4
+    loop_iterations: int = 1
 
     @classmethod
     def from_paddle(cls, ir: str = "pir", device: str = "cpu") -> "RuntimeModel":
@@ -129,6 +134,10 @@ class Holder:
 def _order(size: Size) -> tuple:
     """Sort key of sizes: the larger for large batches first."""
     return size.power, size.coefficient
+
+
+def _scaled(size: Size, factor: int) -> Size:
+    return size if factor == 1 else Size(size.coefficient * factor, size.power)
 
 
 def _poly_add(poly: dict, size: Size, sign: int = 1) -> None:
@@ -592,6 +601,8 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
                 persistent_roots[root] = var.size
     for size in persistent_roots.values():
         _poly_add(persistable, size)
+    per_iteration = {nm for _, op in flat if op.attrs and op.attrs.get("in_loop")
+                     for nm in op.attrs.get("stack_push", ())}
     members: dict = {}
     for name, var in var_of.items():
         if var.persistable or not var.is_dense or var.size.coefficient == 0:
@@ -610,6 +621,10 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
             iv = intervals.get(nm)
             start = iv.start if iv else first_writer[nm]
             end = iv.end if iv else first_writer[nm]
+            # Memory is allocated by the first write: a variable written on
+            # one path only (in a branch) looks live from the program's
+            # start to liveness, but holds nothing before it is written.
+            start = max(start, first_writer.get(nm, start))
             if var.is_data or var.is_feed:
                 start, end = min(start, 0), last
             elif not runtime.gc:
@@ -619,7 +634,8 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
         start = spans[0][0]
         end = max(e for _, e, _ in spans)
         owner = spans[0][2]
-        size = max((var_of[nm].size for _, _, nm in spans), key=_order)
+        size = max((_scaled(var_of[nm].size, runtime.loop_iterations if nm in per_iteration
+                            else 1) for _, _, nm in spans), key=_order)
         pos = first_writer.get(owner, start)
         op = positions[pos][1] if positions else None
         holders.append(Holder(

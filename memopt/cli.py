@@ -20,6 +20,7 @@ that takes more than a couple of seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -173,11 +174,13 @@ def _plan_problem(problem, exact: bool, time_limit: Optional[float], progress: P
 def cmd_analyze(args, progress: Progress) -> int:
     if _is_problem(args.model):
         return _analyze_problem(args)
-    from .analysis import analyze
+    from .analysis import RuntimeModel, analyze
 
     loaded = _load(args.model, progress)
     with _guard(loaded), progress.step("analysing"):
-        result = analyze(loaded.program, args.batch_size)
+        runtime = RuntimeModel.from_paddle(loaded.ir)
+        runtime = dataclasses.replace(runtime, loop_iterations=args.loop_iterations)
+        result = analyze(loaded.program, args.batch_size, runtime=runtime)
     b = result.batch_for(args.batch_size)
     if args.json:
         doc = result.to_json(b, top=args.top)
@@ -363,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory budget, e.g. 16GiB, 512MiB, 2GB: report the largest batch size "
                         "that fits (parameters included)")
     p.add_argument("--top", type=_positive_int, default=5, help="holders to list (default 5)")
+    p.add_argument("--loop-iterations", type=_positive_int, default=1, metavar="N",
+                   help="iterations of while loops, for what a training loop saves for its "
+                        "backward pass (default 1)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_analyze)
 

@@ -12,11 +12,18 @@ steps 2-5: the multi-thread executor's schedule makes single steps vary.
 
 Target: predicted within 10% of measured at every row.
 
+With ``--optimize`` it measures instead what ``memopt.memory_optimize``
+does to PIR programs (ops turned into in-place variants), before and after,
+under Paddle's default flags and with GC and the executor's own in-place
+pass off (``FLAGS_eager_delete_tensor_gb=-1``,
+``FLAGS_pir_apply_inplace_pass=0``).
+
 Usage::
 
     python scripts/bench_analysis.py            # every model, both IRs
     python scripts/bench_analysis.py --quick    # MLP and CNN only
     python scripts/bench_analysis.py --models resnet50 --irs pir
+    python scripts/bench_analysis.py --optimize
 
 Prints a markdown table.
 """
@@ -37,22 +44,29 @@ CONFIGS = {
 }
 STEPS = 5
 MIB = float(1 << 20)
+#: --optimize: model -> (build options, batch size)
+OPTIMIZE = {
+    "mlp": ({"hidden": 1024, "in_features": 1024}, 1024),
+    "cnn": ({"image_size": 32}, 128),
+    "transformer": ({"seq_len": 64, "d_model": 128, "d_ff": 512}, 32),
+    "while_loop": ({"hidden": 1024}, 1024),
+    "nested_cond": ({"hidden": 1024}, 1024),
+}
+FLAG_SETS = {
+    "default (GC on, pass on)": {},
+    "GC off, pass off": {"FLAGS_eager_delete_tensor_gb": "-1",
+                         "FLAGS_pir_apply_inplace_pass": "0"},
+}
 
 
-def measure(name: str, ir: str, batch: int) -> dict:
-    """One configuration, in this process (run by the parent in a fresh one)."""
+def _run_steps(model, ir: str):
+    """Median allocator peak over steps 2.. minus memory after startup."""
     import numpy as np
     import paddle
     from paddle.base import core
 
-    from memopt import analysis, models
+    from memopt import models
 
-    options, _ = CONFIGS[name]
-    model = models.build(name, ir=ir, batch_size=batch, **options)
-    start = time.perf_counter()
-    with models.ir_guard(ir):
-        result = analysis.analyze(model.main, batch, fetch_list=model.fetch_list)
-    seconds = time.perf_counter() - start
     scope = paddle.static.Scope()
     rng = np.random.default_rng(0)
     peaks = []
@@ -65,21 +79,74 @@ def measure(name: str, ir: str, batch: int) -> dict:
             core.host_memory_stat_reset_peak_value("Allocated", 0)
             exe.run(model.main, feed=feed, fetch_list=model.fetch_list)
             peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
-    measured = float(np.median(peaks[1:]))
+    return float(np.median(peaks[1:])), min(peaks[1:]), max(peaks[1:]), base
+
+
+def measure_optimize(name: str, optimize: bool) -> dict:
+    """PIR model ``name``, optimized or not, run under the process's flags."""
+    import memopt
+    from memopt import analysis, models
+    from memopt.paddle.pir import value_name
+
+    options, batch = OPTIMIZE[name]
+    model = models.build(name, ir="pir", batch_size=batch, **options)
+    rewritten = 0
+    if optimize:
+        report = memopt.memory_optimize(model.main, level=1, skip_grads=False,
+                                        skip_opt_set=[value_name(v) for v in model.fetch_list])
+        rewritten = report.merged_count
+    predicted = analysis.analyze(model.main, batch).peak()
+    measured, low, high, _ = _run_steps(model, "pir")
+    return {"model": name, "batch": batch, "optimized": optimize, "rewritten": rewritten,
+            "predicted": predicted, "measured": measured, "min": low, "max": high}
+
+
+def measure(name: str, ir: str, batch: int) -> dict:
+    """One configuration, in this process (run by the parent in a fresh one)."""
+    from memopt import analysis, models
+
+    options, _ = CONFIGS[name]
+    model = models.build(name, ir=ir, batch_size=batch, **options)
+    start = time.perf_counter()
+    with models.ir_guard(ir):
+        result = analysis.analyze(model.main, batch, fetch_list=model.fetch_list)
+    seconds = time.perf_counter() - start
+    measured, low, high, base = _run_steps(model, ir)
     return {"model": name, "ir": ir, "batch": batch, "predicted": result.peak(),
-            "measured": measured, "min": min(peaks[1:]), "max": max(peaks[1:]),
+            "measured": measured, "min": low, "max": high,
             "persistable_predicted": result.persistable_bytes(), "persistable_measured": base,
             "ops": len(result.op_types), "analyze_s": seconds}
 
 
-def run_child(name: str, ir: str, batch: int) -> dict:
-    env = dict(os.environ, GLOG_minloglevel="2", PYTHONWARNINGS="ignore")
-    out = subprocess.run([sys.executable, __file__, "--one", name, ir, str(batch)],
+def run_child(args: list, flags: dict = None) -> dict:
+    """Run this script with ``args`` in a fresh process (with Paddle ``flags``
+    in its environment) and return the JSON it prints."""
+    env = dict(os.environ, GLOG_minloglevel="2", PYTHONWARNINGS="ignore", **(flags or {}))
+    out = subprocess.run([sys.executable, __file__, *map(str, args)],
                          capture_output=True, text=True, env=env, timeout=1800)
     if out.returncode != 0:
         tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["?"]
-        return {"model": name, "ir": ir, "batch": batch, "error": tail[0]}
+        return {"error": tail[0]}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def optimize_table() -> None:
+    print("| model | flags | batch | ops made in place | measured before MiB | "
+          "measured after MiB | after/before | predicted before -> after MiB |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name in OPTIMIZE:
+        for label, flags in FLAG_SETS.items():
+            before = run_child(["--one-opt", name, "0"], flags)
+            after = run_child(["--one-opt", name, "1"], flags)
+            if "error" in before or "error" in after:
+                err = before.get("error") or after.get("error")
+                print(f"| {name} | {label} | - | - | - | - | error | {err[:60]} |")
+                continue
+            print(f"| {name} | {label} | {before['batch']} | {after['rewritten']} | "
+                  f"{before['measured'] / MIB:.1f} | {after['measured'] / MIB:.1f} | "
+                  f"{after['measured'] / before['measured']:.3f} | "
+                  f"{before['predicted'] / MIB:.1f} -> {after['predicted'] / MIB:.1f} |",
+                  flush=True)
 
 
 def main() -> None:
@@ -87,12 +154,26 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--irs", nargs="+", default=["pir", "legacy"], choices=["pir", "legacy"])
     parser.add_argument("--quick", action="store_true", help="MLP and CNN only")
+    parser.add_argument("--optimize", action="store_true",
+                        help="measure memory_optimize on PIR programs instead")
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "IR", "BATCH"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--one-opt", nargs=2, metavar=("MODEL", "OPTIMIZE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         name, ir, batch = args.one
         print(json.dumps(measure(name, ir, int(batch))))
+        return
+    if args.one_opt:
+        name, flag = args.one_opt
+        print(json.dumps(measure_optimize(name, flag == "1")))
+        return
+    if args.optimize:
+        print(f"Paddle {_paddle_version()}, CPU, {os.cpu_count()} cores; PIR programs, "
+              "memopt.memory_optimize(level=1, skip_grads=False); measured = median allocator "
+              f"peak over steps 2-{STEPS}\n")
+        optimize_table()
         return
     names = ["mlp", "cnn"] if args.quick else args.models
     print(f"Paddle {_paddle_version()}, CPU, {os.cpu_count()} cores; measured = median "
@@ -104,7 +185,7 @@ def main() -> None:
     for name in names:
         for ir in args.irs:
             for batch in CONFIGS[name][1]:
-                row = run_child(name, ir, batch)
+                row = run_child(["--one", name, ir, batch])
                 if "error" in row:
                     print(f"| {name} | {ir} | {batch} | - | - | - | - | error | - | "
                           f"{row['error'][:60]} |")

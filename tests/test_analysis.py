@@ -248,3 +248,19 @@ def test_pir_training_categories(paddle):
     roles = {op.role for _, op in an.graph.walk_ops()}
     assert roles == {"forward", "backward", "optimize"}
     assert isinstance(an, Analysis)
+
+
+def test_while_loop_stack_memory_scales_with_iterations(paddle):
+    """A training while loop pushes its values on a stack every iteration
+    for the backward pass; with the right trip count the prediction meets
+    Paddle's allocator."""
+    from memopt import models
+
+    model = models.build("while_loop", ir="pir", batch_size=512, hidden=1024, steps=3)
+    one = analyze(model.main, 512, fetch_list=model.fetch_list)
+    three = analyze(model.main, 512, fetch_list=model.fetch_list,
+                    runtime=RuntimeModel(loop_iterations=3))
+    stacks = [h for h in three.holders if h.op == "cf.tuple_push/stack"]
+    assert stacks and three.peak() > one.peak()
+    measured = _measured_peak(paddle, model)
+    assert 0.9 <= three.peak() / measured <= 1.1, (three.peak(), measured)

@@ -85,6 +85,18 @@ def test_graph_of_control_flow_program(paddle, pir):
     assert g.fetch_names == (pg.name(loss),)
 
 
+def test_training_loop_names_match_the_printed_program(paddle, pir):
+    from memopt import models
+
+    model = models.build("while_loop", ir="pir")
+    pg = pir.convert(model.main, model.fetch_list)
+    text = str(model.main)
+    names = [n for n in pg.values if n.startswith("%")]
+    assert any(n.startswith("%stack_") for n in names)
+    for name in names:
+        assert re.search(rf"[(, ]{re.escape(name)}[,)]", text), name
+
+
 def test_program_to_graph_rejects_other_objects(pir):
     with pytest.raises(UnsupportedProgramError):
         pir.program_to_graph(object())

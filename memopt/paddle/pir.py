@@ -33,6 +33,12 @@ How values flow through the constructs, as the executor runs them:
   re-reads the condition every iteration; the body's ``cf.yield`` writes the
   block arguments for the next iteration; a synthetic ``pd_op.while/out``
   after the construct reads them and writes the while's results.
+- ``cf.tuple_push`` (a forward region saving values for the backward
+  part) moves the pushed tensors into a stack until the matching
+  ``cf.tuple_pop``: a synthetic ``cf.tuple_push/stack`` op right after the
+  push writes a variable holding their bytes, which the pop reads and its
+  results share.  The stack values themselves print as ``%stack_k``,
+  ``%inlet_k``, ``%outlet_k`` and are named so.
 
 Roles: PIR keeps no op role, so it is inferred.  The backward part starts at
 the first gradient op (a name ending in ``_grad`` or ``_grad_``), together with
@@ -86,6 +92,7 @@ IF_OP, WHILE_OP, YIELD_OP = "pd_op.if", "pd_op.while", "cf.yield"
 COMBINE_OP, SPLIT_OP, SLICE_OP = "builtin.combine", "builtin.split", "builtin.slice"
 PARAMETER_OP, DATA_OPS = "builtin.parameter", ("pd_op.data", "pd_op.feed")
 FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
+STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
 #: Ops that make constants; those right before the first gradient op that
 #: only gradient ops read belong to the backward part.
 _SEED_OPS = ("pd_op.full", "pd_op.full_like", "pd_op.full_int_array", "pd_op.fill_constant")
@@ -197,6 +204,9 @@ class _Converter:
         self.result = PirGraph(self.graph)
         self.next_result = 0
         self.next_arg = 0
+        self.next_stack = 0
+        self.loop_depth = 0  # while bodies around the block being walked
+        self.pushed: dict = {}  # stack index -> names of the memory pushed on it
         self.printed: dict = {}  # value id -> "%N" / "%arg_N"
         self.vector_elems: dict = {}  # vector value id -> element names
         self.fetch_ids = {v.id for v in fetch_list if hasattr(v, "id")}
@@ -238,6 +248,11 @@ class _Converter:
         """Give every op result its ``%N`` and every block argument its
         ``%arg_N``, in the order ``print(program)`` uses."""
         for op in pir_block.ops:
+            if op.name() == STACK_OP:  # printed as %stack_k, %inlet_k, %outlet_k
+                for kind, value in zip(("stack", "inlet", "outlet"), op.results()):
+                    self.printed[value.id] = f"%{kind}_{self.next_stack}"
+                self.next_stack += 1
+                continue
             for value in op.results():
                 self.printed[value.id] = f"%{self.next_result}"
                 self.next_result += 1
@@ -386,8 +401,58 @@ class _Converter:
         shape_only = self._no_need_buffer(pir_op)
         if shape_only:
             attrs["no_need_buffer"] = tuple(shape_only)
+        if name == POP_OP:
+            stack = self._stack_index(pir_op.operand_source(0))
+            held = self.pushed.get(stack, [])
+            reads = [*reads, *held]
+            by_power = {}
+            for h in held:
+                by_power.setdefault(self.graph.global_block.vars[h].size.power, h)
+            pairs = []
+            for nm in writes:
+                var = self.graph.find_var(nm, block.idx)
+                if var.is_dense and var.size.power in by_power:
+                    pairs.append((by_power[var.size.power], nm))
+            attrs["overwrites"] = tuple(pairs)
         self._add(block, pir_op, Op(name, reads=tuple(reads), writes=tuple(writes),
                                     attrs=attrs))
+        if name == PUSH_OP:
+            self._walk_push(pir_op, block, reads[1:])
+
+    def _stack_index(self, value) -> int:
+        """k of ``%inlet_k`` / ``%outlet_k`` / ``%stack_k``."""
+        return int(self.printed.get(value.id, "%x_-1").rsplit("_", 1)[1])
+
+    def _walk_push(self, pir_op, block: Block, pushed: list) -> None:
+        """After a ``cf.tuple_push``: the stack now holds the pushed tensors'
+        memory until the matching ``cf.tuple_pop`` (in the backward part).
+
+        A synthetic op ``cf.tuple_push/stack`` right after the push writes
+        one variable per power of the batch size holding their bytes (kind
+        dense, dtype uint8; declared in the global block, as the pop is in
+        another region); the pop reads it and its results share it
+        (``overwrites``).  A push inside a while body runs once per
+        iteration: ``attrs["in_loop"]`` lets the analysis scale it.
+        """
+        stack = self._stack_index(pir_op.operand_source(0))
+        by_power: dict = {}
+        for nm in pushed:
+            var = self.graph.find_var(nm, block.idx)
+            if var is not None and var.is_dense:
+                size = var.size
+                by_power[size.power] = by_power.get(size.power, 0) + size.coefficient
+        names = []
+        for power, total in sorted(by_power.items()):
+            if not total:
+                continue
+            name = f"%stack_{stack}.push{len(self.pushed.get(stack, []))}"
+            self.graph.global_block.add_var(Var(name, (-1,) * power + (total,), "uint8"))
+            self.pushed.setdefault(stack, []).append(name)
+            names.append(name)
+        if names:
+            self._add(block, None, Op(PUSH_OP + "/stack", writes=tuple(names),
+                                      attrs={"synthetic": "after", "stack_push": tuple(names),
+                                             "in_loop": self.loop_depth > 0}))
 
     def _overwritten(self, pir_op) -> tuple:
         """``((input name, output name), ...)`` for an op that writes results
@@ -453,7 +518,9 @@ class _Converter:
                                            attrs={"pir_id": pir_op.id()}))
         sub = self.graph.new_block(block.idx)
         head.sub_blocks = (sub.idx,)
+        self.loop_depth += 1
         self._walk_block(body, sub)
+        self.loop_depth -= 1
         # The body's yield writes the carried values for the next iteration.
         body_ops = self.graph.blocks[sub.idx].ops
         if body_ops and body_ops[-1].type == YIELD_OP:

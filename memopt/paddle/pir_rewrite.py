@@ -56,8 +56,9 @@ R_SHAPE = "input and output differ in shape or dtype"
 R_OUTSIDE = "input from outside the op's block, carried by a loop, or a view"
 R_KERNEL = "CPU kernel cannot run in place"
 
-#: program -> {"replaced": {old value id: new Value}, "overwritten": {value id: name}}
-_REWRITES: dict = {}
+#: The program attribute recording a rewrite: {"replaced": {old value id: new
+#: Value}, "overwritten": {value id: name}} (read by the fetch guard).
+RECORD_ATTR = "_memopt_pir_rewrites"
 
 
 @dataclass
@@ -232,10 +233,10 @@ def apply_inplace(pg: PirGraph, rewrites) -> dict:
 
 def _record(program, replaced: dict, overwritten: dict) -> None:
     """Remember what the rewrite replaced so fetches stay right (the guard)."""
-    key = id(program)
-    entry = _REWRITES.setdefault(key, {"program": program, "replaced": {}, "overwritten": {}})
+    entry = getattr(program, RECORD_ATTR, None) or {"replaced": {}, "overwritten": {}}
     entry["replaced"].update(replaced)
     entry["overwritten"].update(overwritten)
+    setattr(program, RECORD_ATTR, entry)
     install_fetch_guard()
 
 
@@ -243,8 +244,8 @@ def resolve_fetch_list(program, fetch_list):
     """``fetch_list`` with Values replaced by memory_optimize swapped for their
     replacements; raises :class:`MergedVariableError` for a Value an in-place
     op now overwrites (fetching it would return another value's data)."""
-    entry = _REWRITES.get(id(program))
-    if not entry or entry["program"] is not program or fetch_list is None:
+    entry = getattr(program, RECORD_ATTR, None)
+    if not entry or fetch_list is None:
         return fetch_list
     single = not isinstance(fetch_list, (list, tuple))
     items = [fetch_list] if single else list(fetch_list)
@@ -283,7 +284,7 @@ def install_fetch_guard() -> None:
             import paddle
 
             target = paddle.static.default_main_program()
-        if _REWRITES and is_pir_program(target):
+        if is_pir_program(target) and getattr(target, RECORD_ATTR, None):
             fetch_list = resolve_fetch_list(target, fetch_list)
         return original(self, program, feed, fetch_list, *args, **kwargs)
 
@@ -304,6 +305,22 @@ def _runtime_text() -> tuple:
     return gc, inplace, text
 
 
+def _analyse(pg: PirGraph, batch: int, gc: bool, executor_inplace_on: bool):
+    """The memory analysis of ``pg`` under the runtime's flags."""
+    from .. import analysis
+
+    model = analysis.RuntimeModel(gc=gc, inplace=executor_inplace_on)
+    pairs = executor_inplace(pg) if executor_inplace_on else []
+    return analysis.from_graph(pg.graph, batch, model, pairs)
+
+
+def _release_text(gc: bool) -> str:
+    if gc:
+        return "Paddle's garbage collector frees each value right after its last use"
+    return ("garbage collection is off: values are held until the run ends; set "
+            "FLAGS_eager_delete_tensor_gb=0 to free each one after its last use")
+
+
 def memory_optimize(program, options, batch_size: Optional[int] = None):
     """Plan (:func:`plan_inplace`), apply (:func:`apply_inplace`) and report.
 
@@ -315,16 +332,13 @@ def memory_optimize(program, options, batch_size: Optional[int] = None):
     """
     import time
 
-    from .. import analysis
     from ..report import REFERENCE_BATCH, Bytes, Holder, Report, Reuse
 
     start = time.perf_counter()
     batch = batch_size or REFERENCE_BATCH
     gc, executor_inplace_on, runtime = _runtime_text()
-    model = analysis.RuntimeModel(gc=gc, inplace=executor_inplace_on)
     pg = convert(program)
-    before = analysis.from_graph(
-        pg.graph, batch, model, executor_inplace(pg) if executor_inplace_on else [])
+    before = _analyse(pg, batch, gc, executor_inplace_on)
     rewrites, reasons = plan_inplace(pg, options)
     reuses, overwritten = [], {}
     for rw in rewrites:
@@ -337,10 +351,7 @@ def memory_optimize(program, options, batch_size: Optional[int] = None):
     replaced = apply_inplace(pg, rewrites) if rewrites else {}
     if rewrites:
         _record(program, replaced, overwritten)
-        after_pg = convert(program)
-        after = analysis.from_graph(
-            after_pg.graph, batch, model,
-            executor_inplace(after_pg) if executor_inplace_on else [])
+        after = _analyse(convert(program), batch, gc, executor_inplace_on)
     else:
         after = before
     temps = {var.name: var.size for _, var in pg.graph.all_vars()
@@ -358,12 +369,7 @@ def memory_optimize(program, options, batch_size: Optional[int] = None):
         temporaries_after=Bytes.total(s for n, s in temps.items() if n not in shared),
         batch_size=batch, persistable_bytes=before.persistable_bytes(batch),
         peak_before=before.total_peak(batch), peak_after=after.total_peak(batch),
-        top_holders=holders,
-        release=("Paddle's garbage collector frees each value right after its last use"
-                 if gc else "garbage collection is off: values are held until the run "
-                 "ends; set FLAGS_eager_delete_tensor_gb=0 to free them after their "
-                 "last use"),
-        not_merged=reasons, seconds=time.perf_counter() - start, notes=notes)
+        top_holders=holders, release=_release_text(gc), not_merged=reasons, seconds=time.perf_counter() - start, notes=notes)
     log.debug("PIR memory_optimize: %d ops in place in %.3f s", ours, report.seconds)
     return report
 
@@ -375,25 +381,18 @@ def release_memory(program, options):
     changed."""
     import time
 
-    from .. import analysis
     from ..report import REFERENCE_BATCH, Bytes, Report
 
     start = time.perf_counter()
     gc, inplace_on, runtime = _runtime_text()
     pg = convert(program)
-    an = analysis.from_graph(pg.graph, REFERENCE_BATCH,
-                             analysis.RuntimeModel(gc=gc, inplace=inplace_on),
-                             executor_inplace(pg) if inplace_on else [])
+    an = _analyse(pg, REFERENCE_BATCH, gc, inplace_on)
     temps = Bytes.total(var.size for _, var in pg.graph.all_vars()
                         if var.is_dense and not var.persistable)
     kept = sorted(set(options.skip_opt_set) & set(pg.values))
     return Report(program_type="pir", gc=gc, runtime=runtime, temporaries_before=temps,
                   temporaries_after=temps, batch_size=REFERENCE_BATCH,
                   persistable_bytes=an.persistable_bytes(), peak_before=an.total_peak(),
-                  peak_after=an.total_peak(),
-                  release=("Paddle's garbage collector frees each value right after its "
-                           "last use; nothing to insert" if gc else
-                           "garbage collection is off: set FLAGS_eager_delete_tensor_gb=0 "
-                           "to free each value after its last use"),
+                  peak_after=an.total_peak(), release=_release_text(gc),
                   seconds=time.perf_counter() - start,
                   notes=[f"kept by skip_opt_set: {', '.join(kept)}"] if kept else [])
