@@ -17,7 +17,6 @@ overwrites raises :class:`~memopt.errors.MergedVariableError`.
 """
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -264,32 +263,20 @@ def resolve_fetch_list(program, fetch_list):
     return out[0] if single else type(fetch_list)(out)
 
 
-_GUARD = False
+def _fetch_hook(program, fetch_list):
+    """The fetch guard's hook (:mod:`memopt.paddle.fetch_guard`)."""
+    if is_pir_program(program) and getattr(program, RECORD_ATTR, None):
+        return resolve_fetch_list(program, fetch_list)
+    return fetch_list
 
 
 def install_fetch_guard() -> None:
-    """Wrap ``Executor.run`` once so fetches of rewritten PIR programs go
-    through :func:`resolve_fetch_list`."""
-    global _GUARD
-    if _GUARD:
-        return
-    from paddle.base.executor import Executor
+    """Route fetches of rewritten PIR programs through
+    :func:`resolve_fetch_list` (one ``Executor.run`` wrapper, shared with the
+    legacy adapter)."""
+    from .fetch_guard import add_hook
 
-    original = Executor.run
-
-    @functools.wraps(original)
-    def run(self, program=None, feed=None, fetch_list=None, *args, **kwargs):
-        target = program
-        if target is None:
-            import paddle
-
-            target = paddle.static.default_main_program()
-        if is_pir_program(target) and getattr(target, RECORD_ATTR, None):
-            fetch_list = resolve_fetch_list(target, fetch_list)
-        return original(self, program, feed, fetch_list, *args, **kwargs)
-
-    Executor.run = run
-    _GUARD = True
+    add_hook(_fetch_hook)
 
 
 def _runtime_text() -> tuple:
