@@ -43,7 +43,8 @@ import numpy as np
 import tensorflow as tf
 
 from autobatch.backends.base import Backend
-from autobatch.instructions import TensorType, pattern_leaves, pattern_map
+from autobatch.instructions import TensorType
+from autobatch.virtual_machine import MAX_CHAIN
 
 __all__ = ["TensorFlowBackend", "MODES", "SELECTIONS"]
 
@@ -53,6 +54,10 @@ log = logging.getLogger(__name__)
 MODES = ("eager", "graph", "xla")
 #: How threads at a block are picked: gather their rows, or mask every row.
 SELECTIONS = ("gather", "mask")
+
+#: Extra stack frames of gathering backends (see TensorFlowBackend.stack):
+#: one per call a VM step can make after its overflow check failed.
+SPARE_FRAMES = MAX_CHAIN + 1
 
 #: Loop-state key of the error code (0: no failed check).
 ERROR_KEY = "__error"
@@ -80,6 +85,36 @@ def raise_for_error_code(code: int) -> None:
     code = int(code)
     if code:
         raise _ERROR_MAKERS[code - 1]()
+
+
+class _Rows:
+    """A gathering backend's selection: ``rows``, the ``[n, 1]`` (int64)
+    indices of the selected threads, with per-trace caches of the ops derived
+    from it (the count, frame indices)."""
+
+    __slots__ = ("rows", "_count", "_frames")
+
+    def __init__(self, rows: tf.Tensor) -> None:
+        self.rows = rows
+        self._count: Optional[tf.Tensor] = None
+        self._frames: Dict[int, Tuple[Any, tf.Tensor]] = {}
+
+    def count(self) -> tf.Tensor:
+        """``[n]``: the shape of a value of the selection (as a 1-element tensor)."""
+        if self._count is None:
+            self._count = tf.shape(self.rows, out_type=tf.int64)[:1]
+        return self._count
+
+    def frame_indices(self, frame: tf.Tensor) -> tf.Tensor:
+        """``[n, 2]`` (thread, frame) indices into a ``[batch, frames, ...]`` stack."""
+        cached = self._frames.get(id(frame))
+        if cached is None or cached[0] is not frame:
+            frames = tf.cast(frame, tf.int64)
+            if frames.shape.rank == 0:
+                frames = tf.fill(self.count(), frames)
+            cached = (frame, tf.concat([self.rows, frames[:, None]], axis=1))
+            self._frames[id(frame)] = cached
+        return cached[1]
 
 
 def _tf_dtype(dtype: Any) -> tf.DType:
@@ -124,6 +159,8 @@ class TensorFlowBackend(Backend):
         self.selection = selection
         self.compile_blocks = bool(compile_blocks)
         self.masked = selection == "mask"
+        #: VM steps per pass of the graph's while loop (XLA runs two faster).
+        self.unroll = 2 if mode == "xla" else 1
         self._pending_checks: List[Any] = []
         self._final_error: Any = None
 
@@ -153,6 +190,11 @@ class TensorFlowBackend(Backend):
 
     def stack(self, tensor_type: TensorType, batch_size: int, frames: int,
               value: Any = 0) -> tf.Tensor:
+        """``[batch, frames, ...]``; gathering backends add spare frames, so that
+        the pushes of a step whose overflow check failed (the run stops after
+        it) stay in range without clipping every frame index."""
+        if not self.masked:
+            frames += SPARE_FRAMES
         scalar = tf.constant(np.asarray(value, dtype=tensor_type.dtype))
         return tf.fill((batch_size, frames) + tensor_type.shape, scalar)
 
@@ -204,12 +246,12 @@ class TensorFlowBackend(Backend):
         hit = tf.equal(pc, block)
         if self.masked:
             return hit
-        return tf.cast(tf.where(hit)[:, 0], tf.int32)
+        return _Rows(tf.where(hit))
 
     def read(self, array: tf.Tensor, selection: Any) -> tf.Tensor:
         if self.masked:
             return array
-        return tf.gather(array, selection)
+        return tf.gather_nd(array, selection.rows)
 
     @staticmethod
     def _cast(value: Any, dtype: tf.DType) -> tf.Tensor:
@@ -224,41 +266,54 @@ class TensorFlowBackend(Backend):
             mask = mask[..., None]
         return mask
 
+    @staticmethod
+    def _fill(value: tf.Tensor, count: tf.Tensor, rank: int, like: tf.Tensor) -> tf.Tensor:
+        """``value`` as ``count`` rows shaped like ``like``'s rows (no-op when
+        it has them already)."""
+        if value.shape.rank == rank:
+            return value
+        if rank == 1:
+            return tf.fill(count, value)
+        return tf.broadcast_to(value, tf.concat([count, tf.shape(like)[1 - rank:]], axis=0))
+
     def write(self, array: tf.Tensor, selection: Any, value: Any) -> tf.Tensor:
         value = self._cast(value, array.dtype)
         if self.masked:
             return tf.where(self._rows(selection, array.shape.rank), value, array)
-        if value.shape.rank != array.shape.rank:
-            value = tf.broadcast_to(value, tf.concat([tf.shape(selection), tf.shape(array)[1:]],
-                                                     axis=0))
-        return tf.tensor_scatter_nd_update(array, selection[:, None], value)
+        value = self._fill(value, selection.count(), array.shape.rank, array)
+        return tf.tensor_scatter_nd_update(array, selection.rows, value)
 
-    def _frame_indices(self, stack: tf.Tensor, selection: Any, frame: Any) -> tf.Tensor:
-        """``[n, 2]`` (thread, frame) indices into a ``[batch, frames, ...]`` stack."""
-        # Clipped: masked threads may hold any depth, and a thread past the
-        # last frame (a failed overflow check, which stops the run after this
-        # step) must not make the gather or scatter fail first.
-        frame = tf.clip_by_value(self._cast(frame, tf.int32), 0, stack.shape[1] - 1)
-        if self.masked:
-            threads = tf.range(tf.shape(stack)[0], dtype=tf.int32)
-        else:
-            threads = selection
-        frame = tf.broadcast_to(frame, tf.shape(threads))
-        return tf.stack([threads, frame], axis=1)
+    def _frames(self, stack: tf.Tensor, frame: Any) -> tf.Tensor:
+        frame = self._cast(frame, tf.int32)
+        if self.masked and self.mode != "xla":
+            # Threads outside the selection hold any depth (-1 after main
+            # returned); TensorFlow's gathers reject such indices, XLA's clamp
+            # them and its scatters drop them.
+            frame = tf.clip_by_value(frame, 0, stack.shape[1] - 1)
+        return frame
 
     def read_frame(self, stack: tf.Tensor, selection: Any, frame: Any) -> tf.Tensor:
-        return tf.gather_nd(stack, self._frame_indices(stack, selection, frame))
+        frame = self._frames(stack, frame)
+        if self.masked:
+            return tf.gather(stack, frame, batch_dims=1)
+        return tf.gather_nd(stack, selection.frame_indices(frame))
 
     def write_frame(self, stack: tf.Tensor, selection: Any, frame: Any,
                     value: Any) -> tf.Tensor:
-        indices = self._frame_indices(stack, selection, frame)
+        frame = self._frames(stack, frame)
         value = self._cast(value, stack.dtype)
-        if self.masked:
-            old = tf.gather_nd(stack, indices)
+        if not self.masked:
+            value = self._fill(value, selection.count(), stack.shape.rank - 1, stack[:, 0])
+            return tf.tensor_scatter_nd_update(stack, selection.frame_indices(frame), value)
+        threads = tf.range(tf.shape(stack)[0], dtype=tf.int32)
+        if self.mode == "xla":
+            # Unselected threads point past the last frame: XLA drops those updates.
+            frame = tf.where(selection, frame, stack.shape[1])
+        else:
+            old = tf.gather(stack, frame, batch_dims=1)
             value = tf.where(self._rows(selection, old.shape.rank), value, old)
-        elif value.shape.rank != stack.shape.rank - 1:
-            value = tf.broadcast_to(value, tf.concat([tf.shape(indices)[:1],
-                                                      tf.shape(stack)[2:]], axis=0))
+        value = tf.broadcast_to(value, tf.concat([tf.shape(threads), tf.shape(stack)[2:]], 0))
+        indices = tf.stack([threads, tf.broadcast_to(frame, tf.shape(threads))], axis=1)
         return tf.tensor_scatter_nd_update(stack, indices, value)
 
     def where(self, cond: Any, x: Any, y: Any) -> tf.Tensor:
@@ -266,25 +321,25 @@ class TensorFlowBackend(Backend):
 
     def split(self, selection: Any, cond: Any) -> Tuple[Any, ...]:
         """Mask: ``(selection, cond)``.  Gather: ``(selection, positions of
-        the true threads in it, positions of the false ones)``."""
+        the true threads in it, positions of the false ones)``, positions as
+        ``[n, 1]`` indices."""
         cond = tf.convert_to_tensor(cond, tf.bool)
         if self.masked:
             return selection, cond
-        cond = tf.broadcast_to(cond, tf.shape(selection))
-        true_at = tf.cast(tf.where(cond)[:, 0], tf.int32)
-        false_at = tf.cast(tf.where(tf.logical_not(cond))[:, 0], tf.int32)
-        return selection, true_at, false_at
+        if cond.shape.rank == 0:
+            cond = tf.fill(selection.count(), cond)
+        return selection, tf.where(cond), tf.where(tf.logical_not(cond))
 
     def part(self, split: Tuple[Any, ...], side: bool) -> Any:
         if self.masked:
             selection, cond = split
             return tf.logical_and(selection, cond if side else tf.logical_not(cond))
-        return tf.gather(split[0], split[1] if side else split[2])
+        return _Rows(tf.gather_nd(split[0].rows, split[1] if side else split[2]))
 
     def narrow(self, value: Any, split: Tuple[Any, ...], side: bool) -> Any:
         if self.masked or _is_python_scalar(value) or len(getattr(value, "shape", ())) == 0:
             return value
-        return tf.gather(value, split[1] if side else split[2])
+        return tf.gather_nd(value, split[1] if side else split[2])
 
     def merge(self, split: Tuple[Any, ...], if_true: Any, if_false: Any,
               tensor_type: TensorType) -> tf.Tensor:
@@ -295,18 +350,21 @@ class TensorFlowBackend(Backend):
             if cond.shape.rank:
                 cond = self._rows(cond, 1 + len(tensor_type.shape))
             return tf.where(cond, if_true, if_false)
-        parts = []
+        rank = 1 + len(tensor_type.shape)
+        positions, parts = [], []
         for at, value in ((split[1], if_true), (split[2], if_false)):
-            if value.shape.rank != 1 + len(tensor_type.shape):
-                value = tf.broadcast_to(value, tf.concat([tf.shape(at), tensor_type.shape],
+            index = tf.cast(at[:, 0], tf.int32)
+            if value.shape.rank != rank:
+                value = tf.broadcast_to(value, tf.concat([tf.shape(index), tensor_type.shape],
                                                          axis=0))
+            positions.append(index)
             parts.append(value)
-        return tf.dynamic_stitch([split[1], split[2]], parts)
+        return tf.dynamic_stitch(positions, parts)
 
     def callee_pc(self, selection: Any, entry: int, halt: int) -> tf.Tensor:
         if self.masked:
             return tf.where(selection, tf.constant(entry, tf.int32), tf.constant(halt, tf.int32))
-        return tf.fill(tf.shape(selection), tf.constant(entry, tf.int32))
+        return tf.fill(selection.count(), tf.constant(entry, tf.int32))
 
     # -- control -------------------------------------------------------------------------
     def reduce_min(self, array: tf.Tensor) -> tf.Tensor:
@@ -364,7 +422,18 @@ class TensorFlowBackend(Backend):
         def go_on(s: dict) -> Any:
             return tf.logical_and(cond(s), tf.equal(s[ERROR_KEY], 0))
 
-        state, = tf.while_loop(lambda s: go_on(s), lambda s: (body(s),), (state,),
+        def unrolled(s: dict) -> dict:
+            s = body(s)
+            for _ in range(self.unroll - 1):
+                # A pass after the last step runs a block no thread is at: a
+                # no-op (empty or all-false selection), not counted as a step.
+                more = go_on(s)
+                steps = s["steps"]
+                s = body(s)
+                s["steps"] = steps + tf.cast(more, tf.int32)
+            return s
+
+        state, = tf.while_loop(lambda s: go_on(s), lambda s: (unrolled(s),), (state,),
                                parallel_iterations=1)
         self._final_error = state.pop(ERROR_KEY)
         return state
