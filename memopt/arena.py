@@ -270,7 +270,7 @@ FOUND, INFEASIBLE, LIMIT = "found", "infeasible", "limit"
 #: area (size x lifetime), T the most bytes live in any of the buffer's
 #: sections.  ``B<k>`` is the blended score log(size) + log(lifetime) / 2,
 #: with seeded noise when ``k > 0`` (deterministic restarts).
-SEARCH_ORDERS = ("ZW", "B0", "TZW", "A", "B1", "B2")
+SEARCH_ORDERS = ("B0", "B1", "ZW", "B2", "B3", "TZW", "B4", "B5")
 
 #: The orders of the greedy descents that open the search.
 DIVE_ORDERS = ("ZW", "B0")
@@ -294,24 +294,24 @@ class CanonicalSearch:
       *floor* of its sections (the top of what is already placed there), so
       only those offsets are ever tried.
     - **Lowest point first.**  Each node takes the lowest floor ``m`` over
-      the sections that still have unplaced buffers and picks one such
-      section ``s``.  Either some buffer whose floor is ``m`` covers ``s`` and
-      sits at ``m`` (one branch per such buffer), or nothing ever occupies
-      ``s`` at height ``m`` (one more branch: ``s`` is *closed* at ``m``, and
-      its next buffer sits at least one size quantum higher).  The branches
-      are disjoint and together complete, and the level ``m`` never
-      decreases, so space below ``m`` is wasted for good.
-    - **Section bounds.**  In every section the unplaced bytes must still fit
-      between the section's effective floor and the capacity; the effective
-      floor is the highest of its placed tops, the current level ``m`` (plus a
-      quantum when the section is closed at ``m``), and the lowest floor of
-      any unplaced buffer that covers it (each of those must sit at or above
-      its own floor).
+      the sections that still have unplaced buffers and the section ``s`` at
+      ``m`` with the fewest candidates (then the least slack).  Either a
+      buffer whose floor is ``m`` covers ``s`` and sits at ``m`` (one branch
+      per such buffer, in the value order), or nothing sits at ``(s, m)`` and
+      the floor of ``s`` rises to the lowest offset its next buffer can take
+      (:meth:`_closing_floor`; one more branch).  The branches are disjoint
+      and together complete.  Sections at ``m`` that no buffer can occupy rise
+      without branching.
+    - **Section bounds.**  In every section the unplaced bytes must fit
+      between the floor and the capacity, where the floor counts at least the
+      lowest floor of any unplaced buffer covering the section (each of those
+      sits at or above its own floor).
     - **Decomposition.**  When no unplaced buffer spans the boundary between
       two sections, the two sides are independent and solved one after the
       other; a side that fails fails the node (no retrying its neighbour).
-    - **Memo.**  A failed sub-problem (same sections, floors, closures and
-      unplaced buffers) is remembered and not searched again.
+    - **Memo.**  A failed sub-problem (same sections, floors and unplaced
+      buffers) is remembered, across restarts at the same capacity, and not
+      searched again.
 
     Candidates at a node are tried in a static order (:data:`SEARCH_ORDERS`);
     :meth:`solve` restarts with each order in turn under a doubling node
@@ -428,7 +428,7 @@ class CanonicalSearch:
         depth = sys.getrecursionlimit()
         sys.setrecursionlimit(max(depth, 4 * (n + S) + 1000))  # a frame per node of a path
         try:
-            ok = self._solve_range(0, S, 0)
+            ok = self._solve_range(0, S)
         except _NodeLimit:
             return LIMIT, None
         finally:
@@ -443,7 +443,7 @@ class CanonicalSearch:
     def _restore(self, saved) -> None:
         self.floor, self.load, self.crossing, self.min_offset, self.placed = saved
 
-    def _solve_range(self, lo: int, hi: int, level: int) -> bool:
+    def _solve_range(self, lo: int, hi: int) -> bool:
         """Place every unplaced buffer within sections ``[lo, hi)``."""
         self.nodes += 1
         if self.nodes > self.limit or (
@@ -464,7 +464,7 @@ class CanonicalSearch:
             if parts != [(lo, hi)]:
                 saved = self._snapshot()
                 for a, z in parts:
-                    if not self._solve_range(a, z, level):
+                    if not self._solve_range(a, z):
                         self._restore(saved)
                         return False
                 return True
@@ -472,7 +472,7 @@ class CanonicalSearch:
         key = (lo, hi, self.floor[lo:hi].tobytes(), unplaced.tobytes())
         if key in self.failed:
             return False
-        if self._branch(lo, hi, level, unplaced):
+        if self._branch(lo, hi, unplaced):
             return True
         self.failed.add(key)
         return False
@@ -490,7 +490,8 @@ class CanonicalSearch:
         out[self.sec_len == 0] = empty
         return out
 
-    def _branch(self, lo: int, hi: int, level: int, unplaced: np.ndarray) -> bool:
+    def _branch(self, lo: int, hi: int, unplaced: np.ndarray) -> bool:
+        """One node: bounds, then branch at the lowest floor."""
         cap = self.capacity
         big = np.iinfo(np.int64).max
         saved = None
@@ -525,23 +526,24 @@ class CanonicalSearch:
     def _closing_floor(self, s: int, m: int, unplaced: np.ndarray) -> int:
         """Lowest offset of the next buffer in section ``s`` if none sits at ``m``.
 
-        A buffer covering ``s`` whose floor is above ``m`` can sit on it; one
-        whose floor is ``m`` must rest on another buffer that does not cover
-        ``s``, placed at ``m`` or higher: at least the smallest such one up.
-        Returns a huge number when no buffer can ever occupy ``s`` again.
+        In a compacted plan every buffer rests on offset 0 or on the top of a
+        buffer it overlaps.  A buffer covering ``s`` whose floor is above ``m``
+        sits at least on its floor; one whose floor is ``m`` must rest on an
+        unplaced buffer that does not cover ``s``: at least that buffer's floor
+        plus its size.  Returns a huge number when nothing can occupy ``s``.
         """
         big = np.iinfo(np.int64).max
-        here = unplaced[self.cover[unplaced, s]]
-        mo = self.min_offset[here]
-        best = int(mo[mo > m].min()) if (mo > m).any() else big
-        low = here[mo == m]
-        if len(low):
-            others = unplaced[~self.cover[unplaced, s]]
-            if len(others):
-                support = self.overlap[np.ix_(low, others)]
-                sizes = np.where(support, self.size[others][None, :], big).min()
-                if sizes < big:
-                    best = min(best, m + int(sizes))
+        covers = self.cover[unplaced, s]
+        here = unplaced[covers]
+        floors = self.min_offset[here]
+        best = int(floors[floors > m].min()) if (floors > m).any() else big
+        flat = here[floors == m]
+        others = unplaced[~covers]
+        if len(flat) and len(others):
+            tops = self.min_offset[others] + self.size[others]
+            support = self.overlap[np.ix_(flat, others)]
+            rest = np.where(support, tops[None, :], big).min()
+            best = min(best, int(rest))
         return best
 
     def _choose(self, lo: int, hi: int, m: int, unplaced: np.ndarray, at_m: np.ndarray,
@@ -567,7 +569,7 @@ class CanonicalSearch:
                        out=self.min_offset)
             self.placed[b] = True
             self.offsets[b] = m
-            if self._solve_range(lo, hi, m):
+            if self._solve_range(lo, hi):
                 return True
             self._restore(saved)
         # nothing sits at (s, m): the section's floor rises to its next occupant
@@ -575,7 +577,7 @@ class CanonicalSearch:
         if raised + int(self.load[s]) <= cap:
             saved = self._snapshot()
             self._raise(np.array([s]), np.array([raised], dtype=np.int64), unplaced)
-            if self._solve_range(lo, hi, m):
+            if self._solve_range(lo, hi):
                 return True
             self._restore(saved)
         return False
