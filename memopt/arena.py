@@ -25,12 +25,23 @@ Three layers, each usable alone:
 2. **Chooser** (:func:`choose`): runs several heuristics and keeps the lowest
    plan (ties: the first in the list), as XLA does.
 
-3. **Search** (:func:`plan_arena` with ``mode="default"`` or ``"exact"``): a
-   branch and bound over *canonical* solutions in the manner of MiniMalloc
-   (see :class:`CanonicalSearch`).  In the default mode it runs for a short
-   budget to improve on the chooser; in the exact mode it runs until it proves
-   the plan optimal (its height equals a lower bound, or the search space is
-   exhausted below it) or the time limit is reached.
+3. **Search** (:class:`CanonicalSearch`): a branch and bound over
+   *canonical* (compacted) solutions in the manner of MiniMalloc, with its
+   section bounds, decomposition into independent time ranges, a memo of
+   failed sub-problems and restarts over several value orders.
+
+:func:`plan_arena` puts them together.  ``mode="heuristic"``: the chooser.
+``mode="default"`` (about a second): the chooser; if its plan is not within
+``tolerance`` of the lower bound, greedy descents of the search, then the
+search at 5 % above the bound and a bisection between what fails and what
+fits.  ``mode="exact"``: the search at the lower bound first (most of the time
+budget), then at the capacity if one is given, then the bisection; a plan is
+*proven optimal* when its height equals the peak-live bound or the search
+exhausted every plan one size quantum lower.
+
+Real program traces are easy (greedy by size is on the bound or within a few
+hundredths of a percent); interval problems built to be hard (the MiniMalloc
+"challenging" set) are not: see ``scripts/bench_planner.py``.
 
 Every plan is checked by the independent :func:`memopt.simulate.check_offsets`
 before it is returned.  Deterministic: same input, same plan (the search has

@@ -48,11 +48,12 @@ affects only the quality of a plan, never its validity, which is checked by
 
 Example: XLA's reverse order
 ----------------------------
-A parameter and a chain of six convolutions ``c1 .. c6`` whose last output is
-live out (see ``tests/test_reuse.py``): offered forward, the early small
-buffers open groups the later large ones cannot join; offered in reverse, the
-live-out value opens a group that earlier temporaries fill, and the chain fits
-in fewer groups.
+A parameter ``x`` and a chain of six convolutions ``c1 .. c6`` whose last
+output ``c6`` is live out, with XLA's rule that a live-out value only goes to
+memory of exactly its size (``tests/test_reuse.py``).  Offered forward, ``c5``
+takes the 1 KiB that ``x`` frees, so the result finds no 1 KiB group and
+opens a fourth; offered in reverse, the result comes first and ``x`` joins
+it: three groups.
 """
 from __future__ import annotations
 

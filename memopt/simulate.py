@@ -32,7 +32,7 @@ from typing import Callable, Hashable, Mapping, Optional, Sequence
 import numpy as np
 
 from .errors import PlanError
-from .graph import Size
+from .problems import size_at
 
 __all__ = [
     "Timeline",
@@ -46,13 +46,7 @@ __all__ = [
 
 
 def _bytes(size, batch_size: Optional[int]) -> int:
-    if isinstance(size, Size):
-        if size.power == 0:
-            return size.coefficient
-        if batch_size is None:
-            raise ValueError(f"size {size} depends on the batch size: pass batch_size")
-        return size.at(batch_size)
-    return int(size)
+    return int(size_at(size, batch_size))
 
 
 @dataclass

@@ -95,28 +95,25 @@ def test_exact_matches_brute_force_on_the_gap():
     assert brute_force_height(GAP, 20) == 11
 
 
-tiny = st.lists(st.tuples(st.integers(0, 5), st.integers(1, 4), st.integers(1, 4)),
-                min_size=1, max_size=6)
+def random_buffers(start, length, size, most):
+    """Lists of buffers: start step, lifetime and size drawn from the ranges."""
+    spec = st.tuples(st.integers(*start), st.integers(*length), st.integers(*size))
+    return st.lists(spec, min_size=1, max_size=most).map(
+        lambda rows: bufs(*[(lo, lo + n, b) for lo, n, b in rows]))
 
 
 @settings(max_examples=40, deadline=None)
-@given(tiny)
-def test_exact_is_optimal_on_tiny_problems(spec):
-    buffers = bufs(*[(lo, lo + n, size) for lo, n, size in spec])
+@given(random_buffers((0, 5), (1, 4), (1, 4), 6))
+def test_exact_is_optimal_on_tiny_problems(buffers):
     plan = plan_arena(buffers, mode="exact", time_limit=20)
     check_offsets(buffers, plan.offsets)
     assert plan.optimal
     assert plan.height == brute_force_height(buffers, plan.height + 1)
 
 
-problems = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 12), st.integers(0, 300)),
-                    min_size=1, max_size=40)
-
-
 @settings(max_examples=40, deadline=None)
-@given(problems)
-def test_every_plan_passes_the_checker(spec):
-    buffers = bufs(*[(lo, lo + n, size) for lo, n, size in spec])
+@given(random_buffers((0, 40), (1, 12), (0, 300), 40))
+def test_every_plan_passes_the_checker(buffers):
     bound = peak_live_bytes(buffers)
     heights = []
     for name in HEURISTICS:
