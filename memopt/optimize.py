@@ -213,6 +213,8 @@ class Plan:
     before: Dict[str, Buffer] = field(default_factory=dict)
     estimates: Optional[tuple] = None
     notes: List[str] = field(default_factory=list)
+    substitutions: List[Tuple[int, int, str, str, str]] = field(default_factory=list)
+    substituted: Optional[Graph] = None
 
     def merged(self) -> Dict[str, str]:
         """``{name: a variable it now shares memory with}`` for every member
@@ -498,6 +500,60 @@ def verify_order(graph: Graph, order: Optional[List[int]]) -> None:
             barrier = i
 
 
+def dims_only_substitutions(graph: Graph) -> List[Tuple[int, int, str, str, str]]:
+    """``(block, op index, slot, var, substitute)`` for every read an op makes
+    of a variable for its dims only, where the adapter found another operand
+    of the op with the same dims (``op.attrs["dims_only"]``).
+
+    Reading the substitute instead changes nothing the op computes and lets
+    the variable die at its last real use -- what Paddle's garbage collector
+    does by itself when it is on; with it off, the variable's memory can then
+    be taken over.
+    """
+    out = []
+    for block in graph.blocks:
+        for index, op in enumerate(block.ops):
+            for slot, (var, sub) in sorted(op.attrs.get("dims_only", {}).items()):
+                out.append((block.idx, index, slot, var, sub))
+    return out
+
+
+def substitute(graph: Graph, substitutions) -> Graph:
+    """A graph whose ops read the substitutes (see
+    :func:`dims_only_substitutions`); blocks, variables and other ops shared."""
+    from dataclasses import replace
+
+    from .graph import Block
+
+    by_op: Dict[Tuple[int, int], Dict[str, str]] = {}
+    for block_idx, index, _, var, sub in substitutions:
+        by_op.setdefault((block_idx, index), {})[var] = sub
+    blocks = []
+    for block in graph.blocks:
+        ops = list(block.ops)
+        for (block_idx, index), mapping in by_op.items():
+            if block_idx == block.idx:
+                op = ops[index]
+                reads = tuple(dict.fromkeys(mapping.get(n, n) for n in op.reads))
+                ops[index] = replace(op, reads=reads)
+        blocks.append(Block(block.idx, block.parent, ops, block.vars))
+    return Graph(blocks=blocks, fetch_names=graph.fetch_names)
+
+
+def verify_substitutions(graph: Graph, substitutions) -> None:
+    """Each substitute is another operand the op already reads, of the same
+    static shape and dtype as the variable it stands in for."""
+    for block_idx, index, slot, var, sub in substitutions:
+        op = graph.blocks[block_idx].ops[index]
+        a, b = graph.var(var, block_idx), graph.var(sub, block_idx)
+        if var not in op.reads or sub not in op.reads:
+            raise PlanError(f"op {index} ({op.type}) of block {block_idx}: {var!r} -> "
+                            f"{sub!r} in slot {slot}, but the op does not read both")
+        if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+            raise PlanError(f"op {index} ({op.type}) of block {block_idx}: {sub!r} "
+                            f"cannot stand in for {var!r}: different shape or dtype")
+
+
 def plan_memory(graph: Graph, options: Options, gc: bool,
                 live=None) -> Plan:
     """Plan memory sharing for ``graph`` (see the module docstring).
@@ -520,13 +576,19 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
 
     live = _analyze(graph) if live is None else live
     before = _temporaries(graph, live.intervals())
-    order = schedule_optimizer_ops(graph)
     plan = Plan(gc=gc, level=options.level, before=before)
+    if not gc:
+        plan.substitutions = dims_only_substitutions(graph)
+        if plan.substitutions:
+            graph = substitute(graph, plan.substitutions)
+    plan.substituted = graph
+    order = schedule_optimizer_ops(graph)
     if order is not None:
         plan.order = order
         plan.moved = sum(1 for k, i in enumerate(order) if i != k and
                          graph.blocks[0].ops[i].role == "optimize" and i > k)
         graph = reorder(graph, order)
+    if graph is not plan.substituted or plan.substitutions:
         live = _analyze(graph)
     plan.scheduled = graph
     intervals = live.intervals()
@@ -802,8 +864,10 @@ def check_plan(graph: Graph, plan: Plan) -> None:
     """Every check a plan must pass before a program is rewritten: the new
     op order keeps every dependency of ``graph`` (the original), and the
     renaming changes no value any op reads in that order."""
-    verify_order(graph, plan.order)
-    scheduled = graph if plan.order is None else reorder(graph, plan.order)
+    verify_substitutions(graph, plan.substitutions)
+    substituted = substitute(graph, plan.substitutions) if plan.substitutions else graph
+    verify_order(substituted, plan.order)
+    scheduled = substituted if plan.order is None else reorder(substituted, plan.order)
     verify_renaming(scheduled, plan.renames, plan.inplace)
     for group in plan.groups:
         owner = group[0]

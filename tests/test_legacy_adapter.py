@@ -196,3 +196,16 @@ def test_rewrite_moves_ops_and_undoes_on_failure(legacy, monkeypatch):
     assert serialized(model.main) == before
     with pytest.raises(GraphError, match="permutation"):
         legacy.rewrite(model.main, {}, order[:-1])
+
+
+def test_dims_only_reads(legacy):
+    """elementwise_add_grad reads X for its dims only; Out@GRAD has them."""
+    graph = legacy.program_to_graph(models.build("mlp", "legacy").main)
+    grads = [op for op in graph.global_block.ops if op.type == "elementwise_add_grad"]
+    assert grads
+    for op in grads:
+        found = op.attrs.get("dims_only", {})
+        assert set(found) == {"X"}, "Y is the bias (a parameter): left alone"
+        var, sub = found["X"]
+        assert sub == op.reads[0] and var in op.reads
+        assert graph.var(var).shape == graph.var(sub).shape

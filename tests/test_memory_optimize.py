@@ -305,3 +305,14 @@ def test_dispatches_pir_programs(paddle):
     report = memopt.memory_optimize(model.main, skip_grads=False,
                                     skip_opt_set=[model.fetch_list[1]])
     assert report.program_type == "pir"
+
+
+def test_gc_off_reads_dims_from_the_gradient(paddle):
+    """With GC off, bias-add grads read X's dims from Out@GRAD, so X can die
+    at its last real use; the numbers stay the same (test_bit_identical)."""
+    model = models.build("mlp", "legacy")
+    with models.flags(**gc_flag("off")):
+        optimize(model, level=1, skip_grads=False)
+    for op in model.main.global_block().ops:
+        if op.type == "elementwise_add_grad":
+            assert op.input("X") == op.input("Out@GRAD")

@@ -289,3 +289,14 @@ def test_gc_plan_that_would_raise_the_peak_is_dropped():
     assert plan.order is None and plan.renames == {}
     assert plan.estimates[1] == plan.estimates[0]
     assert plan.notes == ["no change: the plan would have raised the estimated peak"]
+
+
+def test_substitutions_are_checked():
+    from memopt.optimize import verify_substitutions
+
+    g = training_graph()
+    verify_substitutions(g, [(0, 4, "X", "h", "dy")])    # both read by op 4, same shape
+    with pytest.raises(PlanError, match="does not read both"):
+        verify_substitutions(g, [(0, 4, "X", "x", "dy")])
+    with pytest.raises(PlanError, match="different shape"):
+        verify_substitutions(g, [(0, 4, "X", "h", "w2")])

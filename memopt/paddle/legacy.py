@@ -222,6 +222,8 @@ def program_to_graph(program) -> Graph:
                                      _slots(desc.output_names(), desc.output))
                 if pair is not None:
                     attrs["inplace"] = pair
+            if op_type in _DIMS_ONLY_OPS:
+                attrs["dims_only"] = {slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
             subs = _sub_block_ids(desc)
             block.add_op(Op(op_type, reads, writes, subs, _role(int(op_role)),
                             op_type in LOOP_OPS, attrs))
@@ -232,6 +234,7 @@ def program_to_graph(program) -> Graph:
     graph = Graph(blocks=blocks)
     _declare_borrowed(graph)
     _drop_unsafe_inplace(graph)
+    _find_dims_only_reads(graph)
     for name in fetched:
         var = graph.find_var(name)
         if var is not None:
@@ -274,6 +277,45 @@ def _drop_unsafe_inplace(graph: Graph) -> None:
                     continue
                 del op.attrs["inplace"]
                 break
+
+
+#: Grad ops whose ``X`` and ``Y`` inputs Paddle reads for their dims only
+#: (``core.infer_no_need_buffer_slots``), and whose ``Out@GRAD`` has ``Out``'s
+#: dims.
+_DIMS_ONLY_OPS = frozenset({"elementwise_add_grad", "elementwise_sub_grad"})
+
+
+def _find_dims_only_reads(graph: Graph) -> None:
+    """Mark the reads a grad op makes for a variable's dims only.
+
+    ``elementwise_add_grad`` reads ``X`` and ``Y`` for their dims only (Paddle
+    declares them no-need-buffer).  Where ``X`` (or ``Y``) has the static
+    shape and dtype of ``Out@GRAD`` -- no broadcast on its side, and the
+    batch dimension ``-1`` is the same ``B`` -- ``Out@GRAD`` carries the same
+    dims, so the slot may read ``Out@GRAD`` instead and the variable need not
+    be kept alive (with the garbage collector on, Paddle frees it early
+    itself).  Leaves ``op.attrs["dims_only"] = {slot: (var, substitute)}``.
+    """
+    for block in graph.blocks:
+        for op in block.ops:
+            slots = op.attrs.pop("dims_only", None)
+            if slots is None:
+                continue
+            grad = slots.get("Out@GRAD") or []
+            if len(grad) != 1:
+                continue
+            g = graph.var(grad[0], block.idx)
+            found = {}
+            for slot in ("X", "Y"):
+                names = slots.get(slot) or []
+                if len(names) != 1 or names[0] == grad[0]:
+                    continue
+                v = graph.var(names[0], block.idx)
+                if (v.is_dense and not v.persistable and tuple(v.shape) == tuple(g.shape)
+                        and v.dtype == g.dtype and v.size.coefficient):
+                    found[slot] = (names[0], grad[0])
+            if found:
+                op.attrs["dims_only"] = found
 
 
 def _declare_borrowed(graph: Graph) -> None:
@@ -366,8 +408,12 @@ def apply_renames(program, renames: Mapping[int, Mapping[str, str]]) -> int:
 
 
 def rewrite(program, renames: Mapping[int, Mapping[str, str]],
-            order: Optional[List[int]] = None) -> int:
-    """Apply renames, then put block 0's ops in ``order`` -- all or nothing.
+            order: Optional[List[int]] = None, substitutions=()) -> int:
+    """Substitute, rename, then put block 0's ops in ``order`` -- all or nothing.
+
+    ``substitutions`` are ``(block, op index, slot, var, substitute)``: that
+    input slot of that op reads ``substitute`` instead of ``var`` (applied
+    before the renames, by original op index).
 
     ``order`` lists block 0's op indices in their new order (None: keep it);
     only the ops that change place are moved (their descs are re-created),
@@ -375,7 +421,14 @@ def rewrite(program, renames: Mapping[int, Mapping[str, str]],
     first; if a step fails midway, the steps done are undone in reverse and
     the error is re-raised.  Returns the number of op slots renamed.
     """
-    edits = _edits(program, renames)
+    sub_edits = []
+    for block_idx, index, slot, var, sub in substitutions:
+        pop = program.block(block_idx).ops[index]
+        names = pop.desc.input(slot)
+        if var not in names:
+            raise GraphError(f"op {index} ({pop.type}) of block {block_idx} does not read "
+                             f"{var!r} in slot {slot}")
+        sub_edits.append((pop, True, slot, names, [sub if n == var else n for n in names]))
     if order is not None:
         n = len(program.global_block().ops)
         if sorted(order) != list(range(n)):
@@ -384,6 +437,10 @@ def rewrite(program, renames: Mapping[int, Mapping[str, str]],
     done = []
     moves: List[Tuple[int, int]] = []
     try:
+        for pop, is_input, slot, old_names, new_names in sub_edits:
+            _set_slot(pop, is_input, slot, new_names)
+            done.append((pop, is_input, slot, old_names))
+        edits = _edits(program, renames)
         for pop, is_input, slot, old_names, new_names in edits:
             _set_slot(pop, is_input, slot, new_names)
             done.append((pop, is_input, slot, old_names))
@@ -497,7 +554,7 @@ def memory_optimize(program, options):
     gc, runtime = optimize.runtime_gc()
     plan = optimize.plan_memory(graph, options, gc)
     optimize.check_plan(graph, plan)
-    rewrite(program, plan.renames, plan.order)
+    rewrite(program, plan.renames, plan.order, plan.substitutions)
     record_merged(program, plan.merged())
     seconds = time.perf_counter() - start
     log.debug("memory_optimize: %d variables merged in %.3f s", len(plan.reuses), seconds)
@@ -517,7 +574,7 @@ def release_memory(program, options):
     gc, runtime = optimize.runtime_gc()
     plan = optimize.plan_memory(graph, optimize.Options(options.skip_opt_set), gc)
     plan.groups, plan.reuses, plan.renames, plan.inplace = [], [], {}, []
-    plan.order, plan.moved, plan.buffers = None, 0, plan.before
+    plan.order, plan.moved, plan.buffers, plan.substitutions = None, 0, plan.before, []
     plan.estimates = optimize.estimate(plan, gc)
     kept = sorted(options.skip_opt_set & set(plan.buffers))
     notes = [f"kept by skip_opt_set: {', '.join(kept)}"] if kept else []
