@@ -396,7 +396,7 @@ class CanonicalSearch:
             return INFEASIBLE, None
         if self._failed_for != capacity:
             self._failed_for, self.failed = capacity, set()  # proofs hold per capacity
-        limit = 2 * self.n
+        limit = self.n + self.sections  # doubled before use: two paths worth
         while True:
             limit *= 2
             for name in orders:
@@ -703,26 +703,16 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
     if mode != "heuristic" and not proven and not close_enough:
         live = np.flatnonzero(a.size > 0)
         parts = [_Part(a, idx, offsets) for idx in _partitions(a, live)]
-        # greedy descents (cheap): one per value order
-        t0 = time.perf_counter()
-        for part in parts:
-            for order in DIVE_ORDERS:
-                dived = part.search.dive(order, deadline)
-                if dived is not None:
-                    part.offer(dived)
-        dive_height = max(p.height for p in parts)
-        trials.append(("canonical_dive", dive_height, time.perf_counter() - t0))
-        # branch and bound toward the lower bound
         t0 = time.perf_counter()
         lower_bound, proven, used = _improve(parts, lower_bound, capacity, mode, budget,
-                                             deadline)
+                                             deadline, trials)
         searched = max(p.height for p in parts)
         trials.append(("canonical_search", searched, time.perf_counter() - t0))
         if searched < height:
             for part in parts:
                 offsets[part.idx] = part.best
             height = _height(a, offsets)
-            strategy = "canonical_search" if searched < dive_height else "canonical_dive"
+            strategy = "canonical_search"
         log.debug("arena search: %d nodes, height %d, bound %d", used, height, lower_bound)
 
     plan = ArenaPlan(dict(zip(a.ids, offsets.tolist())), height, strategy,
@@ -738,23 +728,31 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
 
 
 def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode: str,
-             budget: int, deadline: float) -> Tuple[int, bool, int]:
+             budget: int, deadline: float, trials: list) -> Tuple[int, bool, int]:
     """Lower the parts' heights by searching at decreasing capacities.
 
-    Returns the (possibly raised) lower bound, whether the final height is
-    proven optimal, and the nodes used.
+    The schedule: a greedy descent; the search at 5 % above the lower bound
+    or at the capacity if that is lower (a small share in the exact mode); in
+    the exact mode the lower bound itself, then the capacity; more greedy
+    descents if nothing is close yet; then a bisection between the highest
+    capacity that failed and the best height found.
+    Appends the descents' result to ``trials``.  Returns the (possibly
+    raised) lower bound, whether the final height is proven optimal, and the
+    nodes used.
     """
     quantum = int(np.gcd.reduce([p.search.quantum for p in parts])) if parts else 1
     used = 0
 
-    def attempt(target: int, nodes: int) -> str:
-        """Fit every part within ``target``: FOUND, INFEASIBLE or LIMIT."""
+    def attempt(target: int, nodes: int, share: float) -> str:
+        """Fit every part within ``target`` using at most ``nodes`` nodes and
+        ``share`` of the time left: FOUND, INFEASIBLE or LIMIT."""
         nonlocal used
+        now = time.perf_counter()
+        until = now + share * max(deadline - now, 0.0)
         pending = [p for p in parts if p.height > target]
         results = []
         for part in pending:
-            status, offs = part.search.solve(target, max(nodes // len(pending), 1),
-                                             deadline)
+            status, offs = part.search.solve(target, max(nodes // len(pending), 1), until)
             used += part.search.nodes
             if status != FOUND:
                 return status
@@ -766,23 +764,36 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
     def best() -> int:
         return max(p.height for p in parts)
 
+    def dive(orders: Sequence[str]) -> None:
+        t0 = time.perf_counter()
+        for part in parts:
+            for order in orders:
+                dived = part.search.dive(order, deadline)
+                if dived is not None:
+                    part.offer(dived)
+        trials.append(("canonical_dive", best(), time.perf_counter() - t0))
+
+    n = sum(p.search.n for p in parts)
+    near = lower_bound + lower_bound // 20 // quantum * quantum  # 5 % above
     lo = lower_bound - quantum  # highest capacity known (or assumed) too small
-    targets = []
+    dive(DIVE_ORDERS[:1])
+    first = near if capacity is None else max(lower_bound, min(near, capacity))
     if mode == "exact":
-        targets.append((lower_bound, 0.5))
-        if capacity is not None and lower_bound < capacity < best():
-            targets.append((capacity, 0.25))
-    else:  # aim first at 5 % above the bound, the default mode's promise
-        targets.append((lower_bound + lower_bound // 20 // quantum * quantum, 0.5))
-    for target, share in targets:
+        targets = [(first, min(budget, 20 * n), 0.05), (lower_bound, budget // 2, 0.5)]
+        if capacity is not None and lower_bound < capacity:
+            targets.append((capacity, budget // 4, 0.5))
+    else:
+        targets = [(first, budget // 2, 0.5)]
+    for target, nodes, share in targets:
         if best() <= target or time.perf_counter() > deadline or used >= budget:
             continue
-        status = attempt(target, int(share * (budget - used)))
+        status = attempt(target, nodes, share)
         if status == INFEASIBLE:
-            lo = max(lo, target)
             lower_bound = max(lower_bound, target + quantum)
-        elif status == LIMIT:
+        if status != FOUND:
             lo = max(lo, target)
+    if best() > near:  # nothing close yet: more greedy descents
+        dive(DIVE_ORDERS[1:])
     # bisection between what failed and what fits
     while used < budget and time.perf_counter() < deadline:
         hi = best()
@@ -791,11 +802,10 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
         target = lo + (hi - lo) // 2 // quantum * quantum
         if target <= lo:
             target = lo + quantum
-        status = attempt(target, max((budget - used) // 4, 1))
+        status = attempt(target, max((budget - used) // 4, 1), 0.5)
         if status == INFEASIBLE:
             lower_bound = max(lower_bound, target + quantum)
-            lo = target
-        elif status == LIMIT:
+        if status != FOUND:
             lo = target
     height = best()
     return lower_bound, height <= lower_bound, used
