@@ -287,6 +287,9 @@ SEARCH_ORDERS = ("B0", "B1", "ZW", "B2", "B3", "TZW", "B4", "B5")
 DIVE_ORDERS = ("ZW", "B0")
 
 
+_BIG = np.iinfo(np.int64).max  # "no value" in minimum reductions
+
+
 class _NodeLimit(Exception):
     """The search used up its node budget or its time."""
 
@@ -350,6 +353,9 @@ class CanonicalSearch:
         self.sec_start = np.concatenate(([0], np.cumsum(self.sec_len)[:-1])).astype(np.int64) \
             if S else np.zeros(0, np.int64)
         self.sec_buf = np.concatenate(by_section) if S else np.zeros(0, np.int64)
+        # reductions over empty sections are overwritten, so any valid start does
+        self.sec_empty = self.sec_len == 0
+        self.sec_start = np.minimum(self.sec_start, max(len(self.sec_buf) - 1, 0))
         self.total = (cover * self.size[:, None]).sum(0) if n else np.zeros(0, np.int64)
         self.peak = int(self.total.max()) if n else 0
         most = np.array([self.total[self.s0[i]:self.s1[i]].max() for i in range(n)],
@@ -496,15 +502,14 @@ class CanonicalSearch:
 
     def _per_section(self, ufunc, values: np.ndarray, empty) -> np.ndarray:
         """``ufunc`` over the buffers covering each section (``empty`` if none)."""
-        gathered = np.append(values[self.sec_buf], empty)
-        out = ufunc.reduceat(gathered, self.sec_start)
-        out[self.sec_len == 0] = empty
+        out = ufunc.reduceat(values[self.sec_buf], self.sec_start)
+        out[self.sec_empty] = empty
         return out
 
     def _branch(self, lo: int, hi: int, unplaced: np.ndarray) -> bool:
         """One node: bounds, then branch at the lowest floor."""
         cap = self.capacity
-        big = np.iinfo(np.int64).max
+        big = _BIG
         saved = None
         while True:
             floor = self.floor[lo:hi]
@@ -543,7 +548,7 @@ class CanonicalSearch:
         unplaced buffer that does not cover ``s``: at least that buffer's floor
         plus its size.  Returns a huge number when nothing can occupy ``s``.
         """
-        big = np.iinfo(np.int64).max
+        big = _BIG
         covers = self.cover[unplaced, s]
         here = unplaced[covers]
         floors = self.min_offset[here]
