@@ -1,6 +1,7 @@
 """Benchmark memory_optimize on real Paddle training programs (CPU).
 
-For every model and configuration a fresh Python process builds the program,
+For every model and configuration fresh Python processes (``--runs``, the
+median peak is reported) each build the program,
 (optionally) runs memopt.memory_optimize on it, and trains ``--steps`` steps
 while Paddle's allocator records its peak
 (``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)``).  It
@@ -131,8 +132,27 @@ def same_arrays(a_path: str, b_path: str) -> bool:
                               and a[k].tobytes() == b[k].tobytes() for k in keys)
 
 
-def run_one(model: str, config: str, steps: int, repeat: int, tmp: str) -> dict:
-    out_npz = os.path.join(tmp, f"{model}-{config}.npz")
+def run_config(model: str, config: str, steps: int, repeat: int, runs: int,
+               tmp: str) -> dict:
+    """``runs`` fresh processes of one configuration; the median peak (the
+    executor runs ops on several threads, so peaks vary a little between
+    runs), the largest ru_maxrss, the median step and optimize times."""
+    results = [run_one(model, config, steps, repeat, tmp, k) for k in range(runs)]
+    good = [r for r in results if "error" not in r]
+    if not good:
+        return results[0]
+    merged = dict(good[0])
+    merged["peak"] = int(statistics.median(r["peak"] for r in good))
+    merged["peaks"] = [r["peak"] for r in good]
+    merged["maxrss"] = max(r["maxrss"] for r in good)
+    merged["step"] = statistics.median(r["step"] for r in good)
+    if merged.get("optimize") is not None:
+        merged["optimize"] = statistics.median(r["optimize"] for r in good)
+    return merged
+
+
+def run_one(model: str, config: str, steps: int, repeat: int, tmp: str, k: int = 0) -> dict:
+    out_npz = os.path.join(tmp, f"{model}-{config}-{k}.npz")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, config,
            "--steps", str(steps), "--repeat", str(repeat), "--npz", out_npz]
     env = dict(os.environ, GLOG_minloglevel="2")
@@ -150,14 +170,14 @@ def mib(n: float) -> str:
 
 
 def table(results: list) -> str:
-    rows = ["| model | config | peak MiB | x base-gc-on | ru_maxrss MiB | step s | "
-            "optimize s | merged | bit-identical |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    rows = ["| model | config | peak MiB | spread MiB | x base-gc-on | ru_maxrss MiB | "
+            "step s | optimize s | merged | bit-identical |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     by_key = {(r["model"], r["config"]): r for r in results}
     for r in results:
         if "error" in r:
             rows.append(f"| {r['model']} | {r['config']} | error: {r['error'][-120:]!r} "
-                        "| | | | | | |")
+                        "| | | | | | | |")
             continue
         base = by_key.get((r["model"], "base-gc-on"))
         ratio = f"{r['peak'] / base['peak']:.3f}" if base and "peak" in base else ""
@@ -167,9 +187,18 @@ def table(results: list) -> str:
         elif base and "npz" in base and r["config"] != "base-gc-on":
             same = "yes" if same_arrays(base["npz"], r["npz"]) else "NO"
         opt = f"{r['optimize']:.3f}" if r.get("optimize") is not None else ""
-        rows.append(f"| {r['model']} | {r['config']} | {mib(r['peak'])} | {ratio} | "
+        peaks = r.get("peaks", [r["peak"]])
+        spread = mib(max(peaks) - min(peaks))
+        rows.append(f"| {r['model']} | {r['config']} | {mib(r['peak'])} | {spread} | {ratio} | "
                     f"{mib(r['maxrss'])} | {r['step']:.3f} | {opt} | {r['merged']} | {same} |")
     return "\n".join(rows)
+
+
+def _tolerance(a: dict, b: dict) -> int:
+    """The larger run-to-run spread of two measured configurations."""
+    spread = [max(r.get("peaks", [r["peak"]])) - min(r.get("peaks", [r["peak"]]))
+              for r in (a, b)]
+    return max(spread)
 
 
 def verdicts(results: list) -> list:
@@ -189,11 +218,12 @@ def verdicts(results: list) -> list:
             r = by_key.get((model, cfg))
             if r is None:
                 continue
-            ok_base = r["peak"] <= base["peak"]
+            # a peak counts as not above another within their run-to-run spread
+            ok_base = r["peak"] <= base["peak"] + _tolerance(r, base)
             text = f"{model}: {cfg} {mib(r['peak'])} MiB vs base {mib(base['peak'])}"
             if pir:
                 text += f", PIR in-place {mib(pir['peak'])}"
-                ok_pir = r["peak"] <= pir["peak"]
+                ok_pir = r["peak"] <= pir["peak"] + _tolerance(r, pir)
             else:
                 ok_pir = True
             lines.append(text + (" (meets)" if ok_base and ok_pir else
@@ -214,6 +244,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5,
                         help="fresh builds memory_optimize is timed on (median)")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="fresh processes per configuration (median peak)")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "CONFIG"))
     parser.add_argument("--npz")
     parser.add_argument("--json", help="also write the raw results here")
@@ -226,7 +258,8 @@ def main(argv=None) -> int:
         for model in args.models.split(","):
             for config in args.configs.split(","):
                 start = time.time()
-                results.append(run_one(model, config, args.steps, args.repeat, tmp))
+                results.append(run_config(model, config, args.steps, args.repeat,
+                                          args.runs, tmp))
                 print(f"# {model} {config}: {time.time() - start:.1f} s", file=sys.stderr)
         print(table(results))
         print()
