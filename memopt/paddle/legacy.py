@@ -7,13 +7,16 @@ Two jobs, kept apart:
   batch, dtype, kind, persistable / feed / fetch / data flags), every op (what
   it reads and writes, the sub-blocks it runs, its role from ``op_role``,
   ``loop`` for ``while`` / ``while_grad``).  Each op's ``attrs`` carry what the
-  planner needs from Paddle: ``"loss"`` (the op has the Loss role),
-  ``"inplace"`` (the input/output pair Paddle's kernel may run in place, from
-  the op's declared in-place inferer) and ``"index"`` (position in its block).
-- :func:`apply_renames` rewrites a program: per block, every use of a name is
-  replaced by another.  The edits are all validated first and applied in one
-  go; if anything fails midway the program is restored, so it is either fully
-  rewritten or exactly as it was.
+  planner needs from Paddle: ``"index"`` (position in its block), ``"loss"``
+  (the op has the Loss role), ``"inplace"`` (the input/output pair Paddle's
+  kernel may run in place, from the op's declared in-place inferer, kept
+  only where bit-exact) and ``"dims_only"`` (inputs read for their dims
+  only, with an operand of the same dims that can stand in).
+- :func:`rewrite` changes a program: input substitutions, renames (per block,
+  every use of a name replaced by another) and a new order of block 0's ops.
+  Everything is validated first and applied in one go; if anything fails
+  midway the steps done are undone, so the program is either fully rewritten
+  or exactly as it was.
 
 :func:`memory_optimize` / :func:`release_memory` glue them to the planner in
 :mod:`memopt.optimize` and record what was merged on the program, so that a
@@ -45,7 +48,7 @@ LOOP_OPS = frozenset({"while", "while_grad", "recurrent", "recurrent_grad"})
 #: Name Paddle uses for "no variable here" in grad op outputs.
 EMPTY_VAR = "@EMPTY@"
 
-#: The program attribute holding ``{merged name: name it now lives under}``.
+#: The program attribute holding ``{merged name: a variable it shares memory with}``.
 MERGED_ATTR = "_memopt_merged"
 
 _KIND_OF_TYPE: Dict[int, str] = {}
