@@ -316,3 +316,15 @@ def test_gc_off_reads_dims_from_the_gradient(paddle):
     for op in model.main.global_block().ops:
         if op.type == "elementwise_add_grad":
             assert op.input("X") == op.input("Out@GRAD")
+
+
+def test_optimizing_twice_is_safe(paddle):
+    expected = reference("transformer")
+    model = models.build("transformer", "legacy")
+    with models.flags(**gc_flag("off")):
+        first = optimize(model, level=1, skip_grads=False)
+        second = optimize(model, level=1, skip_grads=False)
+        actual = models.run_steps(model, STEPS)
+    assert_same(expected, actual)
+    assert first.merged_count > 0
+    assert second.peak_after <= second.peak_before
