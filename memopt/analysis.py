@@ -15,9 +15,23 @@ while it runs one step:
   scope);
 - for PIR, the executor's in-place pass (``FLAGS_pir_apply_inplace_pass``, on
   by default) writes some outputs over their dying input
-  (:func:`memopt.paddle.pir.executor_inplace`): the two share one buffer;
+  (:func:`memopt.paddle.pir_inplace.executor_inplace`): the two share one
+  buffer, as do an in-place op's (``sgd_``, ``batch_norm_``) input and output;
+- ops run in the order the executor picks, not in program order
+  (:func:`executor_order`): Paddle's multi-thread executor runs an op as soon
+  as its inputs are ready, so an optimizer step frees its gradient early;
+- a legacy program is analysed as what Paddle 3 runs: its translation to PIR
+  (values named after the legacy variables);
+- what a training program's ``if``/``while`` regions save for the backward
+  pass (PIR stacks) is held from the push to the pop, once per loop
+  iteration (:attr:`RuntimeModel.loop_iterations`);
 - persistable variables (parameters, optimizer state) are counted apart: they
   are allocated before the step and outlive it.
+
+Not modelled: kernels' temporary workspaces (e.g. convolution buffers), and
+which branch of an ``if`` runs (values saved in either branch are counted:
+an upper bound).  ``scripts/bench_analysis.py`` measures the error against
+Paddle's allocator (within 10% on the benchmark models).
 
 Sizes are symbolic in the batch (a ``-1`` dimension is ``B``), so the live
 bytes at each op position are a polynomial in ``B`` and the peak is their
@@ -31,7 +45,6 @@ from __future__ import annotations
 import heapq
 import json
 import logging
-import math
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -111,7 +124,8 @@ class Holder:
     Attributes
     ----------
     name : the variable that allocates it (the first of ``names``).
-    names : every variable living in this buffer, in program order.
+    names : every variable living in this buffer, in the order they are
+        written.
     size : bytes, symbolic in the batch size.
     category : ``"input"``, ``"activation"``, ``"gradient"`` or ``"optimizer"``.
     op : type of the op that allocates it; ``position`` its flat position.
@@ -170,7 +184,7 @@ class Analysis:
     runtime : the runtime model used.
     holders : every non-persistable buffer (see :class:`Holder`).
     persistable : bytes of persistable variables (parameters, optimizer
-        state), symbolic in the batch (normally a constant).
+        state) as ``{power of B: bytes}`` (normally just ``{0: bytes}``).
     op_types : the op type at each flat position.
     inplace : ``(position, input, output)`` of the ops the executor runs in
         place (PIR), as modelled (positions in program order).
@@ -266,6 +280,7 @@ class Analysis:
         return [(int(b), self.peak(b)) for b in batch_sizes]
 
     def grows_with_batch(self) -> bool:
+        """Whether any memory depends on the batch size (a ``-1`` dimension)."""
         return any(p > 0 and np.any(self._coef[k] != 0)
                    for k, p in enumerate(self._powers)) or \
             any(p > 0 and c for p, c in self.persistable.items())
