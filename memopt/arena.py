@@ -604,7 +604,7 @@ class CanonicalSearch:
 #: Default settings per mode: (seconds at most, nodes per buffer at most).
 MODES = {
     "heuristic": (0.0, 0),
-    "default": (1.0, 40),
+    "default": (0.9, 40),
     "exact": (60.0, 1_000_000),
 }
 
@@ -653,7 +653,7 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
         (branch and bound until optimal or ``time_limit``).
     capacity : bytes the plan must fit in (default: the problem's capacity,
         if any).  The search aims below it; a plan above it raises.
-    time_limit : seconds for the search (default 1 for ``"default"``, 60 for
+    time_limit : seconds for the search (default 0.9 for ``"default"``, 60 for
         ``"exact"``); a safety net -- the node budget keeps runs
         deterministic.
     node_budget : search nodes in all (default: 40 per buffer in the default
