@@ -209,3 +209,12 @@ def test_dims_only_reads(legacy):
         var, sub = found["X"]
         assert sub == op.reads[0] and var in op.reads
         assert graph.var(var).shape == graph.var(sub).shape
+
+
+def test_einsum_cache_is_not_sized(legacy):
+    """einsum's InnerCache is declared as a scalar but holds operands at run
+    time: its size is unknown, so it is never a candidate."""
+    graph = legacy.program_to_graph(models.build("transformer", "legacy").main)
+    einsum = next(op for op in graph.global_block.ops if op.type == "einsum")
+    caches = [graph.var(n) for n in einsum.writes if graph.var(n).kind == legacy.UNSIZED]
+    assert len(caches) == 2 and all(not v.is_dense for v in caches)

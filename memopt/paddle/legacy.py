@@ -48,6 +48,12 @@ LOOP_OPS = frozenset({"while", "while_grad", "recurrent", "recurrent_grad"})
 #: Name Paddle uses for "no variable here" in grad op outputs.
 EMPTY_VAR = "@EMPTY@"
 
+#: Output slots whose variables are declared with a placeholder shape but hold
+#: real data at run time (einsum's cached operands): their size is unknown, so
+#: they get this kind and are never merged.
+_UNSIZED_SLOTS = frozenset({"InnerCache"})
+UNSIZED = "unsized"
+
 #: The program attribute holding ``{merged name: a variable it shares memory with}``.
 MERGED_ATTR = "_memopt_merged"
 
@@ -196,6 +202,7 @@ def program_to_graph(program) -> Graph:
             f"expected a legacy paddle.base.framework.Program, got {type(program).__name__}")
     kinds = _kind_names()
     blocks: List[Block] = []
+    unsized: set = set()
     fetched: List[str] = []
     fed: set = set()
     for pblock in program.blocks:
@@ -230,10 +237,15 @@ def program_to_graph(program) -> Graph:
             subs = _sub_block_ids(desc)
             block.add_op(Op(op_type, reads, writes, subs, _role(int(op_role)),
                             op_type in LOOP_OPS, attrs))
+            for slot in _UNSIZED_SLOTS.intersection(desc.output_names()):
+                unsized.update(desc.output(slot))
             if pblock.idx == 0 and op_type in ("fetch", "fetch_v2"):
                 fetched.extend(reads)
             if pblock.idx == 0 and op_type == "feed":
                 fed.update(writes)
+    for block in blocks:
+        for name in unsized.intersection(block.vars):
+            block.vars[name].kind = UNSIZED
     graph = Graph(blocks=blocks)
     _declare_borrowed(graph)
     _drop_unsafe_inplace(graph)
