@@ -43,10 +43,14 @@ variables share memory exactly when the plan gives them the same slot.
   odd (``less_than`` gives 1 or 0).  Without a condition a loop runs
   ``max_trips`` times and a branch runs its first sub-block.
 
-Every value every op reads is recorded in order (:attr:`Execution.trace`),
-with the fetched variables' final values (:attr:`Execution.fetched`) and the
-persistable ones (:attr:`Execution.persistable`); two runs compute the same
-thing when these agree.
+An op's identity is its block and ``attrs["index"]`` (its position in the
+block as the adapter read it; its position when absent), so a planned graph
+whose block 0 ops were reordered (:attr:`memopt.optimize.Plan.scheduled`)
+can be compared op for op with the original.  Every value every op reads is
+recorded (:attr:`Execution.trace`), with the fetched variables' final values
+(:attr:`Execution.fetched`) and the persistable ones
+(:attr:`Execution.persistable`); two runs compute the same thing when each
+op reads the same values, execution for execution, and these agree.
 
 This module imports neither Paddle nor TensorFlow.
 """
@@ -107,7 +111,7 @@ class Execution:
     Attributes
     ----------
     trace : one entry per op execution, in order:
-        ``(block index, op index, values read)``.
+        ``(block index, op identity, values read)``.
     fetched : final value of each of the graph's ``fetch_names``.
     persistable : final value of every persistable variable.
     steps : op executions.
@@ -167,11 +171,11 @@ class _Machine:
     def store(self, block_idx: int, name: str, value: int) -> None:
         self.memory[self.slot(block_idx, name)] = value
 
-    def salt(self, block_idx: int, index: int, op: Op) -> int:
-        key = (block_idx, index)
+    def salt(self, block_idx: int, ident: int, op: Op) -> int:
+        key = (block_idx, ident)
         found = self._salt.get(key)
         if found is None:
-            found = self._salt[key] = mix(block_idx, index, _text_value(op.type))
+            found = self._salt[key] = mix(block_idx, ident, _text_value(op.type))
         return found
 
     def tick(self) -> None:
@@ -183,10 +187,11 @@ class _Machine:
     def run_block(self, block_idx: int) -> None:
         for index, op in enumerate(self.graph.blocks[block_idx].ops):
             self.tick()
+            ident = op.attrs.get("index", index)
             if op.sub_blocks:
-                self.run_control(block_idx, index, op)
+                self.run_control(block_idx, ident, op)
             else:
-                self.run_plain(block_idx, index, op)
+                self.run_plain(block_idx, ident, op)
 
     def run_plain(self, block_idx: int, index: int, op: Op) -> None:
         read_slots = [self.slot(block_idx, n) for n in op.reads]
@@ -274,33 +279,56 @@ def run(graph: Graph, renames: Optional[Renames] = None,
     return result
 
 
+def _op_of(graph: Graph, block_idx: int, ident: int) -> Op:
+    ops = graph.blocks[block_idx].ops
+    for index, op in enumerate(ops):
+        if op.attrs.get("index", index) == ident:
+            return op
+    raise KeyError(ident)  # pragma: no cover - identities come from the graph
+
+
+def _by_op(trace) -> Dict[Tuple[int, int], List[Tuple[int, ...]]]:
+    out: Dict[Tuple[int, int], List[Tuple[int, ...]]] = {}
+    for block_idx, ident, values in trace:
+        out.setdefault((block_idx, ident), []).append(values)
+    return out
+
+
 def _first_trace_difference(graph: Graph, a: Execution, b: Execution) -> Optional[str]:
-    for step, (x, y) in enumerate(zip(a.trace, b.trace)):
-        if x != y:
-            block_idx, index = x[0], x[1]
-            op = graph.blocks[block_idx].ops[index]
-            if (y[0], y[1]) != (block_idx, index):
-                return (f"execution {step}: the original runs op {index} ({op.type}) of "
-                        f"block {block_idx}, the planned program op {y[1]} of block {y[0]}")
+    """The first op (in the original's order) whose reads differ between runs."""
+    got = _by_op(b.trace)
+    seen: Dict[Tuple[int, int], int] = {}
+    for block_idx, ident, values in a.trace:
+        k = seen[(block_idx, ident)] = seen.get((block_idx, ident), -1) + 1
+        op = _op_of(graph, block_idx, ident)
+        runs = got.get((block_idx, ident), [])
+        where = f"op {ident} ({op.type}) of block {block_idx}"
+        if k >= len(runs):
+            return f"{where} runs {k} times after the plan, more before"
+        if runs[k] != values:
             names = (*op.reads, *op.writes) if op.sub_blocks else op.reads
-            bad = [n for n, u, v in zip(names, x[2], y[2]) if u != v]
-            return (f"execution {step}: op {index} ({op.type}) of block {block_idx} reads "
-                    f"a different value of {', '.join(map(repr, bad))} after the plan")
+            bad = [n for n, u, v in zip(names, values, runs[k]) if u != v]
+            return (f"{where}, execution {k}: reads a different value of "
+                    f"{', '.join(map(repr, bad)) or '?'} after the plan")
     if len(a.trace) != len(b.trace):
         return f"the original runs {len(a.trace)} ops, the planned program {len(b.trace)}"
     return None
 
 
-def compare(graph: Graph, renames: Renames, *, seeds: Tuple[int, ...] = (0, 1, 2),
+def compare(graph: Graph, renames: Renames, *, planned: Optional[Graph] = None,
+            seeds: Tuple[int, ...] = (0, 1, 2),
             max_steps: int = DEFAULT_MAX_STEPS) -> Optional[Difference]:
-    """Run ``graph`` without and with ``renames`` for each input seed.
+    """Run ``graph`` as it is, and ``planned`` (default ``graph``: the same
+    ops, possibly reordered) with ``renames``, for each input seed.
 
-    Returns None when every read, every fetched value and every final
-    persistable value agree; otherwise the first :class:`Difference`.
+    Returns None when every op reads the same values in every execution and
+    the fetched and final persistable values agree; otherwise the first
+    :class:`Difference`.
     """
+    planned = graph if planned is None else planned
     for seed in seeds:
         want = run(graph, None, seed=seed, max_steps=max_steps)
-        got = run(graph, renames, seed=seed, max_steps=max_steps)
+        got = run(planned, renames, seed=seed, max_steps=max_steps)
         diff = _first_trace_difference(graph, want, got)
         if diff is None and want.fetched != got.fetched:
             bad = sorted(n for n in want.fetched if want.fetched[n] != got.fetched.get(n))

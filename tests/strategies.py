@@ -359,10 +359,9 @@ def programs(draw, max_ops: int = 24, max_depth: int = 2,
     for _ in range(draw(st.integers(0, 2))):
         scope.ready.append(b.declare(0, persistable=True))
     b.statements(0, scope, 0)
-    # an optimizer-like update of a parameter: reads and writes the same name
+    # optimizer updates of parameters at the end (they read and write one name)
     params = [v.name for v in g.blocks[0].vars.values() if v.persistable]
-    if params and draw(st.booleans()):
-        p = draw(st.sampled_from(params))
+    for p in draw(st.lists(st.sampled_from(params), max_size=2)) if params else ():
         g.blocks[0].add_op(Op("sgd", (p, *b.reads(scope, 1)), (p,), role="optimize"))
     written = sorted({n for op in g.blocks[0].ops for n in op.writes
                       if g.blocks[0].vars.get(n) is not None}, key=_name_order)
@@ -370,6 +369,9 @@ def programs(draw, max_ops: int = 24, max_depth: int = 2,
     for name in fetched:
         g.blocks[0].vars[name].is_fetch = True
     g.fetch_names = tuple(fetched)
+    for block in g.blocks:                 # positions, as the adapters record them
+        for index, op in enumerate(block.ops):
+            op.attrs["index"] = index
     g.validate()
     names = sorted({v.name for _, v in g.all_vars()}, key=_name_order)
     skip = draw(st.lists(st.sampled_from(names), max_size=3, unique=True)) if names else []
