@@ -216,7 +216,7 @@ def read_csv(path: Union[str, os.PathLike], capacity: Optional[int] = None) -> P
     except OSError as exc:
         raise ProblemFormatError(f"cannot read problem file {path!r}: {exc}") from None
     with handle:
-        reader = csv.reader(handle)
+        reader = csv.reader(_text_lines(handle, path))
         header = next(reader, None)
         if header is None:
             raise ProblemFormatError(
@@ -266,6 +266,17 @@ def read_csv(path: Union[str, os.PathLike], capacity: Optional[int] = None) -> P
             first_row[buf_id] = rowno
             buffers.append(Buffer(buf_id, lower, upper, size))
     return Problem(buffers, capacity, name)
+
+
+def _text_lines(handle, path: str):
+    """The file's lines; a file that is not UTF-8 text raises
+    :class:`ProblemFormatError` naming it (not a bare UnicodeDecodeError)."""
+    try:
+        yield from handle
+    except UnicodeDecodeError as exc:
+        raise ProblemFormatError(
+            f"{path} is not a UTF-8 text file ({exc.reason}); expected "
+            f"CSV rows {','.join(CSV_COLUMNS)}") from None
 
 
 def write_csv(problem: Problem, path: Union[str, os.PathLike]) -> None:
