@@ -131,7 +131,7 @@ def _load_pir(path: str):
     data = _read_bytes(path)
     try:
         doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # a nesting bomb too
         raise ModelFileError(
             f"{path} is not valid JSON ({_first_line(exc)}); is the file complete?") from None
     base = doc.get("base_code") if isinstance(doc, dict) else None
