@@ -562,8 +562,9 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
     ----------
     graph : the program model (from an adapter).
     options : resolved options (level, skip_opt_set, skip_grads).
-    gc : plan for Paddle's garbage collector on (in place only) or off
-        (in place, then whole-buffer renaming).
+    gc : plan for Paddle's garbage collector on (in-place reuse and the
+        optimizer schedule only) or off (also dims-only substitutions and
+        whole-buffer renaming).
     live : the graph's :class:`~memopt.liveness.GraphLiveness` if already
         computed.
 
@@ -599,7 +600,8 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
     var_of = {name: graph.blocks[home[name]].vars[name] for name in home}
     plan.persistable = [_vsize(var) for var in var_of.values()
                         if var.is_dense and var.persistable]
-    plan.buffers = before if order is None else _temporaries(graph, intervals)
+    plan.buffers = before if graph is plan.substituted and not plan.substitutions \
+        else _temporaries(graph, intervals)
 
     # in-place chains: union of (input, output) pairs, head = the first input
     pairs = _inplace_pairs(graph, live, candidates, intervals)
