@@ -17,6 +17,21 @@ def serialized(program):
     return program.desc.serialize_to_string()
 
 
+def fail_on_call(monkeypatch, module, name, at):
+    """Fault injection: the ``at``-th call of ``module.name`` raises; returns
+    the list of calls made."""
+    real, calls = getattr(module, name), []
+
+    def flaky(*args):
+        calls.append(args)
+        if len(calls) == at:
+            raise RuntimeError("injected")
+        return real(*args)
+
+    monkeypatch.setattr(module, name, flaky)
+    return calls
+
+
 def test_reads_an_mlp(legacy):
     model = models.build("mlp", "legacy")
     before = serialized(model.main)
@@ -137,15 +152,7 @@ def test_failure_midway_is_undone(legacy, monkeypatch):
     temps = [n for n, v in graph.global_block.vars.items()
              if v.kind == DENSE and not v.persistable and not v.is_data][:12]
     before = serialized(model.main)
-    real, calls = legacy._set_slot, []
-
-    def flaky(*args):  # fault injection: the 10th edit fails
-        calls.append(args)
-        if len(calls) == 10:
-            raise RuntimeError("injected")
-        real(*args)
-
-    monkeypatch.setattr(legacy, "_set_slot", flaky)
+    calls = fail_on_call(monkeypatch, legacy, "_set_slot", 10)
     with pytest.raises(RuntimeError, match="injected"):
         legacy.apply_renames(model.main, {0: {n: temps[0] for n in temps[1:]}})
     assert len(calls) > 10
@@ -182,15 +189,7 @@ def test_rewrite_moves_ops_and_undoes_on_failure(legacy, monkeypatch):
     legacy.rewrite(model.main, {}, inverse)
     assert serialized(model.main) == before
 
-    real, calls = legacy._move_op, []
-
-    def flaky(*args):  # fault injection: the second move fails
-        calls.append(args)
-        if len(calls) == 2:
-            raise RuntimeError("injected")
-        real(*args)
-
-    monkeypatch.setattr(legacy, "_move_op", flaky)
+    fail_on_call(monkeypatch, legacy, "_move_op", 2)
     with pytest.raises(RuntimeError, match="injected"):
         legacy.rewrite(model.main, {0: {"relu_1.tmp_0": "linear_1.tmp_1"}}, order)
     assert serialized(model.main) == before
