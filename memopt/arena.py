@@ -280,14 +280,41 @@ FOUND, INFEASIBLE, LIMIT = "found", "infeasible", "limit"
 #: which candidate buffers are tried, all descending: Z size, W lifetime, A
 #: area (size x lifetime), T the most bytes live in any of the buffer's
 #: sections.  ``B<k>`` is the blended score log(size) + log(lifetime) / 2,
-#: with seeded noise when ``k > 0`` (deterministic restarts).
-SEARCH_ORDERS = ("B0", "B1", "ZW", "B2", "B3", "TZW", "B4", "B5")
+#: with seeded noise when ``k > 0`` (deterministic restarts).  A ``/s``
+#: suffix branches first at the section with the least slack instead of the
+#: one with the fewest candidates; neither rule wins everywhere.
+SEARCH_ORDERS = ("B0", "B0/s", "ZW", "ZW/s", "TZW", "TZW/s")
 
 #: The orders of the greedy descents that open the search.
 DIVE_ORDERS = ("ZW", "B0")
 
 
 _BIG = np.iinfo(np.int64).max  # "no value" in minimum reductions
+
+
+def _luby(i: int) -> int:
+    """The i-th term (from 1) of the Luby sequence 1 1 2 1 1 2 4 1 1 2 ..."""
+    k = 1
+    while (1 << k) - 1 < i:
+        k += 1
+    while True:
+        if i == (1 << k) - 1:
+            return 1 << (k - 1)
+        i -= (1 << (k - 1)) - 1
+        k = 1
+        while (1 << k) - 1 < i:
+            k += 1
+
+
+def _strategies(first: Sequence[str]):
+    """``first``, then seeded blended orders under both section rules, forever."""
+    yield from first
+    seed = 1
+    while True:
+        for name in (f"B{seed}", f"B{seed}/s"):
+            if name not in first:
+                yield name
+        seed += 1
 
 
 class _NodeLimit(Exception):
@@ -327,9 +354,12 @@ class CanonicalSearch:
       buffers) is remembered, across restarts at the same capacity, and not
       searched again.
 
-    Candidates at a node are tried in a static order (:data:`SEARCH_ORDERS`);
-    :meth:`solve` restarts with each order in turn under a doubling node
-    limit, which keeps one unlucky early choice from sinking the whole run.
+    Candidates at a node are tried in a static value order.  The run time of
+    such a search is heavy-tailed: one order finds a plan in a hundred nodes
+    where its neighbours fail in twenty thousand.  So :meth:`solve` restarts
+    -- :data:`SEARCH_ORDERS`, then seeded random ones, forever -- with node
+    limits following the Luby sequence (a few descents' worth each, now and
+    then more); the memo of failed sub-problems carries over.
     """
 
     def __init__(self, lower: np.ndarray, upper: np.ndarray, size: np.ndarray) -> None:
@@ -363,6 +393,7 @@ class CanonicalSearch:
         self._keys = {"Z": -self.size, "W": -self.life, "A": -self.size * self.life,
                       "T": -most}
         self._ranks: Dict[str, np.ndarray] = {}
+        self._least_slack = False  # section rule: fewest candidates first, or least slack
         self.nodes = 0
         self._failed_for: Optional[int] = None
         self.failed: set = set()  # keys of sub-problems proven infeasible
@@ -402,17 +433,18 @@ class CanonicalSearch:
             return INFEASIBLE, None
         if self._failed_for != capacity:
             self._failed_for, self.failed = capacity, set()  # proofs hold per capacity
-        limit = self.n + self.sections  # doubled before use: two paths worth
-        while True:
-            limit *= 2
-            for name in orders:
-                left = node_budget - self.nodes
-                if left <= 0 or (deadline is not None and time.perf_counter() > deadline):
-                    return LIMIT, None
-                status, offsets = self._run(capacity, self.rank(name), min(limit, left),
-                                            deadline)
-                if status != LIMIT:
-                    return status, offsets
+        base = 2 * (self.n + self.sections)  # a few descents' worth of nodes
+        for run, name in enumerate(_strategies(orders)):
+            left = node_budget - self.nodes
+            if left <= 0 or (deadline is not None and time.perf_counter() > deadline):
+                return LIMIT, None
+            order, _, rule = name.partition("/")
+            self._least_slack = rule == "s"
+            status, offsets = self._run(capacity, self.rank(order),
+                                        min(base * _luby(run + 1), left), deadline)
+            if status != LIMIT:
+                return status, offsets
+        return LIMIT, None  # pragma: no cover - the strategies never run out
 
     def dive(self, order: str = SEARCH_ORDERS[0],
              deadline: Optional[float] = None) -> Optional[np.ndarray]:
@@ -422,6 +454,7 @@ class CanonicalSearch:
         """
         self._failed_for, self.failed = None, set()
         self.nodes = 0
+        self._least_slack = False
         status, offsets = self._run(int(self.size.sum()) + 1, self.rank(order),
                                     64 * (self.n + self.sections) + 64, deadline)
         return offsets if status == FOUND else None
@@ -568,7 +601,8 @@ class CanonicalSearch:
         cap = self.capacity
         idx = np.flatnonzero(at_m)
         slack = cap - self.floor[lo:hi][idx] - self.load[lo:hi][idx]
-        s = lo + int(idx[np.lexsort((idx, slack, counts[idx]))[0]])
+        keys = (idx, counts[idx], slack) if self._least_slack else (idx, slack, counts[idx])
+        s = lo + int(idx[np.lexsort(keys)[0]])
         cand = unplaced[is_cand]
         choices = cand[self.cover[cand, s]]
         for b in choices[np.argsort(self._order_rank[choices], kind="stable")].tolist():
