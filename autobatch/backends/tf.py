@@ -41,6 +41,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
+from tensorflow.python.ops import resource_variable_ops
 
 from autobatch.backends.base import Backend
 from autobatch.instructions import TensorType
@@ -85,6 +87,26 @@ def raise_for_error_code(code: int) -> None:
     code = int(code)
     if code:
         raise _ERROR_MAKERS[code - 1]()
+
+
+_ANONYMOUS = context.anonymous_name()
+
+
+def _is_variable(value: Any) -> bool:
+    return tf.is_tensor(value) and value.dtype == tf.resource
+
+
+def _variable_dtype(handle: tf.Tensor) -> tf.DType:
+    data = resource_variable_ops.get_eager_safe_handle_data(handle)
+    return tf.as_dtype(data.shape_and_type[0].dtype)
+
+
+def _storage_shape(array: Any) -> Tuple[Optional[int], ...]:
+    """The static shape of a storage array or of the variable holding it."""
+    if _is_variable(array):
+        data = resource_variable_ops.get_eager_safe_handle_data(array)
+        return tuple(tf.TensorShape(data.shape_and_type[0].shape).as_list())
+    return tuple(array.shape.as_list())
 
 
 class _Rows:
@@ -159,8 +181,11 @@ class TensorFlowBackend(Backend):
         self.selection = selection
         self.compile_blocks = bool(compile_blocks)
         self.masked = selection == "mask"
-        #: VM steps per pass of the graph's while loop (XLA runs two faster).
+        self._variables = mode == "graph" and not self.masked
+        #: VM steps per pass of the graph's while loop, for programs whose
+        #: values are all scalars per thread (see :meth:`_graph_run`).
         self.unroll = 2 if mode == "xla" else 1
+        self._steps_per_pass = 1
         self._pending_checks: List[Any] = []
         self._final_error: Any = None
 
@@ -184,25 +209,27 @@ class TensorFlowBackend(Backend):
         return f"TensorFlowBackend(mode={self.mode!r}, selection={self.selection!r})"
 
     # -- storage ----------------------------------------------------------------------
-    def fill(self, tensor_type: TensorType, batch_size: int, value: Any = 0) -> tf.Tensor:
+    def fill(self, tensor_type: TensorType, batch_size: int, value: Any = 0) -> Any:
         scalar = tf.constant(np.asarray(value, dtype=tensor_type.dtype))
-        return tf.fill((batch_size,) + tensor_type.shape, scalar)
+        array = tf.fill((batch_size,) + tensor_type.shape, scalar)
+        return self._maybe_variable(array, bool(tensor_type.shape))
 
     def stack(self, tensor_type: TensorType, batch_size: int, frames: int,
-              value: Any = 0) -> tf.Tensor:
+              value: Any = 0) -> Any:
         """``[batch, frames, ...]``; gathering backends add spare frames, so that
         the pushes of a step whose overflow check failed (the run stops after
         it) stay in range without clipping every frame index."""
         if not self.masked:
             frames += SPARE_FRAMES
         scalar = tf.constant(np.asarray(value, dtype=tensor_type.dtype))
-        return tf.fill((batch_size, frames) + tensor_type.shape, scalar)
+        return self._maybe_variable(tf.fill((batch_size, frames) + tensor_type.shape, scalar),
+                                    True)
 
     def size(self, array: Any) -> int:
-        dim = array.shape[0]
+        dim = _storage_shape(array)[0]
         return int(dim) if dim is not None else tf.shape(array)[0]
 
-    def as_batched(self, value: Any, tensor_type: TensorType, batch_size: int) -> tf.Tensor:
+    def as_batched(self, value: Any, tensor_type: TensorType, batch_size: int) -> Any:
         dtype = _tf_dtype(tensor_type.dtype)
         if tf.is_tensor(value):
             tensor = tf.cast(value, dtype)
@@ -212,11 +239,32 @@ class TensorFlowBackend(Backend):
             tensor = tensor[None]
         # tf.identity: a new tensor even where no broadcast is needed (tensors
         # are immutable, so aliasing the user's value is harmless anyway).
-        return tf.identity(tf.broadcast_to(tensor, (batch_size,) + tensor_type.shape))
+        array = tf.identity(tf.broadcast_to(tensor, (batch_size,) + tensor_type.shape))
+        return self._maybe_variable(array, bool(tensor_type.shape))
 
     def to_numpy(self, value: Any) -> Any:
         """Results stay tensors (EagerTensors outside a graph)."""
+        if _is_variable(value):
+            return tf.raw_ops.ReadVariableOp(resource=value, dtype=_variable_dtype(value))
         return value
+
+    def _maybe_variable(self, array: tf.Tensor, big: bool) -> Any:
+        """``array``, or (graph mode, gathering, inside a graph, ``big``: a stack
+        or a register with more than one element per thread) a new anonymous
+        resource variable holding it.
+
+        TensorFlow's graph executor copies a tensor that a scatter updates
+        (the buffer is never forwarded inside a while loop), so every push to
+        a tensor stack costs the whole stack; a variable is updated in place
+        (``ResourceScatterNdUpdate``): O(selected threads).  Anonymous: freed
+        with the run's last handle.
+        """
+        if not (big and self._variables and not tf.executing_eagerly()):
+            return array
+        handle = tf.raw_ops.VarHandleOp(dtype=array.dtype, shape=array.shape,
+                                        shared_name=_ANONYMOUS)
+        tf.raw_ops.AssignVariableOp(resource=handle, value=array)
+        return handle
 
     # -- types ---------------------------------------------------------------------------
     def type_of(self, value: Any, batch_size: int) -> TensorType:
@@ -242,15 +290,18 @@ class TensorFlowBackend(Backend):
         return tf.ones((batch_size,) + tensor_type.shape, _tf_dtype(tensor_type.dtype))
 
     # -- threads -------------------------------------------------------------------------
-    def select(self, pc: tf.Tensor, block: int) -> Any:
-        hit = tf.equal(pc, block)
+    def select(self, pc: Any, block: int) -> Any:
+        hit = tf.equal(self.to_numpy(pc), block)
         if self.masked:
             return hit
         return _Rows(tf.where(hit))
 
-    def read(self, array: tf.Tensor, selection: Any) -> tf.Tensor:
+    def read(self, array: Any, selection: Any) -> tf.Tensor:
         if self.masked:
             return array
+        if _is_variable(array):
+            return tf.raw_ops.ResourceGatherNd(resource=array, indices=selection.rows,
+                                               dtype=_variable_dtype(array))
         return tf.gather_nd(array, selection.rows)
 
     @staticmethod
@@ -276,7 +327,22 @@ class TensorFlowBackend(Backend):
             return tf.fill(count, value)
         return tf.broadcast_to(value, tf.concat([count, tf.shape(like)[1 - rank:]], axis=0))
 
-    def write(self, array: tf.Tensor, selection: Any, value: Any) -> tf.Tensor:
+    @staticmethod
+    def _fill_shape(value: tf.Tensor, count: tf.Tensor, row_shape: Sequence[int]) -> tf.Tensor:
+        """``value`` as ``count`` rows of ``row_shape`` (no-op when it has them)."""
+        if value.shape.rank == 1 + len(row_shape):
+            return value
+        if not row_shape:
+            return tf.fill(count, value)
+        return tf.broadcast_to(value, tf.concat([count, tf.constant(row_shape, tf.int64)], 0))
+
+    def write(self, array: Any, selection: Any, value: Any) -> Any:
+        if _is_variable(array):
+            shape = _storage_shape(array)
+            value = self._cast(value, _variable_dtype(array))
+            value = self._fill_shape(value, selection.count(), shape[1:])
+            tf.raw_ops.ResourceScatterNdUpdate(ref=array, indices=selection.rows, updates=value)
+            return array
         value = self._cast(value, array.dtype)
         if self.masked:
             return tf.where(self._rows(selection, array.shape.rank), value, array)
@@ -292,15 +358,24 @@ class TensorFlowBackend(Backend):
             frame = tf.clip_by_value(frame, 0, stack.shape[1] - 1)
         return frame
 
-    def read_frame(self, stack: tf.Tensor, selection: Any, frame: Any) -> tf.Tensor:
+    def read_frame(self, stack: Any, selection: Any, frame: Any) -> tf.Tensor:
         frame = self._frames(stack, frame)
         if self.masked:
             return tf.gather(stack, frame, batch_dims=1)
+        if _is_variable(stack):
+            return tf.raw_ops.ResourceGatherNd(resource=stack,
+                                               indices=selection.frame_indices(frame),
+                                               dtype=_variable_dtype(stack))
         return tf.gather_nd(stack, selection.frame_indices(frame))
 
-    def write_frame(self, stack: tf.Tensor, selection: Any, frame: Any,
-                    value: Any) -> tf.Tensor:
+    def write_frame(self, stack: Any, selection: Any, frame: Any, value: Any) -> Any:
         frame = self._frames(stack, frame)
+        if _is_variable(stack):
+            value = self._cast(value, _variable_dtype(stack))
+            value = self._fill_shape(value, selection.count(), _storage_shape(stack)[2:])
+            tf.raw_ops.ResourceScatterNdUpdate(ref=stack, indices=selection.frame_indices(frame),
+                                               updates=value)
+            return stack
         value = self._cast(value, stack.dtype)
         if not self.masked:
             value = self._fill(value, selection.count(), stack.shape.rank - 1, stack[:, 0])
@@ -368,7 +443,7 @@ class TensorFlowBackend(Backend):
 
     # -- control -------------------------------------------------------------------------
     def reduce_min(self, array: tf.Tensor) -> tf.Tensor:
-        return tf.reduce_min(array)
+        return tf.reduce_min(self.to_numpy(array))
 
     def check(self, ok: Any, selection: Any, make_error: Callable[[], Exception]) -> None:
         """Eagerly: raise now.  In a graph: record the check; the block wrapper
@@ -424,7 +499,7 @@ class TensorFlowBackend(Backend):
 
         def unrolled(s: dict) -> dict:
             s = body(s)
-            for _ in range(self.unroll - 1):
+            for _ in range(self._steps_per_pass - 1):
                 # A pass after the last step runs a block no thread is at: a
                 # no-op (empty or all-false selection), not counted as a step.
                 more = go_on(s)
@@ -474,11 +549,22 @@ class TensorFlowBackend(Backend):
     def _graph_run(self, vm: Any) -> Callable[..., Any]:
         backend = self
 
+        # Two VM steps per loop pass make XLA's loop ~40% faster on programs
+        # of scalars; on programs of vectors (NUTS-shaped: [batch, 256]
+        # registers and stacks) they gain less and multiply XLA's compile time.
+        scalars = all(not leaf.shape for typ in vm.lowered.var_types.values()
+                      for leaf in typ.leaves())
+        steps_per_pass = self.unroll if scalars else 1
+
         def whole_run(*inputs: Any) -> Any:
             _TRACE_COUNTS[backend._config()] = backend.trace_count + 1
             log.debug("tracing a whole VM run (%s), trace %d", backend, backend.trace_count)
             backend._final_error = tf.constant(0)
-            result = vm.run(list(inputs))
+            backend._steps_per_pass = steps_per_pass
+            try:
+                result = vm.run(list(inputs))
+            finally:
+                backend._steps_per_pass = 1
             error, backend._final_error = backend._final_error, None
             return result, vm.steps, error
 
