@@ -280,7 +280,8 @@ FOUND, INFEASIBLE, LIMIT = "found", "infeasible", "limit"
 #: which candidate buffers are tried, all descending: Z size, W lifetime, A
 #: area (size x lifetime), T the most bytes live in any of the buffer's
 #: sections.  ``B<k>`` is the blended score log(size) + log(lifetime) / 2,
-#: with seeded noise when ``k > 0`` (deterministic restarts).  A ``/s``
+#: with seeded normal noise of deviation 1 when ``k > 0`` (deterministic
+#: restarts).  A ``/s``
 #: suffix branches first at the section with the least slack instead of the
 #: one with the fewest candidates; neither rule wins everywhere.
 SEARCH_ORDERS = ("B0", "B0/s", "ZW", "ZW/s", "TZW", "TZW/s")
@@ -394,6 +395,9 @@ class CanonicalSearch:
                       "T": -most}
         self._ranks: Dict[str, np.ndarray] = {}
         self._least_slack = False  # section rule: fewest candidates first, or least slack
+        #: the blended order's score: log(size) + life_weight * log(lifetime),
+        #: plus noise * N(0, 1) for a seeded order ``B<k>``, ``k > 0``
+        self.life_weight, self.noise = 0.5, 1.0
         self.nodes = 0
         self._failed_for: Optional[int] = None
         self.failed: set = set()  # keys of sub-problems proven infeasible
@@ -404,10 +408,10 @@ class CanonicalSearch:
         if name not in self._ranks:
             n = self.n
             if name.startswith("B"):
-                score = np.log(np.maximum(self.size, 1)) + 0.5 * np.log(np.maximum(self.life, 1))
+                score = np.log(np.maximum(self.size, 1)) + self.life_weight * np.log(np.maximum(self.life, 1))
                 seed = int(name[1:] or 0)
                 if seed:
-                    score = score + 0.5 * np.random.default_rng(seed).standard_normal(n)
+                    score = score + self.noise * np.random.default_rng(seed).standard_normal(n)
                 order = np.lexsort((np.arange(n), -score))
             else:
                 order = np.lexsort([np.arange(n)] + [self._keys[c] for c in reversed(name)])
