@@ -408,7 +408,8 @@ class CanonicalSearch:
         if name not in self._ranks:
             n = self.n
             if name.startswith("B"):
-                score = np.log(np.maximum(self.size, 1)) + self.life_weight * np.log(np.maximum(self.life, 1))
+                score = (np.log(np.maximum(self.size, 1))
+                         + self.life_weight * np.log(np.maximum(self.life, 1)))
                 seed = int(name[1:] or 0)
                 if seed:
                     score = score + self.noise * np.random.default_rng(seed).standard_normal(n)
