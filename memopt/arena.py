@@ -82,7 +82,7 @@ class ArenaPlan:
     ----------
     offsets : buffer id -> offset in bytes.
     height : ``max(offset + size)`` in bytes.
-    strategy : what produced it (a heuristic's name, ``"search"``...).
+    strategy : what produced it: a heuristic's name or ``"canonical_search"``.
     lower_bound : a lower bound on any plan's height (peak live bytes, or a
         better one the search proved); ``height == lower_bound`` means optimal.
     optimal : True when the height is proven optimal.
@@ -640,6 +640,10 @@ class CanonicalSearch:
 
 # -- the planner -----------------------------------------------------------------
 
+#: The search (its matrices are buffers x buffers) runs on independent groups
+#: of at most this many buffers; larger problems get the chooser's plan.
+MAX_SEARCH_BUFFERS = 5000
+
 #: Default settings per mode: (seconds at most, nodes per buffer at most).
 MODES = {
     "heuristic": (0.0, 0),
@@ -744,9 +748,16 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
     proven = height <= lower_bound
     close_enough = mode != "exact" and height <= good_enough
 
+    parts: List[_Part] = []
     if mode != "heuristic" and not proven and not close_enough:
         live = np.flatnonzero(a.size > 0)
-        parts = [_Part(a, idx, offsets) for idx in _partitions(a, live)]
+        groups = _partitions(a, live)
+        if max((len(idx) for idx in groups), default=0) > MAX_SEARCH_BUFFERS:
+            log.info("arena search skipped: a group of more than %d buffers",
+                     MAX_SEARCH_BUFFERS)
+            groups = []
+        parts = [_Part(a, idx, offsets) for idx in groups]
+    if parts:
         t0 = time.perf_counter()
         lower_bound, proven, used = _improve(parts, lower_bound, capacity, mode, budget,
                                              deadline, trials)

@@ -120,3 +120,29 @@ def test_problem_from_graph_at_a_batch_size():
     by_id = {b.id: b for b in problem.buffers}
     assert by_id["x"].size == 320 and by_id["w"].size == 128
     assert not problem.symbolic
+
+
+def test_problem_from_a_real_paddle_program(paddle):
+    """Live intervals of a real legacy program: plans on them pass the checker."""
+    from memopt.arena import plan_arena
+    from memopt.bounds import peak_live_bytes, whole_buffer_lower_bound
+    from memopt.models import build
+    from memopt.paddle.legacy import program_to_graph
+    from memopt.reuse import assign_groups
+    from memopt.simulate import check_groups, check_offsets
+
+    model = build("cnn", ir="legacy", batch_size=8)
+    graph = program_to_graph(model.main)
+    symbolic = problem_from_graph(graph)
+    assert symbolic.symbolic  # activations keep the batch dimension
+    problem = problem_from_graph(graph, batch_size=8)
+    assert problem.buffers == symbolic.at_batch(8).buffers
+    assert all(b.upper > b.lower and b.size > 0 for b in problem.buffers)
+    image = next(b for b in problem.buffers if b.id == "image")
+    assert image.size == 8 * 3 * 16 * 16 * 4 and image.lower == 0
+    plan = plan_arena(problem)
+    assert check_offsets(problem.buffers, plan.offsets) == plan.height
+    assert plan.height >= peak_live_bytes(problem.buffers)
+    groups = assign_groups(problem.buffers)
+    check_groups(problem.buffers, groups)
+    assert groups.cost >= whole_buffer_lower_bound(problem.buffers)
