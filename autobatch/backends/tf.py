@@ -212,7 +212,7 @@ class TensorFlowBackend(Backend):
     def fill(self, tensor_type: TensorType, batch_size: int, value: Any = 0) -> Any:
         scalar = tf.constant(np.asarray(value, dtype=tensor_type.dtype))
         array = tf.fill((batch_size,) + tensor_type.shape, scalar)
-        return self._maybe_variable(array, bool(tensor_type.shape))
+        return self._maybe_variable(array)
 
     def stack(self, tensor_type: TensorType, batch_size: int, frames: int,
               value: Any = 0) -> Any:
@@ -222,8 +222,7 @@ class TensorFlowBackend(Backend):
         if not self.masked:
             frames += SPARE_FRAMES
         scalar = tf.constant(np.asarray(value, dtype=tensor_type.dtype))
-        return self._maybe_variable(tf.fill((batch_size, frames) + tensor_type.shape, scalar),
-                                    True)
+        return self._maybe_variable(tf.fill((batch_size, frames) + tensor_type.shape, scalar))
 
     def size(self, array: Any) -> int:
         dim = _storage_shape(array)[0]
@@ -240,7 +239,7 @@ class TensorFlowBackend(Backend):
         # tf.identity: a new tensor even where no broadcast is needed (tensors
         # are immutable, so aliasing the user's value is harmless anyway).
         array = tf.identity(tf.broadcast_to(tensor, (batch_size,) + tensor_type.shape))
-        return self._maybe_variable(array, bool(tensor_type.shape))
+        return self._maybe_variable(array)
 
     def to_numpy(self, value: Any) -> Any:
         """Results stay tensors (EagerTensors outside a graph)."""
@@ -248,18 +247,18 @@ class TensorFlowBackend(Backend):
             return tf.raw_ops.ReadVariableOp(resource=value, dtype=_variable_dtype(value))
         return value
 
-    def _maybe_variable(self, array: tf.Tensor, big: bool) -> Any:
-        """``array``, or (graph mode, gathering, inside a graph, ``big``: a stack
-        or a register with more than one element per thread) a new anonymous
+    def _maybe_variable(self, array: tf.Tensor) -> Any:
+        """``array``, or (graph mode, gathering, inside a graph) a new anonymous
         resource variable holding it.
 
         TensorFlow's graph executor copies a tensor that a scatter updates
-        (the buffer is never forwarded inside a while loop), so every push to
-        a tensor stack costs the whole stack; a variable is updated in place
-        (``ResourceScatterNdUpdate``): O(selected threads).  Anonymous: freed
-        with the run's last handle.
+        (inside a while loop the buffer is never forwarded), so every push to
+        a tensor stack would cost the whole stack; a variable is updated in
+        place (``ResourceScatterNdUpdate``): O(selected threads).  The loop
+        captures variables instead of carrying them (fewer loop variables and
+        graph nodes per step).  Anonymous: freed with the run's last handle.
         """
-        if not (big and self._variables and not tf.executing_eagerly()):
+        if not (self._variables and not tf.executing_eagerly()):
             return array
         handle = tf.raw_ops.VarHandleOp(dtype=array.dtype, shape=array.shape,
                                         shared_name=_ANONYMOUS)
@@ -508,8 +507,17 @@ class TensorFlowBackend(Backend):
                 s["steps"] = steps + tf.cast(more, tf.int32)
             return s
 
-        state, = tf.while_loop(lambda s: go_on(s), lambda s: (unrolled(s),), (state,),
-                               parallel_iterations=1)
+        # Variables are updated in place: the loop captures them instead of
+        # carrying them (fewer loop variables, fewer graph nodes per pass).
+        handles = {k: v for k, v in state.items() if _is_variable(v)}
+
+        def carried(s: dict) -> dict:
+            return {k: v for k, v in s.items() if k not in handles}
+
+        values, = tf.while_loop(lambda v: go_on({**handles, **v}),
+                                lambda v: (carried(unrolled({**handles, **v})),),
+                                (carried(state),), parallel_iterations=1)
+        state = {**handles, **values}
         self._final_error = state.pop(ERROR_KEY)
         return state
 
@@ -517,7 +525,12 @@ class TensorFlowBackend(Backend):
                     state: Any) -> Any:
         if tf.executing_eagerly():
             return branches[int(index)](dict(state))
-        return tf.switch_case(index, [lambda b=b: b(dict(state)) for b in branches])
+        handles = {k: v for k, v in state.items() if _is_variable(v)}
+
+        def branch(block: Callable[[dict], dict]) -> Callable[[], dict]:
+            return lambda: {k: v for k, v in block(dict(state)).items() if k not in handles}
+
+        return {**handles, **tf.switch_case(index, [branch(b) for b in branches])}
 
     # -- whole runs ------------------------------------------------------------------------
     def run_vm(self, vm: Any, args: Sequence[Any], cache: Optional[dict] = None) -> Any:
