@@ -19,8 +19,13 @@ shapes) computes every block on every thread and keeps the selected rows with
 ``tf.where``: primops then also see threads outside the selection (stale
 values), as the backend protocol allows.
 
-Stacks are stored thread-major, ``[batch, frames, ...]``: a push or pop is one
-gather or scatter of one row per selected thread (O(batch)).
+Storage: stacks are thread-major, ``[batch, frames, ...]``: a push or pop is
+one gather or scatter of one row per selected thread.  In graph mode with
+gathering, every register and stack is an anonymous resource variable updated
+in place (TensorFlow's executor would copy a whole tensor per scatter: a push
+would cost the whole stack); the while loop captures the variables rather
+than carrying them.  XLA keeps tensors (it updates loop buffers in place) and
+runs two VM steps per loop pass for programs of per-thread scalars.
 
 Stack overflow: where the VM runs inside a graph, the depth check cannot
 raise; the failing check's code is kept in the loop state, the loop stops, and
