@@ -157,7 +157,7 @@ def test_a_minimalloc_problem_reaches_its_bound():
     if not os.path.exists(path):
         pytest.skip("benchmark data not found next to the repository")
     problem = read_csv(path)
-    plan = plan_arena(problem)
+    plan = plan_arena(problem, mode="exact")  # stops as soon as it is on the bound
     assert check_offsets(problem.buffers, plan.offsets, capacity=1048576) == 1048576
     assert plan.optimal and plan.lower_bound == 1048576
     assert choose(problem.buffers).height > 1.15 * 1048576  # the greedy gap
