@@ -232,6 +232,23 @@ class Analysis:
             total = total + self._coef[k] * (b ** p)
         return [int(x) for x in total[: len(self.op_types)]]
 
+    def setup_ops(self) -> int:
+        """How many op positions at the start of the run are declarations,
+        not instructions of the executor: parameters (``builtin.parameter``),
+        feeds and data (``pd_op.data``, ``feed``) and their glue
+        (``builtin.split``...).  They make no kernel call and allocate
+        nothing for the step (fed data are held from position 0 anyway), so
+        a picture of the step may start at this position.  In the dataflow
+        schedule every declaration comes first; in program order only the
+        leading ones are counted.  0 when every op is a declaration (a
+        program that only declares: nothing to skip to)."""
+        count = 0
+        for op_type in self.op_types:
+            if op_type not in _NOT_INSTRUCTIONS:
+                return count
+            count += 1
+        return 0
+
     def peak_position(self, batch_size: Optional[int] = None) -> int:
         """The first op position where the live bytes are highest."""
         line = self.timeline(batch_size)
@@ -523,6 +540,8 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
     downstream: list = [[] for _ in range(n)]
     deps = [0] * n
     for u in range(n):
+        if not instruction[u]:
+            continue  # set up before the step: scheduled up front, not by its inputs
         ups = {w for w in upstream[u] if instruction[w]}
         deps[u] = len(ups)
         for w in ups:

@@ -42,6 +42,16 @@ def plot_timeline(analyses: Sequence, path: str, *, labels: Sequence[str] = (),
                   batch_size: Optional[int] = None, title: str = "", top: int = 5) -> str:
     """Draw live bytes per op for each analysis into ``path`` (PNG, SVG...).
 
+    The x axis is the op position in run order (the positions of
+    :meth:`Analysis.timeline`, ``held_at`` and ``peak_position``).  It starts
+    at the first op that is an instruction of the executor
+    (:meth:`Analysis.setup_ops`, the smallest over ``analyses``): the
+    declarations before it (parameters, feeds) hold no step memory, and a
+    training program has hundreds of them.  The axis label says how many
+    were left out.  Each curve's peak is marked with a triangle and named in
+    the legend (bytes, op position, op type), so no text is drawn over the
+    curves.
+
     Parameters
     ----------
     analyses : :class:`~memopt.analysis.Analysis` objects, drawn in order
@@ -57,6 +67,7 @@ def plot_timeline(analyses: Sequence, path: str, *, labels: Sequence[str] = (),
     lines = [a.timeline(batch_size) for a in analyses]
     peak_all = max((max(line) for line in lines if line), default=0)
     unit, scale = _unit(peak_all)
+    first = min((a.setup_ops() for a in analyses), default=0)
     fig, (ax, side) = plt.subplots(1, 2, figsize=(12, 5.2),
                                    gridspec_kw={"width_ratios": [3.2, 1]})
     for k, (analysis, line) in enumerate(zip(analyses, lines)):
@@ -65,27 +76,29 @@ def plot_timeline(analyses: Sequence, path: str, *, labels: Sequence[str] = (),
         ys = [v / scale for v in line]
         if not ys:
             continue
-        peak = max(ys)
+        pos = analysis.peak_position(batch_size)
         if k == 0:  # the reference: a filled area the others are drawn over
             ax.fill_between(range(len(ys)), ys, step="post", color=color, alpha=0.18)
         ax.step(range(len(ys)), ys, where="post", color=color, linewidth=1.5,
-                linestyle="-" if k == 0 else "--", label=f"{label}: peak {peak:.1f} {unit}")
-        pos = analysis.peak_position(batch_size)
-        ax.plot([pos], [ys[pos]], marker="v", color=color, markersize=9)
-        right = pos > 0.6 * len(ys)
-        ax.annotate(f"peak {ys[pos]:.1f} {unit} at op {pos}\n{analysis.op_types[pos]}",
-                    xy=(pos, ys[pos]), xytext=(-10 if right else 10, 8 + 26 * k),
-                    textcoords="offset points", fontsize=8, color=color,
-                    ha="right" if right else "left")
+                linestyle="-" if k == 0 else "--",
+                label=f"{label}: peak {ys[pos]:.1f} {unit} at op {pos} "
+                      f"({analysis.op_types[pos]})")
+        ax.plot([pos], [ys[pos]], marker="v", color=color, markersize=9,
+                markeredgecolor="white", linestyle="none", clip_on=False)
     persistable = analyses[0].persistable_bytes(batch_size) if analyses else 0
     b = analyses[0].batch_for(batch_size) if analyses else 1
-    ax.set_xlabel("op position (run order)")
+    horizon = max((len(line) for line in lines), default=1)
+    margin = max(1.0, 0.015 * (horizon - first))  # room for a peak marker at the last op
+    ax.set_xlim(first - margin, horizon - 1 + margin)
+    ax.set_xlabel("op position (run order)" + (
+        f"; ops 0-{first - 1} declare parameters and feeds (no step memory): not drawn"
+        if first else ""), fontsize=9)
     ax.set_ylabel(f"live bytes of the step ({unit})")
     ax.set_title(title or f"memory over one step, batch {b} "
                  f"(+ {persistable / scale:.1f} {unit} persistable)", fontsize=11)
     ax.grid(True, alpha=0.3)
-    ax.set_ylim(bottom=0, top=peak_all / scale * 1.25 if peak_all else 1)
-    ax.legend(loc="upper left", fontsize=9)
+    ax.set_ylim(bottom=0, top=peak_all / scale * 1.3 if peak_all else 1)
+    ax.legend(loc="upper left", fontsize=8)
     # the largest holders at the peak of the last analysis, as a bar list
     last = analyses[-1] if analyses else None
     held = last.held_at(None, batch_size)[:top] if last else []

@@ -83,6 +83,36 @@ def test_gc_off_holds_everything_to_the_end():
     assert an.peak(1) == 88
 
 
+def declared_chain_graph() -> Graph:
+    """chain_graph with its parameter and its feed declared by ops first
+    (as a PIR translation does), and the parameter declared again after the
+    first instruction (so program order has one declaration mid-way)."""
+    g = chain_graph()
+    blk = g.global_block
+    blk.ops.insert(0, Op("builtin.parameter", (), ("W",)))
+    blk.ops.insert(1, Op("pd_op.data", (), ("x",)))
+    blk.ops.insert(3, Op("builtin.parameter", (), ("W",)))
+    return g
+
+
+def test_setup_ops_are_the_leading_declarations():
+    program = analyze(declared_chain_graph(), runtime=PROGRAM_ORDER)
+    assert program.setup_ops() == 2  # the one after matmul is not leading
+    dataflow = analyze(declared_chain_graph(), runtime=RuntimeModel(inplace=False))
+    assert dataflow.setup_ops() == 3  # the executor sets up every declaration first
+    assert dataflow.op_types[:3] == ["builtin.parameter", "pd_op.data", "builtin.parameter"]
+    # positions still index timeline, op_types and holders alike
+    pos = dataflow.peak_position(2)
+    assert dataflow.op_types[pos] == "scale"
+    assert dataflow.timeline(2)[pos] == dataflow.peak(2) == 64 * 2 + 4
+    assert [h.name for h in dataflow.held_at(None, 2)] == ["c", "x", "b", "s"]
+    assert dataflow.timeline(2)[:3] == [32, 32, 32]  # only the fed x during set-up
+    g = Graph()
+    g.global_block.add_var(Var("x", (4,), is_data=True))
+    g.global_block.add_op(Op("pd_op.data", (), ("x",)))
+    assert analyze(g).setup_ops() == 0  # nothing but declarations: nothing to skip
+
+
 def test_inplace_pair_shares_one_buffer():
     g = chain_graph()
     an = from_graph(g, 1, PROGRAM_ORDER, inplace=[(1, "a", "b")])

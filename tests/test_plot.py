@@ -4,7 +4,7 @@ import pytest
 from memopt.analysis import RuntimeModel, analyze, from_graph
 from memopt.problems import Buffer
 
-from test_analysis import chain_graph
+from test_analysis import chain_graph, declared_chain_graph
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -27,6 +27,24 @@ def test_timeline_before_after(plot, tmp_path):
                               labels=["before", "after"], top=3)
     data = open(path, "rb").read()
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+
+
+def test_timeline_starts_after_declarations_and_names_peaks_in_legend(plot, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    model = RuntimeModel(inplace=False)
+    before = analyze(declared_chain_graph(), 2, runtime=model)
+    after = from_graph(declared_chain_graph(), 2, model, inplace=[(4, "a", "b")])
+    assert before.setup_ops() == after.setup_ops() == 3
+    path = plot.plot_timeline([before, after], str(tmp_path / "t.svg"),
+                              labels=["before", "after"])
+    text = open(path, encoding="utf-8").read()
+    ET.fromstring(text)  # well-formed
+    assert "ops 0-2 declare parameters and feeds" in text
+    for label, an in (("before", before), ("after", after)):
+        pos = an.peak_position()
+        assert f"{label}: peak " in text and f"at op {pos} ({an.op_types[pos]})" in text
+    assert text.count(" at op ") == 2  # one per curve, in the legend only
 
 
 def test_arena(plot, tmp_path):
