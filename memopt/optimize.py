@@ -32,8 +32,10 @@ are joined) are grouped so that the members of a group never live at the
 same time -- by :func:`memopt.reuse.assign_groups` (the best of its orders)
 for up to :data:`SMALL_PROBLEM` buffers, by the ``O(n log n)`` sweep
 :func:`best_fit_groups` above that; level 0 groups only the same shape and
-dtype, level 1 any, provided every member provably fits (for every batch
-size) in the memory the group's earliest member allocates.
+dtype, level 1 the same dtype across shapes, provided every member provably
+fits (for every batch size) in the memory the group's earliest member
+allocates (never across dtypes: Paddle's executor reads each variable's
+declared dtype, so a name may not change it).
 
 *Schedule*: a training program runs every optimizer op at its end, so every
 parameter gradient lives until then.  :func:`schedule_optimizer_ops` moves
@@ -164,8 +166,8 @@ def resolve_options(skip_opt_set=None, skip_grads: bool = True, level: int = 0,
     if isinstance(level, bool) or level not in (0, 1):
         raise ValueError(
             f"level must be 0 (reuse only between variables of the same shape and "
-            f"dtype) or 1 (any variable whose memory is provably large enough), "
-            f"got {level!r}")
+            f"dtype) or 1 (any variable of the same dtype whose memory is provably "
+            f"large enough), got {level!r}")
     return Options(names, bool(skip_grads), int(level), bool(print_log))
 
 
@@ -665,13 +667,13 @@ SMALL_PROBLEM = 200
 
 
 def _klass(var_of, home, level: int):
-    """Compatibility class of a buffer: its block (level 1), plus its shape
-    and dtype (level 0).  Buffers of different classes never share."""
+    """Compatibility class of a buffer: its block and dtype (level 1), plus
+    its shape (level 0).  Buffers of different classes never share."""
     def klass(buf: Buffer):
         var = var_of[buf.id]
         if level == 0:
             return home[buf.id], tuple(var.shape), var.dtype
-        return (home[buf.id],)
+        return home[buf.id], var.dtype
 
     return klass
 
@@ -786,10 +788,12 @@ def _predicates(var_of, home, level: int):
     def compatible(a: Buffer, b: Buffer) -> bool:
         if home[a.id] != home[b.id]:
             return False
-        if level == 0:
-            va, vb = var_of[a.id], var_of[b.id]
-            return tuple(va.shape) == tuple(vb.shape) and va.dtype == vb.dtype
-        return True
+        va, vb = var_of[a.id], var_of[b.id]
+        if va.dtype != vb.dtype:
+            # Paddle's executor reads declared dtypes (type promotion, kernel
+            # choice): a name may not change dtype, at any level
+            return False
+        return level == 1 or tuple(va.shape) == tuple(vb.shape)
 
     def fits(member: Buffer, first: Buffer) -> bool:
         return _as_size(member.size).provably_le(_as_size(first.size))
@@ -1006,8 +1010,10 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         never given to another (a set, list or tuple -- not a bare string).
     skip_grads : leave the backward part (gradients) alone.
     level : 0 -- share only between the same shape and dtype; 1 -- share
-        whenever the memory taken over is provably large enough (sizes
-        symbolic in the batch dimension are compared for every batch size).
+        between the same dtype whenever the memory taken over is provably
+        large enough (sizes symbolic in the batch dimension are compared for
+        every batch size); never across dtypes, as Paddle's executor reads
+        each variable's declared dtype.
     print_log : print the report (one line per reuse and a summary).
 
     Returns

@@ -108,6 +108,30 @@ def test_level0_needs_equal_shapes_level1_needs_provable_fit():
     assert plan.groups == [["big", "small2"]]
 
 
+@pytest.mark.parametrize("small_problem", [200, 0])
+def test_level1_never_shares_across_dtypes(monkeypatch, small_problem):
+    """Paddle's executor reads declared dtypes: an int64 [-1] that provably
+    fits a dead float32 [-1, 4] still may not take its name, in either
+    grouping (the exact one and the O(n log n) sweep)."""
+    g = Graph()
+    b = g.global_block
+    b.add_var(Var("x", (-1, 4), is_data=True))
+    b.add_var(Var("big", (-1, 4), "float32"))
+    b.add_var(Var("mid", (-1, 4), "float32"))
+    b.add_var(Var("idx", (-1,), "int64"))
+    b.add_var(Var("out", ()))
+    b.add_op(Op("relu", ("x",), ("big",)))
+    b.add_op(Op("relu", ("big",), ("mid",)))     # big dies here
+    b.add_op(Op("argmax", ("mid",), ("idx",)))   # mid dies here
+    b.add_op(Op("mean", ("idx",), ("out",), attrs={"loss": True}))
+    monkeypatch.setattr("memopt.optimize.SMALL_PROBLEM", small_problem)
+    plan = plan_memory(g, ALL, gc=False)
+    check_plan(g, plan)
+    assert plan.groups == []
+    g.global_block.vars["idx"] = Var("idx", (-1,), "float32")
+    assert plan_memory(g, ALL, gc=False).groups == [["big", "idx"]]
+
+
 def loop_graph(carried_local: bool):
     """A while loop whose body writes h and, optionally, reads a local c
     before writing it (c is carried to the next iteration)."""
