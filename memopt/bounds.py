@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .simulate import peak_live
+from .simulate import byte_array, peak_live
 
 __all__ = ["peak_live_bytes", "whole_buffer_lower_bound", "positional_maxima"]
 
@@ -30,8 +30,7 @@ def peak_live_bytes(buffers: Sequence, batch_size: Optional[int] = None) -> int:
 
 def _sizes(buffers: Sequence, batch_size: Optional[int]) -> np.ndarray:
     from .problems import size_at
-    return np.fromiter((size_at(b.size, batch_size) for b in buffers), dtype=np.int64,
-                       count=len(buffers))
+    return byte_array([size_at(b.size, batch_size) for b in buffers])
 
 
 def positional_maxima(buffers: Sequence, batch_size: Optional[int] = None) -> np.ndarray:
@@ -46,16 +45,16 @@ def positional_maxima(buffers: Sequence, batch_size: Optional[int] = None) -> np
     sizes = _sizes(buffers, batch_size)
     lowers = np.fromiter((b.lower for b in buffers), dtype=np.int64, count=n)
     uppers = np.fromiter((b.upper for b in buffers), dtype=np.int64, count=n)
-    best = np.zeros(0, dtype=np.int64)
+    best = np.zeros(0, dtype=sizes.dtype)
     for t in np.unique(lowers):
         live = sizes[(lowers <= t) & (uppers > t)]
         live = -np.sort(-live)
         if len(live) > len(best):
-            best = np.concatenate([best, np.zeros(len(live) - len(best), dtype=np.int64)])
+            best = np.concatenate([best, np.zeros(len(live) - len(best), dtype=sizes.dtype)])
         best[:len(live)] = np.maximum(best[:len(live)], live)
     return best
 
 
 def whole_buffer_lower_bound(buffers: Sequence, batch_size: Optional[int] = None) -> int:
     """Sum of positional maxima: no group plan costs less (see module docstring)."""
-    return int(positional_maxima(buffers, batch_size).sum())
+    return int(sum(int(m) for m in positional_maxima(buffers, batch_size)))

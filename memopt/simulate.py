@@ -49,6 +49,22 @@ def _bytes(size, batch_size: Optional[int]) -> int:
     return int(size_at(size, batch_size))
 
 
+#: Sums of byte counts below this are exact in np.int64 (with room for one
+#: more addition); above it the arrays hold Python ints (dtype=object).
+_INT64_SAFE = 2 ** 62
+
+
+def byte_array(values: Sequence[int]) -> np.ndarray:
+    """Byte counts as an array whose sums are exact: np.int64 when the sum
+    of their magnitudes is below 2**62 (the fast, usual case), else an
+    object array of Python ints (a 2**71-byte tensor neither raises
+    OverflowError nor wraps to a negative peak)."""
+    values = [int(v) for v in values]
+    if sum(abs(v) for v in values) < _INT64_SAFE:
+        return np.array(values, dtype=np.int64)
+    return np.array(values, dtype=object)
+
+
 @dataclass
 class Timeline:
     """Piecewise-constant bytes over time.
@@ -89,7 +105,7 @@ def _sweep(lowers, uppers, sizes) -> Timeline:
     points = np.concatenate([lowers, uppers])
     deltas = np.concatenate([sizes, -sizes])
     steps, inverse = np.unique(points, return_inverse=True)
-    change = np.zeros(len(steps), dtype=np.int64)
+    change = np.zeros(len(steps), dtype=sizes.dtype)
     np.add.at(change, inverse, deltas)
     level = np.cumsum(change)
     # the last point is an end: nothing is live after it
@@ -100,8 +116,7 @@ def live_bytes(buffers: Sequence, batch_size: Optional[int] = None) -> Timeline:
     """Bytes of ``buffers`` live at each step: the cost with no fragmentation."""
     lowers = np.fromiter((b.lower for b in buffers), dtype=np.int64, count=len(buffers))
     uppers = np.fromiter((b.upper for b in buffers), dtype=np.int64, count=len(buffers))
-    sizes = np.fromiter((_bytes(b.size, batch_size) for b in buffers), dtype=np.int64,
-                        count=len(buffers))
+    sizes = byte_array([_bytes(b.size, batch_size) for b in buffers])
     return _sweep(lowers, uppers, sizes)
 
 
@@ -161,9 +176,10 @@ def check_offsets(buffers: Sequence, plan, capacity: Optional[int] = None,
     n = len(buffers)
     lower = np.fromiter((b.lower for b in buffers), dtype=np.int64, count=n)
     upper = np.fromiter((b.upper for b in buffers), dtype=np.int64, count=n)
-    start = np.fromiter((int(offsets[b.id]) for b in buffers), dtype=np.int64, count=n)
-    end = start + np.fromiter((_bytes(b.size, batch_size) for b in buffers),
-                              dtype=np.int64, count=n)
+    starts = [int(offsets[b.id]) for b in buffers]
+    ends = [off + _bytes(b.size, batch_size) for off, b in zip(starts, buffers)]
+    both = byte_array(starts + ends)
+    start, end = both[:n], both[n:]
     height = int(end.max()) if n else 0
     block = max(1, 4_000_000 // max(n, 1))
     for r0 in range(0, n, block):
@@ -253,8 +269,7 @@ def group_timeline(plan, gc: bool = True, batch_size: Optional[int] = None) -> T
     ``gc=False`` from the program's first step to its last.
     """
     groups = [g for g in plan.groups if g]
-    sizes = np.array([max(_bytes(b.size, batch_size) for b in g) for g in groups],
-                     dtype=np.int64)
+    sizes = byte_array([max(_bytes(b.size, batch_size) for b in g) for g in groups])
     lowers = np.array([min(b.lower for b in g) for g in groups], dtype=np.int64)
     uppers = np.array([max(b.upper for b in g) for g in groups], dtype=np.int64)
     if not gc and len(groups):

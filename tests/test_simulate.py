@@ -103,3 +103,22 @@ def test_group_timeline_gc_on_and_off():
     assert list(on.starts) == [0, 1, 5] and list(on.bytes) == [10, 18, 8]
     off = group_timeline(plan, gc=False)
     assert list(off.bytes) == [18] and off.end == 6
+
+
+def test_huge_sizes_are_exact():
+    """Sizes past np.int64 (a 2**71-byte buffer; four 2**61-byte ones whose
+    sum wraps in int64) are summed exactly, with no OverflowError."""
+    big = [Buffer("a", 0, 2, 2 ** 71), Buffer("b", 1, 3, 2 ** 61),
+           Buffer("c", 1, 4, 2 ** 61), Buffer("d", 2, 4, Size(3, 1))]
+    timeline = live_bytes(big, batch_size=1)
+    assert timeline.peak == 2 ** 71 + 2 ** 62 and timeline.peak_step == 1
+    assert timeline.at(2) == 2 ** 62 + 3
+    assert whole_buffer_lower_bound(big, 1) == 2 ** 71 + 2 ** 62
+    assert check_offsets(big, {"a": 0, "b": 2 ** 71, "c": 2 ** 71 + 2 ** 61,
+                               "d": 2 ** 71 + 2 ** 62}, batch_size=1) == 2 ** 71 + 2 ** 62 + 3
+    with pytest.raises(PlanError, match="'a'.*'b'"):
+        check_offsets(big, {"a": 0, "b": 2 ** 70, "c": 2 ** 71 + 2 ** 61,
+                            "d": 2 ** 71 + 2 ** 62}, batch_size=1)
+    four = [Buffer(k, 0, 1, 2 ** 61) for k in "wxyz"]
+    assert peak_live_bytes(four) == 2 ** 63
+    assert group_timeline(plan_of([[b] for b in four]), gc=False).peak == 2 ** 63
