@@ -304,15 +304,29 @@ def _in_loop(graph: Graph) -> set:
 
 def _inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals) -> List[Tuple[str, str, int]]:
     """``(input, output, position)`` for every op that can run in place on a
-    dying candidate input of the output's shape and dtype."""
+    dying candidate input of the output's shape and dtype.
+
+    Skipped: an op that also writes its input or also reads its output
+    (renaming would make it write, or read, one name twice), and an input
+    no earlier op of its block wrote (a value carried in from outside or
+    from the previous loop iteration: there is nothing to take over yet).
+    """
     looped = _in_loop(graph)
     pairs = []
+    written: Dict[int, set] = {}  # block -> names written by the ops before pos
     for pos, (block_idx, _, op) in enumerate(live.positions):
+        before = written.setdefault(block_idx, set())
         pair = op.attrs.get("inplace")
+        src_written = False
+        if pair is not None:
+            src_written = pair[0] in before
+        before.update(op.writes)
         if pair is None:
             continue
         src, dst = pair
         if candidates.get(src) != block_idx or candidates.get(dst) != block_idx or src == dst:
+            continue
+        if not src_written or src in op.writes or dst in op.reads:
             continue
         if intervals[src].end != pos or intervals[dst].start != pos:
             continue

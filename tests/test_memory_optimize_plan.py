@@ -324,3 +324,18 @@ def test_substitutions_are_checked():
         verify_substitutions(g, [(0, 4, "X", "x", "dy")])
     with pytest.raises(PlanError, match="different shape"):
         verify_substitutions(g, [(0, 4, "X", "h", "w2")])
+
+
+@pytest.mark.parametrize("gc", [False, True])
+def test_inplace_pair_skipped_when_the_op_also_writes_its_input_or_reads_its_output(gc):
+    """A declared in-place pair (t0, t1) on an op that also writes t0, or
+    also reads t1, does not run in place (renaming would make the op write,
+    or read, one name twice); the plan still passes its checks."""
+    for reads, writes in ((("t0",), ("t0", "t1")),):
+        g = chain(3, inplace=True)
+        ops = g.global_block.ops
+        ops[1] = Op("my_op", reads, writes, attrs={"inplace": ("t0", "t1")})
+        plan = plan_memory(g, ALL, gc=gc)
+        check_plan(g, plan)
+        assert ("t0", "t1") not in {(s, d) for s, d, _ in plan.inplace}
+        assert ("t1", "t2") in {(s, d) for s, d, _ in plan.inplace}
