@@ -16,9 +16,14 @@ variable's slot is ``(b, name)`` where ``b`` is the block that declares it
 :meth:`Graph.find_var` does) and ``name`` its name after renaming; so two
 variables share memory exactly when the plan gives them the same slot.
 
-- Initial memory holds a value for every fed, data or persistable variable
-  (:func:`initial_values`, or the caller's ``inputs``); every other slot is
-  empty and reads :data:`UNDEF`.
+- At the start every variable's own memory holds a value
+  (:func:`initial_values`, overridden by the caller's ``inputs``): fed and
+  data variables and parameters get their inputs, and any other variable
+  what an earlier run left in Paddle's scope.  So a program that reads a
+  variable before writing it reads a value from outside, which a plan must
+  keep.  A variable the plan stores in another's slot has no memory of its
+  own (its initial value is lost); a slot nothing initialised reads
+  :data:`UNDEF`.
 - A plain op (no sub-blocks) reads all its inputs, then writes every output.
   ``fill_constant`` writes ``attrs["value"]``; ``increment`` writes its first
   input plus ``attrs.get("step", 1)``; ``less_than`` writes 1 if its first
@@ -134,12 +139,8 @@ class Difference:
 
 
 def initial_values(graph: Graph, seed: int = 0) -> Dict[str, int]:
-    """A value for every fed, data or persistable variable, from its name and ``seed``."""
-    values: Dict[str, int] = {}
-    for _, var in graph.all_vars():
-        if var.is_feed or var.is_data or var.persistable:
-            values.setdefault(var.name, mix(_text_value(var.name), seed))
-    return values
+    """A value for every declared variable, from its name and ``seed``."""
+    return {var.name: mix(_text_value(var.name), seed) for _, var in graph.all_vars()}
 
 
 class _Machine:
@@ -253,8 +254,9 @@ def run(graph: Graph, renames: Optional[Renames] = None,
     renames : ``renames[block][name] = other``: in ``block`` (the block that
         declares ``name``), ``name`` is stored in ``other``'s slot.  None:
         every variable in its own slot (the original program).
-    inputs : initial values by variable name (stored in the variables'
-        slots); default :func:`initial_values` of ``graph`` and ``seed``.
+    inputs : initial values by variable name, over :func:`initial_values`
+        of ``graph`` and ``seed`` (each stored in the variable's own slot,
+        unless the plan stores the variable in another's).
     max_steps : op executions before the run is stopped.
 
     Raises
@@ -265,10 +267,11 @@ def run(graph: Graph, renames: Optional[Renames] = None,
         More than ``max_steps`` op executions.
     """
     machine = _Machine(graph, renames or {}, max_steps)
-    values = initial_values(graph, seed) if inputs is None else inputs
+    values = initial_values(graph, seed)
+    values.update(inputs or {})
     for block_idx, var in graph.all_vars():
-        if var.name in values:
-            machine.store(block_idx, var.name, int(values[var.name]) & MASK)
+        if machine.renames.get(block_idx, {}).get(var.name, var.name) == var.name:
+            machine.memory[(block_idx, var.name)] = int(values[var.name]) & MASK
     machine.run_block(0)
     result = machine.result
     for name in graph.fetch_names:

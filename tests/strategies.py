@@ -22,8 +22,11 @@ then some:
 - declared in-place pairs (``attrs["inplace"]``) on random ops, shaped as
   the legacy adapter makes them (an input only read, an output only written);
 - with ``maybe_undefined=True``, reads of variables a branch not taken or a
-  loop run zero times left unwritten (the interpreter reads them as
-  :data:`memopt.interpreter.UNDEF`).
+  loop run zero times left unwritten (the interpreter reads what the scope
+  held before the run);
+- with ``unmarked_inputs=True``, inputs declared as plain variables, not fed
+  nor data, as a legacy program read back from a file has them (its
+  ``is_data`` flags are lost): values that come from outside all the same.
 
 ``repr()`` of a generated program prints it op by op (hypothesis shows it
 when a property fails).
@@ -342,7 +345,7 @@ class _Builder:
 
 @st.composite
 def programs(draw, max_ops: int = 24, max_depth: int = 2,
-             maybe_undefined: bool = True) -> GeneratedProgram:
+             maybe_undefined: bool = True, unmarked_inputs: bool = False) -> GeneratedProgram:
     """A random :class:`GeneratedProgram` (see the module docstring).
 
     Parameters
@@ -350,12 +353,16 @@ def programs(draw, max_ops: int = 24, max_depth: int = 2,
     max_ops : ops in all blocks together, about (control constructs add a few).
     max_depth : how deep loops and branches nest.
     maybe_undefined : let ops read variables a branch may have left unwritten.
+    unmarked_inputs : declare the inputs without ``is_feed`` / ``is_data``.
     """
     b = _Builder(draw, max_ops, max_depth, maybe_undefined)
     g = b.graph
     scope = _Scope()
     for _ in range(draw(st.integers(1, 3))):
-        scope.ready.append(b.declare(0, is_feed=True, is_data=draw(st.booleans())))
+        if unmarked_inputs:
+            scope.ready.append(b.declare(0))
+        else:
+            scope.ready.append(b.declare(0, is_feed=True, is_data=draw(st.booleans())))
     for _ in range(draw(st.integers(0, 2))):
         scope.ready.append(b.declare(0, persistable=True))
     b.statements(0, scope, 0)
