@@ -16,7 +16,8 @@ no Paddle.
 The plan
 --------
 *Candidates* are the variables that may share memory: dense, not persistable,
-not fed, fetched or declared data, not in ``skip_opt_set``, not a gradient
+not fed, fetched or declared data, not live at entry (read in their block
+before any op of it writes them), not in ``skip_opt_set``, not a gradient
 when ``skip_grads``, not likely to be fetched (the loss, an output nobody
 reads, the input of a fetch op), and used in one block only by ops that run
 no sub-block (a variable a control-flow op or a second block touches is left
@@ -93,6 +94,7 @@ R_GRAD = "gradient (skip_grads=True)"
 R_FETCHED = "likely fetched (loss, never read, or fetch op input)"
 R_SHARED = "shared with control flow or another block"
 R_KIND = "not a dense tensor"
+R_ENTRY = "live at entry (read before written: an input or a loop-carried value)"
 
 
 @dataclass(frozen=True)
@@ -236,17 +238,27 @@ def _is_grad(name: str) -> bool:
 def _classify(graph: Graph, options: Options, intervals) -> Tuple[Dict[str, int], Dict[str, str],
                                                                     Dict[str, int]]:
     """Candidates (name -> block) and the reason every other temporary is
-    left alone; also the block of every temporary."""
+    left alone; also the block of every temporary.
+
+    A variable an op of its block reads before any op of it writes it is
+    live at entry -- an input whose ``is_data`` flag was lost (a program
+    read back from bytes) or a value carried from the previous loop
+    iteration -- and is left alone: its memory holds a value from outside.
+    """
     blocks_of: Dict[str, set] = {}
     control: set = set()
     read: set = set()
     grad_written: set = set()
     loss_written: set = set()
+    read_first: set = set()  # read in a block before any op of it writes them
     for block in graph.blocks:
+        written: set = set()
         for op in block.ops:
             for name in (*op.reads, *op.writes):
                 blocks_of.setdefault(name, set()).add(block.idx)
             read.update(op.reads)
+            read_first.update(name for name in op.reads if name not in written)
+            written.update(op.writes)
             if op.sub_blocks:
                 control.update(op.reads)
                 control.update(op.writes)
@@ -274,6 +286,8 @@ def _classify(graph: Graph, options: Options, intervals) -> Tuple[Dict[str, int]
             reason = R_PERSISTABLE
         elif var.is_feed or var.is_fetch or var.is_data:
             reason = R_IO
+        elif name in read_first:
+            reason = R_ENTRY
         elif name in options.skip_opt_set:
             reason = R_SKIP
         elif options.skip_grads and (_is_grad(name) or name in grad_written):

@@ -331,11 +331,24 @@ def test_inplace_pair_skipped_when_the_op_also_writes_its_input_or_reads_its_out
     """A declared in-place pair (t0, t1) on an op that also writes t0, or
     also reads t1, does not run in place (renaming would make the op write,
     or read, one name twice); the plan still passes its checks."""
-    for reads, writes in ((("t0",), ("t0", "t1")),):
-        g = chain(3, inplace=True)
+    for reads, writes in ((("t0",), ("t0", "t1")), (("t0", "t1"), ("t1",))):
+        g = chain(4, inplace=True)
         ops = g.global_block.ops
         ops[1] = Op("my_op", reads, writes, attrs={"inplace": ("t0", "t1")})
         plan = plan_memory(g, ALL, gc=gc)
         check_plan(g, plan)
         assert ("t0", "t1") not in {(s, d) for s, d, _ in plan.inplace}
-        assert ("t1", "t2") in {(s, d) for s, d, _ in plan.inplace}
+        assert ("t2", "t3") in {(s, d) for s, d, _ in plan.inplace}
+
+
+@pytest.mark.parametrize("gc", [False, True])
+def test_a_variable_read_before_written_is_left_alone(gc):
+    """An input that lost its is_data flag (read back from bytes) is live at
+    the entry: never merged nor taken over in place."""
+    g = chain(4, inplace=True)
+    g.global_block.vars["x"] = Var("x", (-1, 8))
+    plan = plan_memory(g, ALL, gc=gc)
+    check_plan(g, plan)
+    assert "x" not in {n for grp in plan.groups for n in grp}
+    assert plan.reasons.get("live at entry (read before written: an input or a "
+                            "loop-carried value)") == 1

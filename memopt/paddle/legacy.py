@@ -180,6 +180,20 @@ def _slots(names: Iterable[str], get) -> Dict[str, list]:
     return {slot: [n for n in get(slot) if n != EMPTY_VAR] for slot in names}
 
 
+def _is_data(pvar) -> bool:
+    """Whether a legacy variable is declared data (``paddle.static.data``).
+
+    ``Variable.is_data`` is a Python-only flag, lost when a program is read
+    back from bytes (``Program.parse_from_string``, every saved model); the
+    desc's ``need_check_feed`` (set by ``paddle.static.data`` and
+    serialized) survives, so either marks data.
+    """
+    if getattr(pvar, "is_data", False):
+        return True
+    need_check_feed = getattr(pvar.desc, "need_check_feed", None)
+    return bool(need_check_feed()) if need_check_feed is not None else False
+
+
 def program_to_graph(program) -> Graph:
     """Read a legacy Paddle program into a :class:`~memopt.graph.Graph`.
 
@@ -216,7 +230,7 @@ def program_to_graph(program) -> Graph:
             else:
                 shape, dtype = (), "float32"
             block.add_var(Var(pvar.name, shape, dtype, kind, persistable=desc.persistable(),
-                              is_data=bool(getattr(pvar, "is_data", False))))
+                              is_data=_is_data(pvar)))
         for index, pop in enumerate(pblock.ops):
             desc = pop.desc
             op_type = desc.type()
