@@ -278,6 +278,12 @@ def _classify(graph: Graph, options: Options, intervals) -> Tuple[Dict[str, int]
         homes = declared.get(name)
         if not homes:
             continue
+        if len(homes) > 1:
+            # a copy of the declaration in a block no op of which uses the
+            # name (a while_grad body's borrowed forward variable, after a
+            # dims-only substitution removed its last use) shares nothing
+            used = blocks_of.get(name, set())
+            homes = [h for h in homes if h in used] or homes
         var = graph.blocks[homes[0]].vars[name]
         home[name] = homes[0]
         if not var.is_dense:

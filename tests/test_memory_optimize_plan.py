@@ -352,3 +352,24 @@ def test_a_variable_read_before_written_is_left_alone(gc):
     assert "x" not in {n for grp in plan.groups for n in grp}
     assert plan.reasons.get("live at entry (read before written: an input or a "
                             "loop-carried value)") == 1
+
+
+def test_a_declaration_copy_in_a_block_that_no_longer_uses_it_shares_nothing():
+    """The adapter copies a forward body's variable into the while_grad body
+    that borrows it; once no op of that body uses it (a dims-only read was
+    substituted), it is a local of the forward body like any other -- so a
+    second memory_optimize pass finds nothing new."""
+    def graph(copy: bool):
+        g = loop_graph(carried_local=False)
+        grad_body = g.new_block(0)
+        grad_body.add_var(Var("g", (-1, 8)))
+        if copy:
+            grad_body.add_var(Var("c", (-1, 8)))  # the borrowed declaration, now unused
+        grad_body.add_op(Op("relu", ("h",), ("g",)))
+        g.global_block.ops.insert(2, Op("while_grad", ("h",), (), sub_blocks=(grad_body.idx,),
+                                        loop=True))
+        return g
+
+    plans = [plan_memory(graph(copy), ALL, gc=False) for copy in (True, False)]
+    check_plan(graph(True), plans[0])
+    assert plans[0].renames == plans[1].renames == {1: {"c": "a"}}
