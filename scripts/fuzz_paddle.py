@@ -6,10 +6,8 @@ both garbage-collector modes, results bit-identical over two steps -- and,
 with ``--graphs``, the graph-level property (tests/test_fuzz_graph.py) too.
 
     python scripts/fuzz_paddle.py [--examples 300] [--graphs 2000] [--seed 0]
-                                  [--all-configs] [--no-shrink]
+                                  [--no-shrink]
 
-``--all-configs`` also runs level 1 with GC off on programs with control flow
-(known to fail until level 1 keeps dtypes; see test_level1_keeps_dtypes).
 A failure is shrunk to a small recipe and printed with its traceback; the
 script exits 1.  Otherwise it prints a markdown table of what was run.
 """
@@ -26,19 +24,18 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from hypothesis import given, seed as hypothesis_seed, strategies as st  # noqa: E402
 
 
-def fuzz_paddle(examples: int, seed: int, all_configs: bool, shrink: bool, stats) -> None:
+def fuzz_paddle(examples: int, seed: int, shrink: bool, stats) -> None:
     import paddle
 
     import test_fuzz_paddle as fp
 
     paddle.enable_static()
-    everything = ((0, False), (1, False), (0, True), (1, True))
+    configs = ((0, False), (1, False), (0, True), (1, True))
 
     @hypothesis_seed(seed)
     @fp.fuzz_settings(examples, shrink=shrink)
     @given(fp.recipes(max_ops=20), st.booleans())
     def run(recipe, skip_grads):
-        configs = everything if all_configs else fp.configs_for(recipe)
         reports = fp.check_recipe(paddle, recipe, configs, skip_grads=skip_grads)
         stats["programs"] += 1
         stats["with control flow"] += fp.has_control_flow(recipe)
@@ -77,7 +74,6 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=300, help="random Paddle programs")
     parser.add_argument("--graphs", type=int, default=0, help="random neutral graphs")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--all-configs", action="store_true")
     parser.add_argument("--no-shrink", action="store_true")
     args = parser.parse_args()
     stats = collections.Counter()
@@ -86,7 +82,7 @@ def main() -> int:
         if args.graphs:
             fuzz_graphs(args.graphs, args.seed, stats)
         if args.examples:
-            fuzz_paddle(args.examples, args.seed, args.all_configs, not args.no_shrink, stats)
+            fuzz_paddle(args.examples, args.seed, not args.no_shrink, stats)
     except Exception:  # the property failed: show the shrunk example
         traceback.print_exc()
         print(f"\nFAILED after {time.perf_counter() - start:.0f} s; counts so far: {dict(stats)}")

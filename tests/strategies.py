@@ -24,7 +24,7 @@ then some:
 - with ``maybe_undefined=True``, reads of variables a branch not taken or a
   loop run zero times left unwritten (the interpreter reads what the scope
   held before the run);
-- with ``unmarked_inputs=True``, inputs declared as plain variables, not fed
+- inputs declared as plain variables (``unmarked_inputs``), not fed
   nor data, as a legacy program read back from a file has them (its
   ``is_data`` flags are lost): values that come from outside all the same.
 
@@ -34,7 +34,7 @@ when a property fails).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from hypothesis import strategies as st
 
@@ -345,7 +345,8 @@ class _Builder:
 
 @st.composite
 def programs(draw, max_ops: int = 24, max_depth: int = 2,
-             maybe_undefined: bool = True, unmarked_inputs: bool = False) -> GeneratedProgram:
+             maybe_undefined: bool = True,
+             unmarked_inputs: Optional[bool] = None) -> GeneratedProgram:
     """A random :class:`GeneratedProgram` (see the module docstring).
 
     Parameters
@@ -353,9 +354,12 @@ def programs(draw, max_ops: int = 24, max_depth: int = 2,
     max_ops : ops in all blocks together, about (control constructs add a few).
     max_depth : how deep loops and branches nest.
     maybe_undefined : let ops read variables a branch may have left unwritten.
-    unmarked_inputs : declare the inputs without ``is_feed`` / ``is_data``.
+    unmarked_inputs : declare the inputs without ``is_feed`` / ``is_data``
+        (None: drawn, for a quarter of the programs).
     """
     b = _Builder(draw, max_ops, max_depth, maybe_undefined)
+    if unmarked_inputs is None:
+        unmarked_inputs = draw(st.integers(0, 3)) == 0
     g = b.graph
     scope = _Scope()
     for _ in range(draw(st.integers(1, 3))):
@@ -368,8 +372,10 @@ def programs(draw, max_ops: int = 24, max_depth: int = 2,
     b.statements(0, scope, 0)
     # optimizer updates of parameters at the end (they read and write one name)
     params = [v.name for v in g.blocks[0].vars.values() if v.persistable]
-    for p in draw(st.lists(st.sampled_from(params), max_size=2)) if params else ():
-        g.blocks[0].add_op(Op("sgd", (p, *b.reads(scope, 1)), (p,), role="optimize"))
+    for p in params:
+        if draw(st.booleans()):  # its "gradient": any value, often one made early
+            grad = draw(st.sampled_from(scope.ready))
+            g.blocks[0].add_op(Op("sgd", tuple(dict.fromkeys((p, grad))), (p,), role="optimize"))
     written = sorted({n for op in g.blocks[0].ops for n in op.writes
                       if g.blocks[0].vars.get(n) is not None}, key=_name_order)
     fetched = draw(st.lists(st.sampled_from(written), max_size=2, unique=True)) if written else []

@@ -344,34 +344,21 @@ def has_control_flow(recipe) -> bool:
     return any(ins[0] in ("while", "cond") for ins in recipe["ops"])
 
 
-def configs_for(recipe):
-    """Every (level, gc) -- but level 1 with GC off only on straight-line
-    float32 programs until the bug shown by test_level1_keeps_dtypes is fixed
-    (control flow brings int64 counters and bool conditions)."""
-    configs = [(0, False), (0, True), (1, True)]
-    if not has_control_flow(recipe):
-        configs.append((1, False))
-    return configs
-
-
 @fuzz_settings(CI_EXAMPLES)
 @given(recipes(), st.booleans())
 def test_random_programs_bit_identical(paddle, recipe, skip_grads):
-    check_recipe(paddle, recipe, configs_for(recipe), skip_grads=skip_grads)
+    check_recipe(paddle, recipe, skip_grads=skip_grads)
 
 
-#: A while loop whose counter (int64 [1], 8 B) level 1 renames to a float32
-#: [-1, 1, 2] temporary (8*B B: provably large enough).
+#: A while loop whose counter (int64 [1], 8 B) level 1 once renamed to a
+#: float32 [-1, 1, 2] temporary (8*B B: provably large enough).
 DTYPE_RECIPE = {"inputs": [2], "ops": [("while", 0, 0, [("reshape", 0)])], "train": False,
                 "keep": [], "seed": 0}
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "level 1 renames a variable to one of another dtype (the while counter tmp_1, int64, "
-    "to transpose_0.tmp_0, float32); Paddle's executor reads declared dtypes "
-    "(process_type_promotion) and raises TypeError on less_than(float32, int64). "
-    "Fix: memopt/optimize.py _predicates, level 1 compatible() must require equal dtypes"))
 def test_level1_keeps_dtypes(paddle):
+    """Level 1 once renamed the int64 loop counter to a float32 temporary;
+    Paddle's executor reads declared dtypes and refused to run."""
     check_recipe(paddle, DTYPE_RECIPE, configs=[(1, False)])
 
 

@@ -287,16 +287,8 @@ def test_large_but_representable_shapes(paddle):
     assert report.peak_before >= 3 * one and report.peak_after >= 2 * one
 
 
-HUGE_BUG = pytest.mark.xfail(strict=True, reason=(
-    "memopt/simulate.py sums byte sizes in np.int64: a 2**71-byte variable raises "
-    "OverflowError ('Python int too large to convert to C long') from group_timeline, "
-    "and four 2**61-byte variables wrap to a negative estimated peak; fix: Python ints "
-    "(or dtype=object / a check naming the variable) in _sweep, live_bytes, "
-    "group_timeline (and memopt/bounds.py)"))
-
-
-@HUGE_BUG
 def test_huge_shapes_do_not_crash(paddle):
+    """A 2**71-byte variable: exact sizes (once an OverflowError from int64 sums)."""
     main = _huge(paddle, [-1, 2 ** 31, 2 ** 31])  # 2**64 bytes per row of the batch
     before = snapshot(main)
     with gc_off():
@@ -308,8 +300,8 @@ def test_huge_shapes_do_not_crash(paddle):
     assert report.peak_before >= 2 ** 64 * report.batch_size
 
 
-@HUGE_BUG
 def test_huge_estimates_do_not_wrap(paddle):
+    """Four 2**61-byte variables (once wrapped to a negative peak in int64)."""
     main = _huge(paddle, [2 ** 20, 2 ** 20, 2 ** 19])  # 2**61 bytes each, 4 live
     with gc_off():
         report = memopt.memory_optimize(main, level=1)
@@ -655,24 +647,16 @@ def test_op_reading_one_name_twice():
         Op("relu", ("b",), ("c",)), Op("relu", ("c",), ("out",))]))
 
 
-@pytest.mark.xfail(strict=True, raises=memopt.PlanError, reason=(
-    "memopt/optimize.py _inplace_pairs accepts a declared in-place pair (a, b) on an op "
-    "that also writes a; renaming b to a makes the op write a twice and check_plan "
-    "rejects the plan, so memory_optimize fails instead of skipping the pair. Fix: skip "
-    "pairs whose source the op also writes (or whose output it also reads)"))
 def test_inplace_pair_whose_source_is_also_written():
+    """An in-place pair (a, b) on an op that also writes a is skipped, not planned."""
     _plan_passes_its_checks(_graph([
         Op("relu", ("x",), ("a",)),
         Op("my_op", ("a",), ("a", "b"), attrs={"inplace": ("a", "b")}),
         Op("relu", ("b",), ("c",)), Op("relu", ("c",), ("out",))]))
 
 
-@pytest.mark.xfail(strict=True, raises=memopt.PlanError, reason=(
-    "memopt/optimize.py _inplace_pairs accepts an in-place source that no op wrote "
-    "before (live in at the program's entry): check_plan's verify_renaming then rejects "
-    "the read ('a' holds None there). Fix: require the source to be written before "
-    "the in-place op (intervals[src].start < pos and a write of src in the block)"))
 def test_inplace_source_never_written():
+    """An in-place source nothing wrote before (live at the entry) is not taken over."""
     _plan_passes_its_checks(_graph([
         Op("my_op", ("a",), ("b",), attrs={"inplace": ("a", "b")}),
         Op("relu", ("b",), ("c",)), Op("relu", ("c",), ("out",))]))
@@ -680,24 +664,15 @@ def test_inplace_source_never_written():
 
 # -- programs read back from a file --------------------------------------------------------------------
 
-LOADED_INPUT_BUG = (
-    "a legacy program read back from bytes (Program.parse_from_string, as the CLI and "
-    "every saved model do) loses the Python-only Variable.is_data flag, so "
-    "memopt/paddle/legacy.py program_to_graph sees its input x as a plain temporary; "
-    "the planner merges it and check_plan raises PlanError (\"op 0 (relu) reads 'x', but "
-    "after renaming 'relu_0.tmp_0' holds None there\"), even with GC on. Fix: mark "
-    "is_data from var.desc.need_check_feed() in program_to_graph, and in "
-    "memopt/optimize.py _classify leave alone every variable live at the entry")
-
-
 def _input_into_relu(p):
     x = p.static.data("x", [-1, 8], "float32")
     return [chain(p, x, 4)]
 
 
-@pytest.mark.xfail(strict=True, raises=memopt.PlanError, reason=LOADED_INPUT_BUG)
 @pytest.mark.parametrize("gc", [False, True])
 def test_program_read_back_from_bytes(paddle, gc):
+    """A program read back from bytes has lost the Python-only ``is_data``
+    flags: its input must still keep its memory (once a PlanError)."""
     from paddle.pir_utils import OldIrGuard
 
     from memopt.models import flags
@@ -713,7 +688,6 @@ def test_program_read_back_from_bytes(paddle, gc):
     assert all(np.array_equal(a, b) for a, b in zip(want[0], got[0]))
 
 
-@pytest.mark.xfail(strict=True, reason=LOADED_INPUT_BUG)
 def test_cli_optimize_of_a_saved_program(paddle, tmp_path, capsys):
     main, _, _ = legacy_program(paddle, _input_into_relu)
     path = tmp_path / "chain.pdmodel"
