@@ -845,7 +845,9 @@ def _check_grouping(buffers, groups, compatible, fits) -> None:
     grouping = _Grouping()
     grouping.groups = groups
     grouping.group_of = {b.id: k for k, group in enumerate(groups) for b in group}
-    check_groups(buffers, grouping, compatible=compatible, fits=fits)
+    # compatible() compares block, dtype and (level 0) shape for equality:
+    # an equivalence, so each member is checked against its group's first
+    check_groups(buffers, grouping, compatible=compatible, fits=fits, equivalence=True)
 
 
 def verify_renaming(graph: Graph, renames: Dict[int, Dict[str, str]],

@@ -122,3 +122,20 @@ def test_huge_sizes_are_exact():
     four = [Buffer(k, 0, 1, 2 ** 61) for k in "wxyz"]
     assert peak_live_bytes(four) == 2 ** 63
     assert group_timeline(plan_of([[b] for b in four]), gc=False).peak == 2 ** 63
+
+
+def test_check_groups_equivalence_compares_with_the_earliest_only():
+    """With equivalence=True compatible() runs once per member but the
+    earliest (linear in a group's size), and still rejects a misfit."""
+    chain_of = [Buffer(f"b{i}", i, i + 1, 4 if i != 7 else 8) for i in range(50)]
+    calls = []
+
+    def same_size(x, y):
+        calls.append((x.id, y.id))
+        return x.size == y.size
+
+    good = [b for b in chain_of if b.id != "b7"]
+    check_groups(good, plan_of([good]), compatible=same_size, equivalence=True)
+    assert len(calls) == len(good) - 1
+    with pytest.raises(PlanError, match="'b0' and 'b7' share group 0 but are not compatible"):
+        check_groups(chain_of, plan_of([chain_of]), compatible=same_size, equivalence=True)
