@@ -233,22 +233,11 @@ def _optimize_twice(paddle, name, level):
     return model, first, second, after_first
 
 
-IDEMPOTENCE_BUG = pytest.mark.xfail(strict=True, reason=(
-    "not idempotent with control flow, GC off: the first pass rewrites "
-    "elementwise_add_grad's dims-only X read inside the while_grad/conditional grad "
-    "block (plan.substitutions), which makes the forward body's linear_1.tmp_0 a "
-    "one-block variable only afterwards; the second pass then runs elementwise_add "
-    "in place on it (1-2 more merges). Fix: memopt/optimize.py plan_memory: classify "
-    "candidates on the substituted graph / iterate to a fixed point"))
-
-
-@pytest.mark.parametrize("name", [
-    "mlp", "cnn",
-    pytest.param("while_loop", marks=IDEMPOTENCE_BUG),
-    pytest.param("nested_cond", marks=IDEMPOTENCE_BUG),
-])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "while_loop", "nested_cond"])
 @pytest.mark.parametrize("level", [0, 1])
 def test_second_pass_changes_nothing(paddle, name, level):
+    """memory_optimize is idempotent (with control flow it once merged 1-2 more
+    variables on a second pass, freed by the first pass's dims-only rewrite)."""
     model, first, second, after_first = _optimize_twice(paddle, name, level)
     assert first.merged_count > 0
     assert second.merged_count == 0, str(second)
@@ -715,15 +704,10 @@ def _matmul_chain(n: int) -> Graph:
     return g
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "plan_memory's checker is quadratic in a group's size: "
-    "memopt.simulate.check_groups calls compatible() for every pair of members, and "
-    "memopt/optimize.py _check_grouping passes the level's predicate; a 100,000-op "
-    "program (scripts/bench_scale.py) spends 87 of its "
-    "100 s there (target 20 s). Fix: for an equivalence (level 0: same block, shape and "
-    "dtype; level 1: same block) check every member against the first only, e.g. a "
-    "compatible_key= argument of check_groups"))
 def test_checking_a_plan_is_linear_in_the_group_size():
+    """The compatibility check of a plan grows with the group, not its square
+    (it once called compatible() for every pair: 87 of the 100 s
+    memory_optimize took on scripts/bench_scale.py's 100,000 ops)."""
     from memopt import optimize
 
     calls = [0]
