@@ -337,9 +337,7 @@ def _inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals) ->
     for pos, (block_idx, _, op) in enumerate(live.positions):
         before = written.setdefault(block_idx, set())
         pair = op.attrs.get("inplace")
-        src_written = False
-        if pair is not None:
-            src_written = pair[0] in before
+        src_written = pair is not None and pair[0] in before
         before.update(op.writes)
         if pair is None:
             continue
