@@ -23,6 +23,16 @@ def need(module_name: str):
         pytest.skip(message)
 
 
+def need_file(path: str, what: str) -> str:
+    """Return ``path``; skip (or fail in CI) when it does not exist."""
+    if not os.path.exists(path):
+        message = f"{what} not found at {path}"
+        if REQUIRE_ALL:
+            pytest.fail(f"MEMOPT_REQUIRE_ALL=1 but {message}", pytrace=False)
+        pytest.skip(message)
+    return path
+
+
 @pytest.fixture(scope="session")
 def paddle():
     """Paddle in static mode (PIR by default; tests use OldIrGuard for legacy)."""

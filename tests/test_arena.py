@@ -13,6 +13,7 @@ from memopt.errors import PlanError
 from memopt.graph import Size
 from memopt.problems import Buffer, Problem, read_csv
 from memopt.simulate import check_offsets
+from conftest import need_file
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "benchmarks",
                     "minimalloc")
@@ -153,9 +154,8 @@ def test_zero_sizes_and_symbolic_sizes():
 
 
 def test_a_minimalloc_problem_reaches_its_bound():
-    path = os.path.join(DATA, "A.1048576.csv")
-    if not os.path.exists(path):
-        pytest.skip("benchmark data not found next to the repository")
+    path = need_file(os.path.join(DATA, "A.1048576.csv"),
+                     "the MiniMalloc benchmark data (../shared/benchmarks/minimalloc)")
     problem = read_csv(path)
     plan = plan_arena(problem, mode="exact")  # stops as soon as it is on the bound
     assert check_offsets(problem.buffers, plan.offsets, capacity=1048576) == 1048576

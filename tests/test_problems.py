@@ -6,6 +6,7 @@ import pytest
 from memopt.errors import ProblemFormatError
 from memopt.graph import Graph, Op, Size, Var
 from memopt.problems import Buffer, Problem, problem_from_graph, read_csv, write_csv
+from conftest import need_file
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "benchmarks",
                     "minimalloc")
@@ -81,9 +82,8 @@ def test_symbolic_sizes_are_not_written(tmp_path):
 
 
 def test_minimalloc_files_load():
-    path = os.path.join(DATA, "A.1048576.csv")
-    if not os.path.exists(path):
-        pytest.skip("benchmark data not found next to the repository")
+    path = need_file(os.path.join(DATA, "A.1048576.csv"),
+                     "the MiniMalloc benchmark data (../shared/benchmarks/minimalloc)")
     problem = read_csv(path)
     assert problem.name == "A" and problem.capacity == 1048576
     assert len(problem) == 154
