@@ -13,7 +13,8 @@ autobatch runs the programs as decorated Python (``@ctx.batch``, defined in
 this file), each (workload, mode) in a fresh Context, so the first call pays
 translation, typing, lowering and tracing/compiling: the "first call" column;
 "compile" is first call minus the steady run.  Steady runs: median of
-``--repeat`` (1 for eager mode, whose runs are long).
+``--repeat`` (1 for eager mode, whose runs are long), half of them before and
+half after TFP's runs of the same workload.
 
 TFP 0.25 cannot be installed beside this project's TensorFlow; given a Python
 that has it (``--tfp-python``, default ``/work/tfp-venv/bin/python`` when it
@@ -188,27 +189,35 @@ def our_programs() -> Dict[str, Any]:
     return {"fib1k": fib, "fib10k": fib, "collatz10k": collatz, "nuts1k": nuts}
 
 
-def run_ours(work: Workload, mode: str, repeat: int) -> Dict[str, Any]:
-    from autobatch.backends.tf import TensorFlowBackend
-    function = our_programs()[work.key]
-    backend = TensorFlowBackend(mode)
-    inputs = [np.asarray(a) for a in work.inputs]
+class Ours:
+    """One workload in one mode on autobatch: the first call at once, steady
+    runs on request (so that they can be interleaved with TFP's)."""
 
-    def call() -> Any:
-        return function(*inputs, backend=backend, max_stack_depth=work.depth)
-
-    t0 = time.perf_counter()
-    result = call()
-    first = time.perf_counter() - t0
-    got = tuple(np.asarray(r) for r in result) if isinstance(result, tuple) else np.asarray(result)
-    if not same(got, work.reference()):
-        raise AssertionError(f"{work.key} ({mode}): autobatch disagrees with plain Python")
-    times = []
-    for _ in range(repeat):
+    def __init__(self, work: Workload, mode: str) -> None:
+        from autobatch.backends.tf import TensorFlowBackend
+        self.function = our_programs()[work.key]
+        backend = TensorFlowBackend(mode)
+        inputs = [np.asarray(a) for a in work.inputs]
+        self.call = lambda: self.function(*inputs, backend=backend,
+                                          max_stack_depth=work.depth)
         t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return {"first": first, "steady": statistics.median(times), "steps": function.last_steps}
+        result = self.call()
+        self.first = time.perf_counter() - t0
+        got = tuple(np.asarray(r) for r in result) if isinstance(result, tuple) else \
+            np.asarray(result)
+        if not same(got, work.reference()):
+            raise AssertionError(f"{work.key} ({mode}): autobatch disagrees with plain Python")
+        self.times: List[float] = []
+
+    def run(self, times: int) -> None:
+        for _ in range(times):
+            t0 = time.perf_counter()
+            self.call()
+            self.times.append(time.perf_counter() - t0)
+
+    @property
+    def steady(self) -> float:
+        return statistics.median(self.times)
 
 
 # -- TFP (runs in another Python) -------------------------------------------------------------
@@ -385,10 +394,14 @@ def main() -> None:
         work = works[key]
         for mode in modes:
             repeat = 1 if mode == "eager" else args.repeat
-            ours = run_ours(work, mode, repeat)
+            # Our steady runs before and after TFP's, so that a change in the
+            # machine's load weighs on both.
+            ours = Ours(work, mode)
+            ours.run((repeat + 1) // 2)
             skip_tfp = mode == "eager" and key.startswith("fib") and not args.tfp_eager_fib
             tfp = run_tfp(tfp_python, work, mode, repeat, args.tfp_timeout) \
                 if tfp_python and not skip_tfp else None
+            ours.run(repeat // 2)
             tfp_first = tfp_steady = ratio = "-"
             if tfp is not None:
                 if "error" in tfp:
@@ -399,11 +412,11 @@ def main() -> None:
                     if not tfp["correct"]:
                         raise AssertionError(f"{key} ({mode}): TFP disagrees with plain Python")
                     tfp_first, tfp_steady = fmt(tfp["first"]), fmt(tfp["steady"])
-                    ratio = f"{tfp['steady'] / ours['steady']:.1f}x"
+                    ratio = f"{tfp['steady'] / ours.steady:.1f}x"
             ref = TFP_REFERENCE.get((key, mode))
-            print(f"| {work.label} | {work.batch:,} | {mode} | {ours['steps']:,} | "
-                  f"{fmt(ours['first'])} | {fmt(ours['first'] - ours['steady'])} | "
-                  f"{fmt(ours['steady'])} | {tfp_first} | {tfp_steady} | {ratio} | "
+            print(f"| {work.label} | {work.batch:,} | {mode} | {ours.function.last_steps:,} | "
+                  f"{fmt(ours.first)} | {fmt(ours.first - ours.steady)} | "
+                  f"{fmt(ours.steady)} | {tfp_first} | {tfp_steady} | {ratio} | "
                   f"{fmt(ref)} |", flush=True)
     print(f"\ntotal bench time {time.perf_counter() - start:.0f} s")
 

@@ -342,23 +342,14 @@ class TensorFlowBackend(Backend):
         return mask
 
     @staticmethod
-    def _fill(value: tf.Tensor, count: tf.Tensor, rank: int, like: tf.Tensor) -> tf.Tensor:
-        """``value`` as ``count`` rows shaped like ``like``'s rows (no-op when
-        it has them already)."""
-        if value.shape.rank == rank:
-            return value
-        if rank == 1:
-            return tf.fill(count, value)
-        return tf.broadcast_to(value, tf.concat([count, tf.shape(like)[1 - rank:]], axis=0))
-
-    @staticmethod
     def _fill_shape(value: tf.Tensor, count: tf.Tensor, row_shape: Sequence[int]) -> tf.Tensor:
         """``value`` as ``count`` rows of ``row_shape`` (no-op when it has them)."""
         if value.shape.rank == 1 + len(row_shape):
             return value
         if not row_shape:
             return tf.fill(count, value)
-        return tf.broadcast_to(value, tf.concat([count, tf.constant(row_shape, tf.int64)], 0))
+        row = tf.constant(tuple(row_shape), tf.int64)
+        return tf.broadcast_to(value, tf.concat([count, row], 0))
 
     def write(self, array: Any, selection: Any, value: Any) -> Any:
         if _is_variable(array):
@@ -370,7 +361,7 @@ class TensorFlowBackend(Backend):
         value = self._cast(value, array.dtype)
         if self.masked:
             return tf.where(self._rows(selection, array.shape.rank), value, array)
-        value = self._fill(value, selection.count(), array.shape.rank, array)
+        value = self._fill_shape(value, selection.count(), array.shape[1:])
         return tf.tensor_scatter_nd_update(array, selection.rows, value)
 
     def _frames(self, stack: tf.Tensor, frame: Any) -> tf.Tensor:
@@ -402,7 +393,7 @@ class TensorFlowBackend(Backend):
             return stack
         value = self._cast(value, stack.dtype)
         if not self.masked:
-            value = self._fill(value, selection.count(), stack.shape.rank - 1, stack[:, 0])
+            value = self._fill_shape(value, selection.count(), stack.shape[2:])
             return tf.tensor_scatter_nd_update(stack, selection.frame_indices(frame), value)
         threads = tf.range(tf.shape(stack)[0], dtype=tf.int32)
         if self.mode == "xla":
