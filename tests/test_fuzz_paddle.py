@@ -44,7 +44,7 @@ REDUCE = ("reduce_mean", "reduce_max")
 _index = st.integers(0, 50)
 
 
-def _simple(depth: int):
+def _simple():
     """Instructions that keep a value's shape (loop and branch bodies)."""
     return st.one_of(
         st.tuples(st.just("unary"), st.sampled_from(UNARY), _index),
@@ -54,8 +54,9 @@ def _simple(depth: int):
     )
 
 
-def _instruction(depth: int):
-    options = [
+def _instruction():
+    body = st.lists(_simple(), min_size=1, max_size=4)
+    return st.one_of(
         st.tuples(st.just("unary"), st.sampled_from(UNARY), _index),
         st.tuples(st.just("binary"), st.sampled_from(BINARY), _index, _index),
         st.tuples(st.just("matmul"), _index, st.sampled_from(WIDTHS), st.booleans()),
@@ -63,12 +64,9 @@ def _instruction(depth: int):
         st.tuples(st.just("split"), _index),
         st.tuples(st.just("reshape"), _index),
         st.tuples(st.just("reduce"), st.sampled_from(REDUCE), _index),
-    ]
-    if depth < 2:
-        body = st.lists(_simple(depth + 1), min_size=1, max_size=4)
-        options.append(st.tuples(st.just("while"), _index, st.integers(0, 3), body))
-        options.append(st.tuples(st.just("cond"), _index, st.floats(-0.5, 0.5), body, body))
-    return st.one_of(options)
+        st.tuples(st.just("while"), _index, st.integers(0, 3), body),
+        st.tuples(st.just("cond"), _index, st.floats(-0.5, 0.5), body, body),
+    )
 
 
 @st.composite
@@ -76,7 +74,7 @@ def recipes(draw, max_ops: int = 14) -> Dict[str, Any]:
     """A random program recipe (see the module docstring)."""
     return {
         "inputs": draw(st.lists(st.sampled_from(WIDTHS), min_size=1, max_size=3)),
-        "ops": draw(st.lists(_instruction(0), min_size=1, max_size=max_ops)),
+        "ops": draw(st.lists(_instruction(), min_size=1, max_size=max_ops)),
         "train": draw(st.booleans()),
         "keep": draw(st.lists(_index, max_size=2)),
         "seed": draw(st.integers(0, 2 ** 16)),
@@ -371,15 +369,15 @@ def test_recipes_reach_control_flow_and_reuse(paddle):
                 ("binary", "elementwise_add", 4, 2),
                 ("while", 5, 2, [("unary", "relu", 0), ("binary", "elementwise_mul", 0, 1)]),
                 ("cond", 6, 0.0, [("unary", "square", 0)], [("reduce", "reduce_mean", 0)]),
-                ("unary", "scale", 7), ("unary", "relu", 8), ("unary", "silu", 9)],
+                ("unary", "scale", 7), ("matmul", 8, 4, False), ("unary", "relu", 9),
+                ("unary", "silu", 10)],
         "train": True, "keep": [], "seed": 7,
     }
     reports = check_recipe(paddle, recipe)
     assert reports[0].merged_count > 0 and reports[1].merged_count > 0
     with _legacy():
         ops = {op.type for blk in build(paddle, recipe).main.blocks for op in blk.ops}
-    assert {"while", "conditional_block", "mul", "matmul_v2", "sgd"} <= ops or \
-        {"while", "conditional_block", "mul", "sgd"} <= ops, ops
+    assert {"while", "conditional_block", "mul", "matmul_v2", "sgd", "select_input"} <= ops, ops
 
 
 @pytest.mark.parametrize("seed", range(3))
