@@ -8,11 +8,11 @@ both runtime modes (garbage collection on: in place only; off: renaming too),
 - passes an independent check written here on top of
   :func:`memopt.simulate.check_groups`: no two members of a group live at
   the same op position (an in-place source hands over at the op that kills
-  it), level 0 groups share shape and dtype, level 1 members provably fit
-  the memory the group's earliest member allocates, and nothing that must
-  keep its own memory (feeds, data, parameters, fetched, skipped, gradients
-  with ``skip_grads``, non-dense, names used in two blocks or by control
-  ops) is renamed or renamed to;
+  it), groups share a dtype (level 0: and a shape), level 1 members provably
+  fit the memory the group's earliest member allocates, and nothing that
+  must keep its own memory (feeds, data, parameters, fetched, skipped,
+  gradients with ``skip_grads``, non-dense, names used in two blocks or by
+  control ops, values live at the entry) is renamed or renamed to;
 - computes exactly what the original computes when executed by the
   reference interpreter (:mod:`memopt.interpreter`) with the plan's
   renames as the storage assignment: every value every op reads, the
@@ -86,6 +86,9 @@ def check_independently(graph: Graph, plan, options: Options) -> None:
 
     live = analyze_graph(graph)
     intervals = live.intervals()
+    outside = live.live_in(0) if live.positions else frozenset()
+    merged = {n for m in plan.renames.values() for pair in m.items() for n in pair}
+    assert not merged & outside, f"values from outside merged: {sorted(merged & outside)}"
     handover = {src: pos for src, _, pos in plan.inplace}
     buffers, grouped = {}, set()
     for name, interval in intervals.items():
@@ -115,10 +118,10 @@ def check_independently(graph: Graph, plan, options: Options) -> None:
               for n in buffers}
 
     def compatible(a, b):
-        if options.level == 1:
-            return True
+        # both levels keep dtypes (Paddle's executor reads declared dtypes);
+        # level 0 keeps shapes too
         va, vb = var_of[a.id], var_of[b.id]
-        return tuple(va.shape) == tuple(vb.shape) and va.dtype == vb.dtype
+        return va.dtype == vb.dtype and (options.level == 1 or tuple(va.shape) == tuple(vb.shape))
 
     def fits(member, first):
         return var_of[member.id].size.provably_le(var_of[first.id].size)
