@@ -57,7 +57,7 @@ def test_tuple_typed_gcd(tfb, mode):
     assert_same(got, P.plain(P.gcd, GCD_AB))
 
 
-@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("mode", MODES)
 def test_mutual_recursion(tfb, mode):
     got = P.is_even(EVEN_N, backend=tfb.TensorFlowBackend(mode), max_stack_depth=2)
     assert_same(got, EVEN_N % 2 == 0)
