@@ -56,7 +56,9 @@ from autobatch.errors import ProgramError
 from autobatch.frontend_ast import (
     FrontendError, FunctionTranslator, ParsedFunction, closure_values, parse_function,
 )
-from autobatch.instructions import Function, Program, pattern_leaves, pattern_unflatten
+from autobatch.instructions import (
+    Function, Program, as_pattern, pattern_leaves, pattern_map, pattern_unflatten,
+)
 from autobatch.lowering import LoweredProgram, lower
 from autobatch.type_inference import as_type, infer_types
 from autobatch.virtual_machine import DEFAULT_MAX_STACK_DEPTH, VirtualMachine, argument_types
@@ -398,28 +400,16 @@ class BatchedFunction:
         results = []
         with self.context._dry_running():
             for i in range(batch):
-                one = [_map_leaves(lambda leaf: example(leaf, i), a) for a in args]
+                one = [pattern_map(lambda leaf: example(leaf, i), a) for a in args]
                 results.append(self.python(*one))
         if not results:
             return np.zeros((0,))
-        columns = zip(*[pattern_leaves(_tuples(r)) for r in results])
+        columns = zip(*[pattern_leaves(as_pattern(r)) for r in results])
         stacked = [np.stack([np.asarray(v) for v in column]) for column in columns]
         if _is_tf_backend(backend):
             import tensorflow as tf
             stacked = [tf.constant(s) for s in stacked]
-        return pattern_unflatten(_tuples(results[0]), stacked)
-
-
-def _tuples(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return tuple(_tuples(v) for v in value)
-    return value
-
-
-def _map_leaves(fn: Callable[[Any], Any], value: Any) -> Any:
-    if isinstance(value, tuple):
-        return tuple(_map_leaves(fn, v) for v in value)
-    return fn(value)
+        return pattern_unflatten(as_pattern(results[0]), stacked)
 
 
 def _executing_eagerly() -> bool:
