@@ -104,15 +104,14 @@ def test_second_call_does_not_trace_again(tfb, tf):
         halve_until_odd(n, backend=tfb.TensorFlowBackend(mode))  # an equal backend
         assert backend.trace_count - before == 1, mode
         assert ctx.stats.lowerings == (1 if mode == "graph" else 2)
-    # Eager mode: each block is a tf.function, traced once.
+    # Eager mode: each block is one graph, traced once.
     cache = {}
     halve_until_odd(n, backend=tfb.TensorFlowBackend("eager"), block_code_cache=cache)
-    blocks = [f for f in cache.values() if hasattr(f, "experimental_get_tracing_count")]
+    blocks = [f for f in cache.values() if hasattr(f, "tracing_count")]
     assert blocks
-    counts = [f.experimental_get_tracing_count() for f in blocks]
-    assert set(counts) == {1}
+    assert {f.tracing_count for f in blocks} == {1}
     halve_until_odd(n + 1, backend=tfb.TensorFlowBackend("eager"), block_code_cache=cache)
-    assert [f.experimental_get_tracing_count() for f in blocks] == counts
+    assert {f.tracing_count for f in blocks} == {1}
 
 
 def test_stackless_runs_eagerly_on_tensorflow(tfb):

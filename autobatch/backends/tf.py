@@ -164,6 +164,50 @@ class _Rows:
         return cached[1]
 
 
+class _CompiledBlock:
+    """A block's code as one graph, called eagerly (eager mode).
+
+    Traced once per set of state keys into a concrete function that takes
+    the state's tensors positionally: a step then costs one graph call,
+    without ``tf.function``'s per-call signature matching (most of an eager
+    step's time otherwise).  Non-tensor state entries (the step count) pass
+    around it.
+    """
+
+    def __init__(self, block: Callable[[dict], dict]) -> None:
+        self.block = block
+        self.__name__ = block.__name__
+        self._concrete: Dict[Tuple[str, ...], Any] = {}
+
+    @property
+    def tracing_count(self) -> int:
+        """How many graphs were traced for this block."""
+        return len(self._concrete)
+
+    def __call__(self, state: dict) -> dict:
+        keys = tuple(k for k, v in state.items() if tf.is_tensor(v))
+        compiled = self._concrete.get(keys)
+        if compiled is None:
+            out_keys: List[str] = []
+
+            def flat(*tensors: tf.Tensor) -> List[tf.Tensor]:
+                out = self.block(dict(zip(keys, tensors)))
+                out_keys.extend(k for k, v in out.items() if tf.is_tensor(v))
+                return [out[k] for k in out_keys]
+
+            specs = [tf.TensorSpec.from_tensor(state[k]) for k in keys]
+            concrete = tf.function(flat, autograph=False).get_concrete_function(*specs)
+            compiled = self._concrete[keys] = (concrete, out_keys)
+        concrete, out_keys = compiled
+        inputs = [state[k] for k in keys]
+        call_flat = getattr(concrete, "_call_flat", None)
+        if call_flat is not None:  # no per-call signature binding
+            values = call_flat(inputs, concrete.captured_inputs)
+        else:
+            values = concrete(*inputs)
+        return {**state, **dict(zip(out_keys, values))}
+
+
 def _tf_dtype(dtype: Any) -> tf.DType:
     return tf.as_dtype(np.dtype(dtype))
 
@@ -458,7 +502,8 @@ class TensorFlowBackend(Backend):
 
     # -- control -------------------------------------------------------------------------
     def reduce_min(self, array: tf.Tensor) -> tf.Tensor:
-        return tf.reduce_min(self.to_numpy(array))
+        smallest = tf.reduce_min(self.to_numpy(array))
+        return int(smallest) if tf.executing_eagerly() else smallest
 
     def check(self, ok: Any, selection: Any, make_error: Callable[[], Exception]) -> None:
         """Eagerly: raise now.  In a graph: record the check; the block wrapper
@@ -492,22 +537,24 @@ class TensorFlowBackend(Backend):
 
         block.__name__ = getattr(function, "__name__", "block")
         if self.mode == "eager" and self.compile_blocks:
-            return tf.function(block, autograph=False, reduce_retracing=True)
+            return _CompiledBlock(block)
         return block
 
     def while_loop(self, cond: Callable[[Any], Any], body: Callable[[Any], Any],
                    state: Any) -> Any:
         state = dict(state)
-        state["steps"] = tf.constant(state["steps"], tf.int32) \
-            if not tf.is_tensor(state["steps"]) else state["steps"]
         state.setdefault(ERROR_KEY, tf.constant(0))
         if tf.executing_eagerly():
-            while bool(cond(state)):
+            no_error = state[ERROR_KEY]
+            while bool(cond(state)):  # steps stay a Python int
                 state = body(state)
-                if int(state[ERROR_KEY]):
+                error = state[ERROR_KEY]
+                if error is not no_error and int(error):  # set by a block's check
                     break
             raise_for_error_code(state.pop(ERROR_KEY))
             return state
+        if not tf.is_tensor(state["steps"]):
+            state["steps"] = tf.constant(state["steps"], tf.int32)
 
         def go_on(s: dict) -> Any:
             return tf.logical_and(cond(s), tf.equal(s[ERROR_KEY], 0))
