@@ -3,12 +3,14 @@
 Modes (``TensorFlowBackend(mode=...)``):
 
 - ``"eager"``: the VM's loop runs in Python, one block per step.  Each
-  block's code is a ``tf.function`` (traced once per block and kept in the
-  ``block_code_cache``), so a step is one graph call, not a dozen eager ops;
-  ``compile_blocks=False`` runs every op eagerly instead.
+  block's code is traced once into a graph (kept in the
+  ``block_code_cache``) and called with the state's tensors, so a step is one
+  graph call, not a dozen eager ops; ``compile_blocks=False`` runs every op
+  eagerly instead.
 - ``"graph"``: the whole run (every step, every block) is one
   ``tf.function``: ``tf.while_loop`` around ``tf.switch_case`` over the
-  blocks.  Traced once per program and argument signature.
+  blocks, the chosen block called as a function.  Traced once per program
+  and argument signature.
 - ``"xla"``: the same function with ``jit_compile=True``.
 
 Selections: ``"gather"`` (the default for eager and graph) selects the
@@ -224,7 +226,7 @@ class TensorFlowBackend(Backend):
     mode : ``"eager"``, ``"graph"`` (default) or ``"xla"``.
     selection : ``"gather"`` or ``"mask"``; default ``"mask"`` for XLA, else
         ``"gather"``.
-    compile_blocks : eager mode only: run each block as a ``tf.function``
+    compile_blocks : eager mode only: run each block as one traced graph
         (default True) instead of op by op.
 
     Two backends with the same settings are equal (and hash alike), so
@@ -520,7 +522,7 @@ class TensorFlowBackend(Backend):
 
     def wrap_block(self, function: Callable[[dict], dict], name: str) -> Callable[[dict], dict]:
         """Turn checks recorded while tracing a block into its state's error
-        code; in eager mode, compile the block with ``tf.function``."""
+        code; in eager mode, compile the block (:class:`_CompiledBlock`)."""
         pending = self._pending_checks
 
         def block(state: dict) -> dict:
