@@ -290,9 +290,6 @@ SEARCH_ORDERS = ("B0", "B0/s", "ZW", "ZW/s", "TZW", "TZW/s")
 DIVE_ORDERS = ("ZW", "B0")
 
 
-_BIG = np.iinfo(np.int64).max  # "no value" in minimum reductions
-
-
 def _luby(i: int) -> int:
     """The i-th term (from 1) of the Luby sequence 1 1 2 1 1 2 4 1 1 2 ..."""
     k = 1
@@ -318,10 +315,6 @@ def _strategies(first: Sequence[str]):
         seed += 1
 
 
-class _NodeLimit(Exception):
-    """The search used up its node budget or its time."""
-
-
 class CanonicalSearch:
     """Does a set of buffers fit in ``capacity`` bytes?  Branch and bound.
 
@@ -341,9 +334,8 @@ class CanonicalSearch:
       buffer whose floor is ``m`` covers ``s`` and sits at ``m`` (one branch
       per such buffer, in the value order), or nothing sits at ``(s, m)`` and
       the floor of ``s`` rises to the lowest offset its next buffer can take
-      (:meth:`_closing_floor`; one more branch).  The branches are disjoint
-      and together complete.  Sections at ``m`` that no buffer can occupy rise
-      without branching.
+      (one more branch).  The branches are disjoint and together complete.
+      Sections at ``m`` that no buffer can occupy rise without branching.
     - **Section bounds.**  In every section the unplaced bytes must fit
       between the floor and the capacity, where the floor counts at least the
       lowest floor of any unplaced buffer covering the section (each of those
@@ -361,36 +353,47 @@ class CanonicalSearch:
     -- :data:`SEARCH_ORDERS`, then seeded random ones, forever -- with node
     limits following the Luby sequence (a few descents' worth each, now and
     then more); the memo of failed sub-problems carries over.
+
+    The nodes run in :func:`memopt._search_kernel.solve_range`, compiled by
+    numba when it is installed (plain Python otherwise: same plans, slower).
     """
 
+    #: Slots of the memo of failed sub-problems (a power of two).
+    MEMO_SLOTS = 1 << 20
+
     def __init__(self, lower: np.ndarray, upper: np.ndarray, size: np.ndarray) -> None:
+        lower = np.asarray(lower, dtype=np.int64)
+        upper = np.asarray(upper, dtype=np.int64)
         points = np.unique(np.concatenate([lower, upper]))
         self.n = n = len(size)
         self.sections = S = max(len(points) - 1, 0)
-        self.s0 = np.searchsorted(points, lower)
-        self.s1 = np.searchsorted(points, upper)
-        self.size = size.astype(np.int64)
-        self.life = (upper - lower).astype(np.int64)
+        s0 = np.searchsorted(points, lower).astype(np.int64)
+        s1 = np.searchsorted(points, upper).astype(np.int64)
+        self.size = np.asarray(size, dtype=np.int64)
+        self.life = upper - lower
         self.quantum = int(np.gcd.reduce(self.size)) if n else 1
-        self.overlap = (lower[:, None] < upper[None, :]) & (upper[:, None] > lower[None, :])
-        np.fill_diagonal(self.overlap, False)
-        cover = np.zeros((n, S), dtype=bool)
-        for i in range(n):
-            cover[i, self.s0[i]:self.s1[i]] = True
-        self.cover = cover
-        # sections -> the buffers covering them, flattened (for reduceat)
-        by_section = [np.flatnonzero(cover[:, s]) for s in range(S)]
-        self.sec_len = np.array([len(b) for b in by_section], dtype=np.int64)
-        self.sec_start = np.concatenate(([0], np.cumsum(self.sec_len)[:-1])).astype(np.int64) \
-            if S else np.zeros(0, np.int64)
-        self.sec_buf = np.concatenate(by_section) if S else np.zeros(0, np.int64)
-        # reductions over empty sections are overwritten, so any valid start does
-        self.sec_empty = self.sec_len == 0
-        self.sec_start = np.minimum(self.sec_start, max(len(self.sec_buf) - 1, 0))
-        self.total = (cover * self.size[:, None]).sum(0) if n else np.zeros(0, np.int64)
-        self.peak = int(self.total.max()) if n else 0
-        most = np.array([self.total[self.s0[i]:self.s1[i]].max() for i in range(n)],
-                        dtype=np.int64)
+        # the kernel numbers buffers by first section: those starting in a
+        # range of sections are then a range of numbers
+        self._perm = perm = np.argsort(s0, kind="stable")
+        self._s0, self._s1, self._size = s0[perm], s1[perm], self.size[perm]
+        self._buf_at = np.searchsorted(self._s0, np.arange(S + 1)).astype(np.int64)
+        lengths = self._s1 - self._s0
+        owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        section = (np.arange(len(owner), dtype=np.int64)
+                   - np.repeat(np.cumsum(lengths) - lengths, lengths) + np.repeat(self._s0, lengths))
+        by_section = np.lexsort((owner, section))
+        self._sec_buf = owner[by_section]
+        self._sec_ptr = np.searchsorted(section[by_section], np.arange(S + 1)).astype(np.int64)
+        lo_p, hi_p = lower[perm], upper[perm]
+        overlap = (lo_p[:, None] < hi_p[None, :]) & (hi_p[:, None] > lo_p[None, :])
+        np.fill_diagonal(overlap, False)
+        self._ovl_ptr = np.concatenate(([0], np.cumsum(overlap.sum(1)))).astype(np.int64)
+        self._ovl_buf = np.nonzero(overlap)[1].astype(np.int64)
+        self.total = np.zeros(S, dtype=np.int64)
+        if n:
+            np.add.at(self.total, section, self._size[owner])
+        self.peak = int(self.total.max()) if S else 0
+        most = np.array([self.total[s0[i]:s1[i]].max() for i in range(n)], dtype=np.int64)
         self._keys = {"Z": -self.size, "W": -self.life, "A": -self.size * self.life,
                       "T": -most}
         self._ranks: Dict[str, np.ndarray] = {}
@@ -399,8 +402,9 @@ class CanonicalSearch:
         #: plus noise * N(0, 1) for a seeded order ``B<k>``, ``k > 0``
         self.life_weight, self.noise = 0.5, 1.0
         self.nodes = 0
+        self._rate: Optional[float] = None  # nodes per second, measured
         self._failed_for: Optional[int] = None
-        self.failed: set = set()  # keys of sub-problems proven infeasible
+        self._memo: Optional[Tuple[np.ndarray, np.ndarray]] = None
 
     def rank(self, name: str) -> np.ndarray:
         """Position of every buffer in the value order ``name`` (see
@@ -429,15 +433,17 @@ class CanonicalSearch:
         Returns ``(FOUND, offsets)``, ``(INFEASIBLE, None)`` when the search
         space was exhausted (no plan fits: a proof), or ``(LIMIT, None)``
         when ``node_budget`` nodes or the ``deadline`` (a
-        ``time.perf_counter()`` value) ran out first.
+        ``time.perf_counter()`` value) ran out first.  The deadline is checked
+        between restarts, whose node limits are also cut to what the measured
+        speed can do before it.
         """
         self.nodes = 0
         if self.n == 0:
             return FOUND, np.zeros(0, dtype=np.int64)
         if self.peak > capacity:
             return INFEASIBLE, None
-        if self._failed_for != capacity:
-            self._failed_for, self.failed = capacity, set()  # proofs hold per capacity
+        if self._failed_for != capacity or self._memo is None:
+            self._failed_for, self._memo = capacity, None  # proofs hold per capacity
         base = 2 * (self.n + self.sections)  # a few descents' worth of nodes
         for run, name in enumerate(_strategies(orders)):
             left = node_budget - self.nodes
@@ -457,7 +463,7 @@ class CanonicalSearch:
 
         None when the ``deadline`` came first.
         """
-        self._failed_for, self.failed = None, set()
+        self._failed_for, self._memo = None, None
         self.nodes = 0
         self._least_slack = False
         status, offsets = self._run(int(self.size.sum()) + 1, self.rank(order),
@@ -466,176 +472,50 @@ class CanonicalSearch:
 
     def _run(self, capacity: int, rank: np.ndarray, limit: int,
              deadline: Optional[float]) -> Tuple[str, Optional[np.ndarray]]:
+        """One run of the kernel from the root with at most ``limit`` nodes."""
+        from . import _search_kernel as kernel
+
         n, S = self.n, self.sections
-        self.capacity = capacity
-        self._order_rank = rank
-        self.limit = self.nodes + limit
-        self.deadline = deadline
-        self.floor = np.zeros(S, dtype=np.int64)
-        self.load = self.total.copy()
+        if deadline is not None and self._rate is not None:
+            # the kernel cannot look at the clock: cut the run to what fits
+            limit = min(limit, max(int(self._rate * (deadline - time.perf_counter())), 64))
+        if self._memo is None:
+            self._memo = (np.zeros(self.MEMO_SLOTS, np.int64),
+                          np.zeros(self.MEMO_SLOTS, np.int64))
+        ctl = np.zeros(kernel.CONTROL_SLOTS, dtype=np.int64)
+        ctl[kernel.CAPACITY] = capacity
+        ctl[kernel.LIMIT_AT] = limit
+        ctl[kernel.LEAST_SLACK] = int(self._least_slack)
+        ctl[kernel.MEMO_USED] = int(np.count_nonzero(self._memo[0]))
         crossing = np.zeros(S + 1, dtype=np.int64)
-        np.add.at(crossing, self.s0, 1)
-        np.add.at(crossing, self.s1 - 1, -1)
-        self.crossing = np.cumsum(crossing)[:S]  # buffers spanning boundary k | k+1
-        self.min_offset = np.zeros(n, dtype=np.int64)
-        self.placed = np.zeros(n, dtype=bool)
-        self.offsets = np.zeros(n, dtype=np.int64)
+        np.add.at(crossing, self._s0, 1)
+        np.add.at(crossing, self._s1 - 1, -1)
+        offsets = np.zeros(n, dtype=np.int64)
+        t0 = time.perf_counter()
         depth = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(depth, 4 * (n + S) + 1000))  # a frame per node of a path
+        if not kernel.JIT:  # a Python frame per node of a path
+            sys.setrecursionlimit(max(depth, 4 * (n + S) + 1000))
         try:
-            ok = self._solve_range(0, S)
-        except _NodeLimit:
-            return LIMIT, None
+            status = kernel.solve_range(
+                0, S, self._s0, self._s1, self._size, rank[self._perm], self._buf_at,
+                self._sec_ptr, self._sec_buf, self._ovl_ptr, self._ovl_buf,
+                np.zeros(S, dtype=np.int64), self.total.copy(), np.cumsum(crossing)[:S],
+                np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), offsets,
+                np.zeros(S, dtype=np.int64), np.zeros(S, dtype=np.int64), ctl, *self._memo)
         finally:
             sys.setrecursionlimit(depth)
-        return (FOUND, self.offsets.copy()) if ok else (INFEASIBLE, None)
-
-    # -- search ----------------------------------------------------------------
-    def _snapshot(self):
-        return (self.floor.copy(), self.load.copy(), self.crossing.copy(),
-                self.min_offset.copy(), self.placed.copy())
-
-    def _restore(self, saved) -> None:
-        self.floor, self.load, self.crossing, self.min_offset, self.placed = saved
-
-    def _solve_range(self, lo: int, hi: int) -> bool:
-        """Place every unplaced buffer within sections ``[lo, hi)``."""
-        self.nodes += 1
-        if self.nodes > self.limit or (
-                self.deadline is not None and (self.nodes & 15) == 0
-                and time.perf_counter() > self.deadline):
-            raise _NodeLimit
-        live = self.load[lo:hi] > 0
-        if not live.any():
-            return True
-        cuts = np.flatnonzero(self.crossing[lo:hi - 1] == 0)
-        if len(cuts):
-            parts = []
-            edges = [lo] + (cuts + lo + 1).tolist() + [hi]
-            for a, z in zip(edges, edges[1:]):
-                busy = np.flatnonzero(self.load[a:z] > 0)
-                if len(busy):
-                    parts.append((a + int(busy[0]), a + int(busy[-1]) + 1))
-            if parts != [(lo, hi)]:
-                saved = self._snapshot()
-                for a, z in parts:
-                    if not self._solve_range(a, z):
-                        self._restore(saved)
-                        return False
-                return True
-        unplaced = np.flatnonzero(~self.placed & (self.s0 >= lo) & (self.s0 < hi))
-        key = (lo, hi, self.floor[lo:hi].tobytes(), unplaced.tobytes())
-        if key in self.failed:
-            return False
-        if self._branch(lo, hi, unplaced):
-            return True
-        self.failed.add(key)
-        return False
-
-    def _raise(self, sections: np.ndarray, values: np.ndarray, unplaced: np.ndarray) -> None:
-        """Raise the floors of ``sections`` (absolute indices) to ``values``."""
-        self.floor[sections] = values
-        lifted = np.where(self.cover[np.ix_(unplaced, sections)], values[None, :], 0).max(1)
-        self.min_offset[unplaced] = np.maximum(self.min_offset[unplaced], lifted)
-
-    def _per_section(self, ufunc, values: np.ndarray, empty) -> np.ndarray:
-        """``ufunc`` over the buffers covering each section (``empty`` if none)."""
-        out = ufunc.reduceat(values[self.sec_buf], self.sec_start)
-        out[self.sec_empty] = empty
-        return out
-
-    def _branch(self, lo: int, hi: int, unplaced: np.ndarray) -> bool:
-        """One node: bounds, then branch at the lowest floor."""
-        cap = self.capacity
-        big = _BIG
-        saved = None
-        while True:
-            floor = self.floor[lo:hi]
-            load = self.load[lo:hi]
-            live = load > 0
-            if ((floor + load)[live] > cap).any():
-                break
-            waiting = np.where(self.placed, big, self.min_offset)
-            bottom = self._per_section(np.minimum, waiting, big)[lo:hi]
-            if ((np.maximum(floor, bottom) + load)[live] > cap).any():
-                break
-            m = int(floor[live].min())
-            at_m = live & (floor == m)
-            is_cand = waiting == m
-            counts = self._per_section(np.add, is_cand.astype(np.int64), 0)[lo:hi]
-            empty = at_m & (counts == 0)
-            if not empty.any():
-                if self._choose(lo, hi, m, unplaced, at_m, counts, is_cand[unplaced]):
-                    return True
-                break
-            # nobody can sit at m there: the next occupant sits on its own floor
-            if saved is None:
-                saved = self._snapshot()
-            where = np.flatnonzero(empty)
-            self._raise(where + lo, bottom[where], unplaced)
-        if saved is not None:
-            self._restore(saved)
-        return False
-
-    def _closing_floor(self, s: int, m: int, unplaced: np.ndarray) -> int:
-        """Lowest offset of the next buffer in section ``s`` if none sits at ``m``.
-
-        In a compacted plan every buffer rests on offset 0 or on the top of a
-        buffer it overlaps.  A buffer covering ``s`` whose floor is above ``m``
-        sits at least on its floor; one whose floor is ``m`` must rest on an
-        unplaced buffer that does not cover ``s``: at least that buffer's floor
-        plus its size.  Returns a huge number when nothing can occupy ``s``.
-        """
-        big = _BIG
-        covers = self.cover[unplaced, s]
-        here = unplaced[covers]
-        floors = self.min_offset[here]
-        best = int(floors[floors > m].min()) if (floors > m).any() else big
-        flat = here[floors == m]
-        others = unplaced[~covers]
-        if len(flat) and len(others):
-            tops = self.min_offset[others] + self.size[others]
-            support = self.overlap[np.ix_(flat, others)]
-            rest = np.where(support, tops[None, :], big).min()
-            best = min(best, int(rest))
-        return best
-
-    def _choose(self, lo: int, hi: int, m: int, unplaced: np.ndarray, at_m: np.ndarray,
-                counts: np.ndarray, is_cand: np.ndarray) -> bool:
-        """Branch on what sits at height ``m`` in the most constrained section."""
-        cap = self.capacity
-        idx = np.flatnonzero(at_m)
-        slack = cap - self.floor[lo:hi][idx] - self.load[lo:hi][idx]
-        keys = (idx, counts[idx], slack) if self._least_slack else (idx, slack, counts[idx])
-        s = lo + int(idx[np.lexsort(keys)[0]])
-        cand = unplaced[is_cand]
-        choices = cand[self.cover[cand, s]]
-        for b in choices[np.argsort(self._order_rank[choices], kind="stable")].tolist():
-            size = int(self.size[b])
-            top = m + size
-            if top > cap:
-                continue
-            saved = self._snapshot()
-            a, z = self.s0[b], self.s1[b]
-            self.floor[a:z] = top
-            self.load[a:z] -= size
-            self.crossing[a:z - 1] -= 1
-            np.maximum(self.min_offset, np.where(self.overlap[b], top, 0),
-                       out=self.min_offset)
-            self.placed[b] = True
-            self.offsets[b] = m
-            if self._solve_range(lo, hi):
-                return True
-            self._restore(saved)
-        # nothing sits at (s, m): the section's floor rises to its next occupant
-        raised = self._closing_floor(s, m, unplaced)
-        if raised + int(self.load[s]) <= cap:
-            saved = self._snapshot()
-            self._raise(np.array([s]), np.array([raised], dtype=np.int64), unplaced)
-            if self._solve_range(lo, hi):
-                return True
-            self._restore(saved)
-        return False
+        used = int(min(ctl[kernel.NODES], limit))
+        self.nodes += used
+        spent = time.perf_counter() - t0
+        if used >= 1000 and spent > 0:
+            self._rate = used / spent
+        if status == kernel.LIMIT:
+            return LIMIT, None
+        if status == kernel.FAIL:
+            return INFEASIBLE, None
+        out = np.empty(n, dtype=np.int64)
+        out[self._perm] = offsets
+        return FOUND, out
 
 
 # -- the planner -----------------------------------------------------------------

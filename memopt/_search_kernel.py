@@ -1,0 +1,314 @@
+"""The hot loop of the arena search (:class:`memopt.arena.CanonicalSearch`).
+
+One recursive function, :func:`solve_range`, written in the subset of Python
+that numba compiles: scalar loops over int64 numpy arrays, no Python objects.
+When numba imports it is compiled (``njit(cache=True)``: the machine code is
+cached in ``__pycache__`` so only the first process pays the compile); without
+numba the very same function runs as plain Python -- identical results, a few
+hundred times slower.  :data:`JIT` says which.
+
+The search itself (what a node does, why it is complete) is described in
+:class:`memopt.arena.CanonicalSearch`; this module only holds its data layout:
+
+Static arrays (buffers numbered in order of their first section)
+
+``s0, s1``      sections ``[s0, s1)`` covered by each buffer;
+``size``        bytes;
+``rank``        position of each buffer in the value order (lower first);
+``buf_at``      ``buf_at[s]``: the first buffer whose ``s0 >= s`` (``S + 1``
+                entries), so the buffers starting in ``[lo, hi)`` are
+                ``buf_at[lo]:buf_at[hi]``;
+``sec_ptr, sec_buf``  the buffers covering each section (CSR);
+``ovl_ptr, ovl_buf``  the buffers overlapping each buffer in time (CSR).
+
+State arrays (changed in place, restored on backtracking)
+
+``floor``       per section: the top of what is placed there (or higher,
+                when the search decided nothing sits lower);
+``load``        per section: bytes of the unplaced buffers covering it;
+``crossing``    per section boundary ``k | k+1``: unplaced buffers spanning it;
+``min_off``     per buffer: the lowest offset it can still take;
+``placed``      per buffer: 1 once placed; ``offsets``: where.
+
+Control array ``ctl``: :data:`CAPACITY`, :data:`NODES` (nodes used),
+:data:`LIMIT` (stop when ``NODES`` exceeds it), :data:`LEAST_SLACK` (section
+rule), :data:`MEMO_USED` (entries in the memo).  The memo of failed
+sub-problems is an open-addressing table of two independent hashes
+(``memo_a``, ``memo_b``; 0 marks an empty slot) whose length is a power of two.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+try:  # numba is optional: the same code runs as plain Python without it
+    from numba import njit as _njit
+except ImportError:  # pragma: no cover - exercised where numba is absent
+    _njit = None
+
+#: True when the kernel is compiled by numba.
+JIT = _njit is not None
+
+# results of solve_range
+FAIL, FOUND, LIMIT = 0, 1, 2
+
+# slots of the control array
+CAPACITY, NODES, LIMIT_AT, LEAST_SLACK, MEMO_USED = 0, 1, 2, 3, 4
+CONTROL_SLOTS = 5
+
+_BIG = np.iinfo(np.int64).max
+# two polynomial hashes modulo primes below 2**31: no int64 overflow anywhere,
+# so plain Python and numba compute the same numbers
+_P1, _M1 = 2147483629, 1000003
+_P2, _M2 = 2147483587, 999983
+
+
+def _jit(fn):
+    return _njit(cache=True, nogil=True)(fn) if JIT else fn
+
+
+@_jit
+def _hash(lo, hi, floor, placed, blo, bhi, prime, mult):
+    h = (lo * 7919 + hi) % prime
+    for s in range(lo, hi):
+        h = (h * mult + floor[s] % prime) % prime
+    for b in range(blo, bhi):
+        h = (h * mult + placed[b] + 1) % prime
+    return h
+
+
+@_jit
+def _memo_slot(memo_a, memo_b, h1, h2):
+    """Index of the slot holding ``(h1, h2)`` or of the empty slot to put it in."""
+    mask = len(memo_a) - 1
+    i = h1 & mask
+    while memo_a[i] != 0 and not (memo_a[i] == h1 + 1 and memo_b[i] == h2):
+        i = (i + 1) & mask
+    return i
+
+
+@_jit
+def _place(b, m, s0, s1, size, ovl_ptr, ovl_buf, floor, load, crossing, min_off,
+           placed, offsets):
+    """Put buffer ``b`` at offset ``m``."""
+    top = m + size[b]
+    for s in range(s0[b], s1[b]):
+        floor[s] = top
+        load[s] -= size[b]
+    for s in range(s0[b], s1[b] - 1):
+        crossing[s] -= 1
+    for k in range(ovl_ptr[b], ovl_ptr[b + 1]):
+        c = ovl_buf[k]
+        if placed[c] == 0 and min_off[c] < top:
+            min_off[c] = top
+    placed[b] = 1
+    offsets[b] = m
+
+
+@_jit
+def _raise_floor(s, value, sec_ptr, sec_buf, floor, min_off, placed):
+    """Nothing sits in section ``s`` below ``value``."""
+    floor[s] = value
+    for k in range(sec_ptr[s], sec_ptr[s + 1]):
+        c = sec_buf[k]
+        if placed[c] == 0 and min_off[c] < value:
+            min_off[c] = value
+
+
+@_jit
+def _closing_floor(s, m, s0, s1, size, sec_ptr, sec_buf, ovl_ptr, ovl_buf, min_off, placed):
+    """Lowest offset of the next buffer in section ``s`` if none sits at ``m``.
+
+    In a compacted plan every buffer rests on offset 0 or on the top of a
+    buffer it overlaps.  A buffer covering ``s`` whose floor is above ``m``
+    sits at least on its floor; one whose floor is ``m`` must rest on an
+    unplaced buffer that does not cover ``s``: at least that buffer's floor
+    plus its size.  A huge number when nothing can occupy ``s``.
+    """
+    best = _BIG
+    for k in range(sec_ptr[s], sec_ptr[s + 1]):
+        b = sec_buf[k]
+        if placed[b] != 0:
+            continue
+        if min_off[b] > m:
+            if min_off[b] < best:
+                best = min_off[b]
+        else:
+            for j in range(ovl_ptr[b], ovl_ptr[b + 1]):
+                c = ovl_buf[j]
+                if placed[c] == 0 and (s0[c] > s or s1[c] <= s):
+                    top = min_off[c] + size[c]
+                    if top < best:
+                        best = top
+    return best
+
+
+@_jit
+def _save(lo, hi, blo, bhi, floor, load, crossing, min_off, placed):
+    return (floor[lo:hi].copy(), load[lo:hi].copy(), crossing[lo:hi].copy(),
+            min_off[blo:bhi].copy(), placed[blo:bhi].copy())
+
+
+@_jit
+def _restore(lo, hi, blo, bhi, saved, floor, load, crossing, min_off, placed):
+    floor[lo:hi] = saved[0]
+    load[lo:hi] = saved[1]
+    crossing[lo:hi] = saved[2]
+    min_off[blo:bhi] = saved[3]
+    placed[blo:bhi] = saved[4]
+
+
+@_jit
+def solve_range(lo, hi, s0, s1, size, rank, buf_at, sec_ptr, sec_buf, ovl_ptr, ovl_buf,
+                floor, load, crossing, min_off, placed, offsets, bottom, counts,
+                ctl, memo_a, memo_b):
+    """Place every unplaced buffer of sections ``[lo, hi)``: FOUND, FAIL or LIMIT.
+
+    On FOUND the state holds the plan; on FAIL it is as on entry; on LIMIT
+    (``ctl[NODES]`` passed ``ctl[LIMIT_AT]``) it is garbage.
+    """
+    ctl[NODES] += 1
+    if ctl[NODES] > ctl[LIMIT_AT]:
+        return LIMIT
+    busy = False
+    for s in range(lo, hi):
+        if load[s] > 0:
+            busy = True
+            break
+    if not busy:
+        return FOUND
+    blo, bhi = buf_at[lo], buf_at[hi]
+
+    # -- decomposition: no unplaced buffer spans a cut ---------------------------
+    cuts = 0
+    for k in range(lo, hi - 1):
+        if crossing[k] == 0:
+            cuts += 1
+    if cuts > 0:
+        parts = np.empty(2 * (cuts + 1), dtype=np.int64)
+        nparts = 0
+        start = lo
+        for k in range(lo, hi):
+            if k == hi - 1 or crossing[k] == 0:  # a part ends with section k
+                a, z = start, k + 1
+                while a < z and load[a] == 0:
+                    a += 1
+                while z > a and load[z - 1] == 0:
+                    z -= 1
+                if a < z:
+                    parts[2 * nparts] = a
+                    parts[2 * nparts + 1] = z
+                    nparts += 1
+                start = k + 1
+        if not (nparts == 1 and parts[0] == lo and parts[1] == hi):
+            saved = _save(lo, hi, blo, bhi, floor, load, crossing, min_off, placed)
+            for p in range(nparts):
+                r = solve_range(parts[2 * p], parts[2 * p + 1], s0, s1, size, rank, buf_at,
+                                sec_ptr, sec_buf, ovl_ptr, ovl_buf, floor, load, crossing,
+                                min_off, placed, offsets, bottom, counts, ctl, memo_a, memo_b)
+                if r == LIMIT:
+                    return LIMIT
+                if r == FAIL:
+                    _restore(lo, hi, blo, bhi, saved, floor, load, crossing, min_off, placed)
+                    return FAIL
+            return FOUND
+
+    # -- memo of failed sub-problems ---------------------------------------------
+    h1 = _hash(lo, hi, floor, placed, blo, bhi, _P1, _M1)
+    h2 = _hash(lo, hi, floor, placed, blo, bhi, _P2, _M2)
+    slot = _memo_slot(memo_a, memo_b, h1, h2)
+    if memo_a[slot] != 0:
+        return FAIL
+
+    cap = ctl[CAPACITY]
+    saved = _save(lo, hi, blo, bhi, floor, load, crossing, min_off, placed)
+    result = FAIL
+    while True:
+        # -- bounds: the unplaced bytes of every section fit under the capacity
+        for s in range(lo, hi):
+            bottom[s] = _BIG
+            counts[s] = 0
+        for b in range(blo, bhi):
+            if placed[b] == 0:
+                mo = min_off[b]
+                for s in range(s0[b], s1[b]):
+                    if mo < bottom[s]:
+                        bottom[s] = mo
+        m = _BIG
+        pruned = False
+        for s in range(lo, hi):
+            if load[s] > 0:
+                low = floor[s] if floor[s] > bottom[s] else bottom[s]
+                if low + load[s] > cap:
+                    pruned = True
+                    break
+                if floor[s] < m:
+                    m = floor[s]
+        if pruned:
+            break
+        # -- candidates: unplaced buffers that can sit at the lowest floor m
+        for b in range(blo, bhi):
+            if placed[b] == 0 and min_off[b] == m:
+                for s in range(s0[b], s1[b]):
+                    counts[s] += 1
+        empty = False
+        for s in range(lo, hi):
+            if load[s] > 0 and floor[s] == m and counts[s] == 0:
+                empty = True
+        if empty:  # nobody can sit at m there: the floor rises to the next occupant
+            for s in range(lo, hi):
+                if load[s] > 0 and floor[s] == m and counts[s] == 0:
+                    _raise_floor(s, bottom[s], sec_ptr, sec_buf, floor, min_off, placed)
+            continue
+        # -- the most constrained section at m
+        best_s, key1, key2 = -1, _BIG, _BIG
+        for s in range(lo, hi):
+            if load[s] > 0 and floor[s] == m:
+                slack = cap - floor[s] - load[s]
+                k1, k2 = (slack, counts[s]) if ctl[LEAST_SLACK] else (counts[s], slack)
+                if k1 < key1 or (k1 == key1 and k2 < key2):
+                    best_s, key1, key2 = s, k1, k2
+        s = best_s
+        # candidates covering s, in the value order (insertion sort: few of them)
+        cand = np.empty(counts[s], dtype=np.int64)
+        nc = 0
+        for k in range(sec_ptr[s], sec_ptr[s + 1]):
+            b = sec_buf[k]
+            if placed[b] == 0 and min_off[b] == m:
+                j = nc
+                while j > 0 and rank[cand[j - 1]] > rank[b]:
+                    cand[j] = cand[j - 1]
+                    j -= 1
+                cand[j] = b
+                nc += 1
+        closing = _closing_floor(s, m, s0, s1, size, sec_ptr, sec_buf, ovl_ptr, ovl_buf,
+                                 min_off, placed)
+        here = _save(lo, hi, blo, bhi, floor, load, crossing, min_off, placed)
+        for i in range(nc):
+            b = cand[i]
+            if m + size[b] > cap:
+                continue
+            _place(b, m, s0, s1, size, ovl_ptr, ovl_buf, floor, load, crossing, min_off,
+                   placed, offsets)
+            r = solve_range(lo, hi, s0, s1, size, rank, buf_at, sec_ptr, sec_buf, ovl_ptr,
+                            ovl_buf, floor, load, crossing, min_off, placed, offsets, bottom,
+                            counts, ctl, memo_a, memo_b)
+            if r != FAIL:
+                return r
+            _restore(lo, hi, blo, bhi, here, floor, load, crossing, min_off, placed)
+        # nothing sits at (s, m): the section's floor rises to its next occupant
+        if closing != _BIG and closing + load[s] <= cap:
+            _raise_floor(s, closing, sec_ptr, sec_buf, floor, min_off, placed)
+            r = solve_range(lo, hi, s0, s1, size, rank, buf_at, sec_ptr, sec_buf, ovl_ptr,
+                            ovl_buf, floor, load, crossing, min_off, placed, offsets, bottom,
+                            counts, ctl, memo_a, memo_b)
+            if r != FAIL:
+                return r
+        break
+    _restore(lo, hi, blo, bhi, saved, floor, load, crossing, min_off, placed)
+    # remember the failure (the table stays at most three quarters full)
+    if 4 * (ctl[MEMO_USED] + 1) <= 3 * len(memo_a):
+        slot = _memo_slot(memo_a, memo_b, h1, h2)  # the search may have filled it
+        memo_a[slot] = h1 + 1
+        memo_b[slot] = h2
+        ctl[MEMO_USED] += 1
+    return FAIL
