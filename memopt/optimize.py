@@ -235,8 +235,8 @@ def _is_grad(name: str) -> bool:
     return GRAD_SUFFIX in name
 
 
-def _classify(graph: Graph, options: Options, intervals) -> Tuple[Dict[str, int], Dict[str, str],
-                                                                    Dict[str, int]]:
+def _classify(graph: Graph, options: Options, intervals, free_outputs=frozenset(),
+              excluded=frozenset()) -> Tuple[Dict[str, int], Dict[str, str], Dict[str, int]]:
     """Candidates (name -> block) and the reason every other temporary is
     left alone; also the block of every temporary.
 
@@ -244,6 +244,11 @@ def _classify(graph: Graph, options: Options, intervals) -> Tuple[Dict[str, int]
     live at entry -- an input whose ``is_data`` flag was lost (a program
     read back from bytes) or a value carried from the previous loop
     iteration -- and is left alone: its memory holds a value from outside.
+
+    ``free_outputs`` are control-op outputs proven to take part like any
+    other variable of their block (see :func:`_control_outputs`);
+    ``excluded`` are names left alone as shared with control flow (split
+    locals of sub-blocks, values a control op reads back from its body).
     """
     blocks_of: Dict[str, set] = {}
     control: set = set()
@@ -261,7 +266,7 @@ def _classify(graph: Graph, options: Options, intervals) -> Tuple[Dict[str, int]
             written.update(op.writes)
             if op.sub_blocks:
                 control.update(op.reads)
-                control.update(op.writes)
+                control.update(n for n in op.writes if n not in free_outputs)
             if op.role == "backward":
                 grad_written.update(op.writes)
             if op.attrs.get("loss"):
@@ -300,7 +305,8 @@ def _classify(graph: Graph, options: Options, intervals) -> Tuple[Dict[str, int]
             reason = R_GRAD
         elif name in loss_written or name in fetched or (homes[0] == 0 and name not in read):
             reason = R_FETCHED
-        elif (len(homes) > 1 or name in control or len(blocks_of.get(name, ())) != 1
+        elif (len(homes) > 1 or name in control or name in excluded
+              or len(blocks_of.get(name, ())) != 1
               or homes[0] not in blocks_of.get(name, ())):
             reason = R_SHARED
         elif _vsize(var).coefficient == 0:
@@ -409,6 +415,139 @@ def _analyze(graph: Graph):
     if len(graph.blocks) == 1 and not any(op.sub_blocks for op in graph.blocks[0].ops):
         return _StraightLine(graph)
     return analyze_graph(graph)
+
+
+#: Separates a name from the block of its local instance in analysis keys
+#: (``name@@block3``); Paddle names never contain it.
+SCOPE_MARK = "@@block"
+
+
+def split_shadowed(graph: Graph) -> Tuple[Graph, set]:
+    """The graph with every shadowing local renamed apart, for the analysis.
+
+    A sub-block that declares a (non-persistable) name an enclosing block
+    also declares has its own variable: Paddle's executor creates a
+    sub-block's declared variables in the sub-block's scope (as the inside
+    gradients of a ``conditional_block_grad`` body, copied out to the
+    parent's variable after the body runs).  The two are different memory,
+    so the local one (and every use that resolves to it) becomes the key
+    ``name@@block<k>`` (see :data:`SCOPE_MARK`), and the enclosing block's
+    variable gets a liveness of its own.  Returns the graph (``graph``
+    itself when nothing shadows) and the set of split keys; ops, blocks and
+    variables are shared where unchanged.
+    """
+    if len(graph.blocks) == 1:
+        return graph, set()
+    seen: Dict[str, int] = {}
+    twice: set = set()
+    for block_idx, var in graph.all_vars():
+        if seen.setdefault(var.name, block_idx) != block_idx:
+            twice.add(var.name)
+    if not twice:
+        return graph, set()
+    from dataclasses import replace
+
+    from .graph import Block
+
+    def owner(name: str, block_idx: int) -> int:
+        while block_idx >= 0 and name not in graph.blocks[block_idx].vars:
+            block_idx = graph.blocks[block_idx].parent
+        return block_idx
+
+    def key(name: str, block_idx: int) -> str:
+        if name not in twice:
+            return name
+        home = owner(name, block_idx)
+        if home <= 0 or graph.blocks[home].vars[name].persistable:
+            return name
+        outer = owner(name, graph.blocks[home].parent)
+        if outer < 0 or graph.blocks[outer].vars[name].persistable:
+            return name
+        return f"{name}{SCOPE_MARK}{home}"
+
+    split: set = set()
+    blocks = []
+    for block in graph.blocks:
+        variables = block.vars
+        local = {n: key(n, block.idx) for n in twice.intersection(block.vars)}
+        local = {n: k for n, k in local.items() if k != n}
+        if local:
+            variables = {local.get(n, n): (replace(v, name=local[n]) if n in local else v)
+                         for n, v in block.vars.items()}
+            split.update(local.values())
+        ops = block.ops
+        if any(n in twice for op in ops for n in (*op.reads, *op.writes)):
+            ops = []
+            for op in block.ops:
+                reads = tuple(key(n, block.idx) for n in op.reads)
+                writes = tuple(key(n, block.idx) for n in op.writes)
+                ops.append(op if (reads, writes) == (op.reads, op.writes)
+                           else replace(op, reads=reads, writes=writes))
+        blocks.append(Block(block.idx, block.parent, ops, variables))
+    if not split:
+        return graph, set()
+    return Graph(blocks=blocks, fetch_names=graph.fetch_names), split
+
+
+def _with_control_outputs(graph: Graph, live):
+    """``(intervals, free outputs, excluded names)`` of a split graph: the
+    liveness's intervals with those of :func:`_control_outputs` put in;
+    excluded: the split locals and the values control ops read back."""
+    intervals = live.intervals()
+    free, sub_outputs = _control_outputs(graph, live, intervals)
+    if free:
+        intervals = dict(intervals)
+        intervals.update(free)
+    split = {n for n in intervals if SCOPE_MARK in n}
+    return intervals, frozenset(free), sub_outputs | split
+
+
+def _control_outputs(graph: Graph, live, intervals) -> Tuple[Dict[str, "Interval"], set]:
+    """Outputs of control ops that may share memory in the op's block.
+
+    A control op's ``attrs["full_writes"]`` (from the adapter) are outputs
+    it always writes whole, after its sub-blocks ran, without reading them
+    (``conditional_block_grad``'s parent-side gradients: copied from the
+    body's local gradients, or zeros when the branch did not run).  The
+    liveness counts a control op's outputs as read at its head (a loop or a
+    branch may not write them); for such an output ``x`` that is used in
+    one block only, written there by this op alone, read only by later
+    plain ops and by no control op, the true interval starts at the op:
+    returned as ``{x: Interval(position of the op, end)}``.  Also returns
+    ``attrs["sub_outputs"]`` of every control op: locals of its sub-blocks
+    the op reads back after they ran (inside gradients), never merged.
+    """
+    sub_outputs: set = set()
+    wanted: Dict[str, int] = {}
+    for pos, (_, _, op) in enumerate(live.positions):
+        if op.sub_blocks:
+            for name in op.attrs.get("sub_outputs", ()):
+                # the body's own variable: its split key where it shadows one
+                # of the op's block (that one is not read back)
+                local = [f"{name}{SCOPE_MARK}{s}" for s in op.sub_blocks]
+                local = [k for k, s in zip(local, op.sub_blocks) if k in graph.blocks[s].vars]
+                sub_outputs.update(local or (name,))
+            for name in op.attrs.get("full_writes", ()):
+                if name not in op.reads:
+                    wanted[name] = -1 if name in wanted else pos
+    wanted = {n: p for n, p in wanted.items() if p >= 0 and n in intervals}
+    if not wanted:
+        return {}, sub_outputs
+    bad: set = set()
+    block_of: Dict[str, int] = {}
+    for pos, (block_idx, _, op) in enumerate(live.positions):
+        for name in (*op.reads, *op.writes):
+            if name not in wanted:
+                continue
+            mine = wanted[name]
+            if block_of.setdefault(name, live.positions[mine][0]) != block_idx:
+                bad.add(name)  # used in another block
+            elif pos == mine:
+                continue
+            elif op.sub_blocks or name in op.writes or pos < mine:
+                bad.add(name)  # another control op, another writer, an earlier read
+    return {n: Interval(p, max(p, intervals[n].end)) for n, p in wanted.items()
+            if n not in bad}, sub_outputs
 
 
 def _temporaries(graph: Graph, intervals) -> Dict[str, Buffer]:
@@ -609,13 +748,18 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
     """
     from .reuse import assign_groups  # local: the planner module is only needed here
 
-    live = _analyze(graph) if live is None else live
-    before = _temporaries(graph, live.intervals())
+    original = split_shadowed(graph)[0]
+    if live is None:
+        live = _analyze(original)
+    intervals = _with_control_outputs(original, live)[0]
+    before = _temporaries(original, intervals)
     plan = Plan(gc=gc, level=options.level, before=before)
+    changed = False
     if not gc:
         plan.substitutions = dims_only_substitutions(graph)
         if plan.substitutions:
             graph = substitute(graph, plan.substitutions)
+            changed = True
     plan.substituted = graph
     order = schedule_optimizer_ops(graph)
     if order is not None:
@@ -623,19 +767,23 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
         plan.moved = sum(1 for k, i in enumerate(order) if i != k and
                          graph.blocks[0].ops[i].role == "optimize" and i > k)
         graph = reorder(graph, order)
-    if graph is not plan.substituted or plan.substitutions:
-        live = _analyze(graph)
+        changed = True
     plan.scheduled = graph
-    intervals = live.intervals()
-    candidates, reason_of, home = _classify(graph, options, intervals)
+    if changed:
+        graph = split_shadowed(graph)[0]
+        live = _analyze(graph)
+        intervals, free, excluded = _with_control_outputs(graph, live)
+    else:
+        graph = original
+        free, excluded = _with_control_outputs(graph, live)[1:]
+    candidates, reason_of, home = _classify(graph, options, intervals, free, excluded)
     for reason in reason_of.values():
         plan.reasons[reason] = plan.reasons.get(reason, 0) + 1
 
     var_of = {name: graph.blocks[home[name]].vars[name] for name in home}
     plan.persistable = [_vsize(var) for var in var_of.values()
                         if var.is_dense and var.persistable]
-    plan.buffers = before if graph is plan.substituted and not plan.substitutions \
-        else _temporaries(graph, intervals)
+    plan.buffers = _temporaries(graph, intervals) if changed else before
 
     # in-place chains: union of (input, output) pairs, head = the first input
     pairs = _inplace_pairs(graph, live, candidates, intervals)
@@ -866,6 +1014,7 @@ def verify_renaming(graph: Graph, renames: Dict[int, Dict[str, str]],
     PlanError
         Naming the block, op and variables at fault.
     """
+    _verify_scopes(graph, renames)
     allowed = {(src, dst) for src, dst, _ in inplace}
     merged = {name for mapping in renames.values() for name in mapping}
     merged |= {new for mapping in renames.values() for new in mapping.values()}
@@ -898,6 +1047,34 @@ def verify_renaming(graph: Graph, renames: Dict[int, Dict[str, str]],
                                     f"renamed to {new!r}, but the op may not run in place")
             for name in op.writes:
                 holds[mapping.get(name, name)] = name
+
+
+def _verify_scopes(graph: Graph, renames: Dict[int, Dict[str, str]]) -> None:
+    """No rename reaches into another block: a name renamed in block ``b``
+    (old or new) that an op of another block uses must resolve there to a
+    variable of its own (a local declaration shadowing ``b``'s), since the
+    rewrite changes ``b``'s ops only.
+
+    Raises
+    ------
+    PlanError
+        Naming both blocks and the variable.
+    """
+    touched = {b: set(m) | set(m.values()) for b, m in renames.items() if m}
+    if not touched or len(graph.blocks) == 1:
+        return
+    for block in graph.blocks:
+        if block.idx in touched and len(touched) == 1:
+            continue
+        for op in block.ops:
+            for name in (*op.reads, *op.writes):
+                home = block.idx
+                while home >= 0 and name not in graph.blocks[home].vars:
+                    home = graph.blocks[home].parent
+                if home != block.idx and name in touched.get(home, ()):
+                    raise PlanError(
+                        f"op {op.type!r} of block {block.idx} uses {name!r} of block {home}, "
+                        f"where the plan renames it: the rename would not reach it")
 
 
 def check_plan(graph: Graph, plan: Plan) -> None:

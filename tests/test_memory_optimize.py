@@ -328,3 +328,81 @@ def test_optimizing_twice_is_safe(paddle):
     assert_same(expected, actual)
     assert first.merged_count > 0
     assert second.peak_after <= second.peak_before
+
+
+# -- control flow at depth 2: a while loop inside a conditional branch -------------------
+
+def while_in_cond():
+    """A legacy training program whose true branch runs a ``while`` loop
+    (depth 2: block 0 -> branch -> loop body), with backward and SGD; the
+    feed alternates the branch taken (+1, -1, +1 offsets)."""
+    import itertools
+
+    import paddle
+
+    width, batch, classes = 16, 8, 4
+    with models.ir_guard("legacy"):
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+            x = paddle.static.data("x", [-1, width], "float32")
+            y = paddle.static.data("label", [-1, 1], "int64")
+            h = paddle.nn.Linear(width, width)(x)
+            cell = paddle.nn.Linear(width, width)
+            trips = paddle.full([1], 2, "int64")
+
+            def looped():
+                def body(i, s):
+                    t = paddle.nn.functional.relu(cell(s))
+                    return [i + 1, (t * 0.5 + 1.0) + s * 0.25]
+
+                start = paddle.nn.functional.relu(h) * 1.0
+                return paddle.static.nn.while_loop(
+                    lambda i, s: i < trips, body, [paddle.full([1], 0, "int64"), start])[1]
+
+            def plain():
+                return paddle.nn.functional.relu(h * 2.0) + 1.0
+
+            out = models._cond("legacy", paddle.mean(x), 0.0, looped, plain)
+            logits = paddle.nn.Linear(width, classes)(out)
+            loss = paddle.mean(paddle.nn.functional.cross_entropy(logits, y))
+            paddle.optimizer.SGD(0.1).minimize(loss)
+    offsets = itertools.cycle([1.0, -1.0])
+
+    def feed(rng):
+        return {"x": (rng.standard_normal((batch, width)) + next(offsets)).astype("float32"),
+                "label": rng.integers(0, classes, (batch, 1)).astype("int64")}
+
+    return models.BuiltModel("while_in_cond", "legacy", main, startup, feed, [loss, logits],
+                             batch)
+
+
+def loop_carried(program):
+    """Names every ``while`` op both reads and writes: carried from one
+    iteration to the next."""
+    out = set()
+    for block in program.blocks:
+        for op in block.ops:
+            if op.type == "while":
+                out |= set(op.input("X")) & set(op.output("Out"))
+    return out
+
+
+@pytest.mark.parametrize("level,gc", [(0, "off"), (1, "off"), (0, "on"), (1, "on")])
+def test_while_inside_a_branch_is_bit_identical(paddle, level, gc):
+    expected = models.run_steps(while_in_cond(), STEPS)
+    model = while_in_cond()
+    loop_body = next(op.attr("sub_block").id for block in model.main.blocks
+                     for op in block.ops if op.type == "while")
+    carried = loop_carried(model.main)
+    grad_outputs = {n for op in model.main.global_block().ops
+                    if op.type == "conditional_block_grad" for n in op.output("Input@GRAD")}
+    with models.flags(**gc_flag(gc)):
+        report = optimize(model, level=level, skip_grads=False)
+        actual = models.run_steps(model, STEPS)
+    assert_same(expected, actual)
+    assert carried, "the loop carries its state"
+    touched = {r.var for r in report.reuses} | {r.renamed_to for r in report.reuses}
+    assert not carried & touched, "a value read in the next iteration is never merged"
+    if gc == "off":
+        assert any(r.block == loop_body for r in report.reuses), "locals of the loop body share"
+        assert grad_outputs & touched, "a conditional_block_grad output takes memory"

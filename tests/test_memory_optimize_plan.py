@@ -373,3 +373,133 @@ def test_a_declaration_copy_in_a_block_that_no_longer_uses_it_shares_nothing():
     plans = [plan_memory(graph(copy), ALL, gc=False) for copy in (True, False)]
     check_plan(graph(True), plans[0])
     assert plans[0].renames == plans[1].renames == {1: {"c": "a"}}
+
+
+# -- control flow: outputs of a conditional_block_grad, shadowing locals ------------
+
+def cond_grad_graph():
+    """Block 0: ``a`` dies before a ``conditional_block_grad``-like op that
+    writes ``gx`` whole (``full_writes``) from its body's local ``gx`` (the
+    body declares its own ``gx``: Paddle creates it in the body's scope) and
+    reads ``gy`` back from the body (``sub_outputs``); ``use`` reads ``gx``
+    after the op.  The body's ``t`` is a plain local."""
+    g = Graph(fetch_names=("loss",))
+    b0 = g.global_block
+    for name in ("x", "a", "gx", "out", "loss"):
+        b0.add_var(Var(name, (-1, 8), is_data=name == "x"))
+    body = g.new_block(0)
+    for name in ("t", "gx", "gy", "u"):
+        body.add_var(Var(name, (-1, 8)))
+    body.add_op(Op("relu", ("x",), ("t",)))
+    body.add_op(Op("scale", ("t",), ("gx",)))
+    body.add_op(Op("relu", ("x",), ("u",)))
+    body.add_op(Op("scale", ("u",), ("gy",)))
+    b0.add_op(Op("relu", ("x",), ("a",)))
+    b0.add_op(Op("mean", ("a",), ("loss",), attrs={"loss": True}))
+    b0.add_op(Op("conditional_block_grad", ("x",), ("gx",), sub_blocks=(body.idx,),
+                 attrs={"full_writes": ("gx",), "sub_outputs": ("gx", "gy")}))
+    b0.add_op(Op("relu", ("gx",), ("out",)))
+    b0.add_op(Op("mean", ("out",), ("loss",)))
+    return g
+
+
+def test_a_full_write_of_a_control_op_takes_memory_in_its_block():
+    """``gx`` of block 0 is written whole by the op after its body ran: it
+    may take the memory of ``a``, dead before the op (the body's own ``gx``
+    is another variable); the body's plain locals share as usual."""
+    g = cond_grad_graph()
+    plan = plan_memory(g, ALL, gc=False)
+    check_plan(g, plan)
+    assert plan.groups == [["a", "gx"], ["t", "u"]]
+    assert plan.renames == {0: {"gx": "a"}, 1: {"u": "t"}}
+
+
+@pytest.mark.parametrize("gc", [False, True])
+def test_a_body_gradient_read_back_by_its_op_is_never_merged(gc):
+    """The body's ``gx`` and ``gy`` are read by the op after the body ran
+    (its local gradients): neither is renamed nor given away, though no op
+    of the body reads them."""
+    g = cond_grad_graph()
+    plan = plan_memory(g, ALL, gc=gc)
+    check_plan(g, plan)
+    body = plan.renames.get(1, {})
+    assert {"gx", "gy"}.isdisjoint(set(body) | set(body.values()))
+    assert not [grp for grp in plan.groups if "gy" in grp]
+
+
+def test_a_control_output_read_by_the_op_or_written_twice_stays_alone():
+    for mutate in ("read", "twice"):
+        g = cond_grad_graph()
+        ops = g.global_block.ops
+        if mutate == "read":
+            ops[2] = Op("conditional_block_grad", ("x", "gx"), ("gx",), sub_blocks=(1,),
+                        attrs={"full_writes": ("gx",), "sub_outputs": ("gx", "gy")})
+        else:
+            ops.insert(1, Op("relu", ("x",), ("gx",)))
+        plan = plan_memory(g, ALL, gc=False)
+        check_plan(g, plan)
+        assert "gx" not in plan.renames.get(0, {}) and "gx" not in plan.renames.get(0, {}).values()
+
+
+def test_without_full_writes_a_control_output_stays_alone():
+    g = cond_grad_graph()
+    g.global_block.ops[2].attrs.pop("full_writes")
+    plan = plan_memory(g, ALL, gc=False)
+    check_plan(g, plan)
+    assert all("gx" not in grp for grp in plan.groups)
+
+
+def test_a_rename_that_would_reach_into_a_sub_block_is_rejected():
+    """The rewrite renames uses in one block only: a sub-block reading the
+    renamed variable of its parent would read the wrong memory."""
+    g = cond_grad_graph()
+    plan = plan_memory(g, ALL, gc=False)
+    with pytest.raises(PlanError, match="rename would not reach it"):
+        verify_renaming(g, {0: {"x": "a"}})
+    # a local of the body with the same name as the parent's is its own variable
+    verify_renaming(g, {0: {"gx": "a"}})
+    check_plan(g, plan)
+
+
+def nested_loop_graph():
+    """Depth 2: block 0 runs a branch (block 1) that runs a loop (block 2).
+    In the loop body ``h`` is carried (read, then written from ``n``); ``p``
+    and ``q`` are plain locals; in the branch ``b1``/``b2`` are locals."""
+    g = Graph(fetch_names=("loss",))
+    b0 = g.global_block
+    for name in ("x", "c", "h", "loss"):
+        b0.add_var(Var(name, (-1, 8), is_data=name == "x"))
+    branch = g.new_block(0)
+    for name in ("b1", "b2"):
+        branch.add_var(Var(name, (-1, 8)))
+    body = g.new_block(1)
+    for name in ("p", "q", "n"):
+        body.add_var(Var(name, (-1, 8)))
+    b0.add_op(Op("relu", ("x",), ("h",)))
+    b0.add_op(Op("fill_constant", (), ("c",), attrs={"value": 1}))
+    b0.add_op(Op("conditional_block", ("c", "h"), ("h",), sub_blocks=(1,)))
+    b0.add_op(Op("mean", ("h",), ("loss",), attrs={"loss": True}))
+    branch.add_op(Op("relu", ("h",), ("b1",)))
+    branch.add_op(Op("scale", ("b1",), ("b2",)))
+    branch.add_op(Op("while", ("c", "h", "b2"), ("h",), sub_blocks=(2,), loop=True,
+                     attrs={"max_trips": 3}))
+    body.add_op(Op("relu", ("h",), ("p",)))
+    body.add_op(Op("scale", ("p",), ("q",)))
+    body.add_op(Op("elementwise_add", ("q", "b2"), ("n",)))
+    body.add_op(Op("assign", ("n",), ("h",)))
+    return g
+
+
+@pytest.mark.parametrize("gc", [False, True])
+def test_nested_loop_locals_merge_and_the_carried_value_does_not(gc):
+    from memopt import interpreter
+
+    g = nested_loop_graph()
+    plan = plan_memory(g, ALL, gc=gc)
+    check_plan(g, plan)
+    merged = {n for grp in plan.groups for n in grp}
+    assert "h" not in merged, "a value read in the next iteration is live across the loop"
+    if not gc:
+        assert {"p", "n"} <= merged and plan.renames.get(2), plan.groups
+        assert {"b1", "b2"}.isdisjoint(merged)  # b2 is read in the loop: live through it
+    assert interpreter.compare(g, plan.renames) is None

@@ -135,6 +135,32 @@ def _inplace_pair(op_type: str, inputs: Mapping[str, list],
     return src_var, dst_var
 
 
+#: Control-flow grad ops: after their body ran they read the body's local
+#: gradient of each input ``x`` (``x@GRAD``) and write it to the parent's
+#: variable named in ``Input@GRAD`` / ``X@GRAD``.
+_GRAD_CONTROL_OPS = {"conditional_block_grad": ("Input", "Input@GRAD"),
+                     "while_grad": ("X", "X@GRAD")}
+
+
+def _control_grad_attrs(op_type: str, desc) -> dict:
+    """``sub_outputs`` (the body's local gradients the op reads back after
+    the body ran) and, for ``conditional_block_grad``, ``full_writes``.
+
+    ``conditional_block_grad`` writes every parent-side gradient whole: a
+    copy of the body's local gradient when the branch ran, zeros of the
+    input's shape otherwise (Paddle's ``AssignLocalGradientToParentScope`` /
+    ``AssignZeroToParentScope``), never reading it.  ``while_grad``
+    accumulates into its parent-side gradients across iterations, so it gets
+    no ``full_writes``.
+    """
+    in_slot, out_slot = _GRAD_CONTROL_OPS[op_type]
+    inputs = [n for n in desc.input(in_slot) if n != EMPTY_VAR]
+    attrs = {"sub_outputs": tuple(n + "@GRAD" for n in inputs)}
+    if op_type == "conditional_block_grad":
+        attrs["full_writes"] = tuple(n for n in desc.output(out_slot) if n != EMPTY_VAR)
+    return attrs
+
+
 def _role(op_role: int) -> str:
     if op_role & (ROLE_OPTIMIZE | ROLE_LR_SCHED):
         return "optimize"
@@ -249,6 +275,8 @@ def program_to_graph(program) -> Graph:
             if op_type in _DIMS_ONLY_OPS:
                 attrs["dims_only"] = {slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
             subs = _sub_block_ids(desc)
+            if op_type in _GRAD_CONTROL_OPS:
+                attrs.update(_control_grad_attrs(op_type, desc))
             block.add_op(Op(op_type, reads, writes, subs, _role(int(op_role)),
                             op_type in LOOP_OPS, attrs))
             for slot in _UNSIZED_SLOTS.intersection(desc.output_names()):
