@@ -217,3 +217,14 @@ def test_einsum_cache_is_not_sized(legacy):
     einsum = next(op for op in graph.global_block.ops if op.type == "einsum")
     caches = [graph.var(n) for n in einsum.writes if graph.var(n).kind == legacy.UNSIZED]
     assert len(caches) == 2 and all(not v.is_dense for v in caches)
+
+
+def test_einsum_xshape_holds_no_bytes(legacy):
+    """einsum's XShape is declared with its operand's full shape, but the
+    kernel never allocates it (dims only): no bytes, never a candidate, so
+    it does not hold a shared buffer from the forward pass to the backward."""
+    graph = legacy.program_to_graph(models.build("transformer", "legacy").main)
+    einsum = next(op for op in graph.global_block.ops if op.type == "einsum")
+    shapes = [graph.var(n) for n in einsum.writes if graph.var(n).kind == legacy.META]
+    assert len(shapes) == 2
+    assert all(v.size.coefficient == 0 and -1 in v.shape for v in shapes)

@@ -50,9 +50,19 @@ EMPTY_VAR = "@EMPTY@"
 
 #: Output slots whose variables are declared with a placeholder shape but hold
 #: real data at run time (einsum's cached operands): their size is unknown, so
-#: they get this kind and are never merged.
+#: they get this kind and are never merged.  (They could not be anyway: the
+#: kernel points the cache at its transposed operand's buffer, which is the
+#: operand's own memory when no transpose is needed, so another variable
+#: written into a merged cache would overwrite that operand.)
 _UNSIZED_SLOTS = frozenset({"InnerCache"})
 UNSIZED = "unsized"
+
+#: Output slots that carry dims only: Paddle's kernels never allocate them
+#: (measured: einsum's ``XShape``, declared with its operand's full shape,
+#: is an uninitialised tensor of dims ``[0]`` after a run; ``reshape2``'s is
+#: declared ``[0, ...]``).  They get this kind: no bytes, never merged.
+_META_SLOTS = frozenset({"XShape"})
+META = "meta"
 
 #: The program attribute holding ``{merged name: a variable it shares memory with}``.
 MERGED_ATTR = "_memopt_merged"
@@ -243,6 +253,7 @@ def program_to_graph(program) -> Graph:
     kinds = _kind_names()
     blocks: List[Block] = []
     unsized: set = set()
+    meta: set = set()
     fetched: List[str] = []
     fed: set = set()
     for pblock in program.blocks:
@@ -281,6 +292,8 @@ def program_to_graph(program) -> Graph:
                             op_type in LOOP_OPS, attrs))
             for slot in _UNSIZED_SLOTS.intersection(desc.output_names()):
                 unsized.update(desc.output(slot))
+            for slot in _META_SLOTS.intersection(desc.output_names()):
+                meta.update(desc.output(slot))
             if pblock.idx == 0 and op_type in ("fetch", "fetch_v2"):
                 fetched.extend(reads)
             if pblock.idx == 0 and op_type == "feed":
@@ -288,6 +301,8 @@ def program_to_graph(program) -> Graph:
     for block in blocks:
         for name in unsized.intersection(block.vars):
             block.vars[name].kind = UNSIZED
+        for name in meta.intersection(block.vars):
+            block.vars[name].kind = META
     graph = Graph(blocks=blocks)
     _declare_borrowed(graph)
     _drop_unsafe_inplace(graph)
