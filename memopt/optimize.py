@@ -23,6 +23,17 @@ reads, the input of a fetch op), and used in one block only by ops that run
 no sub-block (a variable a control-flow op or a second block touches is left
 alone; locals of sub-blocks at any depth are candidates among themselves).
 
+Control flow is analysed per scope (:func:`split_shadowed`): a sub-block's
+local that shadows a name of an enclosing block is its own variable (Paddle
+creates it in the sub-block's scope), so the outer one gets its own
+liveness.  An output a control op always writes whole without reading it
+(``conditional_block_grad``'s parent-side gradients, the adapter's
+``full_writes``) is live from that op on and takes part in its block like
+any other variable; the body's values the op reads back after the body ran
+(``sub_outputs``: local gradients) are never merged; a value read in the
+next loop iteration is live across the whole loop.  No rename ever reaches
+into another block (:func:`verify_renaming` checks it).
+
 *In place*: where an op whose Paddle kernel may run in place (the adapter's
 ``"inplace"`` pair) reads a candidate for the last time and writes a
 candidate of the same shape and dtype, the output takes the input's memory
@@ -38,6 +49,12 @@ fits (for every batch size) in the memory the group's earliest member
 allocates (never across dtypes: Paddle's executor reads each variable's
 declared dtype, so a name may not change it).
 
+*Dims-only reads*: a grad op that reads a variable for its dims only
+(``elementwise_add_grad``'s ``X``) reads an operand of the same dims instead
+(:func:`dims_only_substitutions`), so the variable dies at its last real use:
+with GC off its memory can then be taken over, with GC on (Paddle frees it
+there anyway) an op may run in place on it (a conv's bias add).
+
 *Schedule*: a training program runs every optimizer op at its end, so every
 parameter gradient lives until then.  :func:`schedule_optimizer_ops` moves
 each optimizer op up to right after the last op it depends on, as Paddle's
@@ -46,8 +63,9 @@ PIR executor does, so each gradient dies as soon as it is applied.
 Runtime awareness: with Paddle's eager-deletion GC on (the default) a
 variable's memory is freed after its last use, and renaming would only
 stretch lifetimes (a group holds its memory from its first member's birth to
-its last member's death) -- so with GC on only in-place reuse and the
-schedule are planned, which never raise the peak.  With GC off nothing is
+its last member's death) -- so with GC on only in-place reuse, dims-only
+reads and the schedule are planned, and a plan whose estimated peak would
+rise is dropped.  With GC off nothing is
 freed during a run, and renaming is the main win.
 
 Checks before the program is touched: :func:`memopt.simulate.check_groups`
@@ -748,18 +766,24 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
     """
     from .reuse import assign_groups  # local: the planner module is only needed here
 
-    original = split_shadowed(graph)[0]
-    if live is None:
+    substitutions = dims_only_substitutions(graph)
+    # with GC on Paddle frees a variable read for its dims only after its
+    # last real use: the reference the estimates compare with
+    reference = substitute(graph, substitutions) if gc and substitutions else graph
+    original = split_shadowed(reference)[0]
+    if live is None or reference is not graph:
         live = _analyze(original)
     intervals = _with_control_outputs(original, live)[0]
     before = _temporaries(original, intervals)
     plan = Plan(gc=gc, level=options.level, before=before)
     changed = False
-    if not gc:
-        plan.substitutions = dims_only_substitutions(graph)
-        if plan.substitutions:
-            graph = substitute(graph, plan.substitutions)
-            changed = True
+    # dims-only reads: with GC off they let a variable's memory be taken
+    # over after its last real use; with GC on (Paddle frees such a variable
+    # early itself) they let an op run in place on it (a conv's bias add)
+    plan.substitutions = substitutions
+    if plan.substitutions:
+        graph = substitute(graph, plan.substitutions)
+        changed = True
     plan.substituted = graph
     order = schedule_optimizer_ops(graph)
     if order is not None:
@@ -834,6 +858,7 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
         # never raise the peak the garbage collector reaches on its own
         plan.notes.append("no change: the plan would have raised the estimated peak")
         plan.order, plan.moved, plan.renames, plan.groups = None, 0, {}, []
+        plan.substitutions = []
         plan.reuses, plan.inplace, plan.buffers = [], [], plan.before
         plan.estimates = estimate(plan, gc)
     log.debug("plan (gc=%s, level %d): %d candidates, %d in place, %d groups, %d ops moved",

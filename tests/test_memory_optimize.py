@@ -318,6 +318,23 @@ def test_gc_off_reads_dims_from_the_gradient(paddle):
             assert op.input("X") == op.input("Out@GRAD")
 
 
+def test_gc_on_runs_the_conv_bias_add_in_place(paddle):
+    """With GC on, the bias add after a conv runs in place on the conv's
+    output (as PIR's add_ does): its grad reads the dims from Out@GRAD, so
+    the conv output dies at the add; the numbers stay the same."""
+    expected = reference("cnn")
+    model = models.build("cnn", "legacy")
+    with models.flags(**gc_flag("on")):
+        report = optimize(model, level=0, skip_grads=False)
+        actual = models.run_steps(model, STEPS)
+    assert_same(expected, actual)
+    adds = {op.output("Out")[0]: op.input("X")[0] for op in model.main.global_block().ops
+            if op.type == "elementwise_add" and op.input("X")[0].startswith("conv2d")}
+    assert adds and all(out == x for out, x in adds.items()), adds
+    assert {r.op for r in report.reuses if r.how == "in-place"} >= {"elementwise_add", "relu"}
+    assert report.peak_after < report.peak_before
+
+
 def test_optimizing_twice_is_safe(paddle):
     expected = reference("transformer")
     model = models.build("transformer", "legacy")
