@@ -56,10 +56,10 @@ CAPACITY, NODES, LIMIT_AT, LEAST_SLACK, MEMO_USED = 0, 1, 2, 3, 4
 CONTROL_SLOTS = 5
 
 _BIG = np.iinfo(np.int64).max
-# two polynomial hashes modulo primes below 2**31: no int64 overflow anywhere,
-# so plain Python and numba compute the same numbers
-_P1, _M1 = 2147483629, 1000003
-_P2, _M2 = 2147483587, 999983
+# two multiplicative hashes kept below 2**40 with multipliers below 2**21: no
+# int64 overflow anywhere, so plain Python and numba compute the same numbers
+_MASK = (1 << 40) - 1
+_M1, _M2 = 1048573, 1048391
 
 
 def _jit(fn):
@@ -67,12 +67,14 @@ def _jit(fn):
 
 
 @_jit
-def _hash(lo, hi, floor, placed, blo, bhi, prime, mult):
-    h = (lo * 7919 + hi) % prime
+def _hash(lo, hi, floor, placed, blo, bhi, mult):
+    h = (lo * 7919 + hi) & _MASK
     for s in range(lo, hi):
-        h = (h * mult + floor[s] % prime) % prime
+        h = ((h ^ (floor[s] & _MASK)) * mult) & _MASK
+        h ^= h >> 20
     for b in range(blo, bhi):
-        h = (h * mult + placed[b] + 1) % prime
+        h = ((h ^ placed[b]) * mult) & _MASK
+        h ^= h >> 20
     return h
 
 
@@ -213,15 +215,15 @@ def solve_range(lo, hi, s0, s1, size, rank, buf_at, sec_ptr, sec_buf, ovl_ptr, o
             return FOUND
 
     # -- memo of failed sub-problems ---------------------------------------------
-    h1 = _hash(lo, hi, floor, placed, blo, bhi, _P1, _M1)
-    h2 = _hash(lo, hi, floor, placed, blo, bhi, _P2, _M2)
+    h1 = _hash(lo, hi, floor, placed, blo, bhi, _M1)
+    h2 = _hash(lo, hi, floor, placed, blo, bhi, _M2)
     slot = _memo_slot(memo_a, memo_b, h1, h2)
     if memo_a[slot] != 0:
         return FAIL
 
     cap = ctl[CAPACITY]
-    saved = _save(lo, hi, blo, bhi, floor, load, crossing, min_off, placed)
-    result = FAIL
+    saved = _save(lo, lo, blo, blo, floor, load, crossing, min_off, placed)  # empty
+    raised = False
     while True:
         # -- bounds: the unplaced bytes of every section fit under the capacity
         for s in range(lo, hi):
@@ -255,6 +257,9 @@ def solve_range(lo, hi, s0, s1, size, rank, buf_at, sec_ptr, sec_buf, ovl_ptr, o
             if load[s] > 0 and floor[s] == m and counts[s] == 0:
                 empty = True
         if empty:  # nobody can sit at m there: the floor rises to the next occupant
+            if not raised:
+                saved = _save(lo, hi, blo, bhi, floor, load, crossing, min_off, placed)
+                raised = True
             for s in range(lo, hi):
                 if load[s] > 0 and floor[s] == m and counts[s] == 0:
                     _raise_floor(s, bottom[s], sec_ptr, sec_buf, floor, min_off, placed)
@@ -303,12 +308,166 @@ def solve_range(lo, hi, s0, s1, size, rank, buf_at, sec_ptr, sec_buf, ovl_ptr, o
                             counts, ctl, memo_a, memo_b)
             if r != FAIL:
                 return r
+            _restore(lo, hi, blo, bhi, here, floor, load, crossing, min_off, placed)
         break
-    _restore(lo, hi, blo, bhi, saved, floor, load, crossing, min_off, placed)
+    if raised:
+        _restore(lo, hi, blo, bhi, saved, floor, load, crossing, min_off, placed)
     # remember the failure (the table stays at most three quarters full)
     if 4 * (ctl[MEMO_USED] + 1) <= 3 * len(memo_a):
         slot = _memo_slot(memo_a, memo_b, h1, h2)  # the search may have filled it
         memo_a[slot] = h1 + 1
         memo_b[slot] = h2
         ctl[MEMO_USED] += 1
+    return FAIL
+
+
+# -- the second search: MiniMalloc's order of placements -----------------------
+
+@_jit
+def _fits(lo, hi, offset, blo, bhi, s0, s1, floor, load, min_off, placed, bottom, cap):
+    """Every section of ``[lo, hi)`` can still hold its unplaced bytes above
+    ``offset``, its floor and the lowest floor of its unplaced buffers."""
+    for s in range(lo, hi):  # the cheap test first
+        if load[s] > 0 and max(offset, floor[s]) + load[s] > cap:
+            return False
+    for s in range(lo, hi):
+        bottom[s] = _BIG
+    for b in range(blo, bhi):
+        if placed[b] == 0:
+            mo = min_off[b]
+            for s in range(s0[b], s1[b]):
+                if mo < bottom[s]:
+                    bottom[s] = mo
+    for s in range(lo, hi):
+        if load[s] > 0:
+            low = floor[s]
+            if offset > low:
+                low = offset
+            if bottom[s] > low:
+                low = bottom[s]
+            if low + load[s] > cap:
+                return False
+    return True
+
+
+@_jit
+def place_in_order(lo, hi, last_off, last_rank, split, s0, s1, size, rank, by_rank, buf_at,
+                   ovl_ptr, ovl_buf, floor, load, crossing, min_off, placed, offsets, bottom,
+                   ctl):
+    """Place every unplaced buffer of sections ``[lo, hi)``: FOUND, FAIL or LIMIT.
+
+    The search of MiniMalloc (Moffitt, ASPLOS 2023), written from its paper:
+    buffers are placed in order of offset, then of value order (``rank``),
+    each at its lowest offset (``min_off``), so ``(offset, rank)`` never
+    decreases along a path (``last_off``, ``last_rank``).  A node tries the
+    unplaced buffers by that key and skips one whose offset is at or above
+    the lowest top any unplaced buffer could reach (it would leave a useless
+    gap); a buffer with nothing unplaced above it that fails ends the node
+    (its position cannot matter).  After each placement every section must
+    hold its unplaced bytes above the current offset.  ``split`` (0 or 1): first cut
+    the range where no unplaced buffer spans a section boundary and solve the
+    pieces one after the other, each from offset 0.
+
+    ``by_rank`` lists the buffers in value order.  On FOUND the state holds
+    the plan; on FAIL it is as on entry; on LIMIT it is garbage.
+    """
+    blo, bhi = buf_at[lo], buf_at[hi]
+    # arguments of recursive calls are never literals: numba's cache mishandles
+    # the casts they need (a crash when the cached code is loaded)
+    zero = lo - lo
+    if split != zero:
+        saved = _save(lo, hi, blo, bhi, floor, load, crossing, min_off, placed)
+        start = lo
+        for k in range(lo, hi):
+            if k == hi - 1 or crossing[k] == 0:
+                busy = False
+                for s in range(start, k + 1):
+                    if load[s] > 0:
+                        busy = True
+                        break
+                if busy:
+                    r = place_in_order(start, k + 1, zero, zero - 1, zero, s0, s1, size, rank, by_rank,
+                                       buf_at, ovl_ptr, ovl_buf, floor, load, crossing, min_off,
+                                       placed, offsets, bottom, ctl)
+                    if r == LIMIT:
+                        return LIMIT
+                    if r == FAIL:
+                        _restore(lo, hi, blo, bhi, saved, floor, load, crossing, min_off,
+                                 placed)
+                        return FAIL
+                start = k + 1
+        return FOUND
+
+    ctl[NODES] += 1
+    if ctl[NODES] > ctl[LIMIT_AT]:
+        return LIMIT
+    cap = ctl[CAPACITY]
+    # the unplaced buffers of the range by (lowest offset, rank)
+    count = 0
+    for b in range(blo, bhi):
+        if placed[b] == 0:
+            count += 1
+    if count == 0:
+        return FOUND
+    todo = np.empty(count, dtype=np.int64)
+    keys = np.empty(count, dtype=np.int64)
+    count = 0
+    lowest_top = _BIG
+    for i in range(len(by_rank)):
+        b = by_rank[i]
+        if blo <= b < bhi and placed[b] == 0:
+            todo[count] = b
+            keys[count] = min_off[b]
+            count += 1
+            if min_off[b] + size[b] < lowest_top:
+                lowest_top = min_off[b] + size[b]
+    todo = todo[np.argsort(keys, kind="mergesort")]
+    for i in range(count):
+        b = todo[i]
+        offset = min_off[b]
+        if offset >= lowest_top:
+            break  # it would leave a gap nothing can fill
+        if offset < last_off or (offset == last_off and rank[b] < last_rank):
+            continue  # the same plan is reached in canonical order
+        top = offset + size[b]
+        if top > cap:
+            continue
+        # place b, keeping what is needed to take it back
+        old_floor = floor[s0[b]:s1[b]].copy()
+        old_min = np.empty(ovl_ptr[b + 1] - ovl_ptr[b], dtype=np.int64)
+        hatless = True
+        for k in range(ovl_ptr[b], ovl_ptr[b + 1]):
+            c = ovl_buf[k]
+            old_min[k - ovl_ptr[b]] = min_off[c]
+            if placed[c] == 0:
+                hatless = False
+                if min_off[c] < top:
+                    min_off[c] = top
+        new_cut = zero
+        for s in range(s0[b], s1[b]):
+            floor[s] = top
+            load[s] -= size[b]
+        for s in range(s0[b], s1[b] - 1):
+            crossing[s] -= 1
+            if crossing[s] == 0:
+                new_cut = zero + 1
+        placed[b] = 1
+        offsets[b] = offset
+        r = FAIL
+        if _fits(lo, hi, offset, blo, bhi, s0, s1, floor, load, min_off, placed, bottom, cap):
+            r = place_in_order(lo, hi, offset, rank[b], new_cut, s0, s1, size, rank, by_rank,
+                               buf_at, ovl_ptr, ovl_buf, floor, load, crossing, min_off, placed,
+                               offsets, bottom, ctl)
+        if r != FAIL:
+            return r
+        placed[b] = 0
+        for s in range(s0[b], s1[b] - 1):
+            crossing[s] += 1
+        for s in range(s0[b], s1[b]):
+            load[s] += size[b]
+        floor[s0[b]:s1[b]] = old_floor
+        for k in range(ovl_ptr[b], ovl_ptr[b + 1]):
+            min_off[ovl_buf[k]] = old_min[k - ovl_ptr[b]]
+        if hatless:
+            break  # nothing rests on b: no other choice here can do better
     return FAIL

@@ -276,15 +276,19 @@ def choose(buffers: Sequence[Buffer], names: Sequence[str] = tuple(HEURISTICS),
 
 FOUND, INFEASIBLE, LIMIT = "found", "infeasible", "limit"
 
-#: Value orders the search cycles through on restarts.  Letters name keys by
-#: which candidate buffers are tried, all descending: Z size, W lifetime, A
-#: area (size x lifetime), T the most bytes live in any of the buffer's
-#: sections.  ``B<k>`` is the blended score log(size) + log(lifetime) / 2,
-#: with seeded normal noise of deviation 1 when ``k > 0`` (deterministic
-#: restarts).  A ``/s``
-#: suffix branches first at the section with the least slack instead of the
-#: one with the fewest candidates; neither rule wins everywhere.
-SEARCH_ORDERS = ("B0", "B0/s", "ZW", "ZW/s", "TZW", "TZW/s")
+#: Strategies the search cycles through on restarts: a value order, then
+#: ``/`` and a rule.  Letters name keys by which candidate buffers are tried,
+#: all descending: Z size, W lifetime, A area (size x lifetime), T the most
+#: bytes live in any of the buffer's sections.  ``B<k>`` is the blended score
+#: log(size) + log(lifetime) / 2, with seeded normal noise of deviation 1
+#: when ``k > 0`` (deterministic restarts).  Rules: none, branch at the
+#: section with the fewest candidates; ``s``, at the one with the least
+#: slack; ``m``, MiniMalloc's placement order instead (buffers by lowest
+#: offset, then value order; see :func:`memopt._search_kernel.place_in_order`).
+#: No rule wins everywhere: on the MiniMalloc set ``m`` closes A, C, D, F, G,
+#: J and K in a few thousand nodes where the section rules need far more,
+#: and the section rules close E, H and I first.
+SEARCH_ORDERS = ("TWA/m", "B0", "WAT/m", "B0/s", "TAW/m", "ZW", "ZW/s", "TZW", "TZW/s")
 
 #: The orders of the greedy descents that open the search.
 DIVE_ORDERS = ("ZW", "B0")
@@ -305,11 +309,11 @@ def _luby(i: int) -> int:
 
 
 def _strategies(first: Sequence[str]):
-    """``first``, then seeded blended orders under both section rules, forever."""
+    """``first``, then seeded blended orders under every rule, forever."""
     yield from first
     seed = 1
     while True:
-        for name in (f"B{seed}", f"B{seed}/s"):
+        for name in (f"B{seed}", f"B{seed}/m", f"B{seed}/s"):
             if name not in first:
                 yield name
         seed += 1
@@ -398,6 +402,7 @@ class CanonicalSearch:
                       "T": -most}
         self._ranks: Dict[str, np.ndarray] = {}
         self._least_slack = False  # section rule: fewest candidates first, or least slack
+        self._in_order = False  # MiniMalloc's placement order instead of the sections'
         #: the blended order's score: log(size) + life_weight * log(lifetime),
         #: plus noise * N(0, 1) for a seeded order ``B<k>``, ``k > 0``
         self.life_weight, self.noise = 0.5, 1.0
@@ -444,13 +449,14 @@ class CanonicalSearch:
             return INFEASIBLE, None
         if self._failed_for != capacity or self._memo is None:
             self._failed_for, self._memo = capacity, None  # proofs hold per capacity
-        base = 2 * (self.n + self.sections)  # a few descents' worth of nodes
+        base = 3 * (self.n + self.sections)  # a few descents' worth of nodes
         for run, name in enumerate(_strategies(orders)):
             left = node_budget - self.nodes
             if left <= 0 or (deadline is not None and time.perf_counter() > deadline):
                 return LIMIT, None
             order, _, rule = name.partition("/")
             self._least_slack = rule == "s"
+            self._in_order = rule == "m"
             status, offsets = self._run(capacity, self.rank(order),
                                         min(base * _luby(run + 1), left), deadline)
             if status != LIMIT:
@@ -465,7 +471,7 @@ class CanonicalSearch:
         """
         self._failed_for, self._memo = None, None
         self.nodes = 0
-        self._least_slack = False
+        self._least_slack = self._in_order = False
         status, offsets = self._run(int(self.size.sum()) + 1, self.rank(order),
                                     64 * (self.n + self.sections) + 64, deadline)
         return offsets if status == FOUND else None
@@ -495,13 +501,20 @@ class CanonicalSearch:
         depth = sys.getrecursionlimit()
         if not kernel.JIT:  # a Python frame per node of a path
             sys.setrecursionlimit(max(depth, 4 * (n + S) + 1000))
+        rank = rank[self._perm]
+        state = (np.zeros(S, dtype=np.int64), self.total.copy(), np.cumsum(crossing)[:S],
+                 np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), offsets)
         try:
-            status = kernel.solve_range(
-                0, S, self._s0, self._s1, self._size, rank[self._perm], self._buf_at,
-                self._sec_ptr, self._sec_buf, self._ovl_ptr, self._ovl_buf,
-                np.zeros(S, dtype=np.int64), self.total.copy(), np.cumsum(crossing)[:S],
-                np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), offsets,
-                np.zeros(S, dtype=np.int64), np.zeros(S, dtype=np.int64), ctl, *self._memo)
+            if self._in_order:
+                status = kernel.place_in_order(
+                    0, S, 0, -1, 1, self._s0, self._s1, self._size, rank,
+                    np.argsort(rank, kind="stable"), self._buf_at, self._ovl_ptr,
+                    self._ovl_buf, *state, np.zeros(S, dtype=np.int64), ctl)
+            else:
+                status = kernel.solve_range(
+                    0, S, self._s0, self._s1, self._size, rank, self._buf_at,
+                    self._sec_ptr, self._sec_buf, self._ovl_ptr, self._ovl_buf, *state,
+                    np.zeros(S, dtype=np.int64), np.zeros(S, dtype=np.int64), ctl, *self._memo)
         finally:
             sys.setrecursionlimit(depth)
         used = int(min(ctl[kernel.NODES], limit))
