@@ -228,3 +228,27 @@ def test_einsum_xshape_holds_no_bytes(legacy):
     shapes = [graph.var(n) for n in einsum.writes if graph.var(n).kind == legacy.META]
     assert len(shapes) == 2
     assert all(v.size.coefficient == 0 and -1 in v.shape for v in shapes)
+
+
+def test_conditional_block_grad_full_writes(legacy):
+    """conditional_block_grad writes its parent-side gradients whole (a copy
+    of the body's, or zeros of the input's dims) only where the input surely
+    holds a tensor: a value only a branch writes may hold none."""
+    program = models.build("nested_cond", "legacy").main
+    graph = legacy.program_to_graph(program)
+    block0 = program.global_block()
+    grads = [(i, op) for i, op in enumerate(block0.ops) if op.type == "conditional_block_grad"]
+    assert len(grads) == 2
+    for index, pop in grads:
+        gop = graph.global_block.ops[index]
+        assert set(gop.attrs["full_writes"]) == set(pop.output("Input@GRAD")) - {"@EMPTY@"}
+        assert set(gop.attrs["sub_outputs"]) == {n + "@GRAD" for n in pop.input("Input")}
+    surely = legacy._surely_written(program, block0, grads[0][0])
+    branch_out = next(op for op in block0.ops if op.type == "conditional_block").output("Out")[0]
+    assert surely("linear_0.tmp_1") and surely("x") and surely("linear_1.w_0")
+    assert not surely(branch_out), "written only inside a branch"
+    # in a grad body, what the forward body wrote holds a tensor
+    inner = [(i, op) for i, op in enumerate(program.block(6).ops)
+             if op.type == "conditional_block_grad"]
+    assert inner and legacy._surely_written(program, program.block(6), inner[0][0])(
+        "relu_0.tmp_0")

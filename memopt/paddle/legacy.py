@@ -152,23 +152,55 @@ _GRAD_CONTROL_OPS = {"conditional_block_grad": ("Input", "Input@GRAD"),
                      "while_grad": ("X", "X@GRAD")}
 
 
-def _control_grad_attrs(op_type: str, desc) -> dict:
+def _control_grad_attrs(op_type: str, desc, surely_written) -> dict:
     """``sub_outputs`` (the body's local gradients the op reads back after
     the body ran) and, for ``conditional_block_grad``, ``full_writes``.
 
     ``conditional_block_grad`` writes every parent-side gradient whole: a
     copy of the body's local gradient when the branch ran, zeros of the
     input's shape otherwise (Paddle's ``AssignLocalGradientToParentScope`` /
-    ``AssignZeroToParentScope``), never reading it.  ``while_grad``
+    ``AssignZeroToParentScope``), never reading it -- provided the input
+    holds a tensor (zeros take its dims; an input holding none leaves the
+    gradient untouched): so only gradients of inputs ``surely_written``
+    (see :func:`_surely_written`) are ``full_writes``.  ``while_grad``
     accumulates into its parent-side gradients across iterations, so it gets
     no ``full_writes``.
     """
     in_slot, out_slot = _GRAD_CONTROL_OPS[op_type]
-    inputs = [n for n in desc.input(in_slot) if n != EMPTY_VAR]
-    attrs = {"sub_outputs": tuple(n + "@GRAD" for n in inputs)}
-    if op_type == "conditional_block_grad":
-        attrs["full_writes"] = tuple(n for n in desc.output(out_slot) if n != EMPTY_VAR)
+    inputs = desc.input(in_slot)
+    attrs = {"sub_outputs": tuple(n + "@GRAD" for n in inputs if n != EMPTY_VAR)}
+    outputs = desc.output(out_slot)
+    if op_type == "conditional_block_grad" and len(outputs) == len(inputs):
+        attrs["full_writes"] = tuple(out for out, x in zip(outputs, inputs)
+                                     if EMPTY_VAR not in (out, x) and surely_written(x))
     return attrs
+
+
+def _surely_written(program, pblock, index: int):
+    """``surely_written(name)``: whether variable ``name`` holds a tensor
+    when op ``index`` of ``pblock`` runs -- a parameter, a data variable, or
+    written by an op without sub-blocks earlier in the block, or anywhere in
+    the forward block a grad block belongs to (which ran whole before it).
+    Anything else (a value only a branch or a loop writes) may hold none."""
+    def plain_writers(ops):
+        out = set()
+        for op in ops:
+            if not _sub_block_ids(op.desc):
+                out.update(op.desc.output_arg_names())
+        return out
+
+    written = plain_writers(pblock.ops[:index])
+    forward = getattr(pblock, "forward_block_idx", -1)
+    if forward is not None and 0 <= forward < program.num_blocks:
+        written |= plain_writers(program.block(forward).ops)
+
+    def check(name: str) -> bool:
+        if name in written:
+            return True
+        pvar = pblock._find_var_recursive(name)
+        return pvar is not None and (pvar.persistable or _is_data(pvar))
+
+    return check
 
 
 def _role(op_role: int) -> str:
@@ -287,7 +319,8 @@ def program_to_graph(program) -> Graph:
                 attrs["dims_only"] = {slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
             subs = _sub_block_ids(desc)
             if op_type in _GRAD_CONTROL_OPS:
-                attrs.update(_control_grad_attrs(op_type, desc))
+                attrs.update(_control_grad_attrs(op_type, desc,
+                                                 _surely_written(program, pblock, index)))
             block.add_op(Op(op_type, reads, writes, subs, _role(int(op_role)),
                             op_type in LOOP_OPS, attrs))
             for slot in _UNSIZED_SLOTS.intersection(desc.output_names()):
