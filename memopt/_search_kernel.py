@@ -324,36 +324,51 @@ def solve_range(lo, hi, s0, s1, size, rank, buf_at, sec_ptr, sec_buf, ovl_ptr, o
 # -- the second search: MiniMalloc's order of placements -----------------------
 
 @_jit
-def _fits(lo, hi, offset, blo, bhi, s0, s1, floor, load, min_off, placed, bottom, cap):
-    """Every section of ``[lo, hi)`` can still hold its unplaced bytes above
-    ``offset``, its floor and the lowest floor of its unplaced buffers."""
-    for s in range(lo, hi):  # the cheap test first
-        if load[s] > 0 and max(offset, floor[s]) + load[s] > cap:
-            return False
-    for s in range(lo, hi):
-        bottom[s] = _BIG
+def _lowest_floors(lo, hi, blo, bhi, s0, s1, min_off, placed):
+    """The lowest ``min_off`` of the unplaced buffers covering each section of
+    ``[lo, hi)`` (index ``s - lo``; huge if none)."""
+    bottom = np.full(hi - lo, _BIG, dtype=np.int64)
     for b in range(blo, bhi):
         if placed[b] == 0:
             mo = min_off[b]
             for s in range(s0[b], s1[b]):
-                if mo < bottom[s]:
-                    bottom[s] = mo
-    for s in range(lo, hi):
+                if mo < bottom[s - lo]:
+                    bottom[s - lo] = mo
+    return bottom
+
+
+@_jit
+def _fits(lo, hi, offset, ta, tz, sec_ptr, sec_buf, floor, load, min_off, placed, bottom,
+          most, cap):
+    """Every section of ``[lo, hi)`` can still hold its unplaced bytes above
+    ``offset``, its floor and the lowest floor of its unplaced buffers.
+
+    ``bottom`` (from :func:`_lowest_floors`) holds those lowest floors as they
+    were before the last placement, which changed them (and the floors and
+    loads) in sections ``[ta, tz)`` only; before it every section passed with
+    a lower offset, so elsewhere only ``offset`` plus the load can fail, and
+    nothing does when ``offset + most <= cap`` (``most``: the largest load then).
+    """
+    if offset + most > cap:
+        for s in range(lo, hi):
+            if load[s] > 0 and max(offset, floor[s], bottom[s - lo]) + load[s] > cap:
+                return False
+    for s in range(ta, tz):
         if load[s] > 0:
-            low = floor[s]
-            if offset > low:
-                low = offset
-            if bottom[s] > low:
-                low = bottom[s]
-            if low + load[s] > cap:
+            lowest = _BIG
+            for k in range(sec_ptr[s], sec_ptr[s + 1]):
+                c = sec_buf[k]
+                if placed[c] == 0 and min_off[c] < lowest:
+                    lowest = min_off[c]
+            if max(offset, floor[s], lowest) + load[s] > cap:
                 return False
     return True
 
 
 @_jit
 def place_in_order(lo, hi, last_off, last_rank, split, s0, s1, size, rank, by_rank, buf_at,
-                   ovl_ptr, ovl_buf, floor, load, crossing, min_off, placed, offsets, bottom,
-                   ctl):
+                   sec_ptr, sec_buf, ovl_ptr, ovl_buf, floor, load, crossing, min_off, placed,
+                   offsets, ctl):
     """Place every unplaced buffer of sections ``[lo, hi)``: FOUND, FAIL or LIMIT.
 
     The search of MiniMalloc (Moffitt, ASPLOS 2023), written from its paper:
@@ -386,9 +401,9 @@ def place_in_order(lo, hi, last_off, last_rank, split, s0, s1, size, rank, by_ra
                         busy = True
                         break
                 if busy:
-                    r = place_in_order(start, k + 1, zero, zero - 1, zero, s0, s1, size, rank, by_rank,
-                                       buf_at, ovl_ptr, ovl_buf, floor, load, crossing, min_off,
-                                       placed, offsets, bottom, ctl)
+                    r = place_in_order(start, k + 1, zero, zero - 1, zero, s0, s1, size, rank,
+                                       by_rank, buf_at, sec_ptr, sec_buf, ovl_ptr, ovl_buf, floor,
+                                       load, crossing, min_off, placed, offsets, ctl)
                     if r == LIMIT:
                         return LIMIT
                     if r == FAIL:
@@ -417,11 +432,15 @@ def place_in_order(lo, hi, last_off, last_rank, split, s0, s1, size, rank, by_ra
         b = by_rank[i]
         if blo <= b < bhi and placed[b] == 0:
             todo[count] = b
-            keys[count] = min_off[b]
+            keys[count] = min_off[b] * len(by_rank) + count  # unique: no stable sort needed
             count += 1
             if min_off[b] + size[b] < lowest_top:
                 lowest_top = min_off[b] + size[b]
-    todo = todo[np.argsort(keys, kind="mergesort")]
+    todo = todo[np.argsort(keys)]
+    bottom = _lowest_floors(lo, hi, blo, bhi, s0, s1, min_off, placed)
+    most = 0
+    for s in range(lo, hi):
+        most = max(most, load[s])
     for i in range(count):
         b = todo[i]
         offset = min_off[b]
@@ -436,6 +455,7 @@ def place_in_order(lo, hi, last_off, last_rank, split, s0, s1, size, rank, by_ra
         old_floor = floor[s0[b]:s1[b]].copy()
         old_min = np.empty(ovl_ptr[b + 1] - ovl_ptr[b], dtype=np.int64)
         hatless = True
+        ta, tz = s0[b], s1[b]  # the sections whose lowest floors change
         for k in range(ovl_ptr[b], ovl_ptr[b + 1]):
             c = ovl_buf[k]
             old_min[k - ovl_ptr[b]] = min_off[c]
@@ -443,6 +463,7 @@ def place_in_order(lo, hi, last_off, last_rank, split, s0, s1, size, rank, by_ra
                 hatless = False
                 if min_off[c] < top:
                     min_off[c] = top
+                    ta, tz = min(ta, s0[c]), max(tz, s1[c])
         new_cut = zero
         for s in range(s0[b], s1[b]):
             floor[s] = top
@@ -454,10 +475,11 @@ def place_in_order(lo, hi, last_off, last_rank, split, s0, s1, size, rank, by_ra
         placed[b] = 1
         offsets[b] = offset
         r = FAIL
-        if _fits(lo, hi, offset, blo, bhi, s0, s1, floor, load, min_off, placed, bottom, cap):
+        if _fits(lo, hi, offset, ta, tz, sec_ptr, sec_buf, floor, load, min_off, placed, bottom,
+                 most, cap):
             r = place_in_order(lo, hi, offset, rank[b], new_cut, s0, s1, size, rank, by_rank,
-                               buf_at, ovl_ptr, ovl_buf, floor, load, crossing, min_off, placed,
-                               offsets, bottom, ctl)
+                               buf_at, sec_ptr, sec_buf, ovl_ptr, ovl_buf, floor, load, crossing,
+                               min_off, placed, offsets, ctl)
         if r != FAIL:
             return r
         placed[b] = 0

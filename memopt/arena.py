@@ -28,15 +28,18 @@ Three layers, each usable alone:
 3. **Search** (:class:`CanonicalSearch`): a branch and bound over
    *canonical* (compacted) solutions in the manner of MiniMalloc, with its
    section bounds, decomposition into independent time ranges, a memo of
-   failed sub-problems and restarts over several value orders.
+   failed sub-problems and restarts over several value orders and two
+   branching rules.  Its node loop is :mod:`memopt._search_kernel`, compiled
+   by numba when installed (an optional dependency; plain Python otherwise,
+   same plans, a few hundred times slower).
 
 :func:`plan_arena` puts them together.  ``mode="heuristic"``: the chooser.
 ``mode="default"`` (about a second): the chooser; if its plan is not within
-``tolerance`` of the lower bound, greedy descents of the search, then the
-search at 5 % above the bound and a bisection between what fails and what
-fits.  ``mode="exact"``: the search at the lower bound first (most of the time
-budget), then at the capacity if one is given, then the bisection; a plan is
-*proven optimal* when its height equals the peak-live bound or the search
+``tolerance`` of the lower bound, a greedy descent of the search, then the
+search at the lower bound, at the capacity if one is given and at 5 % above
+the bound, and a bisection between what fails and what fits.
+``mode="exact"``: the same schedule with a minute and a million nodes; a plan
+is *proven optimal* when its height equals the peak-live bound or the search
 exhausted every plan one size quantum lower.
 
 Real program traces are easy (greedy by size is on the bound or within a few
@@ -508,8 +511,8 @@ class CanonicalSearch:
             if self._in_order:
                 status = kernel.place_in_order(
                     0, S, 0, -1, 1, self._s0, self._s1, self._size, rank,
-                    np.argsort(rank, kind="stable"), self._buf_at, self._ovl_ptr,
-                    self._ovl_buf, *state, np.zeros(S, dtype=np.int64), ctl)
+                    np.argsort(rank, kind="stable"), self._buf_at, self._sec_ptr,
+                    self._sec_buf, self._ovl_ptr, self._ovl_buf, *state, ctl)
             else:
                 status = kernel.solve_range(
                     0, S, self._s0, self._s1, self._size, rank, self._buf_at,
@@ -540,7 +543,7 @@ MAX_SEARCH_BUFFERS = 5000
 #: Default settings per mode: (seconds at most, nodes per buffer at most).
 MODES = {
     "heuristic": (0.0, 0),
-    "default": (0.9, 40),
+    "default": (0.9, 300),
     "exact": (60.0, 1_000_000),
 }
 
@@ -592,7 +595,7 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
     time_limit : seconds for the search (default 0.9 for ``"default"``, 60 for
         ``"exact"``); a safety net -- the node budget keeps runs
         deterministic.
-    node_budget : search nodes in all (default: 40 per buffer in the default
+    node_budget : search nodes in all (default: 300 per buffer in the default
         mode, a million in the exact mode).
     tolerance : outside the exact mode, planning stops as soon as a plan is
         within this fraction of the lower bound (0.001: 0.1 %): the chooser
@@ -679,9 +682,9 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
              budget: int, deadline: float, trials: list) -> Tuple[int, bool, int]:
     """Lower the parts' heights by searching at decreasing capacities.
 
-    The schedule: a greedy descent; the search at 5 % above the lower bound
-    or at the capacity if that is lower (a small share in the exact mode); in
-    the exact mode the lower bound itself, then the capacity; more greedy
+    The schedule: a greedy descent; the search at the lower bound (40 % of
+    the time, 60 % in the exact mode), then at the capacity if one is given,
+    then at 5 % above the lower bound (or the capacity if lower); more greedy
     descents if nothing is close yet; then a bisection between the highest
     capacity that failed and the best height found.
     Appends the descents' result to ``trials``.  Returns the (possibly
@@ -721,17 +724,16 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
                     part.offer(dived)
         trials.append(("canonical_dive", best(), time.perf_counter() - t0))
 
-    n = sum(p.search.n for p in parts)
     near = lower_bound + lower_bound // 20 // quantum * quantum  # 5 % above
     lo = lower_bound - quantum  # highest capacity known (or assumed) too small
     dive(DIVE_ORDERS[:1])
     first = near if capacity is None else max(lower_bound, min(near, capacity))
-    if mode == "exact":
-        targets = [(first, min(budget, 20 * n), 0.05), (lower_bound, budget // 2, 0.5)]
-        if capacity is not None and lower_bound < capacity:
-            targets.append((capacity, budget // 4, 0.5))
-    else:
-        targets = [(first, budget // 2, 0.5)]
+    # the lower bound first: the portfolio of restarts often reaches it in a
+    # few thousand nodes, and then the plan is proven optimal
+    targets = [(lower_bound, budget // 2, 0.6 if mode == "exact" else 0.4)]
+    if capacity is not None and lower_bound < capacity:
+        targets.append((capacity, budget // 4, 0.5))
+    targets.append((first, budget // 4, 0.5))
     for target, nodes, share in targets:
         if best() <= target or time.perf_counter() > deadline or used >= budget:
             continue

@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from memopt.arena import HEURISTICS, choose, plan_arena  # noqa: E402
 from memopt.bounds import peak_live_bytes, whole_buffer_lower_bound  # noqa: E402
+from memopt.errors import PlanError  # noqa: E402
 from memopt.problems import Problem, problem_from_graph, read_csv  # noqa: E402
 from memopt.reuse import ORDERS, assign_groups  # noqa: E402
 from memopt.simulate import check_groups, check_offsets  # noqa: E402
@@ -117,13 +118,19 @@ def arena_row(problem: Problem, repeat: int, exact: bool, time_limit: float) -> 
               f"{seconds * 1000 / max(len(buffers), 1) * 1000:.0f} ms"]
     if exact:
         t0 = time.perf_counter()
-        best = plan_arena(buffers, mode="exact", time_limit=time_limit)
+        try:  # given the capacity, as MiniMalloc is
+            best = plan_arena(problem, mode="exact", time_limit=time_limit)
+        except PlanError:
+            best = None
         spent = time.perf_counter() - t0
-        check_offsets(buffers, best.offsets)
-        fits = ("yes" if best.height <= problem.capacity else "no") \
-            if problem.capacity else "-"
-        cells += [ratio(best.height, bound), f"{best.height:,}", fits,
-                  "yes" if best.optimal else "no", ms(spent)]
+        if best is None:
+            cells += ["-", "-", "no", "no", ms(spent)]
+        else:
+            check_offsets(buffers, best.offsets)
+            fits = ("yes" if best.height <= problem.capacity else "no") \
+                if problem.capacity else "-"
+            cells += [ratio(best.height, bound), f"{best.height:,}", fits,
+                      "yes" if best.optimal else "no", ms(spent)]
     return "| " + " | ".join(cells) + " |"
 
 
