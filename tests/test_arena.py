@@ -161,3 +161,89 @@ def test_a_minimalloc_problem_reaches_its_bound():
     assert check_offsets(problem.buffers, plan.offsets, capacity=1048576) == 1048576
     assert plan.optimal and plan.lower_bound == 1048576
     assert choose(problem.buffers).height > 1.15 * 1048576  # the greedy gap
+
+
+#: Strategies covering the three branching rules of the search.
+RULES = ("B0", "B0/s", "TWA/m")
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_buffers((0, 5), (1, 4), (1, 4), 6))
+def test_every_branching_rule_is_sound_and_complete(buffers):
+    """Each rule alone finds a plan at the optimum and proves nothing fits
+    one byte lower (the sizes' gcd may be 1)."""
+    optimum = brute_force_height(buffers, sum(b.size for b in buffers) + 1)
+    for rule in RULES:
+        search = CanonicalSearch(*arrays(buffers))
+        status, offsets = search.solve(optimum, 100_000, orders=(rule,) * 50)
+        assert status == FOUND, rule
+        assert check_offsets(buffers, dict(enumerate(offsets.tolist()))) <= optimum
+        if optimum > peak_live_bytes(buffers):  # else the bound answers first
+            assert search.solve(optimum - 1, 100_000, orders=(rule,) * 50)[0] == INFEASIBLE
+
+
+def _kernel_runs(problems):
+    """(status, offsets, nodes) of every rule on every (buffers, capacity)."""
+    out = []
+    for buffers, capacity in problems:
+        for rule in RULES:
+            search = CanonicalSearch(*arrays(buffers))
+            status, offsets = search.solve(capacity, 3_000, orders=(rule,))
+            out.append([status, None if offsets is None else offsets.tolist(), search.nodes])
+    return out
+
+
+def _kernel_problems():
+    rng = np.random.default_rng(4)
+    problems = []
+    for n in (12, 25):
+        lo = rng.integers(0, 20, n)
+        spec = [(int(a), int(a + rng.integers(1, 8)), int(rng.integers(1, 9)) * 8) for a in lo]
+        buffers = bufs(*spec)
+        bound = peak_live_bytes(buffers)
+        problems += [(buffers, bound), (buffers, bound + bound // 10)]
+    return problems
+
+
+def test_plain_python_kernel_gives_the_same_plans():
+    """Without numba (import blocked in a child process) the kernel runs as
+    plain Python and must find the same plans with the same node counts."""
+    import json
+    import subprocess
+    import sys
+
+    from memopt import _search_kernel
+
+    code = (
+        "import sys, json\n"
+        "sys.modules['numba'] = None  # as if numba were not installed\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "import test_arena as t\n"
+        "from memopt import _search_kernel\n"
+        "assert not _search_kernel.JIT\n"
+        "print(json.dumps(t._kernel_runs(t._kernel_problems())))\n")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert child.returncode == 0, child.stderr
+    plain = json.loads(child.stdout)
+    here = _kernel_runs(_kernel_problems())
+    assert plain == json.loads(json.dumps(here))
+    assert {run[0] for run in here} >= {FOUND}
+    if _search_kernel.JIT:
+        assert _search_kernel.solve_range.signatures  # the comparison ran compiled code
+
+
+def test_the_hardest_minimalloc_problem_in_a_few_thousand_nodes():
+    """K (454 buffers) at its lower bound with MiniMalloc's placement order."""
+    from memopt import _search_kernel
+
+    if not _search_kernel.JIT:
+        pytest.skip("plain Python is too slow for 454 buffers (numba not installed)")
+    path = need_file(os.path.join(DATA, "K.1048576.csv"),
+                     "the MiniMalloc benchmark data (../shared/benchmarks/minimalloc)")
+    problem = read_csv(path)
+    search = CanonicalSearch(*arrays(problem.buffers))
+    status, offsets = search.solve(1048576, 20_000, orders=("TWA/m",))
+    assert status == FOUND
+    plan = {b.id: int(o) for b, o in zip(problem.buffers, offsets)}
+    assert check_offsets(problem.buffers, plan, capacity=1048576) == 1048576
