@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup tfp clean
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
@@ -21,5 +21,18 @@ $(STAMP): setup.py
 	$(BIN)/python -m pip install -e ".[all]"
 	touch $(STAMP)
 
+# TensorFlow Probability 0.25 for scripts/bench_autobatch_tf.py's side-by-side
+# runs.  It needs TensorFlow 2.18, which cannot live beside this project's
+# TensorFlow, hence a venv of its own (the bench finds it there).
+TFP_VENV := .tfp-venv
+
+tfp: $(TFP_VENV)/.installed
+
+$(TFP_VENV)/.installed:
+	test -x $(TFP_VENV)/bin/python || $(PYTHON) -m venv $(TFP_VENV)
+	$(TFP_VENV)/bin/python -m pip install "tensorflow-cpu==2.18.1" "tf-keras==2.18.0" \
+		"tensorflow-probability==0.25.0" "numpy<2.1"
+	touch $@
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(TFP_VENV) build *.egg-info

@@ -1,6 +1,7 @@
 """Speed and memory of the autobatch VM (NumPy backend) against plain Python.
 
     python scripts/bench_autobatch.py [--quick] [--repeat 3] [--blas-threads 1]
+        [--tf [--tfp-python PATH]]
 
 Workloads (inputs drawn uniformly, seeded): fib (batch 1,000 and 10,000,
 n <= 20), is_even by mutual recursion (batch 10,000, n <= 100; tail calls,
@@ -16,6 +17,10 @@ steps (VM steps: one or more blocks each), peak memory traced by tracemalloc
 during one VM run, the stackless executor (one run), plain Python looping
 over the examples one by one (medians), and the ratios.  Every run's result
 is checked against plain Python.
+
+``--tf`` then runs ``scripts/bench_autobatch_tf.py`` (the TensorFlow
+backend in eager, graph and XLA mode, and TFP 0.25's own engine side by side
+when a Python that has it is found) and prints its table.
 
 BLAS threads default to 1 (set before NumPy is imported): on a shared
 machine a multi-threaded BLAS makes small matrix products erratic, and the
@@ -156,6 +161,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per measurement")
     parser.add_argument("--blas-threads", default="1", help="BLAS threads (default 1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tf", action="store_true",
+                        help="then run scripts/bench_autobatch_tf.py: the TensorFlow backend "
+                        "(eager, graph, XLA) and, where a Python with TFP 0.25 is given "
+                        "(--tfp-python), TFP's engine on the same programs, side by side")
+    parser.add_argument("--tfp-python", default=None,
+                        help="with --tf: a Python that has TFP 0.25 (see bench_autobatch_tf.py)")
     args = parser.parse_args()
     repeat = 1 if args.quick else args.repeat
     backend = NumpyBackend()
@@ -180,6 +191,23 @@ def main() -> None:
           "shared machine\nthey show what the wall clock would be without the other "
           "load (the BLAS runs one thread).")
     print(f"\ntotal bench time {time.perf_counter() - start:.0f} s")
+    if args.tf:
+        run_tensorflow_bench(args)
+
+
+def run_tensorflow_bench(args: argparse.Namespace) -> None:
+    """The TensorFlow table, in its own process (TensorFlow's threads must
+    not share this one's BLAS settings and imports)."""
+    import subprocess
+    command = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                            "bench_autobatch_tf.py"),
+               "--repeat", str(args.repeat), "--seed", str(args.seed)]
+    if args.quick:
+        command.append("--quick")
+    if args.tfp_python:
+        command += ["--tfp-python", args.tfp_python]
+    print(flush=True)
+    subprocess.run(command, check=True)
 
 
 if __name__ == "__main__":

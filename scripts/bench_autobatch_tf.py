@@ -1,7 +1,7 @@
 """autobatch on TensorFlow (eager / tf.function / XLA) against TFP 0.25's auto_batching.
 
     python scripts/bench_autobatch_tf.py [--quick] [--repeat 3] [--modes eager,graph,xla]
-        [--workloads fib1k,fib10k,collatz10k,nuts1k] [--tfp-python /work/tfp-venv/bin/python]
+        [--workloads fib1k,fib10k,collatz10k,nuts1k] [--tfp-python .tfp-venv/bin/python]
 
 Workloads (inputs drawn uniformly, seeded; the same arrays go to both engines):
 fib batch 1,000 and 10,000 with n <= 20; Collatz step counts, batch 10,000,
@@ -17,8 +17,8 @@ translation, typing, lowering and tracing/compiling: the "first call" column;
 half after TFP's runs of the same workload.
 
 TFP 0.25 cannot be installed beside this project's TensorFlow; given a Python
-that has it (``--tfp-python``, default ``/work/tfp-venv/bin/python`` when it
-exists), the same programs, written in the subset TFP's frontend accepts
+that has it (``--tfp-python``; by default the repo's ``.tfp-venv``, which
+``make tfp`` builds, else ``/work/tfp-venv``, when one exists), the same programs, written in the subset TFP's frontend accepts
 (recursion instead of loops, ``def`` type functions, explicit ``else``), run
 in a subprocess per (workload, mode) on the same inputs (not eagerly on fib
 unless --tfp-eager-fib: TFP's eager VM takes 31 s at batch 1,000 with n <= 14,
@@ -346,6 +346,13 @@ def run_tfp(python: str, work: Workload, mode: str, repeat: int,
         return out
 
 
+def default_tfp_python() -> str:
+    """The repo's ``.tfp-venv`` (``make tfp``) if built, else ``/work/tfp-venv``."""
+    local = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         ".tfp-venv", "bin", "python")
+    return local if os.path.exists(local) else "/work/tfp-venv/bin/python"
+
+
 # -- report ------------------------------------------------------------------------------------
 
 def fmt(seconds: Optional[float]) -> str:
@@ -367,7 +374,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="steady runs (graph, XLA)")
     parser.add_argument("--modes", default="eager,graph,xla")
     parser.add_argument("--workloads", default="fib1k,fib10k,collatz10k,nuts1k")
-    parser.add_argument("--tfp-python", default="/work/tfp-venv/bin/python")
+    parser.add_argument("--tfp-python", default=default_tfp_python(),
+                        help="a Python that has TFP 0.25 (`make tfp` builds .tfp-venv)")
     parser.add_argument("--no-tfp", action="store_true")
     parser.add_argument("--tfp-timeout", type=float, default=1800.0,
                         help="seconds per TFP subprocess")
