@@ -905,12 +905,66 @@ def best_fit_groups(buffers: List[Buffer], klass) -> List[List[Buffer]]:
     """
     from .reuse import RANK_BATCH
 
-    plans = [_sweep(buffers, klass, reverse=False), _sweep(buffers, klass, reverse=True)]
+    plans = [_sweep(buffers, klass, reverse=False), _sweep(buffers, klass, reverse=True),
+             _largest_first(buffers, klass)]
 
     def cost(groups):
         return sum(max(_as_size(b.size).at(RANK_BATCH) for b in g) for g in groups)
 
     return min(plans, key=cost)
+
+
+def _largest_first(buffers: List[Buffer], klass) -> List[List[Buffer]]:
+    """Largest buffers first (at :data:`memopt.reuse.RANK_BATCH`), each into
+    the free group of its class with the least spare memory that admits it:
+    no member overlaps it in time, and every member provably fits the
+    group's earliest member (which allocates the memory).  Groups are
+    scanned smallest first, so the search stops at the first that admits
+    the buffer."""
+    from bisect import bisect_left, insort
+
+    from .reuse import RANK_BATCH
+
+    sizes = [_as_size(b.size) for b in buffers]
+    weight = [s.at(RANK_BATCH) for s in sizes]
+    order = sorted(range(len(buffers)), key=lambda i: (-weight[i], buffers[i].lower, i))
+    lowers: List[List[int]] = []     # per group: members' lowers, sorted
+    members: List[List[int]] = []    # per group: buffer indices, by lower
+    capacity: List[int] = []         # per group: its earliest member's weight
+    by_class: Dict[Hashable, list] = {}  # class -> sorted [(capacity, group)]
+    for i in order:
+        buf, size = buffers[i], sizes[i]
+        pool = by_class.setdefault(klass(buf), [])
+        chosen = None
+        for cap, gid in pool[bisect_left(pool, (weight[i], -1)):] if pool else ():
+            lo = lowers[gid]
+            k = bisect_left(lo, buf.upper)
+            if k and buffers[members[gid][k - 1]].upper > buf.lower:
+                continue  # a member overlaps it in time
+            first = members[gid][0]
+            if buf.lower < buffers[first].lower:
+                if not all(sizes[m].provably_le(size) for m in members[gid]):
+                    continue
+            elif not size.provably_le(sizes[first]):
+                continue
+            chosen = (cap, gid)
+            break
+        if chosen is None:
+            gid = len(members)
+            lowers.append([buf.lower])
+            members.append([i])
+            capacity.append(weight[i])
+            insort(pool, (weight[i], gid))
+            continue
+        gid = chosen[1]
+        k = bisect_left(lowers[gid], buf.lower)
+        lowers[gid].insert(k, buf.lower)
+        members[gid].insert(k, i)
+        if k == 0 and weight[i] != capacity[gid]:  # a new earliest member
+            pool.remove(chosen)
+            capacity[gid] = weight[i]
+            insort(pool, (weight[i], gid))
+    return [[buffers[i] for i in group] for group in members]
 
 
 def _sweep(buffers: List[Buffer], klass, reverse: bool) -> List[List[Buffer]]:
