@@ -532,12 +532,16 @@ def _control_outputs(graph: Graph, live, intervals) -> Tuple[Dict[str, "Interval
     one block only, written there by this op alone, read only by later
     plain ops and by no control op, the true interval starts at the op:
     returned as ``{x: Interval(position of the op, end)}``.  Also returns
-    ``attrs["sub_outputs"]`` of every control op: locals of its sub-blocks
-    the op reads back after they ran (inside gradients), never merged.
+    the names never to merge: ``attrs["sub_outputs"]`` of every control op
+    (locals of its sub-blocks the op reads back after they ran: inside
+    gradients) and ``attrs["aliases"]`` of any op (outputs whose kernel may
+    return an input's own buffer).
     """
     sub_outputs: set = set()
     wanted: Dict[str, int] = {}
     for pos, (_, _, op) in enumerate(live.positions):
+        # outputs whose kernel may hand back an input's own buffer
+        sub_outputs.update(op.attrs.get("aliases", ()))
         if op.sub_blocks:
             for name in op.attrs.get("sub_outputs", ()):
                 # the body's own variable: its split key where it shadows one

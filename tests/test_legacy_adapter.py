@@ -252,3 +252,22 @@ def test_conditional_block_grad_full_writes(legacy):
              if op.type == "conditional_block_grad"]
     assert inner and legacy._surely_written(program, program.block(6), inner[0][0])(
         "relu_0.tmp_0")
+
+
+def test_unary_einsum_output_is_never_merged(legacy, paddle):
+    """A one-operand einsum may hand back its operand's own buffer: its
+    output is marked ``aliases`` and never shares memory."""
+    from memopt import optimize
+
+    with models.ir_guard("legacy"):
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            x = paddle.static.data("x", [-1, 8], "float32")
+            e = paddle.einsum("ij->ij", paddle.nn.functional.relu(x * 2.0))
+            paddle.mean(e + 1.0)
+    graph = legacy.program_to_graph(main)
+    einsum = next(op for op in graph.global_block.ops if op.type == "einsum")
+    assert einsum.attrs["aliases"] == einsum.writes
+    plan = optimize.plan_memory(graph, optimize.Options(skip_grads=False, level=1), gc=False)
+    assert plan.groups, "the other temporaries share"
+    assert all(einsum.writes[0] not in group for group in plan.groups)

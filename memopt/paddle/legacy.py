@@ -325,6 +325,11 @@ def program_to_graph(program) -> Graph:
                             op_type in LOOP_OPS, attrs))
             for slot in _UNSIZED_SLOTS.intersection(desc.output_names()):
                 unsized.update(desc.output(slot))
+            if op_type == "einsum" and len(desc.input("Operands")) == 1:
+                # a unary einsum may return its operand's own buffer (no
+                # transpose, no reduction): merged, its memory would be the
+                # operand's, so it is left alone
+                attrs["aliases"] = tuple(desc.output("Out"))
             for slot in _META_SLOTS.intersection(desc.output_names()):
                 meta.update(desc.output(slot))
             if pblock.idx == 0 and op_type in ("fetch", "fetch_v2"):
