@@ -888,10 +888,10 @@ def _klass(var_of, home, level: int):
 
 
 def best_fit_groups(buffers: List[Buffer], klass) -> List[List[Buffer]]:
-    """Group buffers by sweeping over time, best fit, ``O(n log n)``.
+    """Group buffers by sweeping, best fit.
 
-    Two sweeps, the cheaper plan kept (at :data:`memopt.reuse.RANK_BATCH`;
-    ties: forward):
+    Three sweeps, the cheapest plan kept (at :data:`memopt.reuse.RANK_BATCH`;
+    ties: forward, then reverse):
 
     - forward (by start time): a buffer joins a free group of its class
       (``klass(buffer)``) -- one whose last member has ended -- whose memory,
@@ -901,9 +901,13 @@ def best_fit_groups(buffers: List[Buffer], klass) -> List[List[Buffer]]:
     - reverse (by end time, latest first, as XLA's reverse order): a buffer
       becomes the new first member of a free group -- one whose first member
       starts after it ends -- whose members it provably holds, the largest
-      such group (least growth); else it opens a group.
+      such group (least growth); else it opens a group;
+    - largest first (:func:`_largest_first`): a buffer joins the admitting
+      group of its class with the least spare memory, else opens one.
 
-    Either way every member fits its group's first member and members of a
+    The time sweeps are ``O(n log n)``; largest first scans a class's groups
+    smallest first and stops at the first that admits the buffer (at worst
+    ``O(n * groups)``).  Every way, every member fits its group's first member and members of a
     group never overlap in time.  Deterministic: ties go to the group opened
     first.
     """
