@@ -907,9 +907,9 @@ def best_fit_groups(buffers: List[Buffer], klass) -> List[List[Buffer]]:
 
     The time sweeps are ``O(n log n)``; largest first scans a class's groups
     smallest first and stops at the first that admits the buffer (at worst
-    ``O(n * groups)``).  Every way, every member fits its group's first member and members of a
-    group never overlap in time.  Deterministic: ties go to the group opened
-    first.
+    ``O(n * groups)``).  Every way, every member fits its group's first
+    member and members of a group never overlap in time.  Deterministic:
+    ties go to the group opened first.
     """
     from .reuse import RANK_BATCH
 
