@@ -338,23 +338,26 @@ def _lowest_floors(lo, hi, blo, bhi, s0, s1, min_off, placed):
 
 
 @_jit
-def _fits(lo, hi, offset, ta, tz, sec_ptr, sec_buf, floor, load, min_off, placed, bottom,
-          most, cap):
+def _fits(lo, hi, offset, top, ta, tz, a, z, sec_ptr, sec_buf, floor, load, min_off, placed,
+          bottom, rise, fall, cap):
     """Every section of ``[lo, hi)`` can still hold its unplaced bytes above
     ``offset``, its floor and the lowest floor of its unplaced buffers.
 
-    ``bottom`` (from :func:`_lowest_floors`) holds those lowest floors as they
-    were before the last placement, which changed them (and the floors and
-    loads) in sections ``[ta, tz)`` only; before it every section passed with
-    a lower offset, so elsewhere only ``offset`` plus the load can fail, and
-    nothing does when ``offset + most <= cap`` (``most``: the largest load then).
+    The arrays describe the node before the last placement, which changed
+    floors, loads and lowest floors in sections ``[ta, tz)`` only: ``bottom``,
+    the lowest floors (:func:`_lowest_floors`); ``rise[k]`` and ``fall[k]``,
+    the largest load in ``[lo, lo + k)`` and in ``[lo + k, hi)``.  Then every
+    section passed with a lower offset, so outside ``[ta, tz)`` only the
+    offset plus the load can fail.  The placed buffer covers ``[a, z)`` up to
+    ``top``; elsewhere a lowest floor rose to ``top`` at most, so a section
+    that passes with that needs no closer look.
     """
-    if offset + most > cap:
-        for s in range(lo, hi):
-            if load[s] > 0 and max(offset, floor[s], bottom[s - lo]) + load[s] > cap:
-                return False
+    if offset + max(rise[ta - lo], fall[tz - lo]) > cap:
+        return False
     for s in range(ta, tz):
         if load[s] > 0:
+            if (s < a or s >= z) and max(offset, floor[s], bottom[s - lo], top) + load[s] <= cap:
+                continue
             lowest = _BIG
             for k in range(sec_ptr[s], sec_ptr[s + 1]):
                 c = sec_buf[k]
@@ -438,9 +441,11 @@ def place_in_order(lo, hi, last_off, last_rank, split, s0, s1, size, rank, by_ra
                 lowest_top = min_off[b] + size[b]
     todo = todo[np.argsort(keys)]
     bottom = _lowest_floors(lo, hi, blo, bhi, s0, s1, min_off, placed)
-    most = 0
-    for s in range(lo, hi):
-        most = max(most, load[s])
+    rise = np.zeros(hi - lo + 1, dtype=np.int64)
+    fall = np.zeros(hi - lo + 1, dtype=np.int64)
+    for k in range(hi - lo):
+        rise[k + 1] = max(rise[k], load[lo + k])
+        fall[hi - lo - 1 - k] = max(fall[hi - lo - k], load[hi - 1 - k])
     for i in range(count):
         b = todo[i]
         offset = min_off[b]
@@ -475,8 +480,8 @@ def place_in_order(lo, hi, last_off, last_rank, split, s0, s1, size, rank, by_ra
         placed[b] = 1
         offsets[b] = offset
         r = FAIL
-        if _fits(lo, hi, offset, ta, tz, sec_ptr, sec_buf, floor, load, min_off, placed, bottom,
-                 most, cap):
+        if _fits(lo, hi, offset, top, ta, tz, s0[b], s1[b], sec_ptr, sec_buf, floor, load,
+                 min_off, placed, bottom, rise, fall, cap):
             r = place_in_order(lo, hi, offset, rank[b], new_cut, s0, s1, size, rank, by_rank,
                                buf_at, sec_ptr, sec_buf, ovl_ptr, ovl_buf, floor, load, crossing,
                                min_off, placed, offsets, ctl)

@@ -35,9 +35,9 @@ Three layers, each usable alone:
 
 :func:`plan_arena` puts them together.  ``mode="heuristic"``: the chooser.
 ``mode="default"`` (about a second): the chooser; if its plan is not within
-``tolerance`` of the lower bound, a greedy descent of the search, then the
-search at the lower bound, at the capacity if one is given and at 5 % above
-the bound, and a bisection between what fails and what fits.
+``tolerance`` of the lower bound, greedy descents of the search, then the
+search at 8 % and 4 % above the bound, at the bound itself and at the capacity if
+one is given, and a bisection between what fails and what fits.
 ``mode="exact"``: the same schedule with a minute and a million nodes; a plan
 is *proven optimal* when its height equals the peak-live bound or the search
 exhausted every plan one size quantum lower.
@@ -294,7 +294,7 @@ FOUND, INFEASIBLE, LIMIT = "found", "infeasible", "limit"
 SEARCH_ORDERS = ("TWA/m", "B0", "WAT/m", "B0/s", "TAW/m", "ZW", "ZW/s", "TZW", "TZW/s")
 
 #: The orders of the greedy descents that open the search.
-DIVE_ORDERS = ("ZW", "B0")
+DIVE_ORDERS = ("B0/s", "ZW", "B0", "TWA/m", "TAW/m", "ZW/s")
 
 
 def _luby(i: int) -> int:
@@ -410,7 +410,7 @@ class CanonicalSearch:
         #: plus noise * N(0, 1) for a seeded order ``B<k>``, ``k > 0``
         self.life_weight, self.noise = 0.5, 1.0
         self.nodes = 0
-        self._rate: Optional[float] = None  # nodes per second, measured
+        self._rate: Dict[bool, float] = {}  # nodes per second, measured, per kernel
         self._failed_for: Optional[int] = None
         self._memo: Optional[Tuple[np.ndarray, np.ndarray]] = None
 
@@ -466,15 +466,17 @@ class CanonicalSearch:
                 return status, offsets
         return LIMIT, None  # pragma: no cover - the strategies never run out
 
-    def dive(self, order: str = SEARCH_ORDERS[0],
+    def dive(self, strategy: str = SEARCH_ORDERS[0],
              deadline: Optional[float] = None) -> Optional[np.ndarray]:
         """One greedy descent with no capacity: a good plan in about n nodes.
 
-        None when the ``deadline`` came first.
+        ``strategy`` as in :data:`SEARCH_ORDERS`.  None when the ``deadline``
+        came first.
         """
         self._failed_for, self._memo = None, None
         self.nodes = 0
-        self._least_slack = self._in_order = False
+        order, _, rule = strategy.partition("/")
+        self._least_slack, self._in_order = rule == "s", rule == "m"
         status, offsets = self._run(int(self.size.sum()) + 1, self.rank(order),
                                     64 * (self.n + self.sections) + 64, deadline)
         return offsets if status == FOUND else None
@@ -485,9 +487,10 @@ class CanonicalSearch:
         from . import _search_kernel as kernel
 
         n, S = self.n, self.sections
-        if deadline is not None and self._rate is not None:
+        rate = self._rate.get(self._in_order)
+        if deadline is not None and rate is not None:
             # the kernel cannot look at the clock: cut the run to what fits
-            limit = min(limit, max(int(self._rate * (deadline - time.perf_counter())), 64))
+            limit = min(limit, max(int(rate * (deadline - time.perf_counter())), 64))
         if self._memo is None:
             self._memo = (np.zeros(self.MEMO_SLOTS, np.int64),
                           np.zeros(self.MEMO_SLOTS, np.int64))
@@ -524,7 +527,7 @@ class CanonicalSearch:
         self.nodes += used
         spent = time.perf_counter() - t0
         if used >= 1000 and spent > 0:
-            self._rate = used / spent
+            self._rate[self._in_order] = used / spent
         if status == kernel.LIMIT:
             return LIMIT, None
         if status == kernel.FAIL:
@@ -543,7 +546,7 @@ MAX_SEARCH_BUFFERS = 5000
 #: Default settings per mode: (seconds at most, nodes per buffer at most).
 MODES = {
     "heuristic": (0.0, 0),
-    "default": (0.9, 300),
+    "default": (0.9, 1000),
     "exact": (60.0, 1_000_000),
 }
 
@@ -594,8 +597,9 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
         if any).  The search aims below it; a plan above it raises.
     time_limit : seconds for the search (default 0.9 for ``"default"``, 60 for
         ``"exact"``); a safety net -- the node budget keeps runs
-        deterministic.
-    node_budget : search nodes in all (default: 300 per buffer in the default
+        deterministic.  The first search in a process also loads the
+        compiled kernel (about 0.8 s with numba), which is not counted.
+    node_budget : search nodes in all (default: 1,000 per buffer in the default
         mode, a million in the exact mode).
     tolerance : outside the exact mode, planning stops as soon as a plan is
         within this fraction of the lower bound (0.001: 0.1 %): the chooser
@@ -654,6 +658,7 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
             groups = []
         parts = [_Part(a, idx, offsets) for idx in groups]
     if parts:
+        deadline += _load_kernels()
         t0 = time.perf_counter()
         lower_bound, proven, used = _improve(parts, lower_bound, capacity, mode, budget,
                                              deadline, trials)
@@ -678,15 +683,39 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
     return plan
 
 
+_kernels_loaded = False
+
+
+def _load_kernels() -> float:
+    """Run both search kernels once on a tiny problem; the seconds it took.
+
+    With numba the first call in a process loads the compiled code from its
+    cache (about 0.8 s with numba's own import; the first run on a machine
+    compiles it, tens of seconds).  :func:`plan_arena` does not count that
+    against its time limit.  Returns 0.0 once done.
+    """
+    global _kernels_loaded
+    if _kernels_loaded:
+        return 0.0
+    start = time.perf_counter()
+    tiny = CanonicalSearch(np.array([0, 1]), np.array([2, 3]), np.array([1, 1]))
+    for strategy in ("B0", "B0/m"):
+        tiny.solve(2, 100, orders=(strategy,))
+    _kernels_loaded = True
+    return time.perf_counter() - start
+
+
 def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode: str,
              budget: int, deadline: float, trials: list) -> Tuple[int, bool, int]:
     """Lower the parts' heights by searching at decreasing capacities.
 
-    The schedule: a greedy descent; the search at the lower bound (40 % of
-    the time, 60 % in the exact mode), then at the capacity if one is given,
-    then at 5 % above the lower bound (or the capacity if lower); more greedy
-    descents if nothing is close yet; then a bisection between the highest
-    capacity that failed and the best height found.
+    The schedule: greedy descents; in the default mode the search at 8 %,
+    then 4 % above the lower bound (or the capacity if lower; 15 % and 30 %
+    of the time left); the
+    search at the lower bound (60 % of the time left), then at the capacity
+    if one is given, in the exact mode then at 4 % above the bound; more
+    greedy descents if nothing is close yet; then a bisection between the
+    highest capacity that failed and the best height found.
     Appends the descents' result to ``trials``.  Returns the (possibly
     raised) lower bound, whether the final height is proven optimal, and the
     nodes used.
@@ -724,16 +753,25 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
                     part.offer(dived)
         trials.append(("canonical_dive", best(), time.perf_counter() - t0))
 
-    near = lower_bound + lower_bound // 20 // quantum * quantum  # 5 % above
+    near = lower_bound + lower_bound // 25 // quantum * quantum  # 4 % above
     lo = lower_bound - quantum  # highest capacity known (or assumed) too small
-    dive(DIVE_ORDERS[:1])
+    dive(DIVE_ORDERS[:3])
     first = near if capacity is None else max(lower_bound, min(near, capacity))
-    # the lower bound first: the portfolio of restarts often reaches it in a
-    # few thousand nodes, and then the plan is proven optimal
-    targets = [(lower_bound, budget // 2, 0.6 if mode == "exact" else 0.4)]
+    # the default mode first makes sure of a plan close to the bound (often a
+    # few hundred nodes); then, as the exact mode does first, the bound itself:
+    # the portfolio of restarts often reaches it in a few thousand nodes, and
+    # then the plan is proven optimal
+    targets = []
+    if mode != "exact":
+        wide = lower_bound + lower_bound // 12 // quantum * quantum  # 8 % above
+        if capacity is not None:
+            wide = max(lower_bound, min(wide, capacity))
+        targets += [(wide, budget // 8, 0.15), (first, budget // 4, 0.3)]
+    targets.append((lower_bound, budget // 2, 0.6))
     if capacity is not None and lower_bound < capacity:
         targets.append((capacity, budget // 4, 0.5))
-    targets.append((first, budget // 4, 0.5))
+    if mode == "exact":
+        targets.append((first, budget // 4, 0.5))
     for target, nodes, share in targets:
         if best() <= target or time.perf_counter() > deadline or used >= budget:
             continue
@@ -743,7 +781,7 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
         if status != FOUND:
             lo = max(lo, target)
     if best() > near:  # nothing close yet: more greedy descents
-        dive(DIVE_ORDERS[1:])
+        dive(DIVE_ORDERS[3:])
     # bisection between what failed and what fits
     while used < budget and time.perf_counter() < deadline:
         hi = best()
