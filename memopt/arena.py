@@ -291,7 +291,7 @@ FOUND, INFEASIBLE, LIMIT = "found", "infeasible", "limit"
 #: No rule wins everywhere: on the MiniMalloc set ``m`` closes A, C, D, F, G,
 #: J and K in a few thousand nodes where the section rules need far more,
 #: and the section rules close E, H and I first.
-SEARCH_ORDERS = ("TWA/m", "B0", "WAT/m", "B0/s", "TAW/m", "ZW", "ZW/s", "TZW", "TZW/s")
+SEARCH_ORDERS = ("B0/s", "TWA/m", "TAW/m", "B0", "WAT/m", "ZW", "ZW/s", "TZW", "TZW/s")
 
 #: The orders of the greedy descents that open the search.
 DIVE_ORDERS = ("B0/s", "ZW", "B0", "TWA/m", "TAW/m", "ZW/s")
@@ -312,13 +312,13 @@ def _luby(i: int) -> int:
 
 
 def _strategies(first: Sequence[str]):
-    """``first``, then seeded blended orders under every rule, forever."""
+    """``first``, then again with seeded blended orders under every rule
+    added, forever (the run limits grow, so each gets a longer chance)."""
     yield from first
     seed = 1
     while True:
-        for name in (f"B{seed}", f"B{seed}/m", f"B{seed}/s"):
-            if name not in first:
-                yield name
+        yield from first
+        yield from (f"B{seed}", f"B{seed}/m", f"B{seed}/s")
         seed += 1
 
 
@@ -710,7 +710,7 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
     """Lower the parts' heights by searching at decreasing capacities.
 
     The schedule: greedy descents; in the default mode the search at 8 %,
-    then 4 % above the lower bound (or the capacity if lower; 15 % and 30 %
+    then 4 % above the lower bound (or the capacity if lower; 30 % and 40 %
     of the time left); the
     search at the lower bound (60 % of the time left), then at the capacity
     if one is given, in the exact mode then at 4 % above the bound; more
@@ -766,7 +766,7 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
         wide = lower_bound + lower_bound // 12 // quantum * quantum  # 8 % above
         if capacity is not None:
             wide = max(lower_bound, min(wide, capacity))
-        targets += [(wide, budget // 8, 0.15), (first, budget // 4, 0.3)]
+        targets += [(wide, budget // 8, 0.3), (first, budget // 4, 0.4)]
     targets.append((lower_bound, budget // 2, 0.6))
     if capacity is not None and lower_bound < capacity:
         targets.append((capacity, budget // 4, 0.5))
