@@ -77,7 +77,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, Iterable, List, Optional, Tuple
+from typing import Dict, Hashable, Iterable, List, NamedTuple, Optional, Tuple
 
 from .errors import PlanError, UnsupportedProgramError
 from .graph import Graph, Size, Var
@@ -395,6 +395,18 @@ def _vsize(var: Var) -> Size:
     return size
 
 
+class _Span(NamedTuple):
+    """:class:`memopt.liveness.Interval`'s fields and ``half_open``, as a
+    tuple (thousands are made per plan: a frozen dataclass costs more)."""
+
+    start: int
+    end: int
+
+    @property
+    def half_open(self) -> Tuple[int, int]:
+        return self.start, self.end + 1
+
+
 class _StraightLine:
     """Liveness of a graph with one block and no sub-blocks: a variable is
     live from its first write (from the start if it is read first) to its
@@ -419,7 +431,7 @@ class _StraightLine:
         for name in graph.fetch_names:
             if name in first:
                 last[name] = end
-        self._intervals = {n: Interval(first[n], last[n]) for n in first}
+        self._intervals = {n: _Span(first[n], last[n]) for n in first}
 
     def intervals(self) -> Dict[str, "Interval"]:
         return self._intervals
@@ -922,13 +934,18 @@ def best_fit_groups(buffers: List[Buffer], klass) -> List[List[Buffer]]:
     return min(plans, key=cost)
 
 
+#: Groups :func:`_largest_first` tries per buffer (the smallest that could
+#: hold it) before opening a new one: bounds its time on big programs.
+_SCAN = 96
+
+
 def _largest_first(buffers: List[Buffer], klass) -> List[List[Buffer]]:
     """Largest buffers first (at :data:`memopt.reuse.RANK_BATCH`), each into
     the free group of its class with the least spare memory that admits it:
     no member overlaps it in time, and every member provably fits the
     group's earliest member (which allocates the memory).  Groups are
     scanned smallest first, so the search stops at the first that admits
-    the buffer."""
+    the buffer (and after :data:`_SCAN` groups)."""
     from bisect import bisect_left, insort
 
     from .reuse import RANK_BATCH
@@ -944,7 +961,8 @@ def _largest_first(buffers: List[Buffer], klass) -> List[List[Buffer]]:
         buf, size = buffers[i], sizes[i]
         pool = by_class.setdefault(klass(buf), [])
         chosen = None
-        for cap, gid in pool[bisect_left(pool, (weight[i], -1)):] if pool else ():
+        start = bisect_left(pool, (weight[i], -1))
+        for cap, gid in pool[start:start + _SCAN]:
             lo = lowers[gid]
             k = bisect_left(lo, buf.upper)
             if k and buffers[members[gid][k - 1]].upper > buf.lower:
