@@ -1,11 +1,14 @@
-"""The hot loop of the arena search (:class:`memopt.arena.CanonicalSearch`).
+"""The hot loops of the arena search (:class:`memopt.arena.CanonicalSearch`).
 
-One recursive function, :func:`solve_range`, written in the subset of Python
-that numba compiles: scalar loops over int64 numpy arrays, no Python objects.
-When numba imports it is compiled (``njit(cache=True)``: the machine code is
-cached in ``__pycache__`` so only the first process pays the compile); without
-numba the very same function runs as plain Python -- identical results, a few
-hundred times slower.  :data:`JIT` says which.
+Two recursive functions, one per branching rule -- :func:`solve_range`
+(lowest section first, with a memo) and :func:`place_in_order` (MiniMalloc's
+order of placements) -- written in the subset of Python that numba compiles:
+scalar loops over int64 numpy arrays, no Python objects.  When numba imports
+they are compiled (``njit(cache=True)``: the machine code is cached next to
+this file, or in numba's user-wide cache where that is read-only, so only the
+first process on a machine pays the compile); without numba the very same
+functions run as plain Python -- identical results, a few hundred times
+slower.  :data:`JIT` says which.
 
 The search itself (what a node does, why it is complete) is described in
 :class:`memopt.arena.CanonicalSearch`; this module only holds its data layout:
@@ -31,7 +34,7 @@ State arrays (changed in place, restored on backtracking)
 ``placed``      per buffer: 1 once placed; ``offsets``: where.
 
 Control array ``ctl``: :data:`CAPACITY`, :data:`NODES` (nodes used),
-:data:`LIMIT` (stop when ``NODES`` exceeds it), :data:`LEAST_SLACK` (section
+:data:`LIMIT_AT` (stop when ``NODES`` exceeds it), :data:`LEAST_SLACK` (section
 rule), :data:`MEMO_USED` (entries in the memo).  The memo of failed
 sub-problems is an open-addressing table of two independent hashes
 (``memo_a``, ``memo_b``; 0 marks an empty slot) whose length is a power of two.

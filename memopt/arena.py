@@ -352,17 +352,26 @@ class CanonicalSearch:
       other; a side that fails fails the node (no retrying its neighbour).
     - **Memo.**  A failed sub-problem (same sections, floors and unplaced
       buffers) is remembered, across restarts at the same capacity, and not
-      searched again.
+      searched again (a table of 2 x 40-bit hashes).
+
+    The rule ``m`` of :data:`SEARCH_ORDERS` branches the other way, as
+    MiniMalloc does: buffers are placed in order of offset (then value
+    order), each at its floor, trying every unplaced buffer that keeps that
+    order and leaves no gap some buffer could fill; see
+    :func:`memopt._search_kernel.place_in_order`.  It has the same bounds and
+    decomposition, no memo, and wins on other problems.
 
     Candidates at a node are tried in a static value order.  The run time of
     such a search is heavy-tailed: one order finds a plan in a hundred nodes
     where its neighbours fail in twenty thousand.  So :meth:`solve` restarts
-    -- :data:`SEARCH_ORDERS`, then seeded random ones, forever -- with node
-    limits following the Luby sequence (a few descents' worth each, now and
-    then more); the memo of failed sub-problems carries over.
+    -- :data:`SEARCH_ORDERS` over and over, with seeded random orders added
+    from the second round on -- with node limits following the Luby sequence
+    (a few descents' worth each, now and then more); the memo of failed
+    sub-problems carries over.
 
-    The nodes run in :func:`memopt._search_kernel.solve_range`, compiled by
-    numba when it is installed (plain Python otherwise: same plans, slower).
+    The nodes run in :mod:`memopt._search_kernel`, compiled by numba when it
+    is installed (plain Python otherwise: same plans, a few hundred times
+    slower).
     """
 
     #: Slots of the memo of failed sub-problems (a power of two).
@@ -510,8 +519,10 @@ class CanonicalSearch:
         rank = rank[self._perm]
         state = (np.zeros(S, dtype=np.int64), self.total.copy(), np.cumsum(crossing)[:S],
                  np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), offsets)
+        # place_in_order sorts by offset * n + position in int64
+        in_order = self._in_order and capacity <= (1 << 62) // (n + 1)
         try:
-            if self._in_order:
+            if in_order:
                 status = kernel.place_in_order(
                     0, S, 0, -1, 1, self._s0, self._s1, self._size, rank,
                     np.argsort(rank, kind="stable"), self._buf_at, self._sec_ptr,

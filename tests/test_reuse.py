@@ -126,3 +126,18 @@ def test_random_plans_pass_the_checker(spec, order, with_fits):
         assert plan.cost == min(assign_groups(buffers, order=o, fits=fits,
                                               compatible=compatible).cost
                                 for o in ORDERS)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 100), st.integers(1, 40), st.integers(1, 64),
+                          st.integers(0, 3)), min_size=1, max_size=50),
+       st.sampled_from(ORDERS + ("best",)), st.booleans())
+def test_kind_is_compatible_as_an_equivalence(spec, order, with_fits):
+    buffers = [Buffer(i, lo, lo + n, size) for i, (lo, n, size, _) in enumerate(spec)]
+    kind_of = {i: k for i, (_, _, _, k) in enumerate(spec)}
+    fits = (lambda m, f: m.size <= f.size) if with_fits else None
+    by_kind = assign_groups(buffers, order=order, fits=fits, kind=lambda b: kind_of[b.id])
+    by_pairs = assign_groups(buffers, order=order, fits=fits,
+                             compatible=lambda a, b: kind_of[a.id] == kind_of[b.id])
+    assert ids(by_kind) == ids(by_pairs) and by_kind.order == by_pairs.order
+    assert all(len({kind_of[b.id] for b in group}) == 1 for group in by_kind.groups)
