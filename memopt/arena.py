@@ -293,6 +293,11 @@ FOUND, INFEASIBLE, LIMIT = "found", "infeasible", "limit"
 #: and the section rules close E, H and I first.
 SEARCH_ORDERS = ("B0/s", "TWA/m", "TAW/m", "B0", "WAT/m", "ZW", "ZW/s", "TZW", "TZW/s")
 
+#: The strategies for a capacity above the lower bound, where the greedy
+#: value orders with the cheapest nodes usually succeed in their first run
+#: (on the MiniMalloc set at 4 % above the bound).
+EASY_ORDERS = ("ZW", "B0", "B0/s", "TAW/m", "TWA/m", "WAT/m", "ZW/s", "TZW", "TZW/s")
+
 #: The orders of the greedy descents that open the search.
 DIVE_ORDERS = ("B0/s", "ZW", "B0", "TWA/m", "TAW/m", "ZW/s")
 
@@ -736,14 +741,17 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
 
     def attempt(target: int, nodes: int, share: float) -> str:
         """Fit every part within ``target`` using at most ``nodes`` nodes and
-        ``share`` of the time left: FOUND, INFEASIBLE or LIMIT."""
+        ``share`` of the time left: FOUND, INFEASIBLE or LIMIT.  Above the
+        lower bound the restarts open with :data:`EASY_ORDERS`."""
         nonlocal used
         now = time.perf_counter()
         until = now + share * max(deadline - now, 0.0)
         pending = [p for p in parts if p.height > target]
         results = []
         for part in pending:
-            status, offs = part.search.solve(target, max(nodes // len(pending), 1), until)
+            status, offs = part.search.solve(
+                target, max(nodes // len(pending), 1), until,
+                SEARCH_ORDERS if target <= lower_bound else EASY_ORDERS)
             used += part.search.nodes
             if status != FOUND:
                 return status
