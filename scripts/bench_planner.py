@@ -12,6 +12,9 @@ For every problem:
   (the bound, except D and J: 1,048,576), and the planning time (median of
   ``--repeat`` runs);
   ``--exact`` adds the exact mode (one run, ``--time-limit`` seconds each);
+  ``--fit`` adds the time the search takes to fit a problem in its capacity
+  (MiniMalloc's question; one run, the search alone, first run in the
+  process not counted: it loads the compiled kernel);
 - whole-buffer reuse: the cost of each order of :func:`memopt.reuse.assign_groups`
   (no compatibility rule: any sizes share, a group costs its largest member)
   over the sum-of-positional-maxima lower bound, and the time of ``"best"``.
@@ -20,7 +23,7 @@ Usage::
 
     python scripts/bench_planner.py                      # default mode
     python scripts/bench_planner.py --exact --time-limit 60
-    python scripts/bench_planner.py --problems A,B --no-models
+    python scripts/bench_planner.py --problems A,B --no-models --fit
 """
 from __future__ import annotations
 
@@ -32,10 +35,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from memopt.arena import HEURISTICS, choose, plan_arena  # noqa: E402
+from memopt.arena import (FOUND, HEURISTICS, CanonicalSearch, _load_kernels,  # noqa: E402
+                          choose, plan_arena)
 from memopt.bounds import peak_live_bytes, whole_buffer_lower_bound  # noqa: E402
 from memopt.errors import PlanError  # noqa: E402
 from memopt.problems import Problem, problem_from_graph, read_csv  # noqa: E402
@@ -104,7 +110,8 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
-def arena_row(problem: Problem, repeat: int, exact: bool, time_limit: float) -> str:
+def arena_row(problem: Problem, repeat: int, exact: bool, time_limit: float,
+              fit: bool) -> str:
     buffers = problem.buffers
     bound = peak_live_bytes(buffers)
     heur = choose(buffers)
@@ -131,7 +138,26 @@ def arena_row(problem: Problem, repeat: int, exact: bool, time_limit: float) -> 
                 if problem.capacity else "-"
             cells += [ratio(best.height, bound), f"{best.height:,}", fits,
                       "yes" if best.optimal else "no", ms(spent)]
+    if fit:
+        cells += fit_cells(problem, time_limit)
     return "| " + " | ".join(cells) + " |"
+
+
+def fit_cells(problem: Problem, time_limit: float) -> list:
+    """Seconds and nodes of the search fitting ``problem`` in its capacity."""
+    if not problem.capacity:
+        return ["-", "-"]
+    buffers = problem.buffers
+    search = CanonicalSearch(*(np.array([getattr(b, k) for b in buffers])
+                               for k in ("lower", "upper", "size")))
+    t0 = time.perf_counter()
+    status, offsets = search.solve(problem.capacity, 10**9, t0 + time_limit)
+    spent = time.perf_counter() - t0
+    if status != FOUND:
+        return [f"no ({status})", f"{search.nodes:,}"]
+    check_offsets(buffers, dict(zip((b.id for b in buffers), offsets.tolist())),
+                  capacity=problem.capacity)
+    return [ms(spent), f"{search.nodes:,}"]
 
 
 def reuse_row(problem: Problem, repeat: int) -> str:
@@ -162,7 +188,9 @@ def main(argv=None) -> int:
                         help="runs per timing (the median is shown)")
     parser.add_argument("--exact", action="store_true", help="also run the exact mode")
     parser.add_argument("--time-limit", type=float, default=60.0,
-                        help="seconds per problem in the exact mode")
+                        help="seconds per problem in the exact mode and --fit")
+    parser.add_argument("--fit", action="store_true",
+                        help="also time the search fitting each problem in its capacity")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -180,10 +208,14 @@ def main(argv=None) -> int:
     if args.exact:
         head += [f"exact ({args.time_limit:g} s)", "exact height", "fits capacity",
                  "proven optimal", "exact time"]
+    if args.fit:
+        head += ["fit in capacity", "fit nodes"]
+        _load_kernels()  # not counted: the first search in a process loads the kernel
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for problem in problems:
-        print(arena_row(problem, args.repeat, args.exact, args.time_limit), flush=True)
+        print(arena_row(problem, args.repeat, args.exact, args.time_limit, args.fit),
+              flush=True)
     print()
     print("## Whole-buffer reuse: cost / sum-of-positional-maxima lower bound")
     print()
