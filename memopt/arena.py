@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
@@ -526,17 +527,17 @@ class CanonicalSearch:
                  np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), offsets)
         # place_in_order sorts by offset * n + position in int64
         in_order = self._in_order and capacity <= (1 << 62) // (n + 1)
-        try:
-            if in_order:
-                status = kernel.place_in_order(
-                    0, S, 0, -1, 1, self._s0, self._s1, self._size, rank,
-                    np.argsort(rank, kind="stable"), self._buf_at, self._sec_ptr,
+        if in_order:
+            call = (kernel.place_in_order, 0, S, 0, -1, 1, self._s0, self._s1, self._size,
+                    rank, np.argsort(rank, kind="stable"), self._buf_at, self._sec_ptr,
                     self._sec_buf, self._ovl_ptr, self._ovl_buf, *state, ctl)
-            else:
-                status = kernel.solve_range(
-                    0, S, self._s0, self._s1, self._size, rank, self._buf_at,
-                    self._sec_ptr, self._sec_buf, self._ovl_ptr, self._ovl_buf, *state,
-                    np.zeros(S, dtype=np.int64), np.zeros(S, dtype=np.int64), ctl, *self._memo)
+        else:
+            call = (kernel.solve_range, 0, S, self._s0, self._s1, self._size, rank,
+                    self._buf_at, self._sec_ptr, self._sec_buf, self._ovl_ptr, self._ovl_buf,
+                    *state, np.zeros(S, dtype=np.int64), np.zeros(S, dtype=np.int64), ctl,
+                    *self._memo)
+        try:
+            status = _deep_call(*call) if n + S > 1000 else call[0](*call[1:])
         finally:
             sys.setrecursionlimit(depth)
         used = int(min(ctl[kernel.NODES], limit))
@@ -551,6 +552,36 @@ class CanonicalSearch:
         out = np.empty(n, dtype=np.int64)
         out[self._perm] = offsets
         return FOUND, out
+
+
+#: Stack of the thread that runs a deep search (virtual memory: only the
+#: pages a search reaches are used).  The kernels recurse once per node of a
+#: path, up to buffers + sections deep: more than the main thread's 8 MiB
+#: allow for a few thousand buffers.
+DEEP_STACK_BYTES = 1 << 30
+
+
+def _deep_call(fn, *args):
+    """``fn(*args)`` in a thread with a stack of :data:`DEEP_STACK_BYTES`."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append((True, fn(*args)))
+        except BaseException as error:  # handed to the caller below
+            out.append((False, error))
+
+    before = threading.stack_size(DEEP_STACK_BYTES)
+    try:
+        worker = threading.Thread(target=run, name="memopt-arena-search")
+        worker.start()
+    finally:
+        threading.stack_size(before)
+    worker.join()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
 
 
 # -- the planner -----------------------------------------------------------------

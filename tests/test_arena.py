@@ -247,3 +247,21 @@ def test_the_hardest_minimalloc_problem_in_a_few_thousand_nodes():
     assert status == FOUND
     plan = {b.id: int(o) for b, o in zip(problem.buffers, offsets)}
     assert check_offsets(problem.buffers, plan, capacity=1048576) == 1048576
+
+
+def test_deep_searches_do_not_overflow_the_stack():
+    """A descent recurses once per placement: 4,000 buffers went past the main
+    thread's stack in compiled code before the search got its own thread."""
+    from memopt import _search_kernel
+
+    if not _search_kernel.JIT:
+        pytest.skip("plain Python recursion does not use the C stack (numba not installed)")
+    rng = np.random.default_rng(2)
+    lower = rng.integers(0, 1000, 4000)
+    buffers = bufs(*[(int(a), int(a + rng.integers(1, 40)), int(rng.integers(1, 64)))
+                     for a in lower])
+    search = CanonicalSearch(*arrays(buffers))
+    for rule in RULES:
+        offsets = search.dive(rule)
+        assert check_offsets(buffers, dict(enumerate(offsets.tolist()))) >= \
+            peak_live_bytes(buffers)
