@@ -502,8 +502,10 @@ class CanonicalSearch:
         from . import _search_kernel as kernel
 
         n, S = self.n, self.sections
-        rate = self._rate.get(self._in_order)
-        if deadline is not None and rate is not None:
+        # a guess until measured: 2e7 (compiled) or 1e5 buffer-steps a second
+        rate = self._rate.get(self._in_order,
+                              (2e7 if kernel.JIT else 1e5) / max(n + S, 1))
+        if deadline is not None:
             # the kernel cannot look at the clock: cut the run to what fits
             limit = min(limit, max(int(rate * (deadline - time.perf_counter())), 64))
         if self._memo is None:
@@ -543,7 +545,7 @@ class CanonicalSearch:
         used = int(min(ctl[kernel.NODES], limit))
         self.nodes += used
         spent = time.perf_counter() - t0
-        if used >= 1000 and spent > 0:
+        if used >= 200 and spent > 0.001:
             self._rate[self._in_order] = used / spent
         if status == kernel.LIMIT:
             return LIMIT, None
