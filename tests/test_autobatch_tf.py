@@ -70,6 +70,23 @@ def test_nuts_shaped_program_bit_for_bit(tfb, mode):
     assert_same(got, P.plain(P.nuts, x))
 
 
+@pytest.mark.parametrize("selection", ["mask", "bucket"])
+def test_xla_selections_agree_bit_for_bit(tfb, selection):
+    """Buckets pack the threads at a block into a quarter or the whole batch;
+    both paths run here (a few threads at the leaf, all at the entry)."""
+    x = RNG.integers(0, 1009, (12, P.NUTS_SIZE)).astype(np.float64)
+    backend = tfb.TensorFlowBackend("xla", selection=selection)
+    assert_same(P.nuts(x, backend=backend, max_stack_depth=8), P.plain(P.nuts, x))
+    assert_same(P.fib(FIB_N, backend=backend, max_stack_depth=11), P.plain(P.fib, FIB_N))
+
+
+def test_bucket_sizes_are_a_quarter_and_the_whole_batch(tfb):
+    assert tfb.bucket_sizes(1000) == [250, 1000]
+    assert tfb.bucket_sizes(1001) == [251, 1001]   # rounded up: a quarter fits
+    assert tfb.bucket_sizes(3) == [1, 3]
+    assert tfb.bucket_sizes(1) == [1]
+
+
 def test_masked_selection_in_graph_mode_and_for_range(tfb):
     n = RNG.integers(0, 15, 20)
     backend = tfb.TensorFlowBackend("graph", selection="mask")
@@ -153,5 +170,8 @@ def test_backend_options_are_checked(tfb):
         tfb.TensorFlowBackend("jit")
     with pytest.raises(ValueError, match="XLA needs static shapes"):
         tfb.TensorFlowBackend("xla", selection="gather")
+    with pytest.raises(ValueError, match="needs mode='xla'"):
+        tfb.TensorFlowBackend("graph", selection="bucket")
+    assert tfb.TensorFlowBackend("xla").selection == "auto"
     assert tfb.TensorFlowBackend("graph") == tfb.TensorFlowBackend("graph")
     assert tfb.TensorFlowBackend("graph") != tfb.TensorFlowBackend("xla")
