@@ -774,24 +774,27 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
 
     def attempt(target: int, nodes: int, share: float) -> str:
         """Fit every part within ``target`` using at most ``nodes`` nodes and
-        ``share`` of the time left: FOUND, INFEASIBLE or LIMIT.  Above the
+        ``share`` of the time left: FOUND, INFEASIBLE or LIMIT.  The parts
+        are independent: each one that fits keeps its plan, whatever the
+        others do, and each gets an equal part of what is left.  Above the
         lower bound the restarts open with :data:`EASY_ORDERS`."""
         nonlocal used
         now = time.perf_counter()
         until = now + share * max(deadline - now, 0.0)
         pending = [p for p in parts if p.height > target]
-        results = []
-        for part in pending:
+        outcome = FOUND
+        for k, part in enumerate(pending):
+            now = time.perf_counter()
+            mine = now + max(until - now, 0.0) / (len(pending) - k)
             status, offs = part.search.solve(
-                target, max(nodes // len(pending), 1), until,
+                target, max(nodes // len(pending), 1), mine,
                 SEARCH_ORDERS if target <= lower_bound else EASY_ORDERS)
             used += part.search.nodes
-            if status != FOUND:
-                return status
-            results.append((part, offs))
-        for part, offs in results:
-            part.offer(offs)
-        return FOUND
+            if status == FOUND:
+                part.offer(offs)
+            elif outcome != INFEASIBLE:
+                outcome = status
+        return outcome
 
     def best() -> int:
         return max(p.height for p in parts)
