@@ -292,7 +292,7 @@ FOUND, INFEASIBLE, LIMIT = "found", "infeasible", "limit"
 #: No rule wins everywhere: on the MiniMalloc set ``m`` closes A, C, D, F, G,
 #: J and K in a few thousand nodes where the section rules need far more,
 #: and the section rules close E, H and I first.
-SEARCH_ORDERS = ("B0/s", "TWA/m", "TAW/m", "B0", "WAT/m", "ZW", "ZW/s", "TZW", "TZW/s")
+SEARCH_ORDERS = ("TWA/m", "B0", "WAT/m", "B0/s", "TAW/m", "ZW", "ZW/s", "TZW", "TZW/s")
 
 #: The strategies for a capacity above the lower bound, where the greedy
 #: value orders with the cheapest nodes usually succeed in their first run
@@ -300,7 +300,7 @@ SEARCH_ORDERS = ("B0/s", "TWA/m", "TAW/m", "B0", "WAT/m", "ZW", "ZW/s", "TZW", "
 EASY_ORDERS = ("ZW", "B0", "B0/s", "TAW/m", "TWA/m", "WAT/m", "ZW/s", "TZW", "TZW/s")
 
 #: The orders of the greedy descents that open the search.
-DIVE_ORDERS = ("B0/s", "ZW", "B0", "TWA/m", "TAW/m", "ZW/s")
+DIVE_ORDERS = ("B0/s", "ZW", "TWA/m", "B0", "TAW/m", "ZW/s")
 
 
 def _luby(i: int) -> int:
@@ -318,13 +318,13 @@ def _luby(i: int) -> int:
 
 
 def _strategies(first: Sequence[str]):
-    """``first``, then again with seeded blended orders under every rule
-    added, forever (the run limits grow, so each gets a longer chance)."""
+    """``first``, then seeded blended orders under every rule, forever."""
     yield from first
     seed = 1
     while True:
-        yield from first
-        yield from (f"B{seed}", f"B{seed}/m", f"B{seed}/s")
+        for name in (f"B{seed}", f"B{seed}/m", f"B{seed}/s"):
+            if name not in first:
+                yield name
         seed += 1
 
 
@@ -370,8 +370,8 @@ class CanonicalSearch:
     Candidates at a node are tried in a static value order.  The run time of
     such a search is heavy-tailed: one order finds a plan in a hundred nodes
     where its neighbours fail in twenty thousand.  So :meth:`solve` restarts
-    -- :data:`SEARCH_ORDERS` over and over, with seeded random orders added
-    from the second round on -- with node limits following the Luby sequence
+    -- :data:`SEARCH_ORDERS`, then seeded random orders under every rule,
+    forever -- with node limits following the Luby sequence
     (a few descents' worth each, now and then more); the memo of failed
     sub-problems carries over.
 
@@ -507,7 +507,9 @@ class CanonicalSearch:
                               (2e7 if kernel.JIT else 1e5) / max(n + S, 1))
         if deadline is not None:
             # the kernel cannot look at the clock: cut the run to what fits
-            limit = min(limit, max(int(rate * (deadline - time.perf_counter())), 64))
+            # (half of it: nodes get dearer as the capacity gets tighter)
+            left = deadline - time.perf_counter()
+            limit = min(limit, max(int(rate * left / 2), 64))
         if self._memo is None:
             self._memo = (np.zeros(self.MEMO_SLOTS, np.int64),
                           np.zeros(self.MEMO_SLOTS, np.int64))
