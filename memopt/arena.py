@@ -36,7 +36,7 @@ Three layers, each usable alone:
 :func:`plan_arena` puts them together.  ``mode="heuristic"``: the chooser.
 ``mode="default"`` (about a second): the chooser; if its plan is not within
 ``tolerance`` of the lower bound, greedy descents of the search, then the
-search at 8 % and 4 % above the bound, at the bound itself and at the capacity if
+search at 8.3 % and 4 % above the bound, at the bound itself and at the capacity if
 one is given, and a bisection between what fails and what fits.
 ``mode="exact"``: the same schedule with a minute and a million nodes; a plan
 is *proven optimal* when its height equals the peak-live bound or the search
@@ -428,6 +428,7 @@ class CanonicalSearch:
         self._rate: Dict[bool, float] = {}  # nodes per second, measured, per kernel
         self._failed_for: Optional[int] = None
         self._memo: Optional[Tuple[np.ndarray, np.ndarray]] = None
+        self._memo_used = 0  # entries in the memo
 
     def rank(self, name: str) -> np.ndarray:
         """Position of every buffer in the value order ``name`` (see
@@ -513,11 +514,12 @@ class CanonicalSearch:
         if self._memo is None:
             self._memo = (np.zeros(self.MEMO_SLOTS, np.int64),
                           np.zeros(self.MEMO_SLOTS, np.int64))
+            self._memo_used = 0
         ctl = np.zeros(kernel.CONTROL_SLOTS, dtype=np.int64)
         ctl[kernel.CAPACITY] = capacity
         ctl[kernel.LIMIT_AT] = limit
         ctl[kernel.LEAST_SLACK] = int(self._least_slack)
-        ctl[kernel.MEMO_USED] = int(np.count_nonzero(self._memo[0]))
+        ctl[kernel.MEMO_USED] = self._memo_used
         crossing = np.zeros(S + 1, dtype=np.int64)
         np.add.at(crossing, self._s0, 1)
         np.add.at(crossing, self._s1 - 1, -1)
@@ -544,6 +546,7 @@ class CanonicalSearch:
             status = _deep_call(*call) if n + S > 1000 else call[0](*call[1:])
         finally:
             sys.setrecursionlimit(depth)
+        self._memo_used = int(ctl[kernel.MEMO_USED])
         used = int(min(ctl[kernel.NODES], limit))
         self.nodes += used
         spent = time.perf_counter() - t0
@@ -760,7 +763,7 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
              budget: int, deadline: float, trials: list) -> Tuple[int, bool, int]:
     """Lower the parts' heights by searching at decreasing capacities.
 
-    The schedule: greedy descents; in the default mode the search at 8 %,
+    The schedule: greedy descents; in the default mode the search at 8.3 %,
     then 4 % above the lower bound (or the capacity if lower; 30 % and 40 %
     of the time left); the
     search at the lower bound (60 % of the time left), then at the capacity
@@ -820,7 +823,7 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
     # then the plan is proven optimal
     targets = []
     if mode != "exact":
-        wide = lower_bound + lower_bound // 12 // quantum * quantum  # 8 % above
+        wide = lower_bound + lower_bound // 12 // quantum * quantum  # 8.3 % above
         if capacity is not None:
             wide = max(lower_bound, min(wide, capacity))
         targets += [(wide, budget // 8, 0.3), (first, budget // 4, 0.4)]
