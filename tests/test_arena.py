@@ -13,7 +13,7 @@ from memopt.errors import PlanError
 from memopt.graph import Size
 from memopt.problems import Buffer, Problem, read_csv
 from memopt.simulate import check_offsets
-from conftest import need_file
+from conftest import need, need_file
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "benchmarks",
                     "minimalloc")
@@ -235,10 +235,7 @@ def test_plain_python_kernel_gives_the_same_plans():
 
 def test_the_hardest_minimalloc_problem_in_a_few_thousand_nodes():
     """K (454 buffers) at its lower bound with MiniMalloc's placement order."""
-    from memopt import _search_kernel
-
-    if not _search_kernel.JIT:
-        pytest.skip("plain Python is too slow for 454 buffers (numba not installed)")
+    need("numba")  # plain Python is too slow for 454 buffers
     path = need_file(os.path.join(DATA, "K.1048576.csv"),
                      "the MiniMalloc benchmark data (../shared/benchmarks/minimalloc)")
     problem = read_csv(path)
@@ -252,10 +249,7 @@ def test_the_hardest_minimalloc_problem_in_a_few_thousand_nodes():
 def test_deep_searches_do_not_overflow_the_stack():
     """A descent recurses once per placement: 4,000 buffers went past the main
     thread's stack in compiled code before the search got its own thread."""
-    from memopt import _search_kernel
-
-    if not _search_kernel.JIT:
-        pytest.skip("plain Python recursion does not use the C stack (numba not installed)")
+    need("numba")  # plain Python recursion does not use the C stack
     rng = np.random.default_rng(2)
     lower = rng.integers(0, 1000, 4000)
     buffers = bufs(*[(int(a), int(a + rng.integers(1, 40)), int(rng.integers(1, 64)))
