@@ -401,8 +401,9 @@ class CanonicalSearch:
         self._buf_at = np.searchsorted(self._s0, np.arange(S + 1)).astype(np.int64)
         lengths = self._s1 - self._s0
         owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
-        section = (np.arange(len(owner), dtype=np.int64)
-                   - np.repeat(np.cumsum(lengths) - lengths, lengths) + np.repeat(self._s0, lengths))
+        section = (np.arange(len(owner), dtype=np.int64)  # each buffer's sections in turn
+                   - np.repeat(np.cumsum(lengths) - lengths, lengths)
+                   + np.repeat(self._s0, lengths))
         by_section = np.lexsort((owner, section))
         self._sec_buf = owner[by_section]
         self._sec_ptr = np.searchsorted(section[by_section], np.arange(S + 1)).astype(np.int64)

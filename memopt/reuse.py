@@ -61,7 +61,7 @@ it: three groups.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
@@ -167,17 +167,14 @@ class _Group:
     """A group under construction: members sorted by ``lower``."""
 
     lowers: List[int] = field(default_factory=list)
+    uppers: List[int] = field(default_factory=list)  # of the members, in the same order
     members: List[Buffer] = field(default_factory=list)
     weight: int = 0  # bytes of the largest member, at RANK_BATCH
-
-    def free_over(self, buf: Buffer) -> bool:
-        """No member is live at any step of ``buf``'s interval."""
-        i = bisect_left(self.lowers, buf.upper)  # members[:i] start before buf ends
-        return i == 0 or self.members[i - 1].upper <= buf.lower
 
     def add(self, buf: Buffer) -> None:
         i = bisect_left(self.lowers, buf.lower)
         self.lowers.insert(i, buf.lower)
+        self.uppers.insert(i, buf.upper)
         self.members.insert(i, buf)
         w = _weight(buf.size)
         if w > self.weight:
@@ -199,30 +196,56 @@ def _admits(group: _Group, buf: Buffer, compatible: Optional[Predicate],
     return True
 
 
+def _best_group(buf: Buffer, w: int, groups: List[_Group], by_weight: List[tuple],
+                compatible: Optional[Predicate], fits: Optional[Predicate]) -> Optional[int]:
+    """The admissible group free over ``buf``'s lifetime with the least
+    ``(cost added, bytes wasted, index)``, or None.
+
+    ``by_weight`` holds ``(weight, index)`` of the groups, sorted.  The keys
+    rise along it from the first group at least as heavy as ``buf`` upward
+    (no cost added, less waste first), then from there downward, one run of
+    equal weights at a time (less cost added first; in a run, lower index
+    first), so the first admissible free group met is the best one.
+    """
+    lower, upper = buf.lower, buf.upper
+
+    def takes(k: int) -> bool:
+        group = groups[k]
+        i = bisect_left(group.lowers, upper)  # members[:i] start before buf ends
+        if i and group.uppers[i - 1] > lower:  # ... and the last of them ends after
+            return False
+        return _admits(group, buf, compatible, fits)
+
+    start = bisect_left(by_weight, (w, -1))
+    for _, k in by_weight[start:]:
+        if takes(k):
+            return k
+    end = start
+    while end > 0:
+        first = bisect_left(by_weight, (by_weight[end - 1][0], -1))
+        for _, k in by_weight[first:end]:
+            if takes(k):
+                return k
+        end = first
+    return None
+
+
 def _greedy(buffers: Sequence[Buffer], order: str, compatible: Optional[Predicate],
             fits: Optional[Predicate], kinds: Sequence[int]) -> GroupPlan:
     groups: List[_Group] = []
-    of_kind: Dict[int, List[int]] = {}  # kind -> its groups, oldest first
+    of_kind: Dict[int, List[tuple]] = {}  # kind -> (weight, index) of its groups, sorted
     for i in order_buffers(buffers, order):
         buf = buffers[i]
         w = _weight(buf.size)
-        best = None
-        best_key = None
-        mine = of_kind.setdefault(kinds[i], [])
-        for k in mine:
-            group = groups[k]
-            if not group.free_over(buf):
-                continue
-            key = (max(0, w - group.weight), abs(group.weight - w), k)
-            if best_key is not None and key >= best_key:
-                continue
-            if _admits(group, buf, compatible, fits):
-                best, best_key = group, key
-        if best is None:
-            best = _Group()
-            mine.append(len(groups))
-            groups.append(best)
-        best.add(buf)
+        by_weight = of_kind.setdefault(kinds[i], [])
+        k = _best_group(buf, w, groups, by_weight, compatible, fits)
+        if k is None:
+            k = len(groups)
+            groups.append(_Group())
+        else:
+            by_weight.remove((groups[k].weight, k))
+        groups[k].add(buf)
+        insort(by_weight, (groups[k].weight, k))
     final = [g.members for g in groups]
     group_of = {b.id: k for k, members in enumerate(final) for b in members}
     return GroupPlan(final, group_of, order)

@@ -141,3 +141,38 @@ def test_kind_is_compatible_as_an_equivalence(spec, order, with_fits):
                              compatible=lambda a, b: kind_of[a.id] == kind_of[b.id])
     assert ids(by_kind) == ids(by_pairs) and by_kind.order == by_pairs.order
     assert all(len({kind_of[b.id] for b in group}) == 1 for group in by_kind.groups)
+
+
+def plain_greedy(buffers, order, compatible, fits):
+    """The rule of assign_groups written the plain way (every group tried, the
+    least (cost added, bytes wasted, index) kept): the oracle for its search
+    of the groups sorted by weight."""
+    from memopt.reuse import _admits, _Group, _weight, order_buffers
+
+    groups = []
+    for i in order_buffers(buffers, order):
+        buf, w = buffers[i], _weight(buffers[i].size)
+        keys = [(max(0, w - g.weight), abs(g.weight - w), k) for k, g in enumerate(groups)
+                if not any(m.lower < buf.upper and buf.lower < m.upper for m in g.members)
+                and _admits(g, buf, compatible, fits)]
+        if keys:
+            groups[min(keys)[2]].add(buf)
+        else:
+            groups.append(_Group())
+            groups[-1].add(buf)
+    return [[b.id for b in g.members] for g in groups]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 20),
+                          st.sampled_from([0, 8, 16, 24, 64, 96])), min_size=1, max_size=60),
+       st.sampled_from(ORDERS), st.booleans(), st.booleans())
+def test_same_groups_as_the_plain_greedy(spec, order, with_fits, with_compatible):
+    """Few distinct sizes: many ties of weight, the case the sorted search
+    must order by index."""
+    buffers = [Buffer(i, lo, lo + n, size) for i, (lo, n, size) in enumerate(spec)]
+    fits = (lambda m, f: m.size <= f.size) if with_fits else None
+    compatible = ((lambda a, b: (a.size % 3 == 0) == (b.size % 3 == 0))
+                  if with_compatible else None)
+    plan = assign_groups(buffers, order=order, fits=fits, compatible=compatible)
+    assert ids(plan) == plain_greedy(buffers, order, compatible, fits)
