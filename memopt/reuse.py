@@ -41,8 +41,10 @@ returns a :class:`GroupPlan`.
   Each buffer goes to the admissible group that raises the plan's cost least,
   then wastes least (the group's bytes minus the buffer's), then was created
   first; if there is none it opens a new group.  Everything is
-  deterministic: same input, same plan.  With ``kind`` a buffer only looks
-  at the groups of its kind.
+  deterministic: same input, same plan.  The groups (of the buffer's kind)
+  are searched in order of that key -- by weight, from the buffer's own up,
+  then down -- so the first free admissible one met is the choice, usually
+  long before the last group.
 
 Sizes may be ints (bytes) or :class:`memopt.graph.Size`.  Symbolic sizes are
 compared where a choice must be made (which group, which order is best) by
