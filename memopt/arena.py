@@ -764,7 +764,8 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
              budget: int, deadline: float, trials: list) -> Tuple[int, bool, int]:
     """Lower the parts' heights by searching at decreasing capacities.
 
-    The schedule: greedy descents; in the default mode the search at 8.3 %,
+    The schedule: greedy descents; in the default mode one run of the search
+    at the lower bound (25 % of the time at most), then the search at 8.3 %,
     then 4 % above the lower bound (or the capacity if lower; 30 % and 40 %
     of the time left); the
     search at the lower bound (60 % of the time left), then at the capacity
@@ -827,7 +828,11 @@ def _improve(parts: List[_Part], lower_bound: int, capacity: Optional[int], mode
         wide = lower_bound + lower_bound // 12 // quantum * quantum  # 8.3 % above
         if capacity is not None:
             wide = max(lower_bound, min(wide, capacity))
-        targets += [(wide, budget // 8, 0.3), (first, budget // 4, 0.4)]
+        # a first shot at the bound: the first strategy's run, which often
+        # lands on it (6 of the 11 MiniMalloc problems)
+        shot = 3 * sum(p.search.n + p.search.sections for p in parts)
+        targets += [(lower_bound, shot, 0.25), (wide, budget // 8, 0.3),
+                    (first, budget // 4, 0.4)]
     targets.append((lower_bound, budget // 2, 0.6))
     if capacity is not None and lower_bound < capacity:
         targets.append((capacity, budget // 4, 0.5))
