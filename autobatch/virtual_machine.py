@@ -283,6 +283,9 @@ class _BlockCompiler:
         and whole if/else regions (:meth:`diamond`)."""
         self.have_depth = False
         self.depth_changed = False
+        #: Whether the step computes on or moves per-thread vectors or
+        #: matrices (a backend may then pack the selected threads first).
+        self.vector_work = False
         self.emit(f"sel = B.select(state['pc'], {self.index})")
         chain = [self.index]
         while True:
@@ -409,6 +412,8 @@ class _BlockCompiler:
             error = self.constant(vm.overflow_error(self.lowered.callee[block.name]))
             self.emit(f"B.check({self.depth()} <= {vm.max_stack_depth}, sel, {error})")
         for op in block.instructions:
+            if not self.vector_work:
+                self.vector_work = self.touches_vectors(op)
             if isinstance(op, PrimOp):
                 fn = self.constant(op.function)
                 args = ", ".join(self.as_expr(self.read(v)) for v in op.vars_in)
@@ -436,6 +441,16 @@ class _BlockCompiler:
             else:
                 raise ProgramError(f"block {block.name!r}: the VM cannot run "
                                    f"{type(op).__name__}; lower the program first")
+
+    def touches_vectors(self, op: Any) -> bool:
+        """Whether ``op`` reads or writes a variable with a non-scalar leaf."""
+        if isinstance(op, (PushOp, PopOp)):
+            names = list(op.vars)
+        else:
+            names = list(pattern_leaves(op.vars_in)) + list(pattern_leaves(op.vars_out))
+        types = self.lowered.var_types
+        return any(leaf.shape for name in names if isinstance(name, str) and name in types
+                   for leaf in types[name].leaves())
 
     def settle_frame(self, live: frozenset) -> None:
         """Before the call depth changes: gather popped variables still needed."""
@@ -556,13 +571,15 @@ class VirtualMachine:
         key = (self.lowered, index, self.max_stack_depth, self.backend)
         if cache is not None and key in cache:
             return cache[key]
-        source, namespace = _BlockCompiler(self, index).compile()
+        compiler = _BlockCompiler(self, index)
+        source, namespace = compiler.compile()
         self._sources[index] = source
         code = compile(source, f"<autobatch block {index}: "
                                f"{self.lowered.blocks[index].name}>", "exec")
         exec(code, namespace)
-        function = self.backend.wrap_block(namespace[f"block_{index}"],
-                                           self.lowered.blocks[index].name)
+        step = namespace[f"block_{index}"]
+        step.vector_work = compiler.vector_work
+        function = self.backend.wrap_block(step, self.lowered.blocks[index].name)
         if cache is not None:
             cache[key] = function
         return function

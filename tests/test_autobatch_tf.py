@@ -80,6 +80,26 @@ def test_xla_selections_agree_bit_for_bit(tfb, selection):
     assert_same(P.fib(FIB_N, backend=backend, max_stack_depth=11), P.plain(P.fib, FIB_N))
 
 
+def test_auto_buckets_exactly_the_steps_that_touch_vectors(tfb):
+    """fib's steps are all scalar (masked under "auto"); the NUTS-shaped
+    program's leaf computes on vectors, and calls push them."""
+    from autobatch.virtual_machine import _BlockCompiler
+    backend = tfb.TensorFlowBackend("xla")
+
+    def flags(name, args):
+        vm = VirtualMachine(P.ctx.lowered_for_args(name, args, backend), backend, 8)
+        out = []
+        for index in range(vm.halt):
+            compiler = _BlockCompiler(vm, index)
+            compiler.compile()
+            out.append(compiler.vector_work)
+        return out
+
+    assert not any(flags("fib", [FIB_N]))
+    nuts = flags("nuts", [np.zeros((3, P.NUTS_SIZE))])
+    assert any(nuts) and not all(nuts)
+
+
 def test_bucket_sizes_are_a_quarter_and_the_whole_batch(tfb):
     assert tfb.bucket_sizes(1000) == [250, 1000]
     assert tfb.bucket_sizes(1001) == [251, 1001]   # rounded up: a quarter fits

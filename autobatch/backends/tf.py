@@ -22,10 +22,11 @@ outside the selection (stale values), as the backend protocol allows.
 ``"bucket"`` packs the selected threads into the smallest of a few static
 sizes (the whole batch, a half, a quarter) and runs the block on those rows
 only, each block compiled once per size; padding slots hold stale rows too,
-and their writes are dropped.  ``"auto"`` (the XLA default) buckets programs
-whose per-thread values include vectors or matrices (NUTS-shaped: 5x faster
-than masks) and masks programs of scalars (fib: packing costs more than the
-few operations it saves, and multiplies compile time).
+and their writes are dropped.  ``"auto"`` (the XLA default) buckets the
+blocks that compute on or move (push, pop, copy) per-thread vectors or
+matrices (NUTS-shaped: 4-5x faster than masks) and masks the others (on scalars, as in fib, packing
+costs more than the few operations it saves, and each bucket is one more
+compiled copy of the block).
 
 Storage: stacks are thread-major, ``[batch, frames, ...]``: a push or pop is
 one gather or scatter of one row per selected thread.  In graph mode with
@@ -270,9 +271,9 @@ class TensorFlowBackend(Backend):
     ----------
     mode : ``"eager"``, ``"graph"`` (default) or ``"xla"``.
     selection : ``"gather"``, ``"mask"``, or for XLA ``"bucket"`` or
-        ``"auto"``; default ``"auto"`` for XLA (buckets for programs with
-        per-thread vectors or matrices, masks for programs of per-thread
-        scalars), else ``"gather"``.
+        ``"auto"``; default ``"auto"`` for XLA (buckets for the blocks that
+        compute on or move per-thread vectors or matrices, masks for the
+        others), else ``"gather"``.
     compile_blocks : eager mode only: run each block as one traced graph
         (default True) instead of op by op.
 
@@ -303,8 +304,6 @@ class TensorFlowBackend(Backend):
         self.compile_blocks = bool(compile_blocks)
         #: Storage is whole-batch and written under a mask or a bucket.
         self.masked = selection in ("mask", "bucket", "auto")
-        #: Whether the program being traced runs its blocks in buckets.
-        self._use_buckets = selection == "bucket"
         #: While tracing one bucket's branch of a block: its size.
         self._bucket: Optional[int] = None
         self._variables = mode == "graph" and not self.masked
@@ -661,7 +660,8 @@ class TensorFlowBackend(Backend):
         block.__name__ = getattr(function, "__name__", "block")
         if self.mode == "eager" and self.compile_blocks:
             return _CompiledBlock(block)
-        if self.selection in ("bucket", "auto"):
+        if self.selection == "bucket" or (self.selection == "auto"
+                                           and getattr(function, "vector_work", True)):
             return self._bucketed(block)
         return block
 
@@ -672,8 +672,6 @@ class TensorFlowBackend(Backend):
         backend = self
 
         def run(state: dict) -> dict:
-            if not backend._use_buckets:
-                return block(state)
             pc = backend.to_numpy(state["pc"])
             sizes = bucket_sizes(pc.shape[0])
 
@@ -786,10 +784,6 @@ class TensorFlowBackend(Backend):
         # Two VM steps per loop pass make XLA's loop ~40% faster on programs
         # of scalars; on programs of vectors (NUTS-shaped: [batch, 256]
         # registers and stacks) they gain less and multiply XLA's compile time.
-        # Buckets ("auto") pay off where rows are vectors or matrices (NUTS:
-        # 5x faster than masks, each block computing on about as many rows as
-        # run it); on scalars the packing costs more than it saves, and
-        # compiles a block per bucket.
         scalars = all(not leaf.shape for typ in vm.lowered.var_types.values()
                       for leaf in typ.leaves())
         steps_per_pass = self.unroll if scalars else 1
@@ -800,13 +794,10 @@ class TensorFlowBackend(Backend):
             backend._final_error = tf.constant(0)
             backend._stack_frames.clear()
             backend._steps_per_pass = steps_per_pass
-            backend._use_buckets = backend.selection == "bucket" or (
-                backend.selection == "auto" and not scalars)
             try:
                 result = vm.run(list(inputs))
             finally:
                 backend._steps_per_pass = 1
-                backend._use_buckets = backend.selection == "bucket"
             error, backend._final_error = backend._final_error, None
             return result, vm.steps, error
 
