@@ -631,8 +631,12 @@ class VirtualMachine:
         backend = self.backend
         state, batch = self.initial_state(args)
         out_keys = self.register_keys[self.lowered.output]
+        phases = backend.phase_sizes(batch, self.lowered) \
+            if batch and hasattr(backend, "phase_sizes") else []
         if batch and getattr(backend, "compaction", False):
             state, outputs = self._run_compacting(state)
+        elif phases:
+            state, outputs = self._run_phases(state, batch, phases)
         else:
             if batch:
                 state = self._run_loop(state)
@@ -641,8 +645,10 @@ class VirtualMachine:
         leaves = [backend.to_numpy(v) for v in outputs]
         return pattern_unflatten(self.lowered.var_types[self.lowered.output].tensors, leaves)
 
-    def _run_loop(self, state: dict, max_steps: Optional[int] = None) -> dict:
-        """Steps until every thread halted (or ``max_steps`` more steps)."""
+    def _run_loop(self, state: dict, max_steps: Optional[int] = None,
+                  running_above: Optional[int] = None) -> dict:
+        """Steps until every thread halted (or ``max_steps`` more steps, or
+        at most ``running_above`` threads still run)."""
         backend = self.backend
         blocks = self.block_functions
         halt = self.halt
@@ -651,6 +657,8 @@ class VirtualMachine:
         def cond(s: dict) -> Any:
             if stop is not None and s["steps"] >= stop:
                 return False
+            if running_above is not None:
+                return backend.more_running(s["next"] < halt, s["pc"], halt, running_above)
             return s["next"] < halt
 
         def body(s: dict) -> dict:
@@ -661,6 +669,36 @@ class VirtualMachine:
 
         state["next"] = backend.reduce_min(state["pc"])
         return backend.while_loop(cond, body, state)
+
+    def _run_phases(self, state: dict, batch: int,
+                    sizes: Sequence[int]) -> Tuple[dict, List[Any]]:
+        """:meth:`_run_loop` for backends of static shapes (XLA) that offer
+        ``phase_sizes``: run until at most ``sizes[0]`` threads still run,
+        pack the running ones into arrays of that many rows, go on, and so
+        on; the last phase runs to the end.  Each step's whole-batch work
+        then shrinks with the threads still running.  Every thread's result
+        is written back to its original row after each phase (a halted
+        thread's is final)."""
+        backend, halt = self.backend, self.halt
+        out_keys = self.register_keys[self.lowered.output]
+        results: Optional[List[Any]] = None
+        origin = None  # original row of each row (None: the identity)
+        for size in sizes:
+            state = self._run_loop(state, running_above=size)
+            rows, valid = backend.pack_running(state["pc"], halt, size)
+            if origin is None:
+                results = [state[k] for k in out_keys]
+                origin = backend.inert_rows(rows, valid, batch)
+            else:
+                results = [backend.put_rows(r, origin, state[k])
+                           for r, k in zip(results, out_keys)]
+                origin = backend.inert_rows(backend.take_rows(origin, rows), valid, batch)
+            for key, value in list(state.items()):
+                if key not in ("next", "steps") and backend.is_storage(value):
+                    state[key] = backend.take_rows(value, rows)
+            state["pc"] = backend.where(valid, state["pc"], halt)
+        state = self._run_loop(state)
+        return state, [backend.put_rows(r, origin, state[k]) for r, k in zip(results, out_keys)]
 
     def _run_compacting(self, state: dict) -> Tuple[dict, List[Any]]:
         """:meth:`_run_loop` for backends with ``compaction``: every

@@ -100,6 +100,28 @@ def test_auto_buckets_exactly_the_steps_that_touch_vectors(tfb):
     assert any(nuts) and not all(nuts)
 
 
+def test_xla_phases_pack_the_running_threads(tfb, monkeypatch):
+    """Once at most an eighth of the threads run, XLA packs them into arrays
+    of that size; every result lands back in its own row."""
+    monkeypatch.setattr(tfb, "PHASE_MIN_BATCH", 8)
+    n = np.concatenate([np.zeros(30, np.int64), RNG.integers(0, 12, 10)])
+    RNG.shuffle(n)
+    backend = tfb.TensorFlowBackend("xla")
+    lowered = P.ctx.lowered_for_args("fib", [n], backend)
+    assert backend.phase_sizes(len(n), lowered) == [5]
+    assert_same(P.fib(n, backend=backend, max_stack_depth=13), P.plain(P.fib, n))
+    vectors = P.ctx.lowered_for_args("nuts", [np.zeros((40, P.NUTS_SIZE))], backend)
+    assert backend.phase_sizes(40, vectors) == []      # buckets instead
+
+
+def test_xla_overflow_in_a_later_phase_still_raises(tfb, monkeypatch):
+    monkeypatch.setattr(tfb, "PHASE_MIN_BATCH", 8)
+    n = np.zeros(40, np.int64)
+    n[17] = 9                      # the one thread left; too deep for 6 frames
+    with pytest.raises(StackOverflowError, match="'fib' exceeds max_stack_depth=6"):
+        P.fib(n, backend=tfb.TensorFlowBackend("xla"), max_stack_depth=6)
+
+
 def test_bucket_sizes_are_a_quarter_and_the_whole_batch(tfb):
     assert tfb.bucket_sizes(1000) == [250, 1000]
     assert tfb.bucket_sizes(1001) == [251, 1001]   # rounded up: a quarter fits

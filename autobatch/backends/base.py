@@ -52,6 +52,11 @@ Optional: a backend whose arrays may change shape between steps sets
 (selection, count)`` and ``take_threads(array, selection, axis)``; the VM
 then drops halted threads from every array once at most half still run
 (see :meth:`autobatch.virtual_machine.VirtualMachine._run_compacting`).
+A backend of static shapes (XLA) may instead provide ``phase_sizes(batch,
+lowered) -> sizes``, ``more_running``, ``pack_running``, ``inert_rows``,
+``take_rows``, ``put_rows`` and ``is_storage``: the VM then packs the running
+threads into arrays of each size in turn as threads halt (see
+:meth:`~autobatch.virtual_machine.VirtualMachine._run_phases`).
 """
 from __future__ import annotations
 

@@ -34,7 +34,10 @@ gathering, every register and stack is an anonymous resource variable updated
 in place (TensorFlow's executor would copy a whole tensor per scatter: a push
 would cost the whole stack); the while loop captures the variables rather
 than carrying them.  XLA keeps tensors (it updates loop buffers in place) and
-runs two VM steps per loop pass for programs of per-thread scalars.
+runs two VM steps per loop pass for programs of per-thread scalars; on large
+batches of those, once at most an eighth of the threads still run, it packs
+them into arrays of an eighth of the size and goes on there (fib over
+10,000 threads: 2.1x faster steady, about 3 s more compile).
 
 Stack overflow: where the VM runs inside a graph, the depth check cannot
 raise; the failing check's code is kept in the loop state, the loop stops, and
@@ -75,6 +78,11 @@ SELECTIONS = ("gather", "mask", "bucket", "auto")
 #: Extra stack frames of gathering backends (see TensorFlowBackend.stack):
 #: one per call a VM step can make after its overflow check failed.
 SPARE_FRAMES = MAX_CHAIN + 1
+
+#: XLA runs of scalar programs over at least this many threads pack the
+#: running threads into a PHASE_DIVISOR-th of the batch once few enough run.
+PHASE_MIN_BATCH = 4096
+PHASE_DIVISOR = 8
 
 #: Loop-state key of the error code (0: no failed check).
 ERROR_KEY = "__error"
@@ -620,6 +628,48 @@ class TensorFlowBackend(Backend):
             return tf.where(selection, tf.constant(entry, tf.int32), tf.constant(halt, tf.int32))
         return tf.fill(selection.count(), tf.constant(entry, tf.int32))
 
+    # -- phases (XLA: static shapes that shrink with the running threads) ---------------
+    def phase_sizes(self, batch: int, lowered: Any) -> List[int]:
+        """Row counts the VM packs the running threads into as they halt
+        (:meth:`VirtualMachine._run_phases`): XLA runs of programs of
+        per-thread scalars over at least :data:`PHASE_MIN_BATCH` threads get
+        one phase at an eighth of the batch; nothing otherwise (each phase is
+        one more compiled copy of the loop)."""
+        if self.mode != "xla" or batch < PHASE_MIN_BATCH:
+            return []
+        if any(leaf.shape for typ in lowered.var_types.values() for leaf in typ.leaves()):
+            return []
+        return [-(-batch // PHASE_DIVISOR)]
+
+    def more_running(self, more: Any, pc: Any, halt: int, limit: int) -> tf.Tensor:
+        """``more`` and more than ``limit`` threads still running."""
+        running = tf.reduce_sum(tf.cast(tf.less(self.to_numpy(pc), halt), tf.int32))
+        return tf.logical_and(more, running > limit)
+
+    def pack_running(self, pc: Any, halt: int, size: int) -> Tuple[tf.Tensor, tf.Tensor]:
+        """``(rows, valid)``: the running threads packed into ``size`` slots."""
+        packed = self._pack(tf.less(self.to_numpy(pc), halt), size)
+        return packed.rows, packed.valid
+
+    @staticmethod
+    def inert_rows(rows: tf.Tensor, valid: tf.Tensor, batch: int) -> tf.Tensor:
+        """``rows``, with ``batch`` (out of range: writes dropped) where not valid."""
+        return tf.where(valid, rows, batch)
+
+    @staticmethod
+    def take_rows(array: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+        return tf.gather(array, rows)
+
+    @staticmethod
+    def put_rows(array: tf.Tensor, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        """``array`` with ``values`` written at ``rows`` (out-of-range rows dropped)."""
+        return tf.tensor_scatter_nd_update(array, rows[:, None], tf.cast(values, array.dtype))
+
+    @staticmethod
+    def is_storage(value: Any) -> bool:
+        """A per-thread array of the loop state (not a scalar like the step count)."""
+        return tf.is_tensor(value) and value.shape.rank is not None and value.shape.rank >= 1
+
     # -- control -------------------------------------------------------------------------
     def reduce_min(self, array: tf.Tensor) -> tf.Tensor:
         smallest = tf.reduce_min(self.to_numpy(array))
@@ -696,7 +746,12 @@ class TensorFlowBackend(Backend):
     def while_loop(self, cond: Callable[[Any], Any], body: Callable[[Any], Any],
                    state: Any) -> Any:
         state = dict(state)
-        state.setdefault(ERROR_KEY, tf.constant(0))
+        # A later phase's loop starts from the error of the one before in the
+        # same graph (and so does not run after a failed check).
+        previous = self._final_error
+        same_graph = (previous is not None and not tf.executing_eagerly()
+                      and getattr(previous, "graph", None) is tf.compat.v1.get_default_graph())
+        state.setdefault(ERROR_KEY, previous if same_graph else tf.constant(0))
         if tf.executing_eagerly():
             no_error = state[ERROR_KEY]
             while bool(cond(state)):  # steps stay a Python int
