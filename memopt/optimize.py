@@ -346,9 +346,13 @@ def _in_loop(graph: Graph) -> set:
     return looped
 
 
-def _inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals) -> List[Tuple[str, str, int]]:
+def _inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals,
+                   level: int = 0) -> List[Tuple[str, str, int]]:
     """``(input, output, position)`` for every op that can run in place on a
-    dying candidate input of the output's shape and dtype.
+    dying candidate input of the output's dtype and shape -- at level 1, of
+    any shape whose size is the input's for every batch size (``reshape2``,
+    ``flatten``: Paddle's kernel then only relabels the dims of the one
+    tensor instead of copying it into a second one).
 
     Skipped: an op that also writes its input or also reads its output
     (renaming would make it write, or read, one name twice), and an input
@@ -373,7 +377,8 @@ def _inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals) ->
         if intervals[src].end != pos or intervals[dst].start != pos:
             continue
         a, b = graph.var(src, block_idx), graph.var(dst, block_idx)
-        if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+        if a.dtype != b.dtype or (tuple(a.shape) != tuple(b.shape) and (
+                level != 1 or _vsize(a) != _vsize(b))):
             continue
         # in a loop body the input's interval may end here yet the value be
         # carried to the next iteration: ask the liveness itself
@@ -826,7 +831,7 @@ def plan_memory(graph: Graph, options: Options, gc: bool,
     plan.buffers = _temporaries(graph, intervals) if changed else before
 
     # in-place chains: union of (input, output) pairs, head = the first input
-    pairs = _inplace_pairs(graph, live, candidates, intervals)
+    pairs = _inplace_pairs(graph, live, candidates, intervals, options.level)
     plan.inplace = pairs
     head: Dict[str, str] = {}
     for src, dst, _ in pairs:

@@ -423,3 +423,55 @@ def test_while_inside_a_branch_is_bit_identical(paddle, level, gc):
     if gc == "off":
         assert any(r.block == loop_body for r in report.reuses), "locals of the loop body share"
         assert grad_outputs & touched, "a conditional_block_grad output takes memory"
+
+
+# -- einsum's cache may be its operand's own buffer --------------------------------------
+
+def einsum_on_a_dead_operand():
+    """``einsum('bij,jk->bik', a, w)`` where ``a`` is already in the kernel's
+    order, so its ``InnerCache`` (read by ``einsum_grad``) is ``a``'s own
+    buffer; ``a`` has no other reader, and ``v``, born after the einsum,
+    has ``a``'s shape: merging ``v`` into ``a`` would overwrite the cache."""
+    import paddle
+
+    batch, rows, width = 4, 8, 16
+    with models.ir_guard("legacy"):
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+            x = paddle.static.data("x", [-1, rows, width], "float32")
+            w = paddle.create_parameter([width, width], "float32")
+            a = x * 2.0
+            y = paddle.einsum("bij,jk->bik", a, w)
+            v = x * 3.0 + 1.0
+            loss = paddle.mean(y) + paddle.mean(v)
+            out = paddle.mean(v, axis=1)
+            paddle.optimizer.SGD(0.1).minimize(loss)
+
+    def feed(rng):
+        return {"x": rng.standard_normal((batch, rows, width)).astype("float32")}
+
+    return models.BuiltModel("einsum_alias", "legacy", main, startup, feed, [loss, out], batch)
+
+
+def test_einsum_cache_that_may_alias_keeps_its_operand(paddle):
+    from memopt.paddle.legacy import einsum_cache_copies
+
+    assert einsum_cache_copies("bij,jk->bik", [(-1, 8, 16), (16, 16)]) == [False, False]
+    assert einsum_cache_copies("bqhd,bkhd->bhqk", [(-1, 8, 2, 4)] * 2) == [True, True]
+    assert einsum_cache_copies("bhqk,bkhd->bqhd", [(-1, 2, 8, 8), (-1, 8, 2, 4)]) == [False, True]
+    assert einsum_cache_copies("ij,kj->ik", [(3, 4), (5, 4)]) == [False, True]
+    assert einsum_cache_copies("ij,jk->ik", [(3, 1), (4, 5)]) == [False, False]  # may tile
+    expected = models.run_steps(einsum_on_a_dead_operand(), STEPS)
+    for level in (0, 1):
+        model = einsum_on_a_dead_operand()
+        with models.flags(**gc_flag("off")):
+            optimize(model, level=level, skip_grads=False)
+            actual = models.run_steps(model, STEPS)
+        assert_same(expected, actual)
+        ops = model.main.global_block().ops
+        einsum = next(op for op in ops if op.type == "einsum")
+        grad = next(k for k, op in enumerate(ops) if op.type == "einsum_grad")
+        operand = einsum.input("Operands")[0]
+        start = next(k for k, op in enumerate(ops) if op.type == "einsum")
+        # nothing writes the operand's memory between the einsum and its grad
+        assert not any(operand in op.output_arg_names for op in ops[start + 1:grad])

@@ -53,9 +53,69 @@ EMPTY_VAR = "@EMPTY@"
 #: they get this kind and are never merged.  (They could not be anyway: the
 #: kernel points the cache at its transposed operand's buffer, which is the
 #: operand's own memory when no transpose is needed, so another variable
-#: written into a merged cache would overwrite that operand.)
+#: written into a merged cache would overwrite that operand.)  Where a cache
+#: may be its operand's buffer (:func:`einsum_cache_copies`), ``einsum_grad``
+#: is read as reading the operand too, so that the operand's memory is not
+#: taken over before the cache is read.
 _UNSIZED_SLOTS = frozenset({"InnerCache"})
 UNSIZED = "unsized"
+
+
+def einsum_cache_copies(equation: str, shapes: List[tuple]) -> List[bool]:
+    """Per operand of a two-operand ``einsum``: whether its ``InnerCache``
+    output is surely a fresh transposed copy of the operand (same number of
+    elements, its own buffer) rather than the operand's own buffer.
+
+    Paddle's kernel (``PerformContraction``) caches each operand after
+    moving its labels into the order batch, free-of-A, free-of-B,
+    contraction (operand 1: batch, contraction, free-of-A, free-of-B), each
+    group in order of first appearance; where that order is the operand's
+    own, no transpose runs and the cache points at the operand's buffer.
+    This replays that ordering.  False (may alias, or a size that differs
+    from the operand's) for anything else: a label repeated in an operand
+    (diagonal), a label summed away (reduction), a dimension of size 1 or
+    two occurrences of a label with different declared sizes (the kernel
+    may tile), a broadcast ``...``, or not exactly two operands.
+    """
+    if "->" not in equation or "." in equation:
+        return [False] * len(shapes)
+    left, right = equation.split("->", 1)
+    ops = left.split(",")
+    if len(ops) != 2 or len(shapes) != 2 or not all(
+            c.islower() and c.isalpha() for c in left.replace(",", "") + right):
+        return [False] * len(shapes)
+    if any(len(set(op)) != len(op) or len(op) != len(shape) for op, shape in zip(ops, shapes)):
+        return [False] * 2
+    dims: Dict[str, set] = {}
+    for op, shape in zip(ops, shapes):
+        for label, dim in zip(op, shape):
+            dims.setdefault(label, set()).add(int(dim))
+    if any(len(d) != 1 or 1 in d for d in dims.values()):
+        return [False] * 2
+    batch, a_free, b_free, contraction, reduction = range(5)
+    kind = {c: b_free for c in right}
+    seen: Dict[str, int] = {}
+    order: List[str] = []
+    for op in ops:
+        for c in op:
+            if c not in seen:
+                order.append(c)
+            seen[c] = seen.get(c, 0) + 1
+            if seen[c] == 2:
+                kind[c] = batch if kind.get(c) == b_free else contraction
+    for c in ops[0]:
+        if kind.get(c) == b_free:
+            kind[c] = a_free
+    for c in order:
+        kind.setdefault(c, reduction)
+    out = []
+    for idx, op in enumerate(ops):
+        groups = ((batch, a_free, b_free, contraction, reduction) if idx == 0
+                  else (batch, contraction, a_free, b_free, reduction))
+        moved = [c for g in groups for c in order if kind[c] == g and c in op]
+        out.append(not any(kind[c] == reduction for c in op) and moved != list(op))
+    return out
+
 
 #: Output slots that carry dims only: Paddle's kernels never allocate them
 #: (measured: einsum's ``XShape``, declared with its operand's full shape,
@@ -262,6 +322,23 @@ def _is_data(pvar) -> bool:
     return bool(need_check_feed()) if need_check_feed is not None else False
 
 
+def _aliasing_einsum_caches(pblock, desc) -> Dict[str, str]:
+    """``{cache: operand}`` for each ``InnerCache`` output of an ``einsum``
+    op that may be its operand's own buffer (see :func:`einsum_cache_copies`):
+    ``einsum_grad`` reads the cache, so the operand's memory must not be
+    taken over until then."""
+    operands = desc.input("Operands")
+    caches = desc.output("InnerCache")
+    pvars = [pblock._find_var_recursive(name) for name in operands]
+    shapes = [tuple(v.desc.shape()) if v is not None else () for v in pvars]
+    equation = desc.attr("equation") if desc.has_attr("equation") else ""
+    copies = einsum_cache_copies(equation, shapes)
+    if len(caches) != len(operands):
+        copies = [False] * len(operands)
+    return {cache: operand for cache, operand, copy in zip(caches, operands, copies)
+            if cache != EMPTY_VAR and not copy}
+
+
 def program_to_graph(program) -> Graph:
     """Read a legacy Paddle program into a :class:`~memopt.graph.Graph`.
 
@@ -286,6 +363,7 @@ def program_to_graph(program) -> Graph:
     blocks: List[Block] = []
     unsized: set = set()
     meta: set = set()
+    aliasing_caches: Dict[str, str] = {}  # cache -> operand whose buffer it may be
     fetched: List[str] = []
     fed: set = set()
     for pblock in program.blocks:
@@ -317,6 +395,14 @@ def program_to_graph(program) -> Graph:
                     attrs["inplace"] = pair
             if op_type in _DIMS_ONLY_OPS:
                 attrs["dims_only"] = {slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
+            if op_type == "einsum_grad":
+                # a cache that may be its operand's buffer keeps that
+                # operand's memory alive until the cache is read
+                extra = [aliasing_caches[c] for c in desc.input("InnerCache")
+                         if c in aliasing_caches]
+                reads = tuple(dict.fromkeys((*reads, *extra)))
+            elif op_type == "einsum":
+                aliasing_caches.update(_aliasing_einsum_caches(pblock, desc))
             subs = _sub_block_ids(desc)
             if op_type in _GRAD_CONTROL_OPS:
                 attrs.update(_control_grad_attrs(op_type, desc,
