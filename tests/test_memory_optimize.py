@@ -475,3 +475,16 @@ def test_einsum_cache_that_may_alias_keeps_its_operand(paddle):
         start = next(k for k, op in enumerate(ops) if op.type == "einsum")
         # nothing writes the operand's memory between the einsum and its grad
         assert not any(operand in op.output_arg_names for op in ops[start + 1:grad])
+
+
+def test_level_1_runs_reshape_in_place(paddle):
+    """At level 1 a reshape2 whose input dies there writes its output into
+    the input's memory (same bytes, other dims); level 0 keeps shapes apart."""
+    def reshapes_in_place(level):
+        model = models.build("transformer", "legacy")
+        with models.flags(**gc_flag("off")):
+            report = optimize(model, level=level, skip_grads=False)
+        return [r for r in report.reuses if r.how == "in-place" and r.op == "reshape2"]
+
+    assert reshapes_in_place(1)
+    assert not reshapes_in_place(0)
