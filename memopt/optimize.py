@@ -364,28 +364,36 @@ def _inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals,
     written: Dict[int, set] = {}  # block -> names written by the ops before pos
     for pos, (block_idx, _, op) in enumerate(live.positions):
         before = written.setdefault(block_idx, set())
-        pair = op.attrs.get("inplace")
-        src_written = pair is not None and pair[0] in before
+        # Paddle's declared pair first, then the adapter's alternative (an
+        # elementwise add of equal shapes may write into either operand)
+        options = [p for p in (op.attrs.get("inplace"), op.attrs.get("inplace_alt"))
+                   if p is not None and p[0] in before]
         before.update(op.writes)
-        if pair is None:
-            continue
-        src, dst = pair
-        if candidates.get(src) != block_idx or candidates.get(dst) != block_idx or src == dst:
-            continue
-        if not src_written or src in op.writes or dst in op.reads:
-            continue
-        if intervals[src].end != pos or intervals[dst].start != pos:
-            continue
-        a, b = graph.var(src, block_idx), graph.var(dst, block_idx)
-        if a.dtype != b.dtype or (tuple(a.shape) != tuple(b.shape) and (
-                level != 1 or _vsize(a) != _vsize(b))):
-            continue
-        # in a loop body the input's interval may end here yet the value be
-        # carried to the next iteration: ask the liveness itself
-        if block_idx in looped and src in live.live_out(pos):
-            continue
-        pairs.append((src, dst, pos))
+        for src, dst in options:
+            if _can_run_in_place(graph, live, candidates, intervals, level, looped,
+                                 pos, block_idx, op, src, dst):
+                pairs.append((src, dst, pos))
+                break
     return pairs
+
+
+def _can_run_in_place(graph: Graph, live, candidates, intervals, level: int, looped,
+                      pos: int, block_idx: int, op, src: str, dst: str) -> bool:
+    """Whether ``op`` at ``pos`` may write candidate ``dst`` into the memory
+    of candidate ``src``, which dies there (see :func:`_inplace_pairs`)."""
+    if candidates.get(src) != block_idx or candidates.get(dst) != block_idx or src == dst:
+        return False
+    if src in op.writes or dst in op.reads:
+        return False
+    if intervals[src].end != pos or intervals[dst].start != pos:
+        return False
+    a, b = graph.var(src, block_idx), graph.var(dst, block_idx)
+    if a.dtype != b.dtype or (tuple(a.shape) != tuple(b.shape) and (
+            level != 1 or _vsize(a) != _vsize(b))):
+        return False
+    # in a loop body the input's interval may end here yet the value be
+    # carried to the next iteration: ask the liveness itself
+    return not (block_idx in looped and src in live.live_out(pos))
 
 
 _SIZES: Dict[tuple, Size] = {}

@@ -488,3 +488,20 @@ def test_level_1_runs_reshape_in_place(paddle):
 
     assert reshapes_in_place(1)
     assert not reshapes_in_place(0)
+
+
+def test_add_writes_into_its_dying_second_operand(paddle):
+    """The loop body's ``relu(cell(h)) + h * 0.5``: X (the relu) is kept for
+    the backward, Y (``h * 0.5``) dies at the add, so the sum takes Y's
+    memory; the numbers stay bit-identical."""
+    expected = reference("while_loop")
+    model = models.build("while_loop", "legacy")
+    body = next(op.attr("sub_block").id for op in model.main.global_block().ops
+                if op.type == "while")
+    adds = {op.output("Out")[0]: op.input("Y")[0] for op in model.main.block(body).ops
+            if op.type == "elementwise_add"}
+    with models.flags(**gc_flag("off")):
+        report = optimize(model, level=1, skip_grads=False)
+        actual = models.run_steps(model, STEPS)
+    assert_same(expected, actual)
+    assert any(r.how == "in-place" and adds.get(r.var) == r.takes for r in report.reuses)

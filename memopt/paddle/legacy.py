@@ -322,6 +322,26 @@ def _is_data(pvar) -> bool:
     return bool(need_check_feed()) if need_check_feed is not None else False
 
 
+def _operand_y_in_place(pblock, desc) -> Optional[Tuple[str, str]]:
+    """``(Y, Out)`` where an ``elementwise_add`` may write its output into
+    ``Y``'s memory: ``X``, ``Y`` and ``Out`` are three names of one declared
+    shape and dtype (no broadcast, so each output element is computed from
+    the two input elements at its own index, and Paddle's kernel reads them
+    before writing it -- the same reason it declares ``X -> Out`` in place).
+    """
+    xs, ys, outs = desc.input("X"), desc.input("Y"), desc.output("Out")
+    if len(xs) != 1 or len(ys) != 1 or len(outs) != 1 or len({xs[0], ys[0], outs[0]}) != 3:
+        return None
+    pvars = [pblock._find_var_recursive(n) for n in (xs[0], ys[0], outs[0])]
+    if any(v is None for v in pvars):
+        return None
+    shapes = {tuple(v.desc.shape()) for v in pvars}
+    dtypes = {v.desc.dtype() for v in pvars}
+    if len(shapes) != 1 or len(dtypes) != 1:
+        return None
+    return ys[0], outs[0]
+
+
 def _aliasing_einsum_caches(pblock, desc) -> Dict[str, str]:
     """``{cache: operand}`` for each ``InnerCache`` output of an ``einsum``
     op that may be its operand's own buffer (see :func:`einsum_cache_copies`):
@@ -393,6 +413,10 @@ def program_to_graph(program) -> Graph:
                                      _slots(desc.output_names(), desc.output))
                 if pair is not None:
                     attrs["inplace"] = pair
+            if op_type == "elementwise_add":
+                alt = _operand_y_in_place(pblock, desc)
+                if alt is not None:
+                    attrs["inplace_alt"] = alt
             if op_type in _DIMS_ONLY_OPS:
                 attrs["dims_only"] = {slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
             if op_type == "einsum_grad":
