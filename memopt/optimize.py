@@ -35,9 +35,11 @@ next loop iteration is live across the whole loop.  No rename ever reaches
 into another block (:func:`verify_renaming` checks it).
 
 *In place*: where an op whose Paddle kernel may run in place (the adapter's
-``"inplace"`` pair) reads a candidate for the last time and writes a
-candidate of the same shape and dtype, the output takes the input's memory
-at that very op.
+``"inplace"`` pair, or its ``"inplace_alt"``: an elementwise add of three
+equal shapes writing into ``Y``) reads a candidate for the last time and
+writes a candidate of the same shape and dtype (level 1: of any shape of the
+same size, as ``reshape2``), the output takes the input's memory at that
+very op.
 
 *Rename*: with the garbage collector off, candidates (after in-place chains
 are joined) are grouped so that the members of a group never live at the

@@ -10,8 +10,10 @@ Two jobs, kept apart:
   planner needs from Paddle: ``"index"`` (position in its block), ``"loss"``
   (the op has the Loss role), ``"inplace"`` (the input/output pair Paddle's
   kernel may run in place, from the op's declared in-place inferer, kept
-  only where bit-exact) and ``"dims_only"`` (inputs read for their dims
-  only, with an operand of the same dims that can stand in).
+  only where bit-exact), ``"inplace_alt"`` (``elementwise_add``'s
+  ``(Y, Out)`` where X, Y and Out have one shape) and ``"dims_only"``
+  (inputs read for their dims only, with an operand of the same dims that
+  can stand in).
 - :func:`rewrite` changes a program: input substitutions, renames (per block,
   every use of a name replaced by another) and a new order of block 0's ops.
   Everything is validated first and applied in one go; if anything fails
