@@ -561,8 +561,9 @@ def _control_outputs(graph: Graph, live, intervals) -> Tuple[Dict[str, "Interval
     returned as ``{x: Interval(position of the op, end)}``.  Also returns
     the names never to merge: ``attrs["sub_outputs"]`` of every control op
     (locals of its sub-blocks the op reads back after they ran: inside
-    gradients) and ``attrs["aliases"]`` of any op (outputs whose kernel may
-    return an input's own buffer).
+    gradients) and ``attrs["aliases"]`` of any op (variables whose buffer a
+    kernel may hand to another: a unary einsum's output, an einsum operand
+    its cache may point at).
     """
     sub_outputs: set = set()
     wanted: Dict[str, int] = {}
