@@ -18,8 +18,9 @@ half after TFP's runs of the same workload.
 
 TFP 0.25 cannot be installed beside this project's TensorFlow; given a Python
 that has it (``--tfp-python``; by default the repo's ``.tfp-venv``, which
-``make tfp`` builds, else ``/work/tfp-venv``, when one exists), the same programs, written in the subset TFP's frontend accepts
-(recursion instead of loops, ``def`` type functions, explicit ``else``), run
+``make tfp`` builds, else ``/work/tfp-venv``, when one exists), the same
+programs, written in the subset TFP's frontend accepts (recursion instead of
+loops, ``def`` type functions, explicit ``else``), run
 in a subprocess per (workload, mode) on the same inputs (not eagerly on fib
 unless --tfp-eager-fib: TFP's eager VM takes 31 s at batch 1,000 with n <= 14,
 2,438 steps, and minutes for these).  Every result (ours and TFP's) is checked

@@ -19,19 +19,20 @@ primops see only those threads (work proportional to them; dynamic shapes).
 XLA needs static shapes.  ``"mask"`` computes every block on every thread
 and keeps the selected rows with ``tf.where``: primops then also see threads
 outside the selection (stale values), as the backend protocol allows.
-``"bucket"`` packs the selected threads into the smallest of a few static
-sizes (the whole batch, a half, a quarter) and runs the block on those rows
-only, each block compiled once per size; padding slots hold stale rows too,
-and their writes are dropped.  ``"auto"`` (the XLA default) buckets the
-blocks that compute on or move (push, pop, copy) per-thread vectors or
-matrices (NUTS-shaped: 4-5x faster than masks) and masks the others (on scalars, as in fib, packing
-costs more than the few operations it saves, and each bucket is one more
-compiled copy of the block).
+``"bucket"`` packs the selected threads into the smaller of two static
+sizes (a quarter of the batch, the whole batch: :func:`bucket_sizes`) and
+runs the block on those rows only, each block compiled once per size;
+padding slots hold stale rows too, and their writes are dropped.
+``"auto"`` (the XLA default) buckets the blocks that compute on or move
+(push, pop, copy) per-thread vectors or matrices (NUTS-shaped: 4-5x faster
+than masks) and masks the others (on scalars, as in fib, packing costs more
+than the few operations it saves, and each bucket is one more compiled copy
+of the block).
 
 Storage: stacks are thread-major, ``[batch, frames, ...]``: a push or pop is
 one gather or scatter of one row per selected thread.  In graph mode with
-gathering, every register and stack is an anonymous resource variable updated
-in place (TensorFlow's executor would copy a whole tensor per scatter: a push
+gathering, every register and stack (held flat, ``[batch * frames, ...]``) is
+an anonymous resource variable updated in place (TensorFlow's executor would copy a whole tensor per scatter: a push
 would cost the whole stack); the while loop captures the variables rather
 than carrying them.  XLA keeps tensors (it updates loop buffers in place) and
 runs two VM steps per loop pass for programs of per-thread scalars; on large
@@ -264,6 +265,11 @@ class _CompiledBlock:
         return {**state, **dict(zip(out_keys, values))}
 
 
+def _scalar_program(lowered: Any) -> bool:
+    """Whether every value of the lowered program is a scalar per thread."""
+    return all(not leaf.shape for typ in lowered.var_types.values() for leaf in typ.leaves())
+
+
 def _tf_dtype(dtype: Any) -> tf.DType:
     return tf.as_dtype(np.dtype(dtype))
 
@@ -358,7 +364,7 @@ class TensorFlowBackend(Backend):
             frames += SPARE_FRAMES
         scalar = tf.constant(np.asarray(value, dtype=tensor_type.dtype))
         array = tf.fill((batch_size, frames) + tensor_type.shape, scalar)
-        if not (self._variables and not tf.executing_eagerly()):
+        if not self._in_variables():
             return array
         # A variable cannot be reshaped: it holds the stack flat,
         # [batch * frames, ...], and the frame count is kept beside it.
@@ -400,6 +406,11 @@ class TensorFlowBackend(Backend):
             return tf.raw_ops.ReadVariableOp(resource=value, dtype=_variable_dtype(value))
         return value
 
+    def _in_variables(self) -> bool:
+        """Whether storage made now lives in resource variables (graph mode,
+        gathering, while tracing)."""
+        return self._variables and not tf.executing_eagerly()
+
     def _maybe_variable(self, array: tf.Tensor) -> Any:
         """``array``, or (graph mode, gathering, inside a graph) a new anonymous
         resource variable holding it.
@@ -411,7 +422,7 @@ class TensorFlowBackend(Backend):
         captures variables instead of carrying them (fewer loop variables and
         graph nodes per step).  Anonymous: freed with the run's last handle.
         """
-        if not (self._variables and not tf.executing_eagerly()):
+        if not self._in_variables():
             return array
         handle = tf.raw_ops.VarHandleOp(dtype=array.dtype, shape=array.shape,
                                         shared_name=_ANONYMOUS)
@@ -637,7 +648,7 @@ class TensorFlowBackend(Backend):
         one more compiled copy of the loop)."""
         if self.mode != "xla" or batch < PHASE_MIN_BATCH:
             return []
-        if any(leaf.shape for typ in lowered.var_types.values() for leaf in typ.leaves()):
+        if not _scalar_program(lowered):
             return []
         return [-(-batch // PHASE_DIVISOR)]
 
@@ -839,9 +850,7 @@ class TensorFlowBackend(Backend):
         # Two VM steps per loop pass make XLA's loop ~40% faster on programs
         # of scalars; on programs of vectors (NUTS-shaped: [batch, 256]
         # registers and stacks) they gain less and multiply XLA's compile time.
-        scalars = all(not leaf.shape for typ in vm.lowered.var_types.values()
-                      for leaf in typ.leaves())
-        steps_per_pass = self.unroll if scalars else 1
+        steps_per_pass = self.unroll if _scalar_program(vm.lowered) else 1
 
         def whole_run(*inputs: Any) -> Any:
             _TRACE_COUNTS[backend._config()] = backend.trace_count + 1
