@@ -303,16 +303,18 @@ def _first_trace_difference(graph: Graph, a: Execution, b: Execution) -> Optiona
     seen: Dict[Tuple[int, int], int] = {}
     for block_idx, ident, values in a.trace:
         k = seen[(block_idx, ident)] = seen.get((block_idx, ident), -1) + 1
-        op = _op_of(graph, block_idx, ident)
         runs = got.get((block_idx, ident), [])
+        if k < len(runs) and runs[k] == values:
+            continue
+        # only on a mismatch: find the op and say where
+        op = _op_of(graph, block_idx, ident)
         where = f"op {ident} ({op.type}) of block {block_idx}"
         if k >= len(runs):
             return f"{where} runs {k} times after the plan, more before"
-        if runs[k] != values:
-            names = (*op.reads, *op.writes) if op.sub_blocks else op.reads
-            bad = [n for n, u, v in zip(names, values, runs[k]) if u != v]
-            return (f"{where}, execution {k}: reads a different value of "
-                    f"{', '.join(map(repr, bad)) or '?'} after the plan")
+        names = (*op.reads, *op.writes) if op.sub_blocks else op.reads
+        bad = [n for n, u, v in zip(names, values, runs[k]) if u != v]
+        return (f"{where}, execution {k}: reads a different value of "
+                f"{', '.join(map(repr, bad)) or '?'} after the plan")
     if len(a.trace) != len(b.trace):
         return f"the original runs {len(a.trace)} ops, the planned program {len(b.trace)}"
     return None
