@@ -422,10 +422,15 @@ def program_to_graph(program) -> Graph:
             if op_type in _DIMS_ONLY_OPS:
                 attrs["dims_only"] = {slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
             if op_type == "einsum":
-                # an operand whose cache may be its own buffer is left alone
-                aliased = _aliasing_einsum_caches(pblock, desc)
-                if aliased:
-                    attrs["aliases"] = tuple(sorted(set(aliased.values())))
+                # an operand whose cache may be its own buffer is left alone;
+                # a unary einsum may return its operand's own buffer (no
+                # transpose, no reduction): merged, its memory would be the
+                # operand's, so its output is left alone too
+                aliases = tuple(sorted(set(_aliasing_einsum_caches(pblock, desc).values())))
+                if len(desc.input("Operands")) == 1:
+                    aliases += tuple(desc.output("Out"))
+                if aliases:
+                    attrs["aliases"] = aliases
             subs = _sub_block_ids(desc)
             if op_type in _GRAD_CONTROL_OPS:
                 attrs.update(_control_grad_attrs(op_type, desc,
@@ -434,11 +439,6 @@ def program_to_graph(program) -> Graph:
                             op_type in LOOP_OPS, attrs))
             for slot in _UNSIZED_SLOTS.intersection(desc.output_names()):
                 unsized.update(desc.output(slot))
-            if op_type == "einsum" and len(desc.input("Operands")) == 1:
-                # a unary einsum may return its operand's own buffer (no
-                # transpose, no reduction): merged, its memory would be the
-                # operand's, so it is left alone
-                attrs["aliases"] = (*attrs.get("aliases", ()), *desc.output("Out"))
             for slot in _META_SLOTS.intersection(desc.output_names()):
                 meta.update(desc.output(slot))
             if pblock.idx == 0 and op_type in ("fetch", "fetch_v2"):
