@@ -971,8 +971,8 @@ def _largest_first(buffers: List[Buffer], klass) -> List[List[Buffer]]:
     order = sorted(range(len(buffers)), key=lambda i: (-weight[i], buffers[i].lower, i))
     lowers: List[List[int]] = []     # per group: members' lowers, sorted
     members: List[List[int]] = []    # per group: buffer indices, by lower
-    capacity: List[int] = []         # per group: its earliest member's weight
-    by_class: Dict[Hashable, list] = {}  # class -> sorted [(capacity, group)]
+    # class -> sorted [(the group's earliest member's weight, group)]
+    by_class: Dict[Hashable, list] = {}
     for i in order:
         buf, size = buffers[i], sizes[i]
         pool = by_class.setdefault(klass(buf), [])
@@ -995,16 +995,14 @@ def _largest_first(buffers: List[Buffer], klass) -> List[List[Buffer]]:
             gid = len(members)
             lowers.append([buf.lower])
             members.append([i])
-            capacity.append(weight[i])
             insort(pool, (weight[i], gid))
             continue
         gid = chosen[1]
         k = bisect_left(lowers[gid], buf.lower)
         lowers[gid].insert(k, buf.lower)
         members[gid].insert(k, i)
-        if k == 0 and weight[i] != capacity[gid]:  # a new earliest member
+        if k == 0 and weight[i] != chosen[0]:  # a new earliest member
             pool.remove(chosen)
-            capacity[gid] = weight[i]
             insort(pool, (weight[i], gid))
     return [[buffers[i] for i in group] for group in members]
 
