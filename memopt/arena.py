@@ -416,12 +416,16 @@ class CanonicalSearch:
         if n:
             np.add.at(self.total, section, self._size[owner])
         self.peak = int(self.total.max()) if S else 0
+        # per section: buffers crossing into the next one (the kernel's
+        # starting state, copied for each run)
+        crossing = np.zeros(S + 1, dtype=np.int64)
+        np.add.at(crossing, self._s0, 1)
+        np.add.at(crossing, self._s1 - 1, -1)
+        self._crossing = np.cumsum(crossing)[:S]
         most = np.array([self.total[s0[i]:s1[i]].max() for i in range(n)], dtype=np.int64)
         self._keys = {"Z": -self.size, "W": -self.life, "A": -self.size * self.life,
                       "T": -most}
         self._ranks: Dict[str, np.ndarray] = {}
-        self._least_slack = False  # section rule: fewest candidates first, or least slack
-        self._in_order = False  # MiniMalloc's placement order instead of the sections'
         #: the blended order's score: log(size) + life_weight * log(lifetime),
         #: plus noise * N(0, 1) for a seeded order ``B<k>``, ``k > 0``
         self.life_weight, self.noise = 0.5, 1.0
@@ -474,11 +478,8 @@ class CanonicalSearch:
             left = node_budget - self.nodes
             if left <= 0 or (deadline is not None and time.perf_counter() > deadline):
                 return LIMIT, None
-            order, _, rule = name.partition("/")
-            self._least_slack = rule == "s"
-            self._in_order = rule == "m"
-            status, offsets = self._run(capacity, self.rank(order),
-                                        min(base * _luby(run + 1), left), deadline)
+            status, offsets = self._run(capacity, name, min(base * _luby(run + 1), left),
+                                        deadline)
             if status != LIMIT:
                 return status, offsets
         return LIMIT, None  # pragma: no cover - the strategies never run out
@@ -492,20 +493,23 @@ class CanonicalSearch:
         """
         self._failed_for, self._memo = None, None
         self.nodes = 0
-        order, _, rule = strategy.partition("/")
-        self._least_slack, self._in_order = rule == "s", rule == "m"
-        status, offsets = self._run(int(self.size.sum()) + 1, self.rank(order),
+        status, offsets = self._run(int(self.size.sum()) + 1, strategy,
                                     64 * (self.n + self.sections) + 64, deadline)
         return offsets if status == FOUND else None
 
-    def _run(self, capacity: int, rank: np.ndarray, limit: int,
+    def _run(self, capacity: int, strategy: str, limit: int,
              deadline: Optional[float]) -> Tuple[str, Optional[np.ndarray]]:
-        """One run of the kernel from the root with at most ``limit`` nodes."""
+        """One run of the kernel from the root with at most ``limit`` nodes;
+        ``strategy`` as in :data:`SEARCH_ORDERS` (value order, then the rule:
+        ``/s`` least slack first, ``/m`` MiniMalloc's placement order)."""
         from . import _search_kernel as kernel
 
         n, S = self.n, self.sections
+        order, _, rule = strategy.partition("/")
+        # place_in_order sorts by offset * n + position in int64
+        in_order = rule == "m" and capacity <= (1 << 62) // (n + 1)
         # a guess until measured: 2e7 (compiled) or 1e5 buffer-steps a second
-        rate = self._rate.get(self._in_order,
+        rate = self._rate.get(in_order,
                               (2e7 if kernel.JIT else 1e5) / max(n + S, 1))
         if deadline is not None:
             # the kernel cannot look at the clock: cut the run to what fits
@@ -519,21 +523,16 @@ class CanonicalSearch:
         ctl = np.zeros(kernel.CONTROL_SLOTS, dtype=np.int64)
         ctl[kernel.CAPACITY] = capacity
         ctl[kernel.LIMIT_AT] = limit
-        ctl[kernel.LEAST_SLACK] = int(self._least_slack)
+        ctl[kernel.LEAST_SLACK] = int(rule == "s")
         ctl[kernel.MEMO_USED] = self._memo_used
-        crossing = np.zeros(S + 1, dtype=np.int64)
-        np.add.at(crossing, self._s0, 1)
-        np.add.at(crossing, self._s1 - 1, -1)
         offsets = np.zeros(n, dtype=np.int64)
         t0 = time.perf_counter()
         depth = sys.getrecursionlimit()
         if not kernel.JIT:  # a Python frame per node of a path
             sys.setrecursionlimit(max(depth, 4 * (n + S) + 1000))
-        rank = rank[self._perm]
-        state = (np.zeros(S, dtype=np.int64), self.total.copy(), np.cumsum(crossing)[:S],
+        rank = self.rank(order)[self._perm]
+        state = (np.zeros(S, dtype=np.int64), self.total.copy(), self._crossing.copy(),
                  np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), offsets)
-        # place_in_order sorts by offset * n + position in int64
-        in_order = self._in_order and capacity <= (1 << 62) // (n + 1)
         if in_order:
             call = (kernel.place_in_order, 0, S, 0, -1, 1, self._s0, self._s1, self._size,
                     rank, np.argsort(rank, kind="stable"), self._buf_at, self._sec_ptr,
@@ -552,7 +551,7 @@ class CanonicalSearch:
         self.nodes += used
         spent = time.perf_counter() - t0
         if used >= 200 and spent > 0.001:
-            self._rate[self._in_order] = used / spent
+            self._rate[in_order] = used / spent
         if status == kernel.LIMIT:
             return LIMIT, None
         if status == kernel.FAIL:
