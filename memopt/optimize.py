@@ -1289,10 +1289,44 @@ def _notes(plan: Plan) -> List[str]:
 def _release_text(gc: bool) -> str:
     if gc:
         return ("Paddle's eager-deletion garbage collector frees each temporary right "
-                "after its last use (no delete_var ops: Paddle 3 has none and needs none)")
+                "after its last use (no release ops needed)")
     return ("garbage collection is off: temporaries are held until the run ends; "
-            "Paddle 3 has no delete_var op; set FLAGS_eager_delete_tensor_gb=0 "
-            "(paddle.set_flags) to free each temporary after its last use")
+            "memopt.release_memory(program) frees each right after its last use "
+            "(or set FLAGS_eager_delete_tensor_gb=0 with paddle.set_flags)")
+
+
+def release_report(plan, released: List[str], ops: int, options: Options, gc: bool,
+                   runtime: str, program_type: str, seconds: float,
+                   batch_size: int = REFERENCE_BATCH) -> Report:
+    """The :class:`Report` of release_memory: ``plan`` a
+    :class:`memopt.release.ReleasePlan`, ``released`` the names it freed with
+    ``ops`` release ops (none with the garbage collector on: it frees them)."""
+    from .release import peak_holding
+
+    sizes = [_as_size(b.size) for b in plan.buffers.values()]
+    every = list(plan.buffers)
+    if gc:
+        before = after = peak_holding(plan.buffers, every, plan.persistable, batch_size)
+        text = _release_text(True)
+    else:
+        before = peak_holding(plan.buffers, plan.already, plan.persistable, batch_size)
+        after = peak_holding(plan.buffers, [*plan.already, *released], plan.persistable,
+                             batch_size)
+        text = (f"garbage collection is off: {len(released)} temporaries are freed right "
+                f"after their last use by {ops} release ops (share_buffer from an empty "
+                "variable: Paddle 3 has no delete_var op); the others are held until the "
+                "run ends")
+        if plan.already:
+            text += f"; {len(plan.already)} were released before"
+    kept = sorted(options.skip_opt_set & set(plan.buffers))
+    notes = [f"kept by skip_opt_set: {', '.join(kept)}"] if kept else []
+    return Report(
+        program_type=program_type, level=options.level, skip_grads=False, gc=gc,
+        runtime=runtime, temporaries_before=Bytes.total(sizes),
+        temporaries_after=Bytes.total(sizes), batch_size=batch_size,
+        persistable_bytes=sum(_as_size(s).at(batch_size) for s in plan.persistable),
+        peak_before=before[0], peak_after=after[0], top_holders=after[1], release=text,
+        not_merged=dict(plan.reasons), seconds=seconds, notes=notes, released=list(released))
 
 
 # -- the public API ----------------------------------------------------------------
@@ -1374,12 +1408,18 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
 def release_memory(program=None, skip_opt_set=None) -> Report:
     """Free each temporary of ``program`` right after its last use.
 
-    Fluid did this by inserting ``delete_var`` ops.  Paddle 3 has no such
-    op: its executor's eager-deletion garbage collector frees every
-    temporary after its last use whenever ``FLAGS_eager_delete_tensor_gb``
-    is >= 0 (the default).  So the program is left as it is, and the Report
-    says how memory is released (and, with the collector off, how to turn it
-    on); ``skip_opt_set`` names variables to keep regardless.
+    Fluid did this by inserting ``delete_var`` ops.  With Paddle's
+    eager-deletion garbage collector on (``FLAGS_eager_delete_tensor_gb``
+    >= 0, the default) the executor frees every temporary after its last
+    use itself, and the program is left as it is.  With it off, a legacy
+    program gets a release op right after the last use of each temporary of
+    its global block (:mod:`memopt.release`: gradients included; variables
+    of control flow, fetched or likely fetched variables and ``skip_opt_set``
+    are kept); a later fetch of a released variable raises
+    :class:`memopt.errors.MergedVariableError`.  Call it after
+    :func:`memory_optimize`: the two together hold the least memory a run
+    with the collector off can.  PIR programs are left as they are.  The
+    Report's ``released`` lists the freed names.
     """
     options = resolve_options(skip_opt_set)
     return _dispatch(_default_program(program), options, release=True)

@@ -31,6 +31,8 @@ release : how temporaries' memory is released at run time.
 not_merged : why candidates were left alone: reason -> number of variables.
 seconds : wall time memory_optimize took.
 notes : anything else worth saying (empty usually).
+released : the variables release_memory frees right after their last use
+    (empty for memory_optimize, and with the garbage collector on).
 """
 from __future__ import annotations
 
@@ -166,6 +168,7 @@ class Report:
     not_merged: Dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     notes: List[str] = field(default_factory=list)
+    released: List[str] = field(default_factory=list)
 
     @property
     def merged_count(self) -> int:
@@ -195,6 +198,9 @@ class Report:
             lines.append(f"  left alone: {reasons}")
         if self.release:
             lines.append(f"  memory release: {self.release}")
+        if self.released:
+            shown = ", ".join(self.released[:5]) + (", ..." if len(self.released) > 5 else "")
+            lines.append(f"  released: {len(self.released)} ({shown})")
         lines.extend(f"  note: {n}" for n in self.notes)
         lines.append(f"  time: {self.seconds * 1000:.1f} ms")
         return lines
@@ -222,6 +228,7 @@ class Report:
             "not_merged": dict(sorted(self.not_merged.items())),
             "seconds": self.seconds,
             "notes": list(self.notes),
+            "released": list(self.released),
         }
 
     def to_json(self, indent: Optional[int] = 2) -> str:

@@ -282,20 +282,6 @@ def test_program_unchanged_when_plan_fails_check(paddle, monkeypatch):
     assert serialized(model.main) == before
 
 
-def test_release_memory(paddle):
-    model = models.build("mlp", "legacy")
-    before = serialized(model.main)
-    with model.guard(), models.flags(**gc_flag("on")):
-        on = memopt.release_memory(model.main)
-    with model.guard(), models.flags(**gc_flag("off")):
-        off = memopt.release_memory(model.main, skip_opt_set={"x"})
-    assert serialized(model.main) == before
-    assert on.merged_count == off.merged_count == 0
-    assert "garbage collector frees" in on.release
-    assert "FLAGS_eager_delete_tensor_gb=0" in off.release
-    assert on.peak_after == on.peak_before
-
-
 def test_dispatches_pir_programs(paddle):
     """A PIR program goes to memopt.paddle.pir (its own helper's tests check
     the rewrite); the arguments are validated here first."""

@@ -13,17 +13,19 @@ Two jobs, kept apart:
   only where bit-exact), ``"inplace_alt"`` (``elementwise_add``'s
   ``(Y, Out)`` where X, Y and Out have one shape) and ``"dims_only"``
   (inputs read for their dims only, with an operand of the same dims that
-  can stand in).
+  can stand in); ``"release"`` marks a release :func:`insert_releases` put
+  there.
 - :func:`rewrite` changes a program: input substitutions, renames (per block,
   every use of a name replaced by another) and a new order of block 0's ops.
   Everything is validated first and applied in one go; if anything fails
   midway the steps done are undone, so the program is either fully rewritten
-  or exactly as it was.
+  or exactly as it was.  :func:`insert_releases` adds the ops that free
+  temporaries after their last use (all or nothing too).
 
-:func:`memory_optimize` / :func:`release_memory` glue them to the planner in
-:mod:`memopt.optimize` and record what was merged on the program, so that a
-later fetch of a merged variable raises :class:`memopt.errors.MergedVariableError`
-(see :func:`install_fetch_guard`).
+:func:`memory_optimize` / :func:`release_memory` glue them to the planners in
+:mod:`memopt.optimize` and :mod:`memopt.release` and record what was merged
+or released on the program, so that a later fetch of such a variable raises
+:class:`memopt.errors.MergedVariableError` (see :func:`install_fetch_guard`).
 
 Paddle is imported lazily, inside the functions.
 """
@@ -35,6 +37,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..errors import GraphError, MergedVariableError, UnsupportedProgramError
 from ..graph import DENSE, Block, Graph, Op, Var
+from ..release import RELEASE_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +134,19 @@ META = "meta"
 
 #: The program attribute holding ``{merged name: a variable it shares memory with}``.
 MERGED_ATTR = "_memopt_merged"
+
+#: The program attribute holding the names release_memory frees during a run.
+RELEASED_ATTR = "_memopt_released"
+
+#: The variable a release shares its (never allocated) buffer from: no op
+#: writes it, so ``share_buffer(X=[RELEASED_VAR], Out=[v])`` leaves ``v``
+#: holding no memory and its old buffer goes back to the allocator (measured
+#: on Paddle 3.3.1 with the garbage collector off: the allocator's count drops
+#: by ``v``'s bytes at that op).  Paddle 3 has no ``delete_var`` op.
+RELEASED_VAR = "memopt@released"
+
+#: The op a release is made of.
+RELEASE_OP = "share_buffer"
 
 _KIND_OF_TYPE: Dict[int, str] = {}
 
@@ -421,6 +437,8 @@ def program_to_graph(program) -> Graph:
                     attrs["inplace_alt"] = alt
             if op_type in _DIMS_ONLY_OPS:
                 attrs["dims_only"] = {slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
+            if op_type == RELEASE_OP and set(reads) == {RELEASED_VAR}:
+                attrs[RELEASE_ATTR] = True
             if op_type == "einsum":
                 # an operand whose cache may be its own buffer is left alone;
                 # a unary einsum may return its operand's own buffer (no
@@ -708,19 +726,28 @@ def merged_record(program) -> Dict[str, str]:
 
 def check_fetch(program, fetch_list) -> None:
     """Raise :class:`MergedVariableError` if ``fetch_list`` asks for a
-    variable whose memory memory_optimize gave to another."""
+    variable whose memory memory_optimize gave to another, or that
+    release_memory frees during the run."""
     record = getattr(program, MERGED_ATTR, None)
-    if not record or not fetch_list:
+    released = getattr(program, RELEASED_ATTR, None)
+    if not (record or released) or not fetch_list:
         return
     items = fetch_list if isinstance(fetch_list, (list, tuple)) else [fetch_list]
     for item in items:
         name = item if isinstance(item, str) else getattr(item, "name", None)
-        if isinstance(name, str) and name in record:
+        if not isinstance(name, str):
+            continue
+        if record and name in record:
             raise MergedVariableError(
                 f"cannot fetch {name!r}: memopt.memory_optimize made it share memory "
                 f"with {record[name]!r}, so after the run it no longer holds its own "
                 f"value. Rebuild the program and pass skip_opt_set={{{name!r}}} to "
                 "memory_optimize to keep it")
+        if released and name in released:
+            raise MergedVariableError(
+                f"cannot fetch {name!r}: memopt.release_memory frees it right after its "
+                f"last use, so after the run it holds no value. Rebuild the program and "
+                f"pass skip_opt_set={{{name!r}}} to release_memory to keep it")
 
 
 def _fetch_hook(program, fetch_list):
@@ -742,6 +769,15 @@ def install_fetch_guard() -> None:
     from . import fetch_guard
 
     fetch_guard.add_hook(_fetch_hook)
+
+
+def record_released(program, names: Iterable[str]) -> None:
+    """Add ``names`` to the program's released record and install the fetch guard."""
+    names = set(names)
+    if not names:
+        return
+    setattr(program, RELEASED_ATTR, set(getattr(program, RELEASED_ATTR, None) or ()) | names)
+    install_fetch_guard()
 
 
 def record_merged(program, merged: Mapping[str, str]) -> None:
@@ -780,22 +816,76 @@ def memory_optimize(program, options):
     return optimize.make_report(plan, options, runtime, "legacy", seconds)
 
 
+def insert_releases(program, after: Mapping[int, Iterable[str]]) -> int:
+    """Free temporaries of block 0 right after given ops, all or nothing.
+
+    ``after[i]`` names the variables to release right after block 0's op
+    ``i`` (indices of the program as it is).  Each gets a ``share_buffer``
+    op from :data:`RELEASED_VAR` (declared in block 0 if missing), with the
+    role of op ``i``, in the order given; afterwards it holds no memory.
+    Returns the number of ops inserted.  On any error the
+    ops already inserted (and the declaration, if made here) are removed
+    and the error is re-raised: the program is exactly as it was.
+    """
+    block = program.global_block()
+    n_ops = len(block.ops)
+    for index, names in after.items():
+        if not 0 <= index < n_ops:
+            raise GraphError(f"release after op {index}, but block 0 has {n_ops} ops")
+        for name in names:
+            if not block.has_var(name):
+                raise GraphError(f"release names {name!r}, which block 0 does not declare")
+    created = not block.has_var(RELEASED_VAR)
+    inserted: List[int] = []
+    try:
+        if created:
+            block.create_var(name=RELEASED_VAR, shape=[0], dtype="float32",
+                             persistable=False)
+        null = block.var(RELEASED_VAR)
+        for index in sorted(after, reverse=True):
+            desc = block.ops[index].desc
+            role = desc.attr("op_role") if desc.has_attr("op_role") else 0
+            # one op per variable: share_buffer with several X entries all
+            # uninitialised fails Paddle's kernel-type check (measured)
+            for name in reversed(list(after[index])):
+                block._insert_op(
+                    index + 1, type=RELEASE_OP, inputs={"X": [null]},
+                    outputs={"Out": [block.var(name)], "XOut": [null]},
+                    attrs={"share_dims_and_dtype": [False], "op_role": role})
+                inserted.append(index + 1)
+    except BaseException:
+        for position in reversed(inserted):
+            block._remove_op(position)
+        if created and block.has_var(RELEASED_VAR):
+            block._remove_var(RELEASED_VAR)
+        raise
+    return len(inserted)
+
+
 def release_memory(program, options):
-    """Report how the temporaries of a legacy program are freed; the program
-    is not changed (Paddle 3.3.1 has no ``delete_var`` op; its garbage
-    collector frees temporaries after their last use when it is on)."""
+    """Free each temporary of a legacy program right after its last use.
+
+    With the garbage collector on (the default) Paddle does that itself and
+    the program is left as it is.  With it off, :func:`memopt.release.plan_releases`
+    picks the points, :func:`memopt.release.verify_releases` checks them and
+    :func:`insert_releases` puts them in; fetching a released variable
+    afterwards raises :class:`MergedVariableError`.  Returns the Report.
+    """
     import time
 
-    from .. import optimize
+    from .. import optimize, release
 
     start = time.perf_counter()
     graph = program_to_graph(program)
     gc, runtime = optimize.runtime_gc()
-    plan = optimize.plan_memory(graph, optimize.Options(options.skip_opt_set), gc)
-    plan.groups, plan.reuses, plan.renames, plan.inplace = [], [], {}, []
-    plan.order, plan.moved, plan.buffers, plan.substitutions = None, 0, plan.before, []
-    plan.estimates = optimize.estimate(plan, gc)
-    kept = sorted(options.skip_opt_set & set(plan.buffers))
-    notes = [f"kept by skip_opt_set: {', '.join(kept)}"] if kept else []
-    return optimize.make_report(plan, options, runtime, "legacy",
-                                time.perf_counter() - start, notes=notes)
+    plan = release.plan_releases(graph, options.skip_opt_set)
+    released: List[str] = []
+    ops = 0
+    if not gc and plan.after:
+        release.verify_releases(graph, plan.after)
+        ops = insert_releases(program, plan.after)
+        released = plan.released
+        record_released(program, released)
+    seconds = time.perf_counter() - start
+    return optimize.release_report(plan, released, ops, options, gc, runtime, "legacy",
+                                   seconds)
