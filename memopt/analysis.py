@@ -55,6 +55,7 @@ import numpy as np
 from .errors import UnsupportedProgramError
 from .graph import Graph, Op, Size
 from .liveness import analyze_graph as _liveness_of
+from .release import RELEASE_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -598,18 +599,22 @@ def _reordered(graph: Graph, order: list) -> Graph:
 
 def from_graph(graph: Graph, batch_size: Optional[int] = None,
                runtime: Optional[RuntimeModel] = None,
-               inplace: Sequence = ()) -> Analysis:
+               inplace: Sequence = (), same_variable: Sequence = ()) -> Analysis:
     """Analyse a memopt :class:`Graph` (see :func:`analyze`).
 
     ``inplace`` lists ``(position, input name, output name)``: the executor
     writes the output over the input's buffer at that op.  Ops whose
     ``attrs["overwrites"]`` lists ``(input, output)`` pairs (Paddle's own
-    in-place ops) share buffers the same way.
+    in-place ops) share buffers the same way.  ``same_variable`` lists
+    ``(name, name)`` pairs that are one variable of the program run (the
+    versions of a legacy variable written more than once): one buffer.
     """
     runtime = runtime or RuntimeModel()
     aliases = _Aliases()
     for _, src, dst in inplace:
         aliases.union(src, dst)
+    for first, other in same_variable:
+        aliases.union(first, other)
     for _, op in graph.walk_ops():
         for src, dst in op.attrs.get("overwrites", ()) if op.attrs else ():
             aliases.union(src, dst)
@@ -625,9 +630,16 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
     last = max(n - 1, 0)
     intervals = _liveness_of(_runtime_graph(run_graph)).intervals()
     first_writer: dict = {}
+    # a release op (memopt.release_memory) frees variables even with GC
+    # off; what it writes besides them holds no memory
+    released: dict = {}  # variable -> position of the op that releases it
+    hollow: set = set()
     for pos, (_, op) in enumerate(positions):
         for name in op.writes:
             first_writer.setdefault(name, pos)
+        if op.attrs and op.attrs.get(RELEASE_ATTR):
+            released.update((name, pos) for name in op.attrs[RELEASE_ATTR])
+            hollow.update(n for n in op.writes if n not in op.attrs[RELEASE_ATTR])
     var_of: dict = {}
     for _, var in graph.all_vars():
         var_of.setdefault(var.name, var)
@@ -645,7 +657,7 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
                      for nm in op.attrs.get("stack_push", ())}
     members: dict = {}
     for name, var in var_of.items():
-        if var.persistable or not var.is_dense or var.size.coefficient == 0:
+        if var.persistable or not var.is_dense or var.size.coefficient == 0 or name in hollow:
             continue
         root = aliases.find(name)
         if root in persistent_roots:
@@ -668,7 +680,10 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
             if var.is_data or var.is_feed:
                 start, end = min(start, 0), last
             elif not runtime.gc:
-                end = last
+                # held to the end, or to its release (a version of a legacy
+                # variable, ``name#k``, written before the release op)
+                freed_at = released.get(nm.split("#")[0], -1)
+                end = freed_at if first_writer.get(nm, start) < freed_at else last
             spans.append((start, end, nm))
         spans.sort()
         start = spans[0][0]
@@ -736,14 +751,23 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
         inplace = pir_inplace.executor_inplace(pg, fetch_list, rt.device) if rt.inplace else []
         return from_graph(pg.graph, batch_size, rt, inplace)
     if type(program_or_graph).__name__ == "Program":
-        # Paddle 3 runs a legacy program translated to PIR: analyse that.
+        # analysed as its translation to PIR, where a variable written again
+        # (memory_optimize's renames) is a new value ``name#k``: the legacy
+        # executor keeps one buffer per variable, so the versions are one
         rt = runtime or RuntimeModel.from_paddle("legacy")
         pg = pir_adapter.convert_legacy(program_or_graph, fetch_list)
         inplace = pir_inplace.executor_inplace(pg, (), rt.device) if rt.inplace else []
-        return from_graph(pg.graph, batch_size, rt, inplace)
+        return from_graph(pg.graph, batch_size, rt, inplace, _versions(pg.graph))
     raise UnsupportedProgramError(
         f"analyze() takes a Paddle program (PIR or legacy) or a memopt Graph, "
         f"got {type(program_or_graph).__name__}")
+
+
+def _versions(graph: Graph) -> list:
+    """``(name, name#k)`` for every later version of a variable in ``graph``."""
+    declared = {var.name for _, var in graph.all_vars()}
+    return sorted((name.split("#")[0], name) for name in declared
+                  if "#" in name and name.split("#")[0] in declared)
 
 
 # -- units ----------------------------------------------------------------------

@@ -36,10 +36,16 @@ from .errors import PlanError
 from .graph import Graph, Size
 from .problems import Buffer
 
-__all__ = ["ReleasePlan", "plan_releases", "verify_releases", "peak_holding", "RELEASE_ATTR"]
+__all__ = ["ReleasePlan", "plan_releases", "verify_releases", "peak_holding", "RELEASE_ATTR",
+           "RELEASED_VAR"]
 
-#: Op attribute an adapter sets on an op that releases its outputs' memory.
+#: Op attribute an adapter sets on an op that frees variables' memory: the
+#: tuple of their names.
 RELEASE_ATTR = "release"
+
+#: The variable a release takes its (never allocated) buffer from: no op
+#: writes it, so the released variable is left holding no memory.
+RELEASED_VAR = "memopt@released"
 
 
 @dataclass

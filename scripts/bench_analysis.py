@@ -18,12 +18,18 @@ under Paddle's default flags and with GC and the executor's own in-place
 pass off (``FLAGS_eager_delete_tensor_gb=-1``,
 ``FLAGS_pir_apply_inplace_pass=0``).
 
+With ``--legacy-gc-off`` it checks the prediction for legacy programs that
+memopt rewrote, with the garbage collector off: unoptimized, after
+``memory_optimize(level=1)`` and after that plus ``release_memory`` (the
+renamed variables are one buffer each, released ones end at their release).
+
 Usage::
 
     python scripts/bench_analysis.py            # every model, both IRs
     python scripts/bench_analysis.py --quick    # MLP and CNN only
     python scripts/bench_analysis.py --models resnet50 --irs pir
     python scripts/bench_analysis.py --optimize
+    python scripts/bench_analysis.py --legacy-gc-off
 
 Prints a markdown table.
 """
@@ -105,6 +111,47 @@ def measure_optimize(name: str, optimize: bool) -> dict:
             "predicted": predicted, "measured": measured, "min": low, "max": high}
 
 
+#: --legacy-gc-off: what is done to the legacy program before it is analysed and run
+LEGACY_MODES = ("none", "L1", "L1+release")
+
+
+def measure_legacy(name: str, mode: str) -> dict:
+    """Legacy model ``name`` with GC off (set by the parent), rewritten per
+    ``mode`` (see :data:`LEGACY_MODES`): predicted and measured peak."""
+    import memopt
+    from memopt import analysis, models
+
+    options, batch = OPTIMIZE[name]
+    model = models.build(name, ir="legacy", batch_size=batch, **options)
+    keep = [model.fetch_list[1]]
+    with models.ir_guard("legacy"):
+        if mode != "none":
+            memopt.memory_optimize(model.main, level=1, skip_grads=False, skip_opt_set=keep)
+        if mode == "L1+release":
+            memopt.release_memory(model.main, skip_opt_set=keep)
+        runtime = analysis.RuntimeModel.from_paddle("legacy")
+        runtime = dataclasses.replace(runtime, loop_iterations=model.options.get("steps", 1))
+        predicted = analysis.analyze(model.main, batch, fetch_list=model.fetch_list,
+                                     runtime=runtime).peak()
+    measured, low, high, _ = _run_steps(model, "legacy")
+    return {"model": name, "batch": batch, "mode": mode, "predicted": predicted,
+            "measured": measured, "min": low, "max": high}
+
+
+def legacy_table(names) -> None:
+    print("| model | batch | rewrite | predicted MiB | measured MiB | predicted/measured |")
+    print("|---|---:|---|---:|---:|---:|")
+    for name in names:
+        for mode in LEGACY_MODES:
+            row = run_child(["--one-legacy", name, mode], {"FLAGS_eager_delete_tensor_gb": "-1"})
+            if "error" in row:
+                print(f"| {name} | - | {mode} | - | - | error: {row['error'][:60]} |")
+                continue
+            print(f"| {name} | {row['batch']} | {mode} | {row['predicted'] / MIB:.1f} | "
+                  f"{row['measured'] / MIB:.1f} | {row['predicted'] / row['measured']:.3f} |",
+                  flush=True)
+
+
 def measure(name: str, ir: str, batch: int) -> dict:
     """One configuration, in this process (run by the parent in a fresh one)."""
     from memopt import analysis, models
@@ -165,6 +212,10 @@ def main() -> None:
                         help=argparse.SUPPRESS)
     parser.add_argument("--one-opt", nargs=2, metavar=("MODEL", "OPTIMIZE"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--legacy-gc-off", action="store_true",
+                        help="check predictions for legacy programs memopt rewrote, GC off")
+    parser.add_argument("--one-legacy", nargs=2, metavar=("MODEL", "MODE"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         name, ir, batch = args.one
@@ -173,6 +224,15 @@ def main() -> None:
     if args.one_opt:
         name, flag = args.one_opt
         print(json.dumps(measure_optimize(name, flag == "1")))
+        return
+    if args.one_legacy:
+        print(json.dumps(measure_legacy(*args.one_legacy)))
+        return
+    if args.legacy_gc_off:
+        print(f"Paddle {_paddle_version()}, CPU, {os.cpu_count()} cores; legacy programs, GC "
+              f"off; measured = median allocator peak over steps 2-{STEPS}, minus memory "
+              "held after startup\n")
+        legacy_table([m for m in OPTIMIZE if args.models is None or m in args.models])
         return
     if args.optimize:
         print(f"Paddle {_paddle_version()}, CPU, {os.cpu_count()} cores; PIR programs, "

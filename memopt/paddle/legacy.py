@@ -37,7 +37,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..errors import GraphError, MergedVariableError, UnsupportedProgramError
 from ..graph import DENSE, Block, Graph, Op, Var
-from ..release import RELEASE_ATTR
+from ..release import RELEASE_ATTR, RELEASED_VAR
 
 log = logging.getLogger(__name__)
 
@@ -138,14 +138,11 @@ MERGED_ATTR = "_memopt_merged"
 #: The program attribute holding the names release_memory frees during a run.
 RELEASED_ATTR = "_memopt_released"
 
-#: The variable a release shares its (never allocated) buffer from: no op
-#: writes it, so ``share_buffer(X=[RELEASED_VAR], Out=[v])`` leaves ``v``
-#: holding no memory and its old buffer goes back to the allocator (measured
-#: on Paddle 3.3.1 with the garbage collector off: the allocator's count drops
-#: by ``v``'s bytes at that op).  Paddle 3 has no ``delete_var`` op.
-RELEASED_VAR = "memopt@released"
-
-#: The op a release is made of.
+#: The op a release is made of: ``share_buffer(X=[RELEASED_VAR], Out=[v])``
+#: leaves ``v`` holding no memory (no op writes :data:`RELEASED_VAR`), and its
+#: old buffer goes back to the allocator (measured on Paddle 3.3.1 with the
+#: garbage collector off: the allocator's count drops by ``v``'s bytes at that
+#: op).  Paddle 3 has no ``delete_var`` op.
 RELEASE_OP = "share_buffer"
 
 _KIND_OF_TYPE: Dict[int, str] = {}
@@ -438,7 +435,7 @@ def program_to_graph(program) -> Graph:
             if op_type in _DIMS_ONLY_OPS:
                 attrs["dims_only"] = {slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
             if op_type == RELEASE_OP and set(reads) == {RELEASED_VAR}:
-                attrs[RELEASE_ATTR] = True
+                attrs[RELEASE_ATTR] = tuple(n for n in writes if n != RELEASED_VAR)
             if op_type == "einsum":
                 # an operand whose cache may be its own buffer is left alone;
                 # a unary einsum may return its operand's own buffer (no

@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from ..graph import DENSE, Block, Graph, Op, Var
+from ..release import RELEASE_ATTR, RELEASED_VAR
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,8 @@ COMBINE_OP, SPLIT_OP, SLICE_OP = "builtin.combine", "builtin.split", "builtin.sl
 PARAMETER_OP, DATA_OPS = "builtin.parameter", ("pd_op.data", "pd_op.feed")
 FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
 STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
+#: What a legacy ``share_buffer`` (a memopt release among others) translates to.
+SHARE_DATA_OP = "pd_op.share_data_"
 #: Ops that make constants; those right before the first gradient op that
 #: only gradient ops read belong to the backward part.
 _SEED_OPS = ("pd_op.full", "pd_op.full_like", "pd_op.full_int_array", "pd_op.fill_constant")
@@ -395,7 +398,13 @@ class _Converter:
         for nm in writes:
             self.result.defining_op.setdefault(nm, position)
         attrs = {"pir_id": pir_op.id()}
-        overwritten = self._overwritten(pir_op)
+        if name == SHARE_DATA_OP and set(reads) == {RELEASED_VAR}:
+            # a legacy release (memopt.release_memory) as translated: the
+            # value written is the legacy variable's next version (``v#k``),
+            # holding nothing (not an overwrite of the empty variable)
+            attrs[RELEASE_ATTR] = tuple(sorted({w.split("#")[0] for w in writes}
+                                               - {RELEASED_VAR}))
+        overwritten = () if RELEASE_ATTR in attrs else self._overwritten(pir_op)
         if overwritten:
             attrs["overwrites"] = overwritten
         shape_only = self._no_need_buffer(pir_op)
