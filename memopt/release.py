@@ -21,10 +21,12 @@ name whose last use is already a release is reported as released before).
 Sub-block locals are left alone: a loop body's locals are read back by
 ``while_grad`` from the step scopes.
 
-After a release the name may be written again only by nothing: the checker
+Nothing may use a name after its release: the checker
 (:func:`verify_releases`) replays block 0 and fails if any later op, or any
 op of a sub-block run by a later control op, reads or writes a released
-name.
+name.  (A program rewritten again afterwards may write the name anew --
+memory_optimize can give a released name to a later variable -- and the
+executor then allocates it afresh.)
 """
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ For each of Paddle's two runtime memory modes (garbage collection on, the
 default, and off), it builds the same ResNet-50 training program twice,
 rewrites one copy with ``memopt.memory_optimize(main, print_log=...)``, runs
 a few training steps of both, checks that losses and every parameter are
-bit-identical, and prints the peak of Paddle's allocator before and after.
+bit-identical, and prints the peak of Paddle's allocator before and after;
+with GC off also for a copy rewritten by ``memory_optimize`` and then
+``memopt.release_memory`` (each temporary freed after its last use).
 Finally it writes the memory timeline (live bytes per op, before and after)
 to ``out/timeline.png``.
 
@@ -82,9 +84,22 @@ def main() -> None:
                                             print_log=(gc_label == "off"))
             seconds = time.perf_counter() - t0
             opt_losses, opt_params, opt_peak = measured_run(optimized, args.steps)
-        identical = same(ref_losses, opt_losses) and same(ref_params, opt_params)
-        rows.append((gc_label, ref_peak, opt_peak, report.merged_count, seconds, identical,
-                     ref_losses[-1]))
+            identical = same(ref_losses, opt_losses) and same(ref_params, opt_params)
+            rows.append((gc_label, ref_peak, opt_peak, report.merged_count, seconds, identical,
+                         ref_losses[-1]))
+            if gc_label == "off":
+                # GC off: release_memory frees each temporary after its last use
+                released = resnet()
+                t0 = time.perf_counter()
+                memopt.memory_optimize(released.main, level=args.level)
+                freed = memopt.release_memory(released.main)
+                seconds = time.perf_counter() - t0
+                rel_losses, rel_params, rel_peak = measured_run(released, args.steps)
+                identical = same(ref_losses, rel_losses) and same(ref_params, rel_params)
+                rows.append(("off + release_memory", ref_peak, rel_peak, report.merged_count,
+                             seconds, identical, ref_losses[-1]))
+                print(f"\nGC off, then release_memory: {len(freed.released)} temporaries "
+                      "freed right after their last use")
         if gc_label == "on":
             print(f"GC on: {report.merged_count} variables share memory "
                   f"({len(report.reuses)} reuses); memory released by: {report.release}\n")
@@ -108,12 +123,17 @@ def main() -> None:
             before = analyze(model.main, args.batch_size, fetch_list=[model.loss])
             memopt.memory_optimize(model.main, level=args.level)
             after = analyze(model.main, args.batch_size, fetch_list=[model.loss])
-    plot_timeline([before, after], path, batch_size=args.batch_size,
-                  labels=["before", f"after memory_optimize (level {args.level})"],
+            memopt.release_memory(model.main)
+            freed = analyze(model.main, args.batch_size, fetch_list=[model.loss])
+    plot_timeline([before, after, freed], path, batch_size=args.batch_size,
+                  labels=["before", f"after memory_optimize (level {args.level})",
+                          "and release_memory"],
                   title=f"ResNet-50 training step, batch {args.batch_size}, GC off")
     print(f"\npredicted peak (GC off, step + parameters and optimizer state, as measured "
           f"above): {human(before.total_peak(args.batch_size))} before, "
-          f"{human(after.total_peak(args.batch_size))} after; timeline written to {path}")
+          f"{human(after.total_peak(args.batch_size))} after memory_optimize, "
+          f"{human(freed.total_peak(args.batch_size))} with release_memory too; timeline "
+          f"written to {path}")
     if not all(row[5] for row in rows):
         raise SystemExit("results differ after memory_optimize: this is a bug, please report it")
 

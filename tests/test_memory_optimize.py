@@ -269,8 +269,8 @@ def test_program_unchanged_when_plan_fails_check(paddle, monkeypatch):
     before = serialized(model.main)
     real = opt.plan_memory
 
-    def corrupt(graph, options, gc, live=None):
-        plan = real(graph, options, gc, live)
+    def corrupt(graph, options, gc):
+        plan = real(graph, options, gc)
         # merge the input of the first matmul into its output: both live there
         op = graph.blocks[0].ops[0]
         plan.renames.setdefault(0, {})[op.writes[0]] = op.reads[0]

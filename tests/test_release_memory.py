@@ -214,6 +214,18 @@ def test_gc_on_leaves_the_program(paddle):
     assert "garbage collector frees" in report.release
 
 
+def test_released_program_runs_with_gc_on_too(paddle):
+    """A program released for a GC-off run, run with the collector on: the
+    releases free what the collector would have, the numbers are the same."""
+    model = models.build("transformer", "legacy")
+    with models.flags(**GC_OFF):
+        report = release(model)
+    with models.flags(**GC_ON):
+        actual = models.run_steps(model, STEPS)
+    assert report.released
+    assert_same(reference("transformer"), actual)
+
+
 def _peak_bytes(paddle, model):
     """Peak of Paddle's host allocator over two training steps, above what
     was allocated before them."""
