@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .simulate import byte_array, peak_live
+from .simulate import buffer_sizes, peak_live
 
 __all__ = ["peak_live_bytes", "whole_buffer_lower_bound", "positional_maxima"]
 
@@ -26,11 +26,6 @@ __all__ = ["peak_live_bytes", "whole_buffer_lower_bound", "positional_maxima"]
 def peak_live_bytes(buffers: Sequence, batch_size: Optional[int] = None) -> int:
     """The most bytes live at any one step (0 for no buffers)."""
     return peak_live(buffers, batch_size)
-
-
-def _sizes(buffers: Sequence, batch_size: Optional[int]) -> np.ndarray:
-    from .problems import size_at
-    return byte_array([size_at(b.size, batch_size) for b in buffers])
 
 
 def positional_maxima(buffers: Sequence, batch_size: Optional[int] = None) -> np.ndarray:
@@ -42,7 +37,7 @@ def positional_maxima(buffers: Sequence, batch_size: Optional[int] = None) -> np
     n = len(buffers)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    sizes = _sizes(buffers, batch_size)
+    sizes = buffer_sizes(buffers, batch_size)
     lowers = np.fromiter((b.lower for b in buffers), dtype=np.int64, count=n)
     uppers = np.fromiter((b.upper for b in buffers), dtype=np.int64, count=n)
     best = np.zeros(0, dtype=sizes.dtype)

@@ -208,15 +208,18 @@ class Graph:
         self.blocks.append(block)
         return block
 
+    def home_of(self, name: str, block_idx: int = 0) -> int:
+        """The block declaring the ``name`` that block ``block_idx`` sees:
+        that block or the nearest enclosing one declaring it; -1 if none."""
+        idx = block_idx
+        while idx >= 0 and name not in self.blocks[idx].vars:
+            idx = self.blocks[idx].parent
+        return idx
+
     def find_var(self, name: str, block_idx: int = 0) -> Optional[Var]:
         """The variable ``name`` visible from block ``block_idx``, or None."""
-        idx = block_idx
-        while idx >= 0:
-            block = self.blocks[idx]
-            if name in block.vars:
-                return block.vars[name]
-            idx = block.parent
-        return None
+        home = self.home_of(name, block_idx)
+        return self.blocks[home].vars[name] if home >= 0 else None
 
     def var(self, name: str, block_idx: int = 0) -> Var:
         """Like :meth:`find_var` but raises :class:`GraphError` if missing."""

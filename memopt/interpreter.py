@@ -157,9 +157,7 @@ class _Machine:
         key = (block_idx, name)
         found = self._slots.get(key)
         if found is None:
-            home = block_idx
-            while home >= 0 and name not in self.graph.blocks[home].vars:
-                home = self.graph.blocks[home].parent
+            home = self.graph.home_of(name, block_idx)
             if home < 0:
                 raise GraphError(f"variable {name!r} is used in block {block_idx} but "
                                  "declared in neither it nor an enclosing block")

@@ -499,18 +499,13 @@ def split_shadowed(graph: Graph) -> Tuple[Graph, set]:
 
     from .graph import Block
 
-    def owner(name: str, block_idx: int) -> int:
-        while block_idx >= 0 and name not in graph.blocks[block_idx].vars:
-            block_idx = graph.blocks[block_idx].parent
-        return block_idx
-
     def key(name: str, block_idx: int) -> str:
         if name not in twice:
             return name
-        home = owner(name, block_idx)
+        home = graph.home_of(name, block_idx)
         if home <= 0 or graph.blocks[home].vars[name].persistable:
             return name
-        outer = owner(name, graph.blocks[home].parent)
+        outer = graph.home_of(name, graph.blocks[home].parent)
         if outer < 0 or graph.blocks[outer].vars[name].persistable:
             return name
         return f"{name}{SCOPE_MARK}{home}"
@@ -1184,9 +1179,7 @@ def _verify_scopes(graph: Graph, renames: Dict[int, Dict[str, str]]) -> None:
             continue
         for op in block.ops:
             for name in (*op.reads, *op.writes):
-                home = block.idx
-                while home >= 0 and name not in graph.blocks[home].vars:
-                    home = graph.blocks[home].parent
+                home = graph.home_of(name, block.idx)
                 if home != block.idx and name in touched.get(home, ()):
                     raise PlanError(
                         f"op {op.type!r} of block {block.idx} uses {name!r} of block {home}, "

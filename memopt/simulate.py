@@ -112,12 +112,16 @@ def _sweep(lowers, uppers, sizes) -> Timeline:
     return Timeline(steps[:-1], level[:-1], int(steps[-1]))
 
 
+def buffer_sizes(buffers: Sequence, batch_size: Optional[int] = None) -> np.ndarray:
+    """The buffers' sizes in bytes, as an exact :func:`byte_array`."""
+    return byte_array([_bytes(b.size, batch_size) for b in buffers])
+
+
 def live_bytes(buffers: Sequence, batch_size: Optional[int] = None) -> Timeline:
     """Bytes of ``buffers`` live at each step: the cost with no fragmentation."""
     lowers = np.fromiter((b.lower for b in buffers), dtype=np.int64, count=len(buffers))
     uppers = np.fromiter((b.upper for b in buffers), dtype=np.int64, count=len(buffers))
-    sizes = byte_array([_bytes(b.size, batch_size) for b in buffers])
-    return _sweep(lowers, uppers, sizes)
+    return _sweep(lowers, uppers, buffer_sizes(buffers, batch_size))
 
 
 def peak_live(buffers: Sequence, batch_size: Optional[int] = None) -> int:
