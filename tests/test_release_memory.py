@@ -318,20 +318,21 @@ def test_skip_opt_set_keeps_a_variable_fetchable(paddle):
 
 
 def test_program_unchanged_when_insert_fails_midway(paddle, monkeypatch):
+    from paddle.base import framework
+
     model = models.build("resnet50", "legacy")
     before = model.main.desc.serialize_to_string()
     ops_before = [op.type for op in model.main.global_block().ops]
-    block_type = type(model.main.global_block())
-    real = block_type._insert_op
     calls = {"n": 0}
 
-    def failing(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 30:  # fault injection: the 30th release op fails
-            raise RuntimeError("injected failure")
-        return real(self, *args, **kwargs)
+    class Failing(framework.Operator):
+        def __init__(self, *args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 30:  # fault injection: the 30th release op fails
+                raise RuntimeError("injected failure")
+            super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(block_type, "_insert_op", failing)
+    monkeypatch.setattr(framework, "Operator", Failing)
     with models.flags(**GC_OFF), pytest.raises(RuntimeError, match="injected"):
         release(model, optimize_first=False)
     assert calls["n"] == 30
