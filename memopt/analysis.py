@@ -755,7 +755,15 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
         # (memory_optimize's renames) is a new value ``name#k``: the legacy
         # executor keeps one buffer per variable, so the versions are one
         rt = runtime or RuntimeModel.from_paddle("legacy")
-        pg = pir_adapter.convert_legacy(program_or_graph, fetch_list)
+        try:
+            pg = pir_adapter.convert_legacy(program_or_graph, fetch_list)
+        except RuntimeError as exc:  # Paddle's translator refuses some ops
+            reason = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+            raise UnsupportedProgramError(
+                f"memopt.analyze reads a legacy program through Paddle's translation to "
+                f"PIR, which refused this one ({reason}); legacy while/conditional "
+                "training programs do not translate. Build the program in PIR (Paddle 3's "
+                "default static mode) to analyse it") from None
         inplace = pir_inplace.executor_inplace(pg, (), rt.device) if rt.inplace else []
         return from_graph(pg.graph, batch_size, rt, inplace, _versions(pg.graph))
     raise UnsupportedProgramError(

@@ -294,3 +294,15 @@ def test_while_loop_stack_memory_scales_with_iterations(paddle):
     assert stacks and three.peak() > one.peak()
     measured = _measured_peak(paddle, model)
     assert 0.9 <= three.peak() / measured <= 1.1, (three.peak(), measured)
+
+
+def test_untranslatable_legacy_program_is_a_clear_error(paddle):
+    """Legacy while/conditional training programs do not translate to PIR
+    (Paddle's translator has no while_grad): analyze says so and how to get
+    an analysis, instead of passing Paddle's error through."""
+    from memopt import models
+    from memopt.errors import UnsupportedProgramError
+
+    model = models.build("while_loop", "legacy")
+    with model.guard(), pytest.raises(UnsupportedProgramError, match="Build the program in PIR"):
+        analyze(model.main, 8, fetch_list=[model.loss])
