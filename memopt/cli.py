@@ -223,21 +223,29 @@ def _analyze_problem(args) -> int:
 
 def cmd_optimize(args, progress: Progress) -> int:
     from .modelio import save_program
-    from .optimize import memory_optimize
+    from .optimize import memory_optimize, release_memory
 
     loaded = _load(args.model, progress)
+    released = None
     with _guard(loaded):
         with progress.step("optimizing"):
             report = memory_optimize(loaded.program, skip_opt_set=list(args.skip or []),
                                      skip_grads=not args.keep_grads, level=args.level)
+        if args.release:
+            with progress.step("releasing"):
+                released = release_memory(loaded.program, skip_opt_set=list(args.skip or []))
         with progress.step(f"writing {args.output}"):
             written = save_program(loaded.program, args.output)
     if args.json:
         doc = report.to_dict()
         doc["model"], doc["output"] = loaded.path, written
+        if released is not None:
+            doc["release_memory"] = released.to_dict()
         print(json.dumps(doc, indent=2))
     else:
         print(report)
+        if released is not None:
+            print(released)
         print(f"wrote {written}")
     return 0
 
@@ -384,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="variables never to merge (e.g. what you fetch)")
     p.add_argument("--keep-grads", action="store_true",
                    help="let gradients take part (skip_grads=False)")
+    p.add_argument("--release", action="store_true",
+                   help="then release_memory: with the garbage collector off "
+                        "(FLAGS_eager_delete_tensor_gb=-1) free each temporary right after "
+                        "its last use (legacy programs)")
     p.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="where to write the rewritten program")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

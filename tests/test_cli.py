@@ -12,8 +12,8 @@ from memopt.cli import main
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run_cli(*args, timeout=300):
-    env = dict(os.environ, GLOG_minloglevel="2", PYTHONWARNINGS="ignore")
+def run_cli(*args, timeout=300, env=None):
+    env = dict(os.environ, GLOG_minloglevel="2", PYTHONWARNINGS="ignore", **(env or {}))
     return subprocess.run([sys.executable, "-m", "memopt.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -79,6 +79,20 @@ def test_optimize_writes_a_loadable_program(saved, tmp_path, ir, ext):
     assert loaded.ir == ir
     count = (lambda p: len(p.global_block().ops))
     assert count(loaded.program) == count(original.program)
+
+
+def test_optimize_release_with_gc_off(saved, tmp_path):
+    from memopt.modelio import load_model
+
+    out = tmp_path / "released.pdmodel"
+    env_gc_off = {"FLAGS_eager_delete_tensor_gb": "-1"}
+    result = run_cli("optimize", saved / "mlp_legacy.pdmodel", "--level", "1", "--keep-grads",
+                     "--release", "-o", out, "--json", "--quiet", env=env_gc_off)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)["release_memory"]
+    assert doc["gc"] is False and len(doc["released"]) > 0
+    ops = [op.type for op in load_model(str(out)).program.global_block().ops]
+    assert ops.count("share_buffer") == len(doc["released"])
 
 
 def test_plan_writes_checked_offsets(saved, tmp_path):
