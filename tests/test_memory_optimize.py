@@ -12,8 +12,8 @@ import pytest
 import memopt
 from memopt import models
 from memopt.errors import MergedVariableError
+from runs import STEPS, assert_same, reference
 
-STEPS = 3
 
 #: (level, gc, skip_grads): each level in each GC mode, gradients in and out
 CONFIGS = [
@@ -24,29 +24,8 @@ CONFIGS = [
     (1, "off", True),
 ]
 
-_REFERENCE = {}
-
-
 def gc_flag(gc: str) -> dict:
     return {"eager_delete_tensor_gb": 0.0 if gc == "on" else -1.0}
-
-
-def reference(name):
-    """Three unoptimized steps of model ``name`` (computed once per session;
-    the GC mode does not change the numbers)."""
-    if name not in _REFERENCE:
-        _REFERENCE[name] = models.run_steps(models.build(name, "legacy"), STEPS)
-    return _REFERENCE[name]
-
-
-def assert_same(expected, actual):
-    assert len(expected.fetches) == len(actual.fetches)
-    for step, (want, got) in enumerate(zip(expected.fetches, actual.fetches)):
-        for k, (a, b) in enumerate(zip(want, got)):
-            assert np.array_equal(a, b), f"step {step}, fetch {k} differs"
-    assert len(expected.params) == len(actual.params) > 0
-    for k, (a, b) in enumerate(zip(expected.params, actual.params)):
-        assert np.array_equal(a, b), f"parameter {k} differs after {STEPS} steps"
 
 
 def optimize(model, **kwargs):

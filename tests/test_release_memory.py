@@ -17,8 +17,8 @@ from memopt import models
 from memopt.errors import MergedVariableError, PlanError
 from memopt.graph import Graph, Op, Var
 from memopt.release import RELEASE_ATTR, peak_holding, plan_releases, verify_releases
+from runs import STEPS, assert_same, reference
 
-STEPS = 3
 GC_OFF = {"eager_delete_tensor_gb": -1.0}
 GC_ON = {"eager_delete_tensor_gb": 0.0}
 #: For the measured peaks: ops in program order.  Paddle's multi-thread
@@ -143,24 +143,6 @@ def test_analysis_ends_a_released_variable_at_its_release():
 
 
 # -- real programs on Paddle's executor ------------------------------------------------------
-
-_REFERENCE = {}
-
-
-def reference(name):
-    if name not in _REFERENCE:
-        _REFERENCE[name] = models.run_steps(models.build(name, "legacy"), STEPS)
-    return _REFERENCE[name]
-
-
-def assert_same(expected, actual):
-    for step, (want, got) in enumerate(zip(expected.fetches, actual.fetches)):
-        for k, (a, b) in enumerate(zip(want, got)):
-            assert np.array_equal(a, b), f"step {step}, fetch {k} differs"
-    assert len(expected.params) == len(actual.params) > 0
-    for k, (a, b) in enumerate(zip(expected.params, actual.params)):
-        assert np.array_equal(a, b), f"parameter {k} differs after {STEPS} steps"
-
 
 def release(model, optimize_first=True):
     keep = [model.fetch_list[1]]

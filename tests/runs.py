@@ -1,0 +1,32 @@
+"""Reference training runs and the bit-identity check the Paddle tests share.
+
+:func:`reference` runs a model of :mod:`memopt.models` unoptimized for
+:data:`STEPS` steps, once per test session (the GC mode does not change the
+numbers); :func:`assert_same` demands every fetched array of every step and
+every parameter afterwards to be bit-identical (``np.array_equal``).
+"""
+import numpy as np
+
+from memopt import models
+
+STEPS = 3
+
+_REFERENCE = {}
+
+
+def reference(name: str) -> models.RunResult:
+    """:data:`STEPS` unoptimized steps of legacy model ``name`` (cached)."""
+    if name not in _REFERENCE:
+        _REFERENCE[name] = models.run_steps(models.build(name, "legacy"), STEPS)
+    return _REFERENCE[name]
+
+
+def assert_same(expected: models.RunResult, actual: models.RunResult) -> None:
+    """Every fetch of every step and every final parameter bit-identical."""
+    assert len(expected.fetches) == len(actual.fetches)
+    for step, (want, got) in enumerate(zip(expected.fetches, actual.fetches)):
+        for k, (a, b) in enumerate(zip(want, got)):
+            assert np.array_equal(a, b), f"step {step}, fetch {k} differs"
+    assert len(expected.params) == len(actual.params) > 0
+    for k, (a, b) in enumerate(zip(expected.params, actual.params)):
+        assert np.array_equal(a, b), f"parameter {k} differs after {len(actual.fetches)} steps"
