@@ -5,6 +5,8 @@
 numbers); :func:`assert_same` demands every fetched array of every step and
 every parameter afterwards to be bit-identical (``np.array_equal``).
 """
+import contextlib
+
 import numpy as np
 
 from memopt import models
@@ -30,3 +32,19 @@ def assert_same(expected: models.RunResult, actual: models.RunResult) -> None:
     assert len(expected.params) == len(actual.params) > 0
     for k, (a, b) in enumerate(zip(expected.params, actual.params)):
         assert np.array_equal(a, b), f"parameter {k} differs after {len(actual.fetches)} steps"
+
+
+@contextlib.contextmanager
+def after_one_step(model):
+    """Run ``model``'s startup program and one training step in a fresh
+    scope; yield ``run(fetch_list)``, which runs the next step there."""
+    import paddle
+
+    scope = paddle.static.Scope()
+    rng = np.random.default_rng(0)
+    with paddle.static.scope_guard(scope), model.guard():
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        model.initialize(exe)
+        exe.run(model.main, feed=model.feed(rng), fetch_list=[model.loss])
+        yield lambda fetch_list: exe.run(model.main, feed=model.feed(rng),
+                                         fetch_list=fetch_list)

@@ -12,7 +12,7 @@ import pytest
 import memopt
 from memopt import models
 from memopt.errors import MergedVariableError
-from runs import STEPS, assert_same, reference
+from runs import STEPS, after_one_step, assert_same, reference
 
 
 #: (level, gc, skip_grads): each level in each GC mode, gradients in and out
@@ -188,15 +188,10 @@ def test_fetch_of_merged_variable_raises(paddle):
         report = optimize(model, level=1, skip_grads=False)
         gone = report.reuses[0].var
         owner = report.reuses[0].renamed_to
-        scope = paddle.static.Scope()
-        rng = np.random.default_rng(0)
-        with paddle.static.scope_guard(scope), model.guard():
-            exe = paddle.static.Executor(paddle.CPUPlace())
-            model.initialize(exe)
-            exe.run(model.main, feed=model.feed(rng), fetch_list=[model.loss])
+        with after_one_step(model) as run:
             for item in (gone, model.main.global_block().var(gone), owner):
                 with pytest.raises(MergedVariableError) as info:
-                    exe.run(model.main, feed=model.feed(rng), fetch_list=[model.loss, item])
+                    run([model.loss, item])
                 text = str(info.value)
                 assert repr(item if isinstance(item, str) else item.name) in text
                 assert "skip_opt_set" in text

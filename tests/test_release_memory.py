@@ -17,7 +17,7 @@ from memopt import models
 from memopt.errors import MergedVariableError, PlanError
 from memopt.graph import Graph, Op, Var
 from memopt.release import RELEASE_ATTR, peak_holding, plan_releases, verify_releases
-from runs import STEPS, assert_same, reference
+from runs import STEPS, after_one_step, assert_same, reference
 
 GC_OFF = {"eager_delete_tensor_gb": -1.0}
 GC_ON = {"eager_delete_tensor_gb": 0.0}
@@ -273,14 +273,8 @@ def test_fetch_of_released_variable_raises(paddle):
     with models.flags(**GC_OFF):
         report = release(model, optimize_first=False)
         gone = report.released[0]
-        scope = paddle.static.Scope()
-        rng = np.random.default_rng(0)
-        with paddle.static.scope_guard(scope), model.guard():
-            exe = paddle.static.Executor(paddle.CPUPlace())
-            model.initialize(exe)
-            exe.run(model.main, feed=model.feed(rng), fetch_list=[model.loss])
-            with pytest.raises(MergedVariableError) as info:
-                exe.run(model.main, feed=model.feed(rng), fetch_list=[model.loss, gone])
+        with after_one_step(model) as run, pytest.raises(MergedVariableError) as info:
+            run([model.loss, gone])
     text = str(info.value)
     assert repr(gone) in text and "release_memory" in text and "skip_opt_set" in text
 
