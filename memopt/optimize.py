@@ -1337,7 +1337,9 @@ def _without_cycle_collection():
     object graphs) are alive, so the collector's passes land inside
     memory_optimize: on ResNet-50 with a dozen programs alive, median CPU
     time 0.127 s -> 0.116 s paused, and no more 0.25 s outliers when a full
-    pass falls inside.  Nothing planned here needs a cycle collected mid-way.
+    pass falls inside; on bench_scale's 100,000-op program (level 0, GC
+    off) 22.6-24.8 s -> 13.8-14.4 s CPU.  Nothing planned here needs a
+    cycle collected mid-way.
     """
     was_enabled = gc.isenabled()
     gc.disable()
