@@ -78,7 +78,7 @@ block and checks that each read still sees the value it saw before.
 from __future__ import annotations
 
 import contextlib
-import gc
+import gc as python_gc
 import logging
 from dataclasses import dataclass, field
 from typing import Dict, Hashable, Iterable, List, NamedTuple, Optional, Tuple
@@ -1341,13 +1341,13 @@ def _without_cycle_collection():
     off) 22.6-24.8 s -> 13.8-14.4 s CPU.  Nothing planned here needs a
     cycle collected mid-way.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    was_enabled = python_gc.isenabled()
+    python_gc.disable()
     try:
         yield
     finally:
         if was_enabled:
-            gc.enable()
+            python_gc.enable()
 
 
 def _dispatch(program, options: Options, release: bool) -> Report:
