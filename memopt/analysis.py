@@ -20,8 +20,12 @@ while it runs one step:
 - ops run in the order the executor picks, not in program order
   (:func:`executor_order`): Paddle's multi-thread executor runs an op as soon
   as its inputs are ready, so an optimizer step frees its gradient early;
-- a legacy program is analysed as what Paddle 3 runs: its translation to PIR
-  (values named after the legacy variables);
+- a legacy program is analysed through its translation to PIR (values named
+  after the legacy variables); the versions of a variable written more than
+  once (``name#k``, e.g. after memory_optimize's renames) are one buffer, as
+  the legacy executor keeps one per variable;
+- with the garbage collector off, a variable memopt.release_memory releases
+  is held to its release, not to the end of the step;
 - what a training program's ``if``/``while`` regions save for the backward
   pass (PIR stacks) is held from the push to the pop, once per loop
   iteration (:attr:`RuntimeModel.loop_iterations`);
