@@ -38,6 +38,10 @@ variables share memory exactly when the plan gives them the same slot.
   (``attrs["inplace"] == (input, output)``), whose kernel is known to run in
   place.  An op that reads and writes the *same* variable (``increment``) is
   fine.
+- A release (an op with ``attrs["release"]``, :data:`memopt.release.RELEASE_ATTR`:
+  the names it frees) empties those variables' slots -- a later read gets
+  :data:`UNDEF` -- and records nothing in the trace (it is not an op of the
+  original program).
 - A control op (one with sub-blocks) reads its inputs and outputs at its
   head (as :func:`memopt.liveness.analyze_graph` counts them), then:
   a loop op (``op.loop``) runs its one sub-block while its condition is
@@ -67,6 +71,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from .errors import GraphError
 from .graph import Graph, Op
+from .release import RELEASE_ATTR
 
 __all__ = [
     "UNDEF",
@@ -187,7 +192,10 @@ class _Machine:
         for index, op in enumerate(self.graph.blocks[block_idx].ops):
             self.tick()
             ident = op.attrs.get("index", index)
-            if op.sub_blocks:
+            if op.attrs.get(RELEASE_ATTR):
+                for name in op.attrs[RELEASE_ATTR]:
+                    self.memory.pop(self.slot(block_idx, name), None)
+            elif op.sub_blocks:
                 self.run_control(block_idx, ident, op)
             else:
                 self.run_plain(block_idx, ident, op)
