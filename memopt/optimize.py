@@ -534,6 +534,29 @@ def split_shadowed(graph: Graph) -> Tuple[Graph, set]:
     return Graph(blocks=blocks, fetch_names=graph.fetch_names), split
 
 
+def scoped_liveness(graph: Graph):
+    """``(split graph, liveness, intervals, free outputs, excluded names)``:
+    :func:`split_shadowed`, then the liveness of the split graph and
+    :func:`_with_control_outputs` on it -- what every candidate rule reads."""
+    split = split_shadowed(graph)[0]
+    live = _analyze(split)
+    return (split, live, *_with_control_outputs(split, live))
+
+
+def reason_counts(reason_of: Dict[str, str]) -> Dict[str, int]:
+    """``{reason: how many temporaries were left alone for it}``."""
+    counts: Dict[str, int] = {}
+    for reason in reason_of.values():
+        counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
+def persistable_sizes(graph: Graph, home: Dict[str, int]) -> List[Size]:
+    """Sizes of the dense persistable variables among ``home``'s names."""
+    variables = (graph.blocks[b].vars[name] for name, b in home.items())
+    return [_vsize(var) for var in variables if var.is_dense and var.persistable]
+
+
 def _with_control_outputs(graph: Graph, live):
     """``(intervals, free outputs, excluded names)`` of a split graph: the
     liveness's intervals with those of :func:`_control_outputs` put in;
@@ -803,9 +826,7 @@ def plan_memory(graph: Graph, options: Options, gc: bool) -> Plan:
     # with GC on Paddle frees a variable read for its dims only after its
     # last real use: the reference the estimates compare with
     reference = substituted if gc else graph
-    original = split_shadowed(reference)[0]
-    live = _analyze(original)
-    intervals, free, excluded = _with_control_outputs(original, live)
+    original, live, intervals, free, excluded = scoped_liveness(reference)
     before = _temporaries(original, intervals)
     plan = Plan(gc=gc, level=options.level, before=before, substitutions=substitutions)
     graph = substituted
@@ -818,18 +839,14 @@ def plan_memory(graph: Graph, options: Options, gc: bool) -> Plan:
     plan.scheduled = graph
     changed = graph is not reference
     if changed:
-        graph = split_shadowed(graph)[0]
-        live = _analyze(graph)
-        intervals, free, excluded = _with_control_outputs(graph, live)
+        graph, live, intervals, free, excluded = scoped_liveness(graph)
     else:
         graph = original
     candidates, reason_of, home = _classify(graph, options, intervals, free, excluded)
-    for reason in reason_of.values():
-        plan.reasons[reason] = plan.reasons.get(reason, 0) + 1
+    plan.reasons = reason_counts(reason_of)
 
     var_of = {name: graph.blocks[home[name]].vars[name] for name in home}
-    plan.persistable = [_vsize(var) for var in var_of.values()
-                        if var.is_dense and var.persistable]
+    plan.persistable = persistable_sizes(graph, home)
     plan.buffers = _temporaries(graph, intervals) if changed else before
 
     # in-place chains: union of (input, output) pairs, head = the first input
@@ -1232,18 +1249,29 @@ def estimate(plan: Plan, gc: bool, batch_size: int = REFERENCE_BATCH):
     before = [[b] for b in (plan.before or buffers).values()]
     if not buffers:
         return persist, persist, []
-    t_before = group_timeline(_Groups(before), gc=gc, batch_size=batch_size)
-    t_after = group_timeline(_Groups(after), gc=gc, batch_size=batch_size)
-    step = t_after.peak_step
+    peak_before = group_timeline(_Groups(before), gc=gc, batch_size=batch_size).peak
+    peak_after, holders = peak_and_holders(after, gc, batch_size)
+    return persist + peak_before, persist + peak_after, holders
+
+
+def peak_and_holders(groups: List[List[Buffer]], gc: bool, batch_size: int):
+    """``(peak bytes, the five largest holders at the peak)`` of ``groups``
+    (each holding its largest member's bytes, see
+    :func:`memopt.simulate.group_timeline`) at ``batch_size``; with ``gc``
+    off every group holds its memory at the peak."""
+    from .simulate import group_timeline
+
+    timeline = group_timeline(_Groups(groups), gc=gc, batch_size=batch_size)
+    step = timeline.peak_step
     holders = []
-    for group in after:
+    for group in groups:
         lo = min(b.lower for b in group)
         hi = max(b.upper for b in group)
         if step is None or not gc or lo <= step < hi:
             size = max(_as_size(b.size).at(batch_size) for b in group)
             holders.append(Holder(str(group[0].id), size, tuple(str(b.id) for b in group)))
     holders.sort(key=lambda h: (-h.bytes, h.name))
-    return persist + t_before.peak, persist + t_after.peak, holders[:5]
+    return timeline.peak, holders[:5]
 
 
 def make_report(plan: Plan, options: Options, runtime: str, program_type: str,

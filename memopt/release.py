@@ -31,7 +31,6 @@ executor then allocates it afresh.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Dict, Iterable, List, Mapping, Tuple
 
 from .errors import PlanError
@@ -82,16 +81,12 @@ def plan_releases(graph: Graph, skip_opt_set: Iterable[str] = ()) -> ReleasePlan
     from . import optimize  # the planner's candidate rules (no cycle at import time)
 
     options = optimize.Options(skip_opt_set=frozenset(skip_opt_set), skip_grads=False)
-    split = optimize.split_shadowed(graph)[0]
-    live = optimize._analyze(split)
-    intervals, free, excluded = optimize._with_control_outputs(split, live)
+    split, _, intervals, free, excluded = optimize.scoped_liveness(graph)
     candidates, reason_of, home = optimize._classify(split, options, intervals, free,
                                                      excluded)
-    plan = ReleasePlan(buffers=optimize._temporaries(split, intervals))
-    for reason in reason_of.values():
-        plan.reasons[reason] = plan.reasons.get(reason, 0) + 1
-    plan.persistable = [optimize._vsize(split.blocks[b].vars[n]) for n, b in home.items()
-                        if split.blocks[b].vars[n].is_dense and split.blocks[b].vars[n].persistable]
+    plan = ReleasePlan(buffers=optimize._temporaries(split, intervals),
+                       persistable=optimize.persistable_sizes(split, home),
+                       reasons=optimize.reason_counts(reason_of))
 
     ops = graph.blocks[0].ops
     last_use: Dict[str, int] = {}
@@ -172,21 +167,15 @@ def peak_holding(buffers: Mapping[str, Buffer], freed: Iterable[str],
     persistable variables included, when every temporary holds its memory
     from its first write to the end of the run (the garbage collector off)
     except those in ``freed``, which hold it to their last use."""
+    from .optimize import peak_and_holders
     from .problems import size_at
-    from .report import Holder
-    from .simulate import group_timeline
 
     persist = sum(int(size_at(s, batch_size)) for s in persistable)
     if not buffers:
         return persist, []
     end = max(b.upper for b in buffers.values())
     freed = set(freed)
-    held = [Buffer(b.id, b.lower, b.upper if name in freed else end, b.size)
+    held = [[Buffer(b.id, b.lower, b.upper if name in freed else end, b.size)]
             for name, b in buffers.items()]
-    singletons = SimpleNamespace(groups=[[b] for b in held])
-    timeline = group_timeline(singletons, gc=True, batch_size=batch_size)
-    step = timeline.peak_step
-    holders = [Holder(str(b.id), int(size_at(b.size, batch_size)), (str(b.id),))
-               for b in held if step is None or b.lower <= step < b.upper]
-    holders.sort(key=lambda h: (-h.bytes, h.name))
-    return persist + timeline.peak, holders[:5]
+    peak, holders = peak_and_holders(held, True, batch_size)
+    return persist + peak, holders
