@@ -78,28 +78,28 @@ def main() -> None:
             reference = resnet()
             ref_losses, ref_params, ref_peak = measured_run(reference, args.steps)
 
-            optimized = resnet()
-            t0 = time.perf_counter()
-            report = memopt.memory_optimize(optimized.main, level=args.level,
-                                            print_log=(gc_label == "off"))
-            seconds = time.perf_counter() - t0
-            opt_losses, opt_params, opt_peak = measured_run(optimized, args.steps)
-            identical = same(ref_losses, opt_losses) and same(ref_params, opt_params)
-            rows.append((gc_label, ref_peak, opt_peak, report.merged_count, seconds, identical,
-                         ref_losses[-1]))
+            def rewritten_row(label, release):
+                """Build, rewrite (memory_optimize, then release_memory if
+                ``release``), run: the table row and memory_optimize's report."""
+                model = resnet()
+                t0 = time.perf_counter()
+                report = memopt.memory_optimize(model.main, level=args.level,
+                                                print_log=(gc_label == "off" and not release))
+                if release:
+                    freed = memopt.release_memory(model.main)
+                    print(f"\nGC off, then release_memory: {len(freed.released)} temporaries "
+                          "freed right after their last use")
+                seconds = time.perf_counter() - t0
+                losses, params, peak = measured_run(model, args.steps)
+                identical = same(ref_losses, losses) and same(ref_params, params)
+                return (label, ref_peak, peak, report.merged_count, seconds, identical,
+                        ref_losses[-1]), report
+
+            row, report = rewritten_row(gc_label, release=False)
+            rows.append(row)
             if gc_label == "off":
                 # GC off: release_memory frees each temporary after its last use
-                released = resnet()
-                t0 = time.perf_counter()
-                memopt.memory_optimize(released.main, level=args.level)
-                freed = memopt.release_memory(released.main)
-                seconds = time.perf_counter() - t0
-                rel_losses, rel_params, rel_peak = measured_run(released, args.steps)
-                identical = same(ref_losses, rel_losses) and same(ref_params, rel_params)
-                rows.append(("off + release_memory", ref_peak, rel_peak, report.merged_count,
-                             seconds, identical, ref_losses[-1]))
-                print(f"\nGC off, then release_memory: {len(freed.released)} temporaries "
-                      "freed right after their last use")
+                rows.append(rewritten_row("off + release_memory", release=True)[0])
         if gc_label == "on":
             print(f"GC on: {report.merged_count} variables share memory "
                   f"({len(report.reuses)} reuses); memory released by: {report.release}\n")
