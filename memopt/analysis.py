@@ -59,6 +59,7 @@ import numpy as np
 from .errors import UnsupportedProgramError
 from .graph import Graph, Op, Size
 from .liveness import analyze_graph as _liveness_of
+from .paddle.pir import unversioned
 from .release import RELEASE_ATTR
 
 log = logging.getLogger(__name__)
@@ -686,7 +687,7 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
             elif not runtime.gc:
                 # held to the end, or to its release (a version of a legacy
                 # variable, ``name#k``, written before the release op)
-                freed_at = released.get(nm.split("#")[0], -1)
+                freed_at = released.get(unversioned(nm), -1)
                 end = freed_at if first_writer.get(nm, start) < freed_at else last
             spans.append((start, end, nm))
         spans.sort()
@@ -778,8 +779,8 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
 def _versions(graph: Graph) -> list:
     """``(name, name#k)`` for every later version of a variable in ``graph``."""
     declared = {var.name for _, var in graph.all_vars()}
-    return sorted((name.split("#")[0], name) for name in declared
-                  if "#" in name and name.split("#")[0] in declared)
+    return sorted((unversioned(name), name) for name in declared
+                  if unversioned(name) != name and unversioned(name) in declared)
 
 
 # -- units ----------------------------------------------------------------------

@@ -94,6 +94,21 @@ COMBINE_OP, SPLIT_OP, SLICE_OP = "builtin.combine", "builtin.split", "builtin.sl
 PARAMETER_OP, DATA_OPS = "builtin.parameter", ("pd_op.data", "pd_op.feed")
 FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
 STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
+#: A later value of a name is ``name#k`` (a legacy variable written again, as
+#: :func:`convert_legacy` names it, or a clash of names).
+VERSION_MARK = "#"
+
+
+def versioned(name: str, k: int) -> str:
+    """The ``k``-th later value of ``name`` (``k >= 1``)."""
+    return f"{name}{VERSION_MARK}{k}"
+
+
+def unversioned(name: str) -> str:
+    """The name a value's name is a version of (itself when not one)."""
+    return name.split(VERSION_MARK)[0]
+
+
 #: What a legacy ``share_buffer`` (a memopt release among others) translates to.
 SHARE_DATA_OP = "pd_op.share_data_"
 #: Ops that make constants; those right before the first gradient op that
@@ -224,9 +239,9 @@ class _Converter:
         its kind is ``"shape"`` and it costs no memory."""
         if name in self.result.values:  # a duplicate attribute name
             k = 1
-            while f"{name}#{k}" in self.result.values:
+            while versioned(name, k) in self.result.values:
                 k += 1
-            name = f"{name}#{k}"
+            name = versioned(name, k)
         self.result.name_of[value.id] = name
         self.result.values[name] = value
         if value.is_dense_tensor_type() or value.is_selected_row_type():
@@ -402,7 +417,7 @@ class _Converter:
             # a legacy release (memopt.release_memory) as translated: the
             # value written is the legacy variable's next version (``v#k``),
             # holding nothing (not an overwrite of the empty variable)
-            attrs[RELEASE_ATTR] = tuple(sorted({w.split("#")[0] for w in writes}
+            attrs[RELEASE_ATTR] = tuple(sorted({unversioned(w) for w in writes}
                                                - {RELEASED_VAR}))
         overwritten = () if RELEASE_ATTR in attrs else self._overwritten(pir_op)
         if overwritten:
@@ -643,7 +658,7 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
     for name in sorted(by_name):
         for k, value in enumerate(by_name[name]):
             if value.initialized() and value.id not in value_names:
-                value_names[value.id] = name if k == 0 else f"{name}#{k}"
+                value_names[value.id] = name if k == 0 else versioned(name, k)
                 last_value[name] = value
     fetch_values = []
     for item in fetch_list:
