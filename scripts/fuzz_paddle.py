@@ -1,9 +1,9 @@
 """A long fuzzing run of memory_optimize on random legacy Paddle programs.
 
-The CI runs a few dozen random programs (tests/test_fuzz_paddle.py); this
+The CI runs a few dozen random programs (tests/memopt/paddle/test_fuzz_paddle.py); this
 script runs many more with the same generator and property -- every level,
 both garbage-collector modes, results bit-identical over two steps -- and,
-with ``--graphs``, the graph-level property (tests/test_fuzz_graph.py) too.
+with ``--graphs``, the graph-level property (tests/memopt/test_fuzz_graph.py) too.
 
     python scripts/fuzz_paddle.py [--examples 300] [--graphs 2000] [--seed 0]
                                   [--no-shrink]
@@ -19,7 +19,8 @@ import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "memopt"),
+                os.path.join(ROOT, "tests", "memopt", "paddle")]
 
 from hypothesis import given, seed as hypothesis_seed, strategies as st  # noqa: E402
 

@@ -15,7 +15,9 @@ from memopt.problems import Buffer, Problem, read_csv
 from memopt.simulate import check_offsets
 from conftest import need, need_file
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "benchmarks",
+#: tests/ (conftest, shared helpers)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "benchmarks",
                     "minimalloc")
 
 
@@ -217,13 +219,13 @@ def test_plain_python_kernel_gives_the_same_plans():
     code = (
         "import sys, json\n"
         "sys.modules['numba'] = None  # as if numba were not installed\n"
-        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        f"sys.path[:0] = [{os.path.dirname(__file__)!r}, {TESTS!r}]\n"
         "import test_arena as t\n"
         "from memopt import _search_kernel\n"
         "assert not _search_kernel.JIT\n"
         "print(json.dumps(t._kernel_runs(t._kernel_problems())))\n")
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           cwd=os.path.dirname(os.path.dirname(__file__)))
+                           cwd=os.path.dirname(TESTS))
     assert child.returncode == 0, child.stderr
     plain = json.loads(child.stdout)
     here = _kernel_runs(_kernel_problems())

@@ -8,7 +8,7 @@ from memopt.graph import Graph, Op, Size, Var
 from memopt.problems import Buffer, Problem, problem_from_graph, read_csv, write_csv
 from conftest import need_file
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "benchmarks",
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "benchmarks",
                     "minimalloc")
 
 
