@@ -12,6 +12,21 @@ import pytest
 REQUIRE_ALL = os.environ.get("MEMOPT_REQUIRE_ALL") == "1"
 
 
+def pytest_configure(config):
+    """Import Paddle (when installed) before any test imports TensorFlow.
+
+    Measured on Paddle 3.3.1 and TensorFlow 2.21 in this venv: ``import
+    tensorflow; import paddle`` ends in a segmentation fault inside
+    ``paddle/base/core.py``, while ``import paddle; import tensorflow`` works.
+    tests/autobatch/ (TensorFlow) is collected before tests/memopt/ (Paddle),
+    so Paddle goes first here.
+    """
+    try:
+        importlib.import_module("paddle")
+    except ImportError:  # pragma: no cover - the Paddle tests skip (or fail in CI)
+        pass
+
+
 def need(module_name: str):
     """Import and return ``module_name``; skip (or fail in CI) if missing."""
     try:
