@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from autobatch import stackless as stackless_executor
-from autobatch.allocation_strategy import call_graph, optimize, reachable
+from autobatch.allocation_strategy import call_graph, reachable
 from autobatch.dsl import ProgramBuilder
 from autobatch.errors import ProgramError
 from autobatch.frontend_ast import (
@@ -59,9 +59,11 @@ from autobatch.frontend_ast import (
 from autobatch.instructions import (
     Function, Program, as_pattern, pattern_leaves, pattern_map, pattern_unflatten,
 )
-from autobatch.lowering import LoweredProgram, lower
-from autobatch.type_inference import as_type, infer_types
-from autobatch.virtual_machine import DEFAULT_MAX_STACK_DEPTH, VirtualMachine, argument_types
+from autobatch.lowering import LoweredProgram
+from autobatch.pipeline import (
+    DEFAULT_MAX_STACK_DEPTH, CacheStats, Pipeline, argument_types, backend_key,
+)
+from autobatch.virtual_machine import VirtualMachine
 
 __all__ = ["Context", "BatchedFunction", "Module", "CacheStats", "FrontendError"]
 
@@ -93,30 +95,9 @@ class Module:
 
 
 @dataclass
-class CacheStats:
-    """What a Context built, and how often a cache answered instead.
-
-    ``translations``: times the batched functions were translated to IR;
-    ``compilations``: typed and allocated programs built;
-    ``lowerings``: lowered programs built; ``hits``: requests served from a
-    cache.
-    """
-
-    translations: int = 0
-    compilations: int = 0
-    lowerings: int = 0
-    hits: int = 0
-
-
-@dataclass
 class _Registered:
     parsed: ParsedFunction
     type_inference: Optional[Callable]
-
-
-def _backend_key(backend: Any) -> Any:
-    config = getattr(backend, "_config", None)
-    return (type(backend), config() if callable(config) else None)
 
 
 def _default_backend() -> Any:
@@ -156,11 +137,10 @@ class Context:
     def __init__(self) -> None:
         self._registered: Dict[str, _Registered] = {}
         self._module: Optional[Module] = None
-        self._compiled: Dict[Any, Program] = {}
-        self._lowered: Dict[Any, LoweredProgram] = {}
         self.block_code_cache: dict = {}
         self._backends: Dict[Any, Any] = {}
         self.stats = CacheStats()
+        self.pipeline = Pipeline(self.stats)
         self._local = threading.local()
 
     # -- defining ----------------------------------------------------------------------
@@ -200,8 +180,7 @@ class Context:
         FunctionTranslator(parsed, ProgramBuilder(), signatures, type_inference).translate()
         self._registered[parsed.name] = _Registered(parsed, type_inference)
         self._module = None
-        self._compiled.clear()
-        self._lowered.clear()
+        self.pipeline.clear()
         return BatchedFunction(self, parsed)
 
     def function_names(self) -> List[str]:
@@ -235,40 +214,19 @@ class Context:
         TensorType per parameter of ``main``, without the batch dimension)
         and allocated; cached on ``(main, sig, backend)``.  Without ``sig``
         the program is allocated but not typed (for inspection)."""
+        return self._compiled_for(main, sig, backend).program
+
+    def _compiled_for(self, main: str, sig: Optional[Sequence[Any]], backend: Any) -> Any:
         backend = backend if backend is not None else _default_backend()
-        sig_key = None if sig is None else tuple(as_type(s) for s in sig)
-        key = (main, sig_key, _backend_key(backend))
-        cached = self._compiled.get(key)
-        if cached is not None:
-            self.stats.hits += 1
-            return cached
-        program = self.program(main)
-        if sig_key is not None:
-            with self._running():
-                program = infer_types(program, list(sig_key), backend)
-        result = optimize(program)
-        self._compiled[key] = result
-        self.stats.compilations += 1
-        log.debug("compiled %s for %s", main, [str(t) for t in sig_key or ()])
-        return result
+        with self._running():
+            return self.pipeline.compiled(main, lambda: self.program(main), sig, backend)
 
     def program_lowered(self, main: str, sig: Sequence[Any], backend: Any = None
                         ) -> LoweredProgram:
         """:meth:`program_compiled` lowered for the VM; cached likewise."""
-        if sig is None:
-            raise ValueError("program_lowered needs the argument types (sig): lowering "
-                             "needs a typed program")
         backend = backend if backend is not None else _default_backend()
-        sig_key = tuple(as_type(s) for s in sig)
-        key = (main, sig_key, _backend_key(backend))
-        cached = self._lowered.get(key)
-        if cached is not None:
-            self.stats.hits += 1
-            return cached
-        result = lower(self.program_compiled(main, sig_key, backend))
-        self._lowered[key] = result
-        self.stats.lowerings += 1
-        return result
+        with self._running():
+            return self.pipeline.lowered(main, lambda: self.program(main), sig, backend)
 
     def lowered_for_args(self, name: str, args: Sequence[Any], backend: Any = None
                          ) -> LoweredProgram:
@@ -283,7 +241,7 @@ class Context:
         default NumPy one for None), so that code cached under one backend
         object serves an equal, new one."""
         backend = backend if backend is not None else _default_backend()
-        return self._backends.setdefault(_backend_key(backend), backend)
+        return self._backends.setdefault(backend_key(backend), backend)
 
     @contextlib.contextmanager
     def _flag(self, name: str) -> Iterator[None]:
@@ -368,7 +326,14 @@ class BatchedFunction:
             program = ctx.program_compiled(name, sig, backend)
             with ctx._running():
                 return stackless_executor.execute(program, values, backend, max_stack_depth)
-        lowered = ctx.lowered_for_args(name, values, backend)
+        sig = argument_types(values, backend)
+        compiled = ctx._compiled_for(name, sig, backend)
+        if compiled.engine(backend) == "fused":
+            with ctx._running():
+                result = compiled.fused.run(values)
+            self.last_steps = compiled.fused.steps
+            return result
+        lowered = ctx.program_lowered(name, sig, backend)
         cache = ctx.block_code_cache if block_code_cache is None else block_code_cache
         with ctx._running():
             vm = VirtualMachine(lowered, backend, max_stack_depth, cache)

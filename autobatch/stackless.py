@@ -22,7 +22,7 @@ from autobatch.instructions import (
     BranchOp, FunctionCallOp, Function, GotoOp, PrimOp, Program, ReturnOp, TensorType, Type,
     as_pattern, bind_pattern, pattern_leaves, pattern_map, pattern_unflatten,
 )
-from autobatch.virtual_machine import DEFAULT_MAX_STACK_DEPTH, argument_types, batch_size
+from autobatch.pipeline import DEFAULT_MAX_STACK_DEPTH, argument_types, batch_size
 
 __all__ = ["execute"]
 

@@ -45,21 +45,20 @@ import numpy as np
 from autobatch.errors import NullVariableError, ProgramError, StackOverflowError
 from autobatch.instructions import (
     BranchOp, CopyOp, GotoOp, IndirectGotoOp, PopOp, PrimOp, Program, PushGotoOp, PushOp,
-    TensorType, Type, VariableAllocation, as_pattern, pattern_leaves, pattern_map,
+    TensorType, VariableAllocation, as_pattern, pattern_leaves, pattern_map,
     pattern_unflatten,
 )
-from autobatch.lowering import LoweredProgram, lower
+from autobatch.backends.base import MAX_CHAIN
+from autobatch.lowering import LoweredProgram
+from autobatch.pipeline import DEFAULT_MAX_STACK_DEPTH, argument_types, batch_size, prepare
 
-__all__ = ["VirtualMachine", "execute", "prepare", "argument_types", "batch_size"]
+__all__ = ["VirtualMachine", "execute", "prepare", "argument_types", "batch_size",
+           "DEFAULT_MAX_STACK_DEPTH", "MAX_CHAIN"]
 
 log = logging.getLogger(__name__)
 
-#: Default bound on pending calls per thread (as in TFP's auto_batching).
-DEFAULT_MAX_STACK_DEPTH = 15
 
 _PC_TYPE = TensorType(np.int32, ())
-#: Most blocks one VM step runs through by jump threading.
-MAX_CHAIN = 16
 #: Backends with ``compaction``: steps between checks, and the smallest
 #: batch worth compacting.
 COMPACT_EVERY = 64
@@ -67,48 +66,6 @@ MIN_COMPACT = 256
 NULL = VariableAllocation.NULL
 TEMPORARY = VariableAllocation.TEMPORARY
 FULL = VariableAllocation.FULL
-
-
-def _shape(value: Any) -> Tuple[int, ...]:
-    shape = getattr(value, "shape", None)
-    return tuple(shape) if shape is not None else np.shape(value)
-
-
-def batch_size(args: Sequence[Any], types: Sequence[Type]) -> int:
-    """The batch size of arguments of the given per-thread types: the leading
-    dimension of the leaves that have one beyond their type's shape (size 1
-    broadcasts); 1 where none has.  Raises ProgramError for two sizes."""
-    sizes = set()
-    for arg, typ in zip(args, types):
-        leaves = pattern_leaves(as_pattern(arg))
-        if len(leaves) != len(typ.leaves()):
-            raise ProgramError(f"an argument has {len(leaves)} part(s); its type {typ} "
-                               f"has {len(typ.leaves())}")
-        for leaf, leaf_type in zip(leaves, typ.leaves()):
-            shape = _shape(leaf)
-            if len(shape) == len(leaf_type.shape) + 1 and shape[0] != 1:
-                sizes.add(shape[0])
-    if len(sizes) > 1:
-        raise ProgramError(f"arguments have different batch sizes {sorted(sizes)}; "
-                           f"give them one batch size (size-1 and scalars broadcast)")
-    return sizes.pop() if sizes else 1
-
-
-def argument_types(args: Sequence[Any], backend: Any) -> List[Type]:
-    """The per-thread Type of each batched argument: a leaf with a leading
-    batch dimension has type ``(dtype, shape[1:])``; a 0-d leaf (broadcast to
-    every thread) has type ``(dtype, ())``."""
-    def leaf_type(leaf: Any) -> TensorType:
-        shape = _shape(leaf)
-        return backend.type_of(leaf, shape[0] if shape else 1).strong()
-    return [Type(pattern_map(leaf_type, as_pattern(a))) for a in args]
-
-
-def prepare(program: Program, arg_types: Sequence[Any], backend: Any = None) -> LoweredProgram:
-    """Type, allocate and lower ``program`` for arguments of ``arg_types``."""
-    from autobatch.allocation_strategy import optimize
-    from autobatch.type_inference import infer_types
-    return lower(optimize(infer_types(program, arg_types, backend)))
 
 
 _PURE = re.compile(r"^    (t\d+) = B\.(read|read_frame|part|narrow|merge)\(")

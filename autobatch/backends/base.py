@@ -65,7 +65,11 @@ from typing import Any, Callable, Sequence
 
 from autobatch.instructions import TensorType
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "MAX_CHAIN"]
+
+#: Most blocks one VM step runs through by jump threading (a backend that
+#: keeps spare stack frames for a step's calls sizes them by it).
+MAX_CHAIN = 16
 
 
 class Backend(abc.ABC):
@@ -75,6 +79,9 @@ class Backend(abc.ABC):
     name: str = "abstract"
     #: Whether the VM may drop halted threads (see the module doc).
     compaction: bool = False
+    #: Whether a program without calls may run as one fused loop
+    #: (:mod:`autobatch.fused`, generated NumPy) instead of on the VM.
+    fused_loops: bool = False
 
     # -- storage ------------------------------------------------------------------------
     @abc.abstractmethod

@@ -25,6 +25,8 @@ class NumpyBackend(Backend):
     """Runs autobatch programs eagerly on NumPy arrays."""
 
     name = "numpy"
+    #: Call-free programs run as one fused loop (:mod:`autobatch.fused`).
+    fused_loops = True
 
     # -- storage ------------------------------------------------------------------
     def fill(self, tensor_type: TensorType, batch_size: int, value: Any = 0) -> np.ndarray:
@@ -144,6 +146,7 @@ class MaskedNumpyBackend(NumpyBackend):
 
     name = "numpy-masked"
     compaction = False  # fixed shapes, as under XLA
+    fused_loops = False  # runs every program on the VM, as a TensorFlow backend does
 
     @staticmethod
     def _rows(mask: np.ndarray, ndim: int) -> np.ndarray:

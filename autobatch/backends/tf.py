@@ -62,9 +62,8 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.ops import resource_variable_ops
 
-from autobatch.backends.base import Backend
+from autobatch.backends.base import MAX_CHAIN, Backend
 from autobatch.instructions import TensorType
-from autobatch.virtual_machine import MAX_CHAIN
 
 __all__ = ["TensorFlowBackend", "MODES", "SELECTIONS"]
 

@@ -1,0 +1,191 @@
+"""The one compile path: types -> allocation -> lowering (or fusing), cached.
+
+Every executor gets its program from here: :class:`~autobatch.frontend.Context`
+(through one :class:`Pipeline` per Context), :func:`autobatch.virtual_machine.execute`
+and the benchmarks (through :func:`prepare` / :func:`compile_program`).
+
+- :func:`typed` runs :func:`~autobatch.type_inference.infer_types` for the
+  argument types, then :func:`~autobatch.allocation_strategy.optimize`.
+- :func:`~autobatch.lowering.lower` turns that into the VM's
+  :class:`~autobatch.lowering.LoweredProgram`.
+- :func:`~autobatch.fused.fuse` turns a program whose ``main`` makes no call
+  into one fused loop (:class:`~autobatch.fused.FusedProgram`).
+
+Engine choice (:meth:`Compiled.engine`): the fused loop where the backend
+declares ``fused_loops`` (NumPy) and the program fuses; the VM otherwise
+(recursion, calls, TensorFlow).  Both give the reference's results bit for
+bit; the fused loop has no program counter, stacks or per-step selection.
+
+Also here, because every executor needs them: :func:`batch_size` and
+:func:`argument_types` (the per-thread types of batched arguments).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from autobatch.allocation_strategy import optimize
+from autobatch.errors import ProgramError
+from autobatch.instructions import (
+    Program, TensorType, Type, as_pattern, pattern_leaves, pattern_map,
+)
+from autobatch.lowering import LoweredProgram, lower
+from autobatch.type_inference import as_type, infer_types
+
+#: Default bound on pending calls per thread (as in TFP's auto_batching).
+DEFAULT_MAX_STACK_DEPTH = 15
+
+__all__ = ["DEFAULT_MAX_STACK_DEPTH", "Pipeline", "Compiled", "CacheStats", "typed", "prepare", "compile_program",
+           "batch_size", "argument_types", "backend_key"]
+
+
+def _shape(value: Any) -> Tuple[int, ...]:
+    shape = getattr(value, "shape", None)
+    return tuple(shape) if shape is not None else np.shape(value)
+
+
+def batch_size(args: Sequence[Any], types: Sequence[Type]) -> int:
+    """The batch size of arguments of the given per-thread types: the leading
+    dimension of the leaves that have one beyond their type's shape (size 1
+    broadcasts); 1 where none has.  Raises ProgramError for two sizes."""
+    sizes = set()
+    for arg, typ in zip(args, types):
+        leaves = pattern_leaves(as_pattern(arg))
+        if len(leaves) != len(typ.leaves()):
+            raise ProgramError(f"an argument has {len(leaves)} part(s); its type {typ} "
+                               f"has {len(typ.leaves())}")
+        for leaf, leaf_type in zip(leaves, typ.leaves()):
+            shape = _shape(leaf)
+            if len(shape) == len(leaf_type.shape) + 1 and shape[0] != 1:
+                sizes.add(shape[0])
+    if len(sizes) > 1:
+        raise ProgramError(f"arguments have different batch sizes {sorted(sizes)}; "
+                           f"give them one batch size (size-1 and scalars broadcast)")
+    return sizes.pop() if sizes else 1
+
+
+def argument_types(args: Sequence[Any], backend: Any) -> List[Type]:
+    """The per-thread Type of each batched argument: a leaf with a leading
+    batch dimension has type ``(dtype, shape[1:])``; a 0-d leaf (broadcast to
+    every thread) has type ``(dtype, ())``."""
+    def leaf_type(leaf: Any) -> TensorType:
+        shape = _shape(leaf)
+        return backend.type_of(leaf, shape[0] if shape else 1).strong()
+    return [Type(pattern_map(leaf_type, as_pattern(a))) for a in args]
+
+
+def backend_key(backend: Any) -> Any:
+    """What makes two backend objects interchangeable for compiled code."""
+    config = getattr(backend, "_config", None)
+    return (type(backend), config() if callable(config) else None)
+
+
+def typed(program: Program, sig: Optional[Sequence[Any]], backend: Any = None) -> Program:
+    """``program`` typed for arguments of types ``sig`` (None: left untyped)
+    and allocated."""
+    if sig is not None:
+        program = infer_types(program, [as_type(s) for s in sig], backend)
+    return optimize(program)
+
+
+def prepare(program: Program, arg_types: Sequence[Any], backend: Any = None) -> LoweredProgram:
+    """Type, allocate and lower ``program`` for arguments of ``arg_types``."""
+    return lower(typed(program, arg_types, backend))
+
+
+@dataclass
+class Compiled:
+    """One program compiled for one signature: the typed, allocated program,
+    and (made on first use) its lowered and fused forms."""
+
+    program: Program
+    _lowered: Optional[LoweredProgram] = None
+    _fused: Any = field(default=False)  # False: not tried yet; None: does not fuse
+
+    @property
+    def lowered(self) -> LoweredProgram:
+        if self._lowered is None:
+            self._lowered = lower(self.program)
+        return self._lowered
+
+    @property
+    def fused(self) -> Any:
+        """The :class:`~autobatch.fused.FusedProgram`, or None where the
+        program does not fuse (calls, irreducible control flow)."""
+        if self._fused is False:
+            from autobatch.fused import fuse
+            self._fused = fuse(self.program)
+        return self._fused
+
+    def engine(self, backend: Any) -> str:
+        """``"fused"`` or ``"vm"``: what runs this program on ``backend``."""
+        if getattr(backend, "fused_loops", False) and self.fused is not None:
+            return "fused"
+        return "vm"
+
+
+def compile_program(program: Program, arg_types: Sequence[Any], backend: Any = None
+                    ) -> Compiled:
+    """:func:`typed` wrapped in a :class:`Compiled` (uncached)."""
+    return Compiled(typed(program, arg_types, backend))
+
+
+@dataclass
+class CacheStats:
+    """What a Pipeline built, and how often its cache answered instead.
+
+    ``translations``: times the batched functions were translated to IR (a
+    Context counts these); ``compilations``: typed and allocated programs
+    built; ``lowerings``: lowered programs built; ``hits``: requests served
+    from a cache.
+    """
+
+    translations: int = 0
+    compilations: int = 0
+    lowerings: int = 0
+    hits: int = 0
+
+
+class Pipeline:
+    """:func:`typed` and lowering, cached on ``(key, signature, backend)``.
+
+    ``key`` names the program (a Context uses the entry function's name);
+    ``make_program`` builds it when the cache misses.  :meth:`clear` forgets
+    everything (a Context does when another function is batched).
+    """
+
+    def __init__(self, stats: Optional[CacheStats] = None) -> None:
+        self.stats = stats if stats is not None else CacheStats()
+        self._compiled: Dict[Any, Compiled] = {}
+
+    def clear(self) -> None:
+        self._compiled.clear()
+
+    def compiled(self, key: Any, make_program: Callable[[], Program],
+                 sig: Optional[Sequence[Any]], backend: Any) -> Compiled:
+        sig_key = None if sig is None else tuple(as_type(s) for s in sig)
+        full = (key, sig_key, backend_key(backend))
+        found = self._compiled.get(full)
+        if found is not None:
+            self.stats.hits += 1
+            return found
+        found = Compiled(typed(make_program(), sig_key, backend))
+        self._compiled[full] = found
+        self.stats.compilations += 1
+        return found
+
+    def lowered(self, key: Any, make_program: Callable[[], Program],
+                sig: Sequence[Any], backend: Any) -> LoweredProgram:
+        if sig is None:
+            raise ValueError("lowering needs the argument types (sig): a typed program")
+        sig_key = tuple(as_type(s) for s in sig)
+        full = (key, sig_key, backend_key(backend))
+        found = self._compiled.get(full)
+        if found is not None and found._lowered is not None:
+            self.stats.hits += 1
+            return found._lowered
+        compiled = self.compiled(key, make_program, sig_key, backend)
+        self.stats.lowerings += 1
+        return compiled.lowered
