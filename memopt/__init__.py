@@ -15,10 +15,10 @@ __version__ = "0.1.0"
 
 #: public name -> module that defines it
 _EXPORTS = {
-    "memory_optimize": "memopt.optimize",
-    "release_memory": "memopt.optimize",
+    "memory_optimize": "memopt.api",
+    "release_memory": "memopt.api",
     "Report": "memopt.report",
-    "analyze": "memopt.analysis",
+    "analyze": "memopt.api",
     "Analysis": "memopt.analysis",
     "RuntimeModel": "memopt.analysis",
     "plan_arena": "memopt.arena",

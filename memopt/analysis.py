@@ -1,7 +1,8 @@
 """Where a program's memory goes: timeline, peak, who holds it, what batch fits.
 
-:func:`analyze` takes a Paddle program (PIR or legacy) or a memopt
-:class:`~memopt.graph.Graph` and models what Paddle's executor allocates
+:func:`from_graph` takes a memopt :class:`~memopt.graph.Graph` (as
+:func:`memopt.analyze` reads it from a Paddle program, PIR or legacy, with
+:mod:`memopt.paddle.runtime`) and models what Paddle's executor allocates
 while it runs one step:
 
 - every non-persistable dense variable holds its bytes from the op that
@@ -56,15 +57,13 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .errors import UnsupportedProgramError
-from .graph import Graph, Op, Size
+from .graph import RELEASE_ATTR, Graph, Op, Size, unversioned
 from .liveness import analyze_graph as _liveness_of
-from .paddle.pir import unversioned
-from .release import RELEASE_ATTR
+from .schedule import reorder
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RuntimeModel", "Holder", "Analysis", "analyze", "from_graph", "executor_order",
+__all__ = ["RuntimeModel", "Holder", "Analysis", "from_graph", "versions", "executor_order",
            "parse_bytes", "format_bytes"]
 
 #: Categories of memory, in report order.
@@ -100,27 +99,6 @@ class RuntimeModel:
     schedule: str = "dataflow"
     workers: int = 4
     loop_iterations: int = 1
-
-    @classmethod
-    def from_paddle(cls, ir: str = "pir", device: str = "cpu") -> "RuntimeModel":
-        """The model Paddle's current flags select for a program of ``ir``
-        (Paddle's defaults when Paddle is not importable).
-
-        A legacy program runs translated to PIR, but measured on Paddle
-        3.3.1 its ops are never made in-place (the peak does not move with
-        ``FLAGS_pir_apply_inplace_pass``), so ``inplace`` is False for it.
-        """
-        gc, inplace = True, True
-        try:
-            import paddle
-
-            flags = paddle.get_flags(["FLAGS_eager_delete_tensor_gb",
-                                      "FLAGS_pir_apply_inplace_pass"])
-            gc = float(flags["FLAGS_eager_delete_tensor_gb"]) >= 0
-            inplace = bool(flags["FLAGS_pir_apply_inplace_pass"])
-        except Exception:  # pragma: no cover - paddle missing or too old
-            pass
-        return cls(gc=gc, inplace=inplace and ir == "pir", device=device)
 
 
 @dataclass(frozen=True)
@@ -593,13 +571,13 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
 
 def _reordered(graph: Graph, order: list) -> Graph:
     """``graph`` with its global block's ops in the order of ``order``
-    (flat positions; sub-block ops stay with their owner)."""
-    ops = _flat_ops(graph)
-    blocks_of = [b for b, _ in graph.walk_ops()]
-    top = [ops[p] for p in order if blocks_of[p] == 0]
-    blocks = [type(b)(b.idx, b.parent, ops=list(b.ops), vars=b.vars) for b in graph.blocks]
-    blocks[0].ops = top
-    return Graph(blocks=blocks, fetch_names=graph.fetch_names)
+    (flat positions; sub-block ops stay with their owner), by the one
+    reorderer :func:`memopt.schedule.reorder`."""
+    top: dict = {}  # flat position -> index in block 0
+    for pos, (block_idx, _) in enumerate(graph.walk_ops()):
+        if block_idx == 0:
+            top[pos] = len(top)
+    return reorder(graph, [top[p] for p in order if p in top])
 
 
 def from_graph(graph: Graph, batch_size: Optional[int] = None,
@@ -709,75 +687,10 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
                     order=order)
 
 
-def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
-            fetch_list: Iterable = (), runtime: Optional[RuntimeModel] = None) -> Analysis:
-    """Memory analysis of one step of a program.
-
-    Parameters
-    ----------
-    program_or_graph : a ``paddle.pir.Program``, a legacy
-        ``paddle.base.framework.Program`` or a memopt :class:`Graph`.
-    batch_size : the batch size the figures default to (``-1`` dimensions);
-        every method also takes its own.
-    fetch_list : what the step fetches (Values/Variables or names): live to
-        the end.
-    runtime : the executor's memory behaviour; default: read from Paddle's
-        flags (:meth:`RuntimeModel.from_paddle`), or GC on without in-place
-        for a bare Graph.
-
-    Returns
-    -------
-    Analysis
-        ``peak()``, ``timeline()``, ``held_at()``, ``breakdown()``,
-        ``max_batch_size(budget)``, ``report()``, ``to_json()``.
-
-    Raises
-    ------
-    UnsupportedProgramError : anything else.
-    ValueError : a batch size below 1.
-    """
-    if batch_size is not None and (not isinstance(batch_size, (int, np.integer))
-                                   or isinstance(batch_size, bool) or batch_size < 1):
-        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    fetch_list = list(fetch_list or ())
-    if isinstance(program_or_graph, Graph):
-        graph = program_or_graph
-        if fetch_list:
-            graph.fetch_names = tuple(dict.fromkeys(
-                (*graph.fetch_names, *[f if isinstance(f, str) else f.name for f in fetch_list])))
-        rt = runtime or RuntimeModel(inplace=False)
-        return from_graph(graph, batch_size, rt)
-    from .paddle import pir as pir_adapter
-    from .paddle import pir_inplace
-
-    if pir_adapter.is_pir_program(program_or_graph):
-        rt = runtime or RuntimeModel.from_paddle()
-        pg = pir_adapter.convert(program_or_graph, fetch_list)
-        inplace = pir_inplace.executor_inplace(pg, fetch_list, rt.device) if rt.inplace else []
-        return from_graph(pg.graph, batch_size, rt, inplace)
-    if type(program_or_graph).__name__ == "Program":
-        # analysed as its translation to PIR, where a variable written again
-        # (memory_optimize's renames) is a new value ``name#k``: the legacy
-        # executor keeps one buffer per variable, so the versions are one
-        rt = runtime or RuntimeModel.from_paddle("legacy")
-        try:
-            pg = pir_adapter.convert_legacy(program_or_graph, fetch_list)
-        except RuntimeError as exc:  # Paddle's translator refuses some ops
-            reason = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
-            raise UnsupportedProgramError(
-                f"memopt.analyze reads a legacy program through Paddle's translation to "
-                f"PIR, which refused this one ({reason}); legacy while/conditional "
-                "training programs do not translate. Build the program in PIR (Paddle 3's "
-                "default static mode) to analyse it") from None
-        inplace = pir_inplace.executor_inplace(pg, (), rt.device) if rt.inplace else []
-        return from_graph(pg.graph, batch_size, rt, inplace, _versions(pg.graph))
-    raise UnsupportedProgramError(
-        f"analyze() takes a Paddle program (PIR or legacy) or a memopt Graph, "
-        f"got {type(program_or_graph).__name__}")
-
-
-def _versions(graph: Graph) -> list:
-    """``(name, name#k)`` for every later version of a variable in ``graph``."""
+def versions(graph: Graph) -> list:
+    """``(name, name#k)`` for every later version of a variable in ``graph``
+    (:func:`memopt.graph.versioned`): one variable of the program run, so one
+    buffer (the ``same_variable`` of :func:`from_graph`)."""
     declared = {var.name for _, var in graph.all_vars()}
     return sorted((unversioned(name), name) for name in declared
                   if unversioned(name) != name and unversioned(name) in declared)

@@ -9,7 +9,7 @@
     memopt plot     PROBLEM.csv -o arena.png [--exact] [--time-limit S]
 
 MODEL is a saved Paddle program: ``.pdmodel`` (legacy), ``.json`` (PIR) or
-the prefix given to ``paddle.static.save`` (see :mod:`memopt.modelio`).
+the prefix given to ``paddle.static.save`` (see :mod:`memopt.paddle.modelio`).
 
 Exit codes: 0 success, 1 a user error (a one-line message on stderr:
 missing or corrupt file, bad value), 2 wrong usage (argparse's message).
@@ -128,7 +128,7 @@ def _is_problem(path: str) -> bool:
 
 
 def _load(path: str, progress: Progress):
-    from .modelio import load_model
+    from .paddle.modelio import load_model
 
     with progress.step(f"loading {os.path.basename(path)}"):
         return load_model(path)
@@ -174,11 +174,12 @@ def _plan_problem(problem, exact: bool, time_limit: Optional[float], progress: P
 def cmd_analyze(args, progress: Progress) -> int:
     if _is_problem(args.model):
         return _analyze_problem(args)
-    from .analysis import RuntimeModel, analyze
+    from .api import analyze
+    from .paddle.flags import runtime_model
 
     loaded = _load(args.model, progress)
     with _guard(loaded), progress.step("analysing"):
-        runtime = RuntimeModel.from_paddle(loaded.ir)
+        runtime = runtime_model(loaded.ir)
         runtime = dataclasses.replace(runtime, loop_iterations=args.loop_iterations)
         result = analyze(loaded.program, args.batch_size, runtime=runtime)
     b = result.batch_for(args.batch_size)
@@ -222,8 +223,8 @@ def _analyze_problem(args) -> int:
 
 
 def cmd_optimize(args, progress: Progress) -> int:
-    from .modelio import save_program
-    from .optimize import memory_optimize, release_memory
+    from .api import memory_optimize, release_memory
+    from .paddle.modelio import save_program
 
     loaded = _load(args.model, progress)
     released = None
@@ -313,8 +314,8 @@ def cmd_plot(args, progress: Progress) -> int:
                                   f"buffers, {plan.strategy}")
         print(f"wrote {args.output}")
         return 0
-    from .analysis import analyze, format_bytes
-    from .optimize import memory_optimize
+    from .analysis import format_bytes
+    from .api import analyze, memory_optimize
 
     loaded = _load(args.model, progress)
     with _guard(loaded):

@@ -79,6 +79,12 @@ class Size:
         return f"{self.coefficient}*batch^{self.power} B"
 
 
+def as_size(size) -> Size:
+    """``size`` as a :class:`Size`: a Size as it is, an int ``n`` as ``Size(n)``
+    (a byte count that does not grow with the batch)."""
+    return size if isinstance(size, Size) else Size(int(size), 0)
+
+
 def size_of(shape: Sequence[int], dtype: str) -> Size:
     """Byte size of a dense tensor of ``shape`` and ``dtype``.
 
@@ -98,6 +104,30 @@ def size_of(shape: Sequence[int], dtype: str) -> Size:
         else:
             coefficient *= dim
     return Size(coefficient, power)
+
+
+#: A later value of a name is ``name#k``: a variable written again, as an
+#: adapter reading a legacy program through PIR names it, or a clash of names.
+VERSION_MARK = "#"
+
+
+def versioned(name: str, k: int) -> str:
+    """The ``k``-th later value of ``name`` (``k >= 1``)."""
+    return f"{name}{VERSION_MARK}{k}"
+
+
+def unversioned(name: str) -> str:
+    """The name a value's name is a version of (itself when not one)."""
+    return name.split(VERSION_MARK)[0]
+
+
+#: Op attribute an adapter sets on an op that frees variables' memory (a
+#: release memopt.release_memory put in): the tuple of their names.
+RELEASE_ATTR = "release"
+
+#: The variable a release takes its (never allocated) buffer from: no op
+#: writes it, so the released variable is left holding no memory.
+RELEASED_VAR = "memopt@released"
 
 
 #: Var kinds: only dense tensors can share memory; the rest are never merged.

@@ -3,7 +3,7 @@
 It answers one question: does a memory plan change what a program computes?
 A plan is an *assignment of storage*: ``renames[block][name] = other`` says
 that, in that block, ``name`` lives in the memory of ``other`` (as
-:attr:`memopt.optimize.Plan.renames` does).  :func:`run` executes a graph
+:attr:`memopt.plan.Plan.renames` does).  :func:`run` executes a graph
 with every variable read and written through the storage it is assigned;
 :func:`compare` runs the program with and without the plan and reports the
 first difference.
@@ -54,7 +54,7 @@ variables share memory exactly when the plan gives them the same slot.
 
 An op's identity is its block and ``attrs["index"]`` (its position in the
 block as the adapter read it; its position when absent), so a planned graph
-whose block 0 ops were reordered (:attr:`memopt.optimize.Plan.scheduled`)
+whose block 0 ops were reordered (:attr:`memopt.plan.Plan.scheduled`)
 can be compared op for op with the original.  Every value every op reads is
 recorded (:attr:`Execution.trace`), with the fetched variables' final values
 (:attr:`Execution.fetched`) and the persistable ones
@@ -70,8 +70,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .errors import GraphError
-from .graph import Graph, Op
-from .release import RELEASE_ATTR
+from .graph import RELEASE_ATTR, Graph, Op
 
 __all__ = [
     "UNDEF",

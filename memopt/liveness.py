@@ -34,7 +34,7 @@ under a second (scripts/bench_liveness.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 __all__ = [
     "FlowNode",
@@ -43,6 +43,8 @@ __all__ = [
     "analyze",
     "GraphLiveness",
     "analyze_graph",
+    "StraightLine",
+    "program_liveness",
 ]
 
 
@@ -393,3 +395,62 @@ def analyze_graph(graph) -> GraphLiveness:
     nodes = [FlowNode(reads[i], writes[i], tuple(succs[i])) for i in range(len(indexed))]
     live = analyze(nodes, live_at_exit=tuple(graph.fetch_names))
     return GraphLiveness(positions=indexed, liveness=live)
+
+
+# -- the fast path for straight-line code -------------------------------------
+
+class _Span(NamedTuple):
+    """:class:`memopt.liveness.Interval`'s fields and ``half_open``, as a
+    tuple (thousands are made per plan: a frozen dataclass costs more)."""
+
+    start: int
+    end: int
+
+    @property
+    def half_open(self) -> Tuple[int, int]:
+        return self.start, self.end + 1
+
+
+class StraightLine:
+    """Liveness of a graph with one block and no sub-blocks: a variable is
+    live from its first write (from the start if it is read first) to its
+    last use (to the end if fetched) -- what :func:`analyze_graph` finds for
+    straight-line code, in one pass (the fast path of
+    :func:`program_liveness`).  ``positions`` as in :class:`GraphLiveness`;
+    ``live_out`` is not available (straight-line code has no loop)."""
+
+    def __init__(self, graph) -> None:
+        ops = graph.blocks[0].ops
+        self.positions = [(0, i, op) for i, op in enumerate(ops)]
+        first: Dict[str, int] = {}
+        last: Dict[str, int] = {}
+        for i, op in enumerate(ops):
+            for name in op.reads:
+                if name not in first:
+                    first[name] = 0
+                last[name] = i
+            for name in op.writes:
+                if name not in first:
+                    first[name] = i
+                last[name] = i
+        end = max(len(ops) - 1, 0)
+        for name in graph.fetch_names:
+            if name in first:
+                last[name] = end
+        self._intervals = {n: _Span(first[n], last[n]) for n in first}
+
+    def intervals(self) -> Dict[str, "Interval"]:
+        return self._intervals
+
+    def live_out(self, position: int) -> frozenset:  # pragma: no cover - loops only
+        raise NotImplementedError("straight-line code has no loop")
+
+
+def program_liveness(graph) -> "GraphLiveness | StraightLine":
+    """Liveness of a memopt :class:`~memopt.graph.Graph`, with a fast path:
+    a graph of one block without sub-blocks gets :class:`StraightLine` (the
+    same intervals as :func:`analyze_graph`, in one pass), any other graph
+    :func:`analyze_graph`."""
+    if len(graph.blocks) == 1 and not any(op.sub_blocks for op in graph.blocks[0].ops):
+        return StraightLine(graph)
+    return analyze_graph(graph)

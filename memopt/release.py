@@ -10,7 +10,7 @@ released variable holding no memory).  This module decides where, on a
 :class:`memopt.graph.Graph`, and checks the result independently; it
 imports no Paddle.
 
-What is released: the candidates of :func:`memopt.optimize._classify` that
+What is released: the candidates of :func:`memopt.candidates.classify` that
 live in block 0 (dense, not persistable, not fed or fetched, not likely
 fetched, not in ``skip_opt_set``, not live at entry, touched by no
 control-flow op and by no sub-block) -- gradients included.  A release goes
@@ -33,20 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Tuple
 
+from .candidates import classify, persistable_sizes, reason_counts, temporaries
 from .errors import PlanError
-from .graph import Graph, Size
+from .graph import RELEASE_ATTR, RELEASED_VAR, Graph, Size
+from .plan import Options
 from .problems import Buffer
+from .scopes import scoped_liveness
 
-__all__ = ["ReleasePlan", "plan_releases", "verify_releases", "peak_holding", "RELEASE_ATTR",
-           "RELEASED_VAR"]
-
-#: Op attribute an adapter sets on an op that frees variables' memory: the
-#: tuple of their names.
-RELEASE_ATTR = "release"
-
-#: The variable a release takes its (never allocated) buffer from: no op
-#: writes it, so the released variable is left holding no memory.
-RELEASED_VAR = "memopt@released"
+__all__ = ["ReleasePlan", "plan_releases", "verify_releases", "RELEASE_ATTR", "RELEASED_VAR"]
 
 
 @dataclass
@@ -78,15 +72,12 @@ def plan_releases(graph: Graph, skip_opt_set: Iterable[str] = ()) -> ReleasePlan
 
     ``skip_opt_set`` names variables to keep (never released).
     """
-    from . import optimize  # the planner's candidate rules (no cycle at import time)
-
-    options = optimize.Options(skip_opt_set=frozenset(skip_opt_set), skip_grads=False)
-    split, _, intervals, free, excluded = optimize.scoped_liveness(graph)
-    candidates, reason_of, home = optimize._classify(split, options, intervals, free,
-                                                     excluded)
-    plan = ReleasePlan(buffers=optimize._temporaries(split, intervals),
-                       persistable=optimize.persistable_sizes(split, home),
-                       reasons=optimize.reason_counts(reason_of))
+    options = Options(skip_opt_set=frozenset(skip_opt_set), skip_grads=False)
+    split, _, intervals, free, excluded = scoped_liveness(graph)
+    candidates, reason_of, home = classify(split, options, intervals, free, excluded)
+    plan = ReleasePlan(buffers=temporaries(split, intervals),
+                       persistable=persistable_sizes(split, home),
+                       reasons=reason_counts(reason_of))
 
     ops = graph.blocks[0].ops
     last_use: Dict[str, int] = {}
@@ -159,23 +150,3 @@ def verify_releases(graph: Graph, after: Mapping[int, Iterable[str]]) -> None:
                 raise PlanError(f"{name!r} is released twice (after ops {released[name]} "
                                 f"and {index})")
             released[name] = index
-
-
-def peak_holding(buffers: Mapping[str, Buffer], freed: Iterable[str],
-                 persistable: Iterable[Size], batch_size: int):
-    """``(peak, top five holders at the peak)`` in bytes at ``batch_size``,
-    persistable variables included, when every temporary holds its memory
-    from its first write to the end of the run (the garbage collector off)
-    except those in ``freed``, which hold it to their last use."""
-    from .optimize import peak_and_holders
-    from .problems import size_at
-
-    persist = sum(int(size_at(s, batch_size)) for s in persistable)
-    if not buffers:
-        return persist, []
-    end = max(b.upper for b in buffers.values())
-    freed = set(freed)
-    held = [[Buffer(b.id, b.lower, b.upper if name in freed else end, b.size)]
-            for name, b in buffers.items()]
-    peak, holders = peak_and_holders(held, True, batch_size)
-    return persist + peak, holders

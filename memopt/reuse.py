@@ -63,17 +63,21 @@ it: three groups.
 """
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+import heapq
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Hashable, List, Optional, Sequence
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from .graph import Size
+from .graph import Size, as_size
 from .problems import Buffer, size_at
 
-__all__ = ["GroupPlan", "assign_groups", "ORDERS", "RANK_BATCH", "order_buffers"]
+__all__ = ["GroupPlan", "assign_groups", "best_fit_groups", "SMALL_PROBLEM", "ORDERS",
+           "RANK_BATCH", "order_buffers"]
+
 
 #: The orders ``"best"`` tries, in tie-breaking order.
 ORDERS = ("forward", "reverse", "size", "duration")
+
 
 #: Batch size at which symbolic sizes are compared when ranking choices.
 RANK_BATCH = 64
@@ -302,3 +306,160 @@ def assign_groups(buffers: Sequence[Buffer], *, order: str = "best",
         if best_plan is None or plan._rank() < best_plan._rank():
             best_plan = plan
     return best_plan
+
+
+# -- the one-sweep groupers, for problems too big for assign_groups -----------------
+
+#: Up to this many buffers the grouping is :func:`memopt.reuse.assign_groups`
+#: ("best" of its orders); above it, :func:`best_fit_groups` (one sweep).
+SMALL_PROBLEM = 200
+
+
+def best_fit_groups(buffers: List[Buffer], klass) -> List[List[Buffer]]:
+    """Group buffers by sweeping, best fit.
+
+    Three sweeps, the cheapest plan kept (at :data:`memopt.reuse.RANK_BATCH`;
+    ties: forward, then reverse):
+
+    - forward (by start time): a buffer joins a free group of its class
+      (``klass(buffer)``) -- one whose last member has ended -- whose memory,
+      allocated by the group's first member, is the smallest that provably
+      holds it (:meth:`Size.provably_le`, for every batch size); else it
+      opens a group;
+    - reverse (by end time, latest first, as XLA's reverse order): a buffer
+      becomes the new first member of a free group -- one whose first member
+      starts after it ends -- whose members it provably holds, the largest
+      such group (least growth); else it opens a group;
+    - largest first (:func:`_largest_first`): a buffer joins the admitting
+      group of its class with the least spare memory, else opens one.
+
+    The time sweeps are ``O(n log n)``; largest first scans a class's groups
+    smallest first and stops at the first that admits the buffer (at worst
+    ``O(n * groups)``).  Every way, every member fits its group's first
+    member and members of a group never overlap in time.  Deterministic:
+    ties go to the group opened first.
+    """
+    plans = [_sweep(buffers, klass, reverse=False), _sweep(buffers, klass, reverse=True),
+             _largest_first(buffers, klass)]
+
+    def cost(groups):
+        return sum(max(as_size(b.size).at(RANK_BATCH) for b in g) for g in groups)
+
+    return min(plans, key=cost)
+
+
+#: Groups :func:`_largest_first` tries per buffer (the smallest that could
+#: hold it) before opening a new one: bounds its time on big programs.
+_SCAN = 96
+
+
+def _largest_first(buffers: List[Buffer], klass) -> List[List[Buffer]]:
+    """Largest buffers first (at :data:`memopt.reuse.RANK_BATCH`), each into
+    the free group of its class with the least spare memory that admits it:
+    no member overlaps it in time, and every member provably fits the
+    group's earliest member (which allocates the memory).  Groups are
+    scanned smallest first, so the search stops at the first that admits
+    the buffer (and after :data:`_SCAN` groups)."""
+
+    sizes = [as_size(b.size) for b in buffers]
+    weight = [s.at(RANK_BATCH) for s in sizes]
+    order = sorted(range(len(buffers)), key=lambda i: (-weight[i], buffers[i].lower, i))
+    lowers: List[List[int]] = []     # per group: members' lowers, sorted
+    members: List[List[int]] = []    # per group: buffer indices, by lower
+    # class -> sorted [(the group's earliest member's weight, group)]
+    by_class: Dict[Hashable, list] = {}
+    for i in order:
+        buf, size = buffers[i], sizes[i]
+        pool = by_class.setdefault(klass(buf), [])
+        chosen = None
+        start = bisect_left(pool, (weight[i], -1))
+        for cap, gid in pool[start:start + _SCAN]:
+            lo = lowers[gid]
+            k = bisect_left(lo, buf.upper)
+            if k and buffers[members[gid][k - 1]].upper > buf.lower:
+                continue  # a member overlaps it in time
+            first = members[gid][0]
+            if buf.lower < buffers[first].lower:
+                if not all(sizes[m].provably_le(size) for m in members[gid]):
+                    continue
+            elif not size.provably_le(sizes[first]):
+                continue
+            chosen = (cap, gid)
+            break
+        if chosen is None:
+            gid = len(members)
+            lowers.append([buf.lower])
+            members.append([i])
+            insort(pool, (weight[i], gid))
+            continue
+        gid = chosen[1]
+        k = bisect_left(lowers[gid], buf.lower)
+        lowers[gid].insert(k, buf.lower)
+        members[gid].insert(k, i)
+        if k == 0 and weight[i] != chosen[0]:  # a new earliest member
+            pool.remove(chosen)
+            insort(pool, (weight[i], gid))
+    return [[buffers[i] for i in group] for group in members]
+
+
+def _sweep(buffers: List[Buffer], klass, reverse: bool) -> List[List[Buffer]]:
+
+    if reverse:
+        order = sorted(range(len(buffers)),
+                       key=lambda i: (-buffers[i].upper, -buffers[i].lower, i))
+    else:
+        order = sorted(range(len(buffers)),
+                       key=lambda i: (buffers[i].lower, buffers[i].upper, i))
+    groups: List[List[Buffer]] = []
+    capacity: List[Size] = []
+    klass_of: List[Hashable] = []
+    busy: List[Tuple[int, int]] = []  # (time the group frees up, in sweep direction; group)
+    free: Dict[Hashable, Dict[int, list]] = {}  # class -> power -> sorted [(coef, group)]
+    for i in order:
+        buf = buffers[i]
+        now = -buf.upper if reverse else buf.lower
+        while busy and busy[0][0] <= now:
+            _, gid = heapq.heappop(busy)
+            cap = capacity[gid]
+            insort(free.setdefault(klass_of[gid], {}).setdefault(cap.power, []),
+                   (cap.coefficient, gid))
+        size = as_size(buf.size)
+        k = klass(buf)
+        best = None  # (rank key, gid, power, index)
+        for power, pool in free.get(k, {}).items():
+            if reverse:
+                # largest group that buf provably holds: power <= buf's, coef <= buf's
+                if power > size.power:
+                    continue
+                j = bisect_right(pool, (size.coefficient, len(groups))) - 1
+                if j < 0:
+                    continue
+                coef, gid = pool[j]
+                key = (-Size(coef, power).at(RANK_BATCH), gid)
+            else:
+                # smallest group that provably holds buf
+                if power < size.power:
+                    continue
+                j = bisect_left(pool, (size.coefficient, -1))
+                if j >= len(pool):
+                    continue
+                coef, gid = pool[j]
+                key = (Size(coef, power).at(RANK_BATCH), gid)
+            if best is None or key < best[0]:
+                best = (key, gid, power, j)
+        if best is None:
+            gid = len(groups)
+            groups.append([buf])
+            capacity.append(size)
+            klass_of.append(k)
+        else:
+            _, gid, power, j = best
+            free[k][power].pop(j)
+            groups[gid].append(buf)
+            if reverse:
+                capacity[gid] = size
+        heapq.heappush(busy, (buf.lower if reverse else buf.upper, gid))
+    if reverse:
+        for g in groups:
+            g.reverse()
+    return groups

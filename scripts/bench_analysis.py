@@ -92,7 +92,8 @@ def _run_steps(model, ir: str):
 def measure_optimize(name: str, optimize: bool) -> dict:
     """PIR model ``name``, optimized or not, run under the process's flags."""
     import memopt
-    from memopt import analysis, models
+    from memopt import api, models
+    from memopt.paddle.flags import runtime_model
     from memopt.paddle.pir import value_name
 
     options, batch = OPTIMIZE[name]
@@ -103,9 +104,9 @@ def measure_optimize(name: str, optimize: bool) -> dict:
                                         skip_opt_set=[value_name(v) for v in model.fetch_list])
         rewritten = report.merged_count
     # a while loop's trip count is known only at run time: tell the analysis
-    runtime = analysis.RuntimeModel.from_paddle("pir")
+    runtime = runtime_model("pir")
     runtime = dataclasses.replace(runtime, loop_iterations=model.options.get("steps", 1))
-    predicted = analysis.analyze(model.main, batch, runtime=runtime).peak()
+    predicted = api.analyze(model.main, batch, runtime=runtime).peak()
     measured, low, high, _ = _run_steps(model, "pir")
     return {"model": name, "batch": batch, "optimized": optimize, "rewritten": rewritten,
             "predicted": predicted, "measured": measured, "min": low, "max": high}
@@ -122,7 +123,8 @@ def measure_legacy(name: str, mode: str) -> dict:
     """Legacy model ``name`` with GC off (set by the parent), rewritten per
     ``mode`` (see :data:`LEGACY_MODES`): predicted and measured peak."""
     import memopt
-    from memopt import analysis, models
+    from memopt import api, models
+    from memopt.paddle.flags import runtime_model
 
     options, batch = OPTIMIZE[name]
     model = models.build(name, ir="legacy", batch_size=batch, **options)
@@ -132,9 +134,9 @@ def measure_legacy(name: str, mode: str) -> dict:
             memopt.memory_optimize(model.main, level=1, skip_grads=False, skip_opt_set=keep)
         if mode == "L1+release":
             memopt.release_memory(model.main, skip_opt_set=keep)
-        runtime = analysis.RuntimeModel.from_paddle("legacy")
+        runtime = runtime_model("legacy")
         runtime = dataclasses.replace(runtime, loop_iterations=model.options.get("steps", 1))
-        predicted = analysis.analyze(model.main, batch, fetch_list=model.fetch_list,
+        predicted = api.analyze(model.main, batch, fetch_list=model.fetch_list,
                                      runtime=runtime).peak()
     measured, low, high, _ = _run_steps(model, "legacy")
     return {"model": name, "batch": batch, "mode": mode, "predicted": predicted,
@@ -157,13 +159,14 @@ def legacy_table(names) -> None:
 
 def measure(name: str, ir: str, batch: int) -> dict:
     """One configuration, in this process (run by the parent in a fresh one)."""
-    from memopt import analysis, models
+    from memopt import api, models
+    from memopt.paddle.flags import runtime_model
 
     options, _ = CONFIGS[name]
     model = models.build(name, ir=ir, batch_size=batch, **options)
     start = time.perf_counter()
     with models.ir_guard(ir):
-        result = analysis.analyze(model.main, batch, fetch_list=model.fetch_list)
+        result = api.analyze(model.main, batch, fetch_list=model.fetch_list)
     seconds = time.perf_counter() - start
     measured, low, high, base = _run_steps(model, ir)
     return {"model": name, "ir": ir, "batch": batch, "predicted": result.peak(),

@@ -206,7 +206,9 @@ def run_step(step: str, subject) -> dict:
             from memopt.paddle.legacy import program_to_graph
 
             return {"ops": program_to_graph(subject).num_ops()}
-        from memopt.optimize import Options, check_plan, plan_memory
+        from memopt.plan import Options
+        from memopt.planner import plan_memory
+        from memopt.verify import check_plan
 
         plan = plan_memory(subject, Options(level=level), gc)
         check_plan(subject, plan)

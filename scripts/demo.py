@@ -112,7 +112,7 @@ def main() -> None:
               f"{after / before:.3f} | {merged} | {seconds:.3f} | "
               f"{'yes' if identical else 'NO'} | {float(loss):.6f} |")
 
-    from memopt.analysis import analyze
+    from memopt.api import analyze
     from memopt.plot import plot_timeline
 
     os.makedirs(args.out, exist_ok=True)

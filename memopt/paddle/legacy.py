@@ -22,10 +22,11 @@ Two jobs, kept apart:
   or exactly as it was.  :func:`insert_releases` adds the ops that free
   temporaries after their last use (all or nothing too).
 
-:func:`memory_optimize` / :func:`release_memory` glue them to the planners in
-:mod:`memopt.optimize` and :mod:`memopt.release` and record what was merged
-or released on the program, so that a later fetch of such a variable raises
+:func:`record_merged` / :func:`record_released` record what was merged or
+released on the program, so that a later fetch of such a variable raises
 :class:`memopt.errors.MergedVariableError` (see :func:`install_fetch_guard`).
+:mod:`memopt.api` wires this adapter to the planners; the adapter never
+calls them.
 
 Paddle is imported lazily, inside the functions.
 """
@@ -36,8 +37,7 @@ import logging
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..errors import GraphError, MergedVariableError, UnsupportedProgramError
-from ..graph import DENSE, Block, Graph, Op, Var
-from ..release import RELEASE_ATTR, RELEASED_VAR
+from ..graph import DENSE, RELEASE_ATTR, RELEASED_VAR, Block, Graph, Op, Var
 
 log = logging.getLogger(__name__)
 
@@ -787,32 +787,6 @@ def record_merged(program, merged: Mapping[str, str]) -> None:
     install_fetch_guard()
 
 
-# -- memory_optimize / release_memory for legacy programs ----------------------------
-
-def memory_optimize(program, options):
-    """Plan, check and apply memory sharing on a legacy program.
-
-    ``options`` is a :class:`memopt.optimize.Options`.  The plan is made for
-    the runtime's current garbage-collection mode
-    (``FLAGS_eager_delete_tensor_gb``) and fully checked before the program
-    is touched; the rewrite is all-or-nothing.  Returns the Report.
-    """
-    import time
-
-    from .. import optimize
-
-    start = time.perf_counter()
-    graph = program_to_graph(program)
-    gc, runtime = optimize.runtime_gc()
-    plan = optimize.plan_memory(graph, options, gc)
-    optimize.check_plan(graph, plan)
-    rewrite(program, plan.renames, plan.order, plan.substitutions)
-    record_merged(program, plan.merged())
-    seconds = time.perf_counter() - start
-    log.debug("memory_optimize: %d variables merged in %.3f s", len(plan.reuses), seconds)
-    return optimize.make_report(plan, options, runtime, "legacy", seconds)
-
-
 def insert_releases(program, after: Mapping[int, Iterable[str]]) -> int:
     """Free temporaries of block 0 right after given ops, all or nothing.
 
@@ -875,32 +849,3 @@ def insert_releases(program, after: Mapping[int, Iterable[str]]) -> int:
             block._remove_var(RELEASED_VAR)
         raise
     return len(inserted)
-
-
-def release_memory(program, options):
-    """Free each temporary of a legacy program right after its last use.
-
-    With the garbage collector on (the default) Paddle does that itself and
-    the program is left as it is.  With it off, :func:`memopt.release.plan_releases`
-    picks the points, :func:`memopt.release.verify_releases` checks them and
-    :func:`insert_releases` puts them in; fetching a released variable
-    afterwards raises :class:`MergedVariableError`.  Returns the Report.
-    """
-    import time
-
-    from .. import optimize, release
-
-    start = time.perf_counter()
-    graph = program_to_graph(program)
-    gc, runtime = optimize.runtime_gc()
-    plan = release.plan_releases(graph, options.skip_opt_set)
-    released: List[str] = []
-    ops = 0
-    if not gc and plan.after:
-        release.verify_releases(graph, plan.after)
-        ops = insert_releases(program, plan.after)
-        released = plan.released
-        record_released(program, released)
-    seconds = time.perf_counter() - start
-    return optimize.release_report(plan, released, ops, options, gc, runtime, "legacy",
-                                   seconds)

@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ModelFileError
+from ..errors import ModelFileError
 
 __all__ = ["LoadedModel", "load_model", "save_program", "file_kind", "resolve_path"]
 
@@ -214,7 +214,7 @@ def save_program(program: Any, path: str, overwrite: bool = True) -> str:
     """Write ``program``: a legacy program as ``.pdmodel`` bytes, a PIR
     program as ``.json``.  The extension of ``path`` must match (added when
     missing).  Returns the path written."""
-    from .paddle.pir import is_pir_program
+    from .pir import is_pir_program
 
     ext = ".json" if is_pir_program(program) else ".pdmodel"
     root, given = os.path.splitext(os.fspath(path))

@@ -62,8 +62,8 @@ Values are identified by ``Value.id`` (stable while the program lives).
 
 Related modules: :mod:`memopt.paddle.pir_inplace` (Paddle's in-place
 variants and a model of the executor's in-place pass) and
-:mod:`memopt.paddle.pir_rewrite` (memory_optimize on PIR), whose entry
-points :func:`memory_optimize` and :func:`release_memory` are here.
+:mod:`memopt.paddle.pir_rewrite` (the in-place rewrite); memory_optimize on
+PIR is wired in :mod:`memopt.api`.
 """
 from __future__ import annotations
 
@@ -71,8 +71,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from ..graph import DENSE, Block, Graph, Op, Var
-from ..release import RELEASE_ATTR, RELEASED_VAR
+from ..graph import (DENSE, RELEASE_ATTR, RELEASED_VAR, Block, Graph, Op, Var, unversioned,
+                     versioned)
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,6 @@ __all__ = [
     "is_pir_program",
     "is_pir_value",
     "value_name",
-    "memory_optimize",
-    "release_memory",
 ]
 
 #: PIR op names of the constructs handled specially.
@@ -94,21 +92,6 @@ COMBINE_OP, SPLIT_OP, SLICE_OP = "builtin.combine", "builtin.split", "builtin.sl
 PARAMETER_OP, DATA_OPS = "builtin.parameter", ("pd_op.data", "pd_op.feed")
 FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
 STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
-#: A later value of a name is ``name#k`` (a legacy variable written again, as
-#: :func:`convert_legacy` names it, or a clash of names).
-VERSION_MARK = "#"
-
-
-def versioned(name: str, k: int) -> str:
-    """The ``k``-th later value of ``name`` (``k >= 1``)."""
-    return f"{name}{VERSION_MARK}{k}"
-
-
-def unversioned(name: str) -> str:
-    """The name a value's name is a version of (itself when not one)."""
-    return name.split(VERSION_MARK)[0]
-
-
 #: What a legacy ``share_buffer`` (a memopt release among others) translates to.
 SHARE_DATA_OP = "pd_op.share_data_"
 #: Ops that make constants; those right before the first gradient op that
@@ -702,19 +685,3 @@ def value_name(value) -> str:
         return converter.printed[value.id]
     except KeyError:
         raise ValueError("the Value belongs to no program") from None
-
-
-def memory_optimize(program, options, batch_size: Optional[int] = None):
-    """memory_optimize for a PIR program: see
-    :func:`memopt.paddle.pir_rewrite.memory_optimize`."""
-    from . import pir_rewrite
-
-    return pir_rewrite.memory_optimize(program, options, batch_size)
-
-
-def release_memory(program, options):
-    """release_memory for a PIR program: see
-    :func:`memopt.paddle.pir_rewrite.release_memory`."""
-    from . import pir_rewrite
-
-    return pir_rewrite.release_memory(program, options)

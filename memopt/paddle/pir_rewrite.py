@@ -1,4 +1,4 @@
-"""memory_optimize on PIR programs: ops turned into their in-place variants.
+"""PIR programs rewritten: ops turned into their in-place variants.
 
 On PIR, values are SSA and Paddle's executor already frees each one after
 its last use (GC on) and already runs some ops of the top-level block in
@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
 
 from ..errors import PlanError
-from .pir import PirGraph, convert, is_pir_program
-from .pir_inplace import (CPU_NO_INPLACE, build_inplace, executor_inplace,
+from .pir import PirGraph, is_pir_program
+from .pir_inplace import (CPU_NO_INPLACE, build_inplace,
                           has_inplace_variant, inplace_map, inplace_maps, is_inplace_op)
 
 log = logging.getLogger(__name__)
@@ -34,8 +33,7 @@ __all__ = [
     "apply_inplace",
     "resolve_fetch_list",
     "install_fetch_guard",
-    "memory_optimize",
-    "release_memory",
+    "record_rewrite",
 ]
 
 #: Ops whose result may be a view of an operand: never overwrite such a result
@@ -230,7 +228,7 @@ def apply_inplace(pg: PirGraph, rewrites) -> dict:
     return replaced
 
 
-def _record(program, replaced: dict, overwritten: dict) -> None:
+def record_rewrite(program, replaced: dict, overwritten: dict) -> None:
     """Remember what the rewrite replaced so fetches stay right (the guard)."""
     entry = getattr(program, RECORD_ATTR, None) or {"replaced": {}, "overwritten": {}}
     entry["replaced"].update(replaced)
@@ -277,109 +275,3 @@ def install_fetch_guard() -> None:
     from .fetch_guard import add_hook
 
     add_hook(_fetch_hook)
-
-
-def _runtime_text() -> tuple:
-    """``(gc on?, executor in-place on?, text)`` from Paddle's flags."""
-    import paddle
-
-    flags = paddle.get_flags(["FLAGS_eager_delete_tensor_gb", "FLAGS_pir_apply_inplace_pass"])
-    gc = float(flags["FLAGS_eager_delete_tensor_gb"]) >= 0
-    inplace = bool(flags["FLAGS_pir_apply_inplace_pass"])
-    text = (f"garbage collection {'on' if gc else 'off'} (FLAGS_eager_delete_tensor_gb="
-            f"{float(flags['FLAGS_eager_delete_tensor_gb']):g}), executor in-place pass "
-            f"{'on' if inplace else 'off'} (FLAGS_pir_apply_inplace_pass)")
-    return gc, inplace, text
-
-
-def _analyse(pg: PirGraph, batch: int, gc: bool, executor_inplace_on: bool):
-    """The memory analysis of ``pg`` under the runtime's flags."""
-    from .. import analysis
-
-    model = analysis.RuntimeModel(gc=gc, inplace=executor_inplace_on)
-    pairs = executor_inplace(pg) if executor_inplace_on else []
-    return analysis.from_graph(pg.graph, batch, model, pairs)
-
-
-def _release_text(gc: bool) -> str:
-    if gc:
-        return "Paddle's garbage collector frees each value right after its last use"
-    return ("garbage collection is off: values are held until the run ends; set "
-            "FLAGS_eager_delete_tensor_gb=0 to free each one after its last use")
-
-
-def memory_optimize(program, options, batch_size: Optional[int] = None):
-    """Plan (:func:`plan_inplace`), apply (:func:`apply_inplace`) and report.
-
-    ``options`` is a :class:`memopt.optimize.Options`.  The Report's peaks
-    (persistable bytes included) are :mod:`memopt.analysis` estimates at
-    ``batch_size`` (default :data:`memopt.report.REFERENCE_BATCH`) under the
-    runtime's current flags, i.e. counting what the executor does anyway; its
-    notes say how many ops the executor's own pass runs in place.
-    """
-    import time
-
-    from ..report import REFERENCE_BATCH, Bytes, Holder, Report, Reuse
-
-    start = time.perf_counter()
-    batch = batch_size or REFERENCE_BATCH
-    gc, executor_inplace_on, runtime = _runtime_text()
-    pg = convert(program)
-    before = _analyse(pg, batch, gc, executor_inplace_on)
-    rewrites, reasons = plan_inplace(pg, options)
-    reuses, overwritten = [], {}
-    for rw in rewrites:
-        for nin, nout in rw.pairs:
-            var = pg.graph.find_var(nout, rw.block)
-            reuses.append(Reuse(var=nout, takes=nin, renamed_to=nin, shape=tuple(var.shape),
-                                dtype=var.dtype, size=var.size, block=rw.block,
-                                how="in-place", op=f"{rw.op_name} -> {rw.op_name}_"))
-            overwritten[pg.values[nin].id] = nin
-    replaced = apply_inplace(pg, rewrites) if rewrites else {}
-    if rewrites:
-        _record(program, replaced, overwritten)
-        after = _analyse(convert(program), batch, gc, executor_inplace_on)
-    else:
-        after = before
-    temps = {var.name: var.size for _, var in pg.graph.all_vars()
-             if var.is_dense and not var.persistable}
-    shared = {r.var for r in reuses}
-    holders = [Holder(h.name, h.bytes(batch), tuple(h.names)) for h in after.held_at()[:5]]
-    ours = len(rewrites)
-    notes = [f"{len(before.inplace)} ops of the top-level block already run in place "
-             "by Paddle's executor (its in-place pass); memopt changed "
-             f"{ours} op{'s' if ours != 1 else ''} to in-place variants"]
-    report = Report(
-        program_type="pir", level=options.level, skip_grads=options.skip_grads, gc=gc,
-        runtime=runtime, reuses=reuses,
-        temporaries_before=Bytes.total(temps.values()),
-        temporaries_after=Bytes.total(s for n, s in temps.items() if n not in shared),
-        batch_size=batch, persistable_bytes=before.persistable_bytes(batch),
-        peak_before=before.total_peak(batch), peak_after=after.total_peak(batch),
-        top_holders=holders, release=_release_text(gc), not_merged=reasons, seconds=time.perf_counter() - start, notes=notes)
-    log.debug("PIR memory_optimize: %d ops in place in %.3f s", ours, report.seconds)
-    return report
-
-
-def release_memory(program, options):
-    """release_memory for a PIR program: nothing to insert (Paddle's garbage
-    collector frees each value after its last use); the Report says how
-    memory is released and what the analysis estimates.  The program is not
-    changed."""
-    import time
-
-    from ..report import REFERENCE_BATCH, Bytes, Report
-
-    start = time.perf_counter()
-    gc, inplace_on, runtime = _runtime_text()
-    pg = convert(program)
-    an = _analyse(pg, REFERENCE_BATCH, gc, inplace_on)
-    temps = Bytes.total(var.size for _, var in pg.graph.all_vars()
-                        if var.is_dense and not var.persistable)
-    kept = sorted(set(options.skip_opt_set) & set(pg.values))
-    return Report(program_type="pir", gc=gc, runtime=runtime, temporaries_before=temps,
-                  temporaries_after=temps, batch_size=REFERENCE_BATCH,
-                  persistable_bytes=an.persistable_bytes(), peak_before=an.total_peak(),
-                  peak_after=an.total_peak(), release=_release_text(gc),
-                  seconds=time.perf_counter() - start,
-                  notes=[f"kept by skip_opt_set: {', '.join(kept)}"] if kept else [])

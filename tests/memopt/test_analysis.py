@@ -7,7 +7,8 @@ Paddle's own allocator measures while the executor runs the step.
 import numpy as np
 import pytest
 
-from memopt.analysis import (Analysis, RuntimeModel, analyze, executor_order, format_bytes,
+from memopt import analyze
+from memopt.analysis import (Analysis, RuntimeModel, executor_order, format_bytes,
                              from_graph, parse_bytes)
 from memopt.graph import Graph, Op, Size, Var
 

@@ -67,7 +67,7 @@ def test_analyze_legacy_prefix_text(saved):
 
 @pytest.mark.parametrize("ir,ext", [("legacy", ".pdmodel"), ("pir", ".json")])
 def test_optimize_writes_a_loadable_program(saved, tmp_path, ir, ext):
-    from memopt.modelio import load_model
+    from memopt.paddle.modelio import load_model
 
     out = tmp_path / f"opt{ext}"
     result = run_cli("optimize", saved / f"mlp_{ir}{ext}", "--level", "1", "-o", out,
@@ -82,7 +82,7 @@ def test_optimize_writes_a_loadable_program(saved, tmp_path, ir, ext):
 
 
 def test_optimize_release_with_gc_off(saved, tmp_path):
-    from memopt.modelio import load_model
+    from memopt.paddle.modelio import load_model
 
     out = tmp_path / "released.pdmodel"
     env_gc_off = {"FLAGS_eager_delete_tensor_gb": "-1"}

@@ -2,9 +2,9 @@
 
 For every program :func:`strategies.programs` draws, at both levels and in
 both runtime modes (garbage collection on: in place only; off: renaming too),
-:func:`memopt.optimize.plan_memory` must give a plan that
+:func:`memopt.planner.plan_memory` must give a plan that
 
-- passes the planner's own checks (:func:`memopt.optimize.check_plan`);
+- passes the planner's own checks (:func:`memopt.verify.check_plan`);
 - passes an independent check written here on top of
   :func:`memopt.simulate.check_groups`: no two members of a group live at
   the same op position (an in-place source hands over at the op that kills
@@ -36,7 +36,9 @@ from dataclasses import replace
 
 from memopt.graph import Block, Graph, Op, Var
 from memopt.liveness import analyze_graph
-from memopt.optimize import Options, check_plan, plan_memory
+from memopt.plan import Options
+from memopt.planner import plan_memory
+from memopt.verify import check_plan
 from memopt.problems import Buffer
 from memopt.release import RELEASE_ATTR, plan_releases, verify_releases
 from memopt.simulate import check_groups

@@ -26,7 +26,8 @@ import memopt
 from memopt.errors import (GraphError, ModelFileError, ProblemFormatError,
                            UnsupportedProgramError)
 from memopt.graph import Graph, Op, Var
-from memopt.optimize import Options, plan_memory
+from memopt.plan import Options
+from memopt.planner import plan_memory
 
 # -- helpers ------------------------------------------------------------------------
 
@@ -526,7 +527,7 @@ def test_loading_never_unpickles(saved, monkeypatch):
     """Real saved programs load with every unpickling entry point disabled."""
     import _pickle
 
-    from memopt.modelio import load_model
+    from memopt.paddle.modelio import load_model
 
     def refuse(*args, **kwargs):
         raise AssertionError("memopt tried to unpickle a file")
@@ -621,7 +622,7 @@ def _graph(ops):
 
 def _plan_passes_its_checks(graph):
     from memopt import interpreter
-    from memopt.optimize import check_plan
+    from memopt.verify import check_plan
 
     for level in (0, 1):
         for gc in (False, True):
@@ -708,10 +709,10 @@ def test_checking_a_plan_is_linear_in_the_group_size():
     """The compatibility check of a plan grows with the group, not its square
     (it once called compatible() for every pair: 87 of the 100 s
     memory_optimize took on scripts/bench_scale.py's 100,000 ops)."""
-    from memopt import optimize
+    from memopt import planner
 
     calls = [0]
-    original = optimize._predicates
+    original = planner._predicates
 
     def counting(*args, **kwargs):
         compatible, fits = original(*args, **kwargs)
@@ -723,10 +724,10 @@ def test_checking_a_plan_is_linear_in_the_group_size():
 
     n = 3000
     graph = _matmul_chain(n)
-    optimize._predicates = counting
+    planner._predicates = counting
     try:
         plan = plan_memory(graph, Options(level=0), gc=False)
     finally:
-        optimize._predicates = original
+        planner._predicates = original
     assert len(plan.groups) == 2 and len(plan.reuses) == n - 3
     assert calls[0] <= 20 * n, f"{calls[0]} compatible() calls for {n} buffers"

@@ -237,11 +237,11 @@ def test_program_unchanged_when_rewrite_fails_midway(paddle, monkeypatch):
 
 
 def test_program_unchanged_when_plan_fails_check(paddle, monkeypatch):
-    from memopt import optimize as opt
+    from memopt import api
 
     model = models.build("mlp", "legacy")
     before = serialized(model.main)
-    real = opt.plan_memory
+    real = api.plan_memory
 
     def corrupt(graph, options, gc):
         plan = real(graph, options, gc)
@@ -250,7 +250,7 @@ def test_program_unchanged_when_plan_fails_check(paddle, monkeypatch):
         plan.renames.setdefault(0, {})[op.writes[0]] = op.reads[0]
         return plan
 
-    monkeypatch.setattr(opt, "plan_memory", corrupt)
+    monkeypatch.setattr(api, "plan_memory", corrupt)
     with pytest.raises(memopt.PlanError):
         optimize(model, level=1, skip_grads=False)
     assert serialized(model.main) == before

@@ -8,16 +8,12 @@ from hypothesis import given, settings, strategies as st
 
 from memopt.errors import PlanError
 from memopt.graph import Graph, Op, Var
-from memopt.optimize import (
-    Options,
-    best_fit_groups,
-    check_plan,
-    plan_memory,
-    resolve_options,
-    schedule_optimizer_ops,
-    verify_order,
-    verify_renaming,
-)
+from memopt.api import resolve_options
+from memopt.plan import Options
+from memopt.planner import plan_memory
+from memopt.reuse import best_fit_groups
+from memopt.schedule import schedule_optimizer_ops
+from memopt.verify import check_plan, verify_order, verify_renaming
 from memopt.problems import Buffer
 
 ALL = Options(skip_grads=False, level=1)
@@ -124,7 +120,7 @@ def test_level1_never_shares_across_dtypes(monkeypatch, small_problem):
     b.add_op(Op("relu", ("big",), ("mid",)))     # big dies here
     b.add_op(Op("argmax", ("mid",), ("idx",)))   # mid dies here
     b.add_op(Op("mean", ("idx",), ("out",), attrs={"loss": True}))
-    monkeypatch.setattr("memopt.optimize.SMALL_PROBLEM", small_problem)
+    monkeypatch.setattr("memopt.planner.SMALL_PROBLEM", small_problem)
     plan = plan_memory(g, ALL, gc=False)
     check_plan(g, plan)
     assert plan.groups == []
@@ -291,11 +287,11 @@ def test_no_optimizer_no_reorder():
 
 def test_straight_line_liveness_matches_the_core():
     from memopt.liveness import analyze_graph
-    from memopt.optimize import _StraightLine
+    from memopt.liveness import StraightLine
 
     for g in (chain(5), training_graph()):
         g.fetch_names = ("t1",) if "t1" in g.global_block.vars else ("h",)
-        fast, core = _StraightLine(g).intervals(), analyze_graph(g).intervals()
+        fast, core = StraightLine(g).intervals(), analyze_graph(g).intervals()
         assert {n: (i.start, i.end) for n, i in fast.items()} == \
             {n: (i.start, i.end) for n, i in core.items()}
         assert all(fast[n].half_open == core[n].half_open for n in core)
@@ -319,7 +315,7 @@ def test_gc_plan_that_would_raise_the_peak_is_dropped():
 
 
 def test_substitutions_are_checked():
-    from memopt.optimize import verify_substitutions
+    from memopt.verify import verify_substitutions
 
     g = training_graph()
     verify_substitutions(g, [(0, 4, "X", "h", "dy")])    # both read by op 4, same shape

@@ -1,7 +1,8 @@
 """memopt.plot: the pictures are written, non-empty PNGs (matplotlib, Agg)."""
 import pytest
 
-from memopt.analysis import RuntimeModel, analyze, from_graph
+from memopt import analyze
+from memopt.analysis import RuntimeModel, from_graph
 from memopt.problems import Buffer
 
 from test_analysis import chain_graph, declared_chain_graph

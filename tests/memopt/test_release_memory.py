@@ -16,7 +16,8 @@ import memopt
 from memopt import models
 from memopt.errors import MergedVariableError, PlanError
 from memopt.graph import Graph, Op, Var
-from memopt.release import RELEASE_ATTR, peak_holding, plan_releases, verify_releases
+from memopt.release import RELEASE_ATTR, plan_releases, verify_releases
+from memopt.reporting import peak_holding
 from runs import STEPS, after_one_step, assert_same, reference
 
 GC_OFF = {"eager_delete_tensor_gb": -1.0}
@@ -127,7 +128,8 @@ def test_estimated_peak_drops_to_the_live_set():
 
 
 def test_analysis_ends_a_released_variable_at_its_release():
-    from memopt.analysis import RuntimeModel, analyze
+    from memopt import analyze
+    from memopt.analysis import RuntimeModel
 
     off = RuntimeModel(gc=False, inplace=False, schedule="program")
     per = 2 * 8 * 4
@@ -241,7 +243,7 @@ def test_analysis_predicts_the_measured_peak(paddle):
     """memopt.analyze on the rewritten legacy program (GC off) follows the
     renames (one buffer per variable, however often written) and the
     releases: predicted within 10% of the allocator's measured peak."""
-    from memopt.analysis import analyze
+    from memopt import analyze
 
     with models.flags(**MEASURED):
         model = models.build("cnn", "legacy", 32, image_size=32)
@@ -318,11 +320,11 @@ def test_program_unchanged_when_insert_fails_midway(paddle, monkeypatch):
 
 
 def test_wrong_plan_is_caught_before_the_program_changes(paddle, monkeypatch):
-    from memopt import release as release_module
+    from memopt import api
 
     model = models.build("mlp", "legacy")
     before = model.main.desc.serialize_to_string()
-    real = release_module.plan_releases
+    real = api.plan_releases
 
     def early(graph, skip_opt_set=()):
         plan = real(graph, skip_opt_set)
@@ -331,7 +333,7 @@ def test_wrong_plan_is_caught_before_the_program_changes(paddle, monkeypatch):
         plan.after = {first - 1: (name,)}  # one op too early: its last reader follows
         return plan
 
-    monkeypatch.setattr(release_module, "plan_releases", early)
+    monkeypatch.setattr(api, "plan_releases", early)
     with models.flags(**GC_OFF), pytest.raises(PlanError, match="uses it later"):
         release(model, optimize_first=False)
     assert model.main.desc.serialize_to_string() == before

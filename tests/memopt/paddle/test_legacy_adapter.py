@@ -258,7 +258,8 @@ def test_unary_einsum_output_is_never_merged(legacy, paddle):
     """A one-operand einsum may hand back its operand's own buffer: its
     output and its operand (whose cache may be that buffer too) are marked
     ``aliases`` and never share memory."""
-    from memopt import optimize
+    from memopt.plan import Options
+    from memopt.planner import plan_memory
 
     with models.ir_guard("legacy"):
         main, startup = paddle.static.Program(), paddle.static.Program()
@@ -270,6 +271,6 @@ def test_unary_einsum_output_is_never_merged(legacy, paddle):
     einsum = next(op for op in graph.global_block.ops if op.type == "einsum")
     operand, out = einsum.attrs["aliases"]
     assert graph.var(out).is_dense and out in einsum.writes and operand in einsum.reads
-    plan = optimize.plan_memory(graph, optimize.Options(skip_grads=False, level=1), gc=False)
+    plan = plan_memory(graph, Options(skip_grads=False, level=1), gc=False)
     assert plan.groups, "the other temporaries share"
     assert all(out not in group and operand not in group for group in plan.groups)

@@ -12,7 +12,7 @@ import pytest
 
 import memopt
 from memopt.errors import MergedVariableError, UnsupportedProgramError
-from memopt.optimize import Options
+from memopt.plan import Options
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,7 @@ def test_fetching_a_replaced_value_fetches_its_replacement(paddle, pir):
 def test_skip_opt_set_by_name_keeps_the_op(paddle, pir):
     main, _, v = _mlp(paddle)
     name = pir.value_name(v["h"])
-    report = pir.memory_optimize(main, Options(skip_opt_set=frozenset({name})))
+    report = memopt.memory_optimize(main, skip_opt_set={name})
     assert all(r.takes != name for r in report.reuses)
     assert any(op.name() == "pd_op.relu" for op in main.global_block().ops)
     assert report.not_merged

@@ -1,0 +1,90 @@
+"""A Paddle program as its executor runs it: the graph and the executor's facts.
+
+:func:`read_program` reads a PIR or legacy program into what the core's
+:func:`memopt.analysis.from_graph` takes: the :class:`~memopt.graph.Graph`
+(a legacy program through Paddle's translation to PIR, which is how Paddle 3
+runs it, values named after the legacy variables), the ops the PIR
+executor's in-place pass will run in place
+(:func:`memopt.paddle.pir_inplace.executor_inplace`, when the runtime model
+has it on), and the versions of a legacy variable (``name#k``: one buffer, as
+the legacy executor keeps one per variable).
+
+Paddle is imported inside the functions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..analysis import RuntimeModel, versions
+from ..errors import UnsupportedProgramError
+from ..graph import Graph
+from . import pir as pir_adapter
+from . import pir_inplace
+
+__all__ = ["ExecutedProgram", "read_program", "executed", "is_program"]
+
+
+@dataclass
+class ExecutedProgram:
+    """A program read for the analysis: ``graph``; ``inplace`` the
+    ``(position, input, output)`` the executor runs in place;
+    ``same_variable`` the ``(name, name#k)`` pairs that are one buffer;
+    ``ir`` ``"pir"`` or ``"legacy"``; ``pir_graph`` the
+    :class:`memopt.paddle.pir.PirGraph` read."""
+
+    graph: Graph
+    ir: str
+    inplace: list = field(default_factory=list)
+    same_variable: list = field(default_factory=list)
+    pir_graph: Any = None
+
+
+def is_program(obj: Any) -> str:
+    """``"pir"``, ``"legacy"`` or ``""`` (not a Paddle program)."""
+    if pir_adapter.is_pir_program(obj):
+        return "pir"
+    if type(obj).__name__ == "Program":
+        return "legacy"
+    return ""
+
+
+def executed(pg, runtime: RuntimeModel, fetch_list: Iterable = ()) -> ExecutedProgram:
+    """A PIR program already read (a :class:`memopt.paddle.pir.PirGraph`) as
+    its executor runs it under ``runtime``."""
+    inplace = pir_inplace.executor_inplace(pg, list(fetch_list), runtime.device) \
+        if runtime.inplace else []
+    return ExecutedProgram(pg.graph, "pir", inplace, [], pg)
+
+
+def read_program(program: Any, fetch_list: Iterable = (),
+                 runtime: RuntimeModel = RuntimeModel()) -> ExecutedProgram:
+    """Read ``program`` as its executor runs it under ``runtime``.
+
+    Raises
+    ------
+    UnsupportedProgramError
+        Not a Paddle program, or a legacy program Paddle's translator refuses.
+    """
+    fetch_list = list(fetch_list or ())
+    ir = is_program(program)
+    if ir == "pir":
+        return executed(pir_adapter.convert(program, fetch_list), runtime, fetch_list)
+    if ir == "legacy":
+        # analysed as its translation to PIR, where a variable written again
+        # (memory_optimize's renames) is a new value ``name#k``: the legacy
+        # executor keeps one buffer per variable, so the versions are one
+        try:
+            pg = pir_adapter.convert_legacy(program, fetch_list)
+        except RuntimeError as exc:  # Paddle's translator refuses some ops
+            reason = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+            raise UnsupportedProgramError(
+                f"memopt.analyze reads a legacy program through Paddle's translation to "
+                f"PIR, which refused this one ({reason}); legacy while/conditional "
+                "training programs do not translate. Build the program in PIR (Paddle 3's "
+                "default static mode) to analyse it") from None
+        inplace = pir_inplace.executor_inplace(pg, (), runtime.device) if runtime.inplace else []
+        return ExecutedProgram(pg.graph, ir, inplace, versions(pg.graph), pg)
+    raise UnsupportedProgramError(
+        f"analyze() takes a Paddle program (PIR or legacy) or a memopt Graph, "
+        f"got {type(program).__name__}")
