@@ -550,7 +550,7 @@ class FusedProgram:
         """main's value per thread for a batch of arguments (as
         :meth:`autobatch.virtual_machine.VirtualMachine.run`)."""
         from autobatch.backends.numpy import NumpyBackend
-        from autobatch.pipeline import batch_size
+        from autobatch.arguments import batch_size
         fn = self.function
         if len(args) != len(fn.params):
             raise ProgramError(f"function {fn.name!r} takes {len(fn.params)} argument(s) "

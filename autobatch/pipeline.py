@@ -17,20 +17,17 @@ declares ``fused_loops`` (NumPy) and the program fuses; the VM otherwise
 bit; the fused loop has no program counter, stacks or per-step selection.
 
 Also here, because every executor needs them: :func:`batch_size` and
-:func:`argument_types` (the per-thread types of batched arguments).
+:func:`argument_types` (the per-thread types of batched arguments), from
+:mod:`autobatch.arguments`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from autobatch.allocation_strategy import optimize
-from autobatch.errors import ProgramError
-from autobatch.instructions import (
-    Program, TensorType, Type, as_pattern, pattern_leaves, pattern_map,
-)
+from autobatch.arguments import argument_types, batch_size
+from autobatch.instructions import Program
 from autobatch.lowering import LoweredProgram, lower
 from autobatch.type_inference import as_type, infer_types
 
@@ -39,41 +36,6 @@ DEFAULT_MAX_STACK_DEPTH = 15
 
 __all__ = ["DEFAULT_MAX_STACK_DEPTH", "Pipeline", "Compiled", "CacheStats", "typed", "prepare", "compile_program",
            "batch_size", "argument_types", "backend_key"]
-
-
-def _shape(value: Any) -> Tuple[int, ...]:
-    shape = getattr(value, "shape", None)
-    return tuple(shape) if shape is not None else np.shape(value)
-
-
-def batch_size(args: Sequence[Any], types: Sequence[Type]) -> int:
-    """The batch size of arguments of the given per-thread types: the leading
-    dimension of the leaves that have one beyond their type's shape (size 1
-    broadcasts); 1 where none has.  Raises ProgramError for two sizes."""
-    sizes = set()
-    for arg, typ in zip(args, types):
-        leaves = pattern_leaves(as_pattern(arg))
-        if len(leaves) != len(typ.leaves()):
-            raise ProgramError(f"an argument has {len(leaves)} part(s); its type {typ} "
-                               f"has {len(typ.leaves())}")
-        for leaf, leaf_type in zip(leaves, typ.leaves()):
-            shape = _shape(leaf)
-            if len(shape) == len(leaf_type.shape) + 1 and shape[0] != 1:
-                sizes.add(shape[0])
-    if len(sizes) > 1:
-        raise ProgramError(f"arguments have different batch sizes {sorted(sizes)}; "
-                           f"give them one batch size (size-1 and scalars broadcast)")
-    return sizes.pop() if sizes else 1
-
-
-def argument_types(args: Sequence[Any], backend: Any) -> List[Type]:
-    """The per-thread Type of each batched argument: a leaf with a leading
-    batch dimension has type ``(dtype, shape[1:])``; a 0-d leaf (broadcast to
-    every thread) has type ``(dtype, ())``."""
-    def leaf_type(leaf: Any) -> TensorType:
-        shape = _shape(leaf)
-        return backend.type_of(leaf, shape[0] if shape else 1).strong()
-    return [Type(pattern_map(leaf_type, as_pattern(a))) for a in args]
 
 
 def backend_key(backend: Any) -> Any:

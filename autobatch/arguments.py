@@ -1,0 +1,51 @@
+"""Batched arguments: their batch size and the per-thread types they imply.
+
+Shared by every executor (:mod:`autobatch.pipeline` re-exports both; the
+fused-loop engine, :mod:`autobatch.fused`, takes them from here so that it
+does not import the pipeline that imports it).
+"""
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+
+from autobatch.errors import ProgramError
+from autobatch.instructions import TensorType, Type, as_pattern, pattern_leaves, pattern_map
+
+__all__ = ["batch_size", "argument_types"]
+
+
+def _shape(value: Any) -> Tuple[int, ...]:
+    shape = getattr(value, "shape", None)
+    return tuple(shape) if shape is not None else np.shape(value)
+
+
+def batch_size(args: Sequence[Any], types: Sequence[Type]) -> int:
+    """The batch size of arguments of the given per-thread types: the leading
+    dimension of the leaves that have one beyond their type's shape (size 1
+    broadcasts); 1 where none has.  Raises ProgramError for two sizes."""
+    sizes = set()
+    for arg, typ in zip(args, types):
+        leaves = pattern_leaves(as_pattern(arg))
+        if len(leaves) != len(typ.leaves()):
+            raise ProgramError(f"an argument has {len(leaves)} part(s); its type {typ} "
+                               f"has {len(typ.leaves())}")
+        for leaf, leaf_type in zip(leaves, typ.leaves()):
+            shape = _shape(leaf)
+            if len(shape) == len(leaf_type.shape) + 1 and shape[0] != 1:
+                sizes.add(shape[0])
+    if len(sizes) > 1:
+        raise ProgramError(f"arguments have different batch sizes {sorted(sizes)}; "
+                           f"give them one batch size (size-1 and scalars broadcast)")
+    return sizes.pop() if sizes else 1
+
+
+def argument_types(args: Sequence[Any], backend: Any) -> List[Type]:
+    """The per-thread Type of each batched argument: a leaf with a leading
+    batch dimension has type ``(dtype, shape[1:])``; a 0-d leaf (broadcast to
+    every thread) has type ``(dtype, ())``."""
+    def leaf_type(leaf: Any) -> TensorType:
+        shape = _shape(leaf)
+        return backend.type_of(leaf, shape[0] if shape else 1).strong()
+    return [Type(pattern_map(leaf_type, as_pattern(a))) for a in args]
