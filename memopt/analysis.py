@@ -57,14 +57,14 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .graph import RELEASE_ATTR, Graph, Op, Size, unversioned
+from .graph import Graph, Op, Size, unversioned
 from .liveness import analyze_graph as _liveness_of
+from .report import format_bytes
 from .schedule import reorder
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RuntimeModel", "Holder", "Analysis", "from_graph", "versions", "executor_order",
-           "parse_bytes", "format_bytes"]
+__all__ = ["RuntimeModel", "Holder", "Analysis", "from_graph", "versions", "executor_order"]
 
 #: Categories of memory, in report order.
 CATEGORIES = ("parameter", "input", "activation", "gradient", "optimizer")
@@ -393,7 +393,7 @@ class Analysis:
 
 def _runtime_reads(op: Op) -> tuple:
     """What an op really needs in memory: its reads minus no-need-buffer ones."""
-    shape_only = op.attrs.get("no_need_buffer") if op.attrs else None
+    shape_only = op.facts.no_need_buffer
     if not shape_only:
         return op.reads
     return tuple(n for n in op.reads if n not in shape_only)
@@ -401,13 +401,13 @@ def _runtime_reads(op: Op) -> tuple:
 
 def _runtime_graph(graph: Graph) -> Graph:
     """A copy of ``graph`` whose ops read only what they need in memory."""
-    if not any(op.attrs.get("no_need_buffer") for b in graph.blocks for op in b.ops):
+    if not any(op.facts.no_need_buffer for b in graph.blocks for op in b.ops):
         return graph
     blocks = []
     for block in graph.blocks:
         new = type(block)(block.idx, block.parent, vars=block.vars)
         new.ops = [Op(op.type, _runtime_reads(op), op.writes, op.sub_blocks, op.role,
-                      op.loop, op.attrs) for op in block.ops]
+                      op.loop, op.attrs, op.facts) for op in block.ops]
         blocks.append(new)
     return Graph(blocks=blocks, fetch_names=graph.fetch_names)
 
@@ -456,12 +456,12 @@ _NOT_INSTRUCTIONS = frozenset({
 def _units(graph: Graph) -> list:
     """Top-level execution units: each global-block op with the ops of its
     sub-blocks and the synthetic ops an adapter put around it
-    (``attrs["synthetic"]`` ``"before"``/``"after"``), as lists of flat
+    (``facts.synthetic`` ``"before"``/``"after"``), as lists of flat
     positions in walk order."""
     units: list = []
     glue_next = False
     for pos, (block_idx, op) in enumerate(graph.walk_ops()):
-        synthetic = op.attrs.get("synthetic") if op.attrs else None
+        synthetic = op.facts.synthetic
         if units and (block_idx != 0 or glue_next or synthetic == "after"):
             units[-1].append(pos)
         else:
@@ -587,7 +587,7 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
 
     ``inplace`` lists ``(position, input name, output name)``: the executor
     writes the output over the input's buffer at that op.  Ops whose
-    ``attrs["overwrites"]`` lists ``(input, output)`` pairs (Paddle's own
+    ``facts.overwrites`` lists ``(input, output)`` pairs (Paddle's own
     in-place ops) share buffers the same way.  ``same_variable`` lists
     ``(name, name)`` pairs that are one variable of the program run (the
     versions of a legacy variable written more than once): one buffer.
@@ -599,7 +599,7 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
     for first, other in same_variable:
         aliases.union(first, other)
     for _, op in graph.walk_ops():
-        for src, dst in op.attrs.get("overwrites", ()) if op.attrs else ():
+        for src, dst in op.facts.overwrites:
             aliases.union(src, dst)
     flat = list(graph.walk_ops())
     if runtime.schedule == "dataflow":
@@ -620,9 +620,9 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
     for pos, (_, op) in enumerate(positions):
         for name in op.writes:
             first_writer.setdefault(name, pos)
-        if op.attrs and op.attrs.get(RELEASE_ATTR):
-            released.update((name, pos) for name in op.attrs[RELEASE_ATTR])
-            hollow.update(n for n in op.writes if n not in op.attrs[RELEASE_ATTR])
+        if op.facts.release:
+            released.update((name, pos) for name in op.facts.release)
+            hollow.update(n for n in op.writes if n not in op.facts.release)
     var_of: dict = {}
     for _, var in graph.all_vars():
         var_of.setdefault(var.name, var)
@@ -636,8 +636,7 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
                 persistent_roots[root] = var.size
     for size in persistent_roots.values():
         _poly_add(persistable, size)
-    per_iteration = {nm for _, op in flat if op.attrs and op.attrs.get("in_loop")
-                     for nm in op.attrs.get("stack_push", ())}
+    per_iteration = {nm for _, op in flat if op.facts.in_loop for nm in op.facts.stack_push}
     members: dict = {}
     for name, var in var_of.items():
         if var.persistable or not var.is_dense or var.size.coefficient == 0 or name in hollow:
@@ -694,33 +693,3 @@ def versions(graph: Graph) -> list:
     declared = {var.name for _, var in graph.all_vars()}
     return sorted((unversioned(name), name) for name in declared
                   if unversioned(name) != name and unversioned(name) in declared)
-
-
-# -- units ----------------------------------------------------------------------
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2,
-          "g": 1000 ** 3, "gb": 1000 ** 3, "t": 1000 ** 4, "tb": 1000 ** 4,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-def parse_bytes(text: str) -> int:
-    """``"16GiB"`` -> 17179869184; accepts B, KB/MB/GB/TB (powers of 1000),
-    KiB/MiB/GiB/TiB (powers of 1024), a bare number of bytes, and decimals
-    (``"1.5GiB"``).  Raises ValueError naming the text otherwise."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a number of bytes: write e.g. "
-                         "16GiB, 512MiB, 2GB or 1000000")
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-def format_bytes(n: int) -> str:
-    """Bytes in binary units: ``1536`` -> ``"1.5 KiB"``."""
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{sign}{n} B" if unit == "B" else f"{sign}{n:.1f} {unit}"
-        n /= 1024
-    return f"{sign}{n:.1f} TiB"

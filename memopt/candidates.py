@@ -11,7 +11,7 @@ alone; locals of sub-blocks at any depth are candidates among themselves).
 ``Report.not_merged``) every other temporary is left alone for.
 
 *In place* (:func:`inplace_pairs`): where an op whose Paddle kernel may run
-in place (the adapter's ``"inplace"`` pair, or its ``"inplace_alt"``: an
+in place (the adapter's ``facts.inplace`` pair, or its ``facts.inplace_alt``: an
 elementwise add of three equal shapes writing into ``Y``) reads a candidate
 for the last time and writes a candidate of the same shape and dtype (level
 1: of any shape of the same size, as ``reshape2``), the output takes the
@@ -103,7 +103,7 @@ def classify(graph: Graph, options: Options, intervals, free_outputs=frozenset()
                 control.update(n for n in op.writes if n not in free_outputs)
             if op.role == "backward":
                 grad_written.update(op.writes)
-            if op.attrs.get("loss"):
+            if op.facts.loss:
                 loss_written.update(op.writes)
     declared: Dict[str, List[int]] = {}
     for block_idx, var in graph.all_vars():
@@ -182,7 +182,7 @@ def inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals,
         before = written.setdefault(block_idx, set())
         # Paddle's declared pair first, then the adapter's alternative (an
         # elementwise add of equal shapes may write into either operand)
-        options = [p for p in (op.attrs.get("inplace"), op.attrs.get("inplace_alt"))
+        options = [p for p in (op.facts.inplace, op.facts.inplace_alt)
                    if p is not None and p[0] in before]
         before.update(op.writes)
         for src, dst in options:
@@ -252,19 +252,15 @@ def temporaries(graph: Graph, intervals) -> Dict[str, Buffer]:
         size = var_size(var)
         if size.coefficient:
             lower, upper = interval.half_open
-            out[name] = Buffer(name, lower, upper, _plain(size))
+            out[name] = Buffer(name, lower, upper, size.plain())
     return out
 
-
-def _plain(size: Size):
-    """A Size as the planners take it: int when it does not grow with B."""
-    return size.coefficient if size.power == 0 else size
 
 
 def dims_only_substitutions(graph: Graph) -> List[Tuple[int, int, str, str, str]]:
     """``(block, op index, slot, var, substitute)`` for every read an op makes
     of a variable for its dims only, where the adapter found another operand
-    of the op with the same dims (``op.attrs["dims_only"]``).
+    of the op with the same dims (``op.facts.dims_only``).
 
     Reading the substitute instead changes nothing the op computes and lets
     the variable die at its last real use -- what Paddle's garbage collector
@@ -274,7 +270,7 @@ def dims_only_substitutions(graph: Graph) -> List[Tuple[int, int, str, str, str]
     out = []
     for block in graph.blocks:
         for index, op in enumerate(block.ops):
-            for slot, (var, sub) in sorted(op.attrs.get("dims_only", {}).items()):
+            for slot, (var, sub) in sorted(op.facts.dims_only.items()):
                 out.append((block.idx, index, slot, var, sub))
     return out
 

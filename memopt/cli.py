@@ -115,7 +115,7 @@ def _positive_float(text: str) -> float:
 
 
 def _bytes_arg(text: str) -> int:
-    from .analysis import parse_bytes
+    from .report import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -198,7 +198,7 @@ def cmd_analyze(args, progress: Progress) -> int:
 
 
 def _analyze_problem(args) -> int:
-    from .analysis import format_bytes
+    from .report import format_bytes
     from .bounds import peak_live_bytes, whole_buffer_lower_bound
 
     problem = _read_problem(args.model)
@@ -252,7 +252,7 @@ def cmd_optimize(args, progress: Progress) -> int:
 
 
 def cmd_plan(args, progress: Progress) -> int:
-    from .analysis import format_bytes
+    from .report import format_bytes
 
     problem = _read_problem(args.problem)
     plan = _plan_problem(problem, args.exact, args.time_limit, progress)
@@ -314,7 +314,7 @@ def cmd_plot(args, progress: Progress) -> int:
                                   f"buffers, {plan.strategy}")
         print(f"wrote {args.output}")
         return 0
-    from .analysis import format_bytes
+    from .report import format_bytes
     from .api import analyze, memory_optimize
 
     loaded = _load(args.model, progress)

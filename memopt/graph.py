@@ -18,7 +18,7 @@ The model imports neither Paddle nor TensorFlow: adapters
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
 from .errors import GraphError
 
@@ -64,6 +64,11 @@ class Size:
     def symbolic(self) -> bool:
         return self.power > 0
 
+    def plain(self):
+        """The size as the interval planners take it: an int when it does not
+        grow with the batch, else the Size itself."""
+        return self.coefficient if self.power == 0 else self
+
     def __add__(self, other: "Size") -> "Size":
         if self.power != other.power:
             raise ValueError(
@@ -81,8 +86,24 @@ class Size:
 
 def as_size(size) -> Size:
     """``size`` as a :class:`Size`: a Size as it is, an int ``n`` as ``Size(n)``
-    (a byte count that does not grow with the batch)."""
+    (a byte count that does not grow with the batch).  The one normaliser:
+    everything that takes "an int or a Size" goes through it or
+    :func:`size_at`."""
     return size if isinstance(size, Size) else Size(int(size), 0)
+
+
+def size_at(size, batch_size: Optional[int] = None) -> int:
+    """Bytes of ``size`` (an int or a :class:`Size`) at ``batch_size``.
+
+    A symbolic size (``power > 0``) needs a ``batch_size``; a fixed one
+    (``power == 0``, or an int) does not.
+    """
+    size = as_size(size)
+    if size.power == 0:
+        return size.coefficient
+    if batch_size is None:
+        raise ValueError(f"size {size} depends on the batch size: pass batch_size")
+    return size.at(batch_size)
 
 
 def size_of(shape: Sequence[int], dtype: str) -> Size:
@@ -120,10 +141,6 @@ def unversioned(name: str) -> str:
     """The name a value's name is a version of (itself when not one)."""
     return name.split(VERSION_MARK)[0]
 
-
-#: Op attribute an adapter sets on an op that frees variables' memory (a
-#: release memopt.release_memory put in): the tuple of their names.
-RELEASE_ATTR = "release"
 
 #: The variable a release takes its (never allocated) buffer from: no op
 #: writes it, so the released variable is left holding no memory.
@@ -171,6 +188,61 @@ class Var:
 
 
 @dataclass
+class OpFacts:
+    """What an adapter states about an op beyond its reads and writes: the
+    adapter -> core contract.  Every field is a fact about the runtime's
+    kernel for this op, established by the adapter (which knows Paddle); the
+    core trusts them and checks nothing about Paddle.  Defaults: no fact.
+
+    Attributes
+    ----------
+    inplace : ``(input, output)``: the kernel may write ``output`` into
+        ``input``'s memory (Paddle's declared in-place pair, kept only where
+        bit-exact); memory_optimize then lets them share when the input dies
+        at this op.
+    inplace_alt : a second such pair, tried when ``inplace`` does not apply
+        (``elementwise_add``'s ``(Y, Out)`` where X, Y and Out have one shape).
+    dims_only : ``{slot: (variable, substitute)}``: the op reads ``variable``
+        in ``slot`` for its dims only, and ``substitute`` (another operand of
+        the op, same static shape and dtype) can be read instead.
+    full_writes : outputs a control-flow op always writes whole after its
+        sub-blocks ran, without reading them (``conditional_block_grad``'s
+        parent-side gradients).
+    sub_outputs : locals of the op's sub-blocks it reads back after they ran
+        (a control grad op's inside gradients): never merged.
+    aliases : variables whose buffer the kernel may hand to another (an
+        einsum's operand its cache may point at, a unary einsum's output):
+        never merged.
+    overwrites : ``((input, output), ...)``: the op writes ``output`` over
+        ``input``'s buffer (an in-place op as it is: ``sgd_``,
+        ``batch_norm_``; a stack pop and what was pushed): one buffer.
+    no_need_buffer : operands the op reads for their shape only (they keep
+        no memory alive for it).
+    release : names whose memory the op frees (a release memopt put in).
+    loss : the op computes the loss (its outputs are likely fetched).
+    synthetic : ``"before"`` / ``"after"``: no op of the program but one the
+        adapter put right before / after the op it belongs to (PIR control
+        flow's hand-overs); ``""`` for a real op.
+    stack_push : variables holding the bytes a ``tuple_push`` saves.
+    in_loop : those pushes run once per iteration of an enclosing loop.
+    """
+
+    inplace: Optional[Tuple[str, str]] = None
+    inplace_alt: Optional[Tuple[str, str]] = None
+    dims_only: Dict[str, Tuple[str, str]] = field(default_factory=dict)
+    full_writes: Tuple[str, ...] = ()
+    sub_outputs: Tuple[str, ...] = ()
+    aliases: Tuple[str, ...] = ()
+    overwrites: Tuple[Tuple[str, str], ...] = ()
+    no_need_buffer: Tuple[str, ...] = ()
+    release: Tuple[str, ...] = ()
+    loss: bool = False
+    synthetic: str = ""
+    stack_push: Tuple[str, ...] = ()
+    in_loop: bool = False
+
+
+@dataclass
 class Op:
     """One operation: what it reads, what it writes, which sub-blocks it runs.
 
@@ -179,7 +251,11 @@ class Op:
     :attr:`Graph.blocks`.  ``role`` is ``"forward"``, ``"backward"``,
     ``"optimize"`` or ``"other"``; ``loop`` says a sub-block is a loop body
     (run zero or more times, values carried from one iteration to the next)
-    rather than a branch (run at most once).
+    rather than a branch (run at most once).  ``facts`` are what the adapter
+    states about the op's kernel (:class:`OpFacts`); ``attrs`` hold anything
+    else (an adapter's own bookkeeping such as ``"index"`` or ``"pir_id"``,
+    the reference interpreter's ``"value"``, ``"step"``, ``"cond"``,
+    ``"max_trips"``) and mean nothing to the planner.
     """
 
     type: str
@@ -189,6 +265,7 @@ class Op:
     role: str = "forward"
     loop: bool = False
     attrs: dict = field(default_factory=dict)
+    facts: OpFacts = field(default_factory=OpFacts)
 
 
 @dataclass

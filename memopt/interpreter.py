@@ -35,11 +35,10 @@ variables share memory exactly when the plan gives them the same slot.
   where the plan puts an output and a *different* input of one op in the same
   slot, the input is read as clobbered (:data:`POISON` mixed with the op),
   unless the two are the op's declared in-place pair
-  (``attrs["inplace"] == (input, output)``), whose kernel is known to run in
+  (``facts.inplace == (input, output)``), whose kernel is known to run in
   place.  An op that reads and writes the *same* variable (``increment``) is
   fine.
-- A release (an op with ``attrs["release"]``, :data:`memopt.release.RELEASE_ATTR`:
-  the names it frees) empties those variables' slots -- a later read gets
+- A release (an op with ``facts.release``: the names it frees) empties those variables' slots -- a later read gets
   :data:`UNDEF` -- and records nothing in the trace (it is not an op of the
   original program).
 - A control op (one with sub-blocks) reads its inputs and outputs at its
@@ -70,7 +69,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .errors import GraphError
-from .graph import RELEASE_ATTR, Graph, Op
+from .graph import Graph, Op
 
 __all__ = [
     "UNDEF",
@@ -191,8 +190,8 @@ class _Machine:
         for index, op in enumerate(self.graph.blocks[block_idx].ops):
             self.tick()
             ident = op.attrs.get("index", index)
-            if op.attrs.get(RELEASE_ATTR):
-                for name in op.attrs[RELEASE_ATTR]:
+            if op.facts.release:
+                for name in op.facts.release:
                     self.memory.pop(self.slot(block_idx, name), None)
             elif op.sub_blocks:
                 self.run_control(block_idx, ident, op)
@@ -205,7 +204,7 @@ class _Machine:
         written = {}
         for name in op.writes:
             written.setdefault(self.slot(block_idx, name), name)
-        pair = op.attrs.get("inplace")
+        pair = op.facts.inplace
         salt = self.salt(block_idx, index, op)
         for k, (name, slot) in enumerate(zip(op.reads, read_slots)):
             out = written.get(slot)

@@ -11,9 +11,10 @@ schedule: :mod:`memopt.schedule`.
 
 *Rename*: with the garbage collector off, candidates (after in-place chains
 are joined) are grouped so that the members of a group never live at the
-same time -- by :func:`memopt.reuse.assign_groups` (the best of its orders)
-for up to :data:`memopt.reuse.SMALL_PROBLEM` buffers, by the ``O(n log n)``
-sweep :func:`memopt.reuse.best_fit_groups` above that; level 0 groups only
+same time -- by :func:`memopt.reuse.group_buffers` (the best of
+:func:`memopt.reuse.assign_groups`'s orders for up to
+:data:`memopt.reuse.SMALL_PROBLEM` buffers, the ``O(n log n)`` sweeps of
+:func:`memopt.reuse.best_fit_groups` above that); level 0 groups only
 the same shape and dtype, level 1 the same dtype across shapes, provided
 every member provably fits (for every batch size) in the memory the group's
 earliest member allocates (never across dtypes: Paddle's executor reads each
@@ -42,7 +43,7 @@ from .plan import Options, Plan
 from .problems import Buffer
 from .report import Reuse
 from .reporting import estimate
-from .reuse import SMALL_PROBLEM, assign_groups, best_fit_groups
+from .reuse import group_buffers
 from .schedule import reorder, schedule_optimizer_ops
 from .scopes import scoped_liveness
 from .verify import check_grouping
@@ -68,7 +69,6 @@ def plan_memory(graph: Graph, options: Options, gc: bool) -> Plan:
     Plan
         Not yet checked: see :func:`check_plan`.
     """
-    from .reuse import assign_groups  # local: the planner module is only needed here
 
     # dims-only reads: with GC off they let a variable's memory be taken
     # over after its last real use; with GC on (Paddle frees such a variable
@@ -120,11 +120,7 @@ def plan_memory(graph: Graph, options: Options, gc: bool) -> Plan:
         grouped = [[b] for b in chain_buffers]
     else:
         compatible, fits = _predicates(var_of, home, options.level)
-        if len(chain_buffers) <= SMALL_PROBLEM:
-            grouped = assign_groups(chain_buffers, kind=_klass(var_of, home, options.level),
-                                    fits=fits).groups
-        else:
-            grouped = best_fit_groups(chain_buffers, _klass(var_of, home, options.level))
+        grouped = group_buffers(chain_buffers, _klass(var_of, home, options.level), fits)
         check_grouping(chain_buffers, grouped, compatible, fits)
 
     inplace_at = {(src, dst): pos for src, dst, pos in pairs}

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Optional, Union
 
 from .errors import ProblemFormatError
-from .graph import Size
+from .graph import Size, size_at
 
 __all__ = [
     "Buffer",
@@ -48,21 +48,6 @@ __all__ = [
 CSV_COLUMNS = ("id", "lower", "upper", "size")
 
 SizeLike = Union[int, Size]
-
-
-def size_at(size: SizeLike, batch_size: Optional[int] = None) -> int:
-    """Bytes of ``size``: an int as is, a :class:`Size` at ``batch_size``.
-
-    A symbolic size (``power > 0``) needs a ``batch_size``; a fixed one
-    (``power == 0``) does not.
-    """
-    if isinstance(size, Size):
-        if size.power == 0:
-            return size.coefficient
-        if batch_size is None:
-            raise ValueError(f"size {size} depends on the batch size: pass batch_size")
-        return size.at(batch_size)
-    return size
 
 
 @dataclass(frozen=True)

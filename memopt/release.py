@@ -35,12 +35,12 @@ from typing import Dict, Iterable, List, Mapping, Tuple
 
 from .candidates import classify, persistable_sizes, reason_counts, temporaries
 from .errors import PlanError
-from .graph import RELEASE_ATTR, RELEASED_VAR, Graph, Size
+from .graph import RELEASED_VAR, Graph, Size
 from .plan import Options
 from .problems import Buffer
 from .scopes import scoped_liveness
 
-__all__ = ["ReleasePlan", "plan_releases", "verify_releases", "RELEASE_ATTR", "RELEASED_VAR"]
+__all__ = ["ReleasePlan", "plan_releases", "verify_releases", "RELEASED_VAR"]
 
 
 @dataclass
@@ -90,7 +90,7 @@ def plan_releases(graph: Graph, skip_opt_set: Iterable[str] = ()) -> ReleasePlan
         if candidates[name] != 0 or name not in last_use:
             continue
         index = last_use[name]
-        if ops[index].attrs.get(RELEASE_ATTR):
+        if ops[index].facts.release:
             already.append(name)
         elif index < len(ops) - 1:
             after.setdefault(index, []).append(name)

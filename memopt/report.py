@@ -37,33 +37,51 @@ released : the variables release_memory frees right after their last use
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from .graph import Size
+from .graph import Size, as_size
 
 #: Reference batch size for the estimates, when the caller gives none.
 REFERENCE_BATCH = 32
 
-_UNITS = (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10))
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2,
+          "g": 1000 ** 3, "gb": 1000 ** 3, "t": 1000 ** 4, "tb": 1000 ** 4,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 
-def human(n: float) -> str:
-    """``1536 -> '1.5 KiB'``; plain bytes below 1 KiB."""
-    for unit, scale in _UNITS:
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
+def parse_bytes(text: str) -> int:
+    """``"16GiB"`` -> 17179869184; accepts B, KB/MB/GB/TB (powers of 1000),
+    KiB/MiB/GiB/TiB (powers of 1024), a bare number of bytes, and decimals
+    (``"1.5GiB"``).  Raises ValueError naming the text otherwise."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a number of bytes: write e.g. "
+                         "16GiB, 512MiB, 2GB or 1000000")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_bytes(n: int) -> str:
+    """Bytes in binary units, the one byte formatter: ``1536`` -> ``"1.5 KiB"``,
+    plain bytes below 1 KiB (``"12 B"``), KiB to TiB with one decimal."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{sign}{int(n)} B" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    return f"{sign}{n:.1f} TiB"
 
 
 def format_size(size) -> str:
     """A Size (or int) as text: ``'4.0 KiB'``, ``'512 B * B'`` (per batch row)."""
-    if not isinstance(size, Size):
-        return human(int(size))
+    size = as_size(size)
     if size.power == 0:
-        return human(size.coefficient)
+        return format_bytes(size.coefficient)
     suffix = "B" if size.power == 1 else f"B^{size.power}"
-    return f"{human(size.coefficient)}*{suffix}"
+    return f"{format_bytes(size.coefficient)}*{suffix}"
 
 
 @dataclass(frozen=True)
@@ -75,9 +93,7 @@ class Bytes:
     @classmethod
     def total(cls, sizes: Iterable) -> "Bytes":
         acc: Dict[int, int] = {}
-        for size in sizes:
-            if not isinstance(size, Size):
-                size = Size(int(size), 0)
+        for size in map(as_size, sizes):
             acc[size.power] = acc.get(size.power, 0) + size.coefficient
         return cls(tuple(sorted((p, c) for p, c in acc.items() if c)))
 
@@ -183,16 +199,16 @@ class Report:
             f"  merged variables: {self.merged_count} "
             f"({sum(1 for r in self.reuses if r.how == 'in-place')} in place)",
             f"  distinct temporaries: {self.temporaries_before} -> {self.temporaries_after}"
-            f" (at batch {b}: {human(self.temporaries_before.at(b))} -> "
-            f"{human(self.temporaries_after.at(b))})",
-            f"  estimated peak at batch {b} (persistable {human(self.persistable_bytes)} "
-            f"included): {human(self.peak_before)} -> {human(self.peak_after)}",
+            f" (at batch {b}: {format_bytes(self.temporaries_before.at(b))} -> "
+            f"{format_bytes(self.temporaries_after.at(b))})",
+            f"  estimated peak at batch {b} (persistable {format_bytes(self.persistable_bytes)} "
+            f"included): {format_bytes(self.peak_before)} -> {format_bytes(self.peak_after)}",
         ]
         if self.top_holders:
             lines.append("  largest holders at the peak:")
             for h in self.top_holders:
                 shared = f" (shared by {len(h.members)})" if len(h.members) > 1 else ""
-                lines.append(f"    {h.name}: {human(h.bytes)}{shared}")
+                lines.append(f"    {h.name}: {format_bytes(h.bytes)}{shared}")
         if self.not_merged:
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.not_merged.items()))
             lines.append(f"  left alone: {reasons}")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Iterable, List, Mapping, Optional
 
-from .graph import Size, as_size
+from .graph import Size, as_size, size_at
 from .plan import Options, Plan
-from .problems import Buffer, size_at
+from .problems import Buffer
 from .report import REFERENCE_BATCH, Bytes, Holder, Report
 from .simulate import group_timeline
 

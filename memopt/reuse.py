@@ -68,11 +68,11 @@ from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from .graph import Size, as_size
-from .problems import Buffer, size_at
+from .graph import Size, as_size, size_at
+from .problems import Buffer
 
-__all__ = ["GroupPlan", "assign_groups", "best_fit_groups", "SMALL_PROBLEM", "ORDERS",
-           "RANK_BATCH", "order_buffers"]
+__all__ = ["GroupPlan", "assign_groups", "group_buffers", "best_fit_groups", "SMALL_PROBLEM",
+           "ORDERS", "RANK_BATCH", "order_buffers"]
 
 
 #: The orders ``"best"`` tries, in tie-breaking order.
@@ -87,13 +87,11 @@ Predicate = Callable[[Buffer, Buffer], bool]
 
 def _weight(size) -> int:
     """Bytes used to rank choices (symbolic sizes at :data:`RANK_BATCH`)."""
-    if isinstance(size, Size):
-        return size.at(RANK_BATCH)
-    return size
+    return as_size(size).at(RANK_BATCH)
 
 
 def _is_symbolic(size) -> bool:
-    return isinstance(size, Size) and size.power > 0
+    return as_size(size).symbolic
 
 
 @dataclass
@@ -310,9 +308,29 @@ def assign_groups(buffers: Sequence[Buffer], *, order: str = "best",
 
 # -- the one-sweep groupers, for problems too big for assign_groups -----------------
 
-#: Up to this many buffers the grouping is :func:`memopt.reuse.assign_groups`
-#: ("best" of its orders); above it, :func:`best_fit_groups` (one sweep).
+#: Up to this many buffers :func:`group_buffers` runs
+#: :func:`assign_groups` ("best" of its orders); above it,
+#: :func:`best_fit_groups` (three sweeps, ``O(n log n)``).  The two give
+#: different groups on the same problem (measured with
+#: ``scripts/plan_digest.py``: ResNet-50 and MobileNetV2 at level 1 with GC
+#: off differ), so both stay.
 SMALL_PROBLEM = 200
+
+
+def group_buffers(buffers: List[Buffer], klass, fits: Optional[Predicate] = None
+                  ) -> List[List[Buffer]]:
+    """The whole-buffer grouping memory_optimize uses: groups of ``buffers``
+    whose members never overlap in time, each of one class
+    (``klass(buffer)``, hashable: buffers of different classes never share)
+    and, where ``fits`` is given, each member ``fits(member, first member)``.
+
+    :func:`assign_groups` (``order="best"``) for up to :data:`SMALL_PROBLEM`
+    buffers, :func:`best_fit_groups` above.  (Without ``fits``, classes are
+    expected to hold only buffers of one size, as memory_optimize's level 0
+    classes do: one shape and dtype.)"""
+    if len(buffers) <= SMALL_PROBLEM:
+        return assign_groups(buffers, kind=klass, fits=fits).groups
+    return best_fit_groups(buffers, klass)
 
 
 def best_fit_groups(buffers: List[Buffer], klass) -> List[List[Buffer]]:

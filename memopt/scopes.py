@@ -111,7 +111,7 @@ def _with_control_outputs(graph: Graph, live):
 def _control_outputs(graph: Graph, live, intervals) -> Tuple[Dict[str, "Interval"], set]:
     """Outputs of control ops that may share memory in the op's block.
 
-    A control op's ``attrs["full_writes"]`` (from the adapter) are outputs
+    A control op's ``facts.full_writes`` (from the adapter) are outputs
     it always writes whole, after its sub-blocks ran, without reading them
     (``conditional_block_grad``'s parent-side gradients: copied from the
     body's local gradients, or zeros when the branch did not run).  The
@@ -120,9 +120,9 @@ def _control_outputs(graph: Graph, live, intervals) -> Tuple[Dict[str, "Interval
     one block only, written there by this op alone, read only by later
     plain ops and by no control op, the true interval starts at the op:
     returned as ``{x: Interval(position of the op, end)}``.  Also returns
-    the names never to merge: ``attrs["sub_outputs"]`` of every control op
+    the names never to merge: ``facts.sub_outputs`` of every control op
     (locals of its sub-blocks the op reads back after they ran: inside
-    gradients) and ``attrs["aliases"]`` of any op (variables whose buffer a
+    gradients) and ``facts.aliases`` of any op (variables whose buffer a
     kernel may hand to another: a unary einsum's output, an einsum operand
     its cache may point at).
     """
@@ -130,15 +130,15 @@ def _control_outputs(graph: Graph, live, intervals) -> Tuple[Dict[str, "Interval
     wanted: Dict[str, int] = {}
     for pos, (_, _, op) in enumerate(live.positions):
         # outputs whose kernel may hand back an input's own buffer
-        sub_outputs.update(op.attrs.get("aliases", ()))
+        sub_outputs.update(op.facts.aliases)
         if op.sub_blocks:
-            for name in op.attrs.get("sub_outputs", ()):
+            for name in op.facts.sub_outputs:
                 # the body's own variable: its split key where it shadows one
                 # of the op's block (that one is not read back)
                 local = [f"{name}{SCOPE_MARK}{s}" for s in op.sub_blocks]
                 local = [k for k, s in zip(local, op.sub_blocks) if k in graph.blocks[s].vars]
                 sub_outputs.update(local or (name,))
-            for name in op.attrs.get("full_writes", ()):
+            for name in op.facts.full_writes:
                 if name not in op.reads:
                     wanted[name] = -1 if name in wanted else pos
     wanted = {n: p for n, p in wanted.items() if p >= 0 and n in intervals}

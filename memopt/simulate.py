@@ -32,7 +32,7 @@ from typing import Callable, Hashable, Mapping, Optional, Sequence
 import numpy as np
 
 from .errors import PlanError
-from .problems import size_at
+from .graph import size_at
 
 __all__ = [
     "Timeline",
@@ -43,10 +43,6 @@ __all__ = [
     "arena_height",
     "group_timeline",
 ]
-
-
-def _bytes(size, batch_size: Optional[int]) -> int:
-    return int(size_at(size, batch_size))
 
 
 #: Sums of byte counts below this are exact in np.int64 (with room for one
@@ -114,7 +110,7 @@ def _sweep(lowers, uppers, sizes) -> Timeline:
 
 def buffer_sizes(buffers: Sequence, batch_size: Optional[int] = None) -> np.ndarray:
     """The buffers' sizes in bytes, as an exact :func:`byte_array`."""
-    return byte_array([_bytes(b.size, batch_size) for b in buffers])
+    return byte_array([int(size_at(b.size, batch_size)) for b in buffers])
 
 
 def live_bytes(buffers: Sequence, batch_size: Optional[int] = None) -> Timeline:
@@ -140,7 +136,7 @@ def _offsets_of(plan) -> Mapping[Hashable, int]:
 def arena_height(buffers: Sequence, plan, batch_size: Optional[int] = None) -> int:
     """``max(offset + size)`` over the buffers (0 when there are none)."""
     offsets = _offsets_of(plan)
-    return max((offsets[b.id] + _bytes(b.size, batch_size) for b in buffers), default=0)
+    return max((offsets[b.id] + int(size_at(b.size, batch_size)) for b in buffers), default=0)
 
 
 def check_offsets(buffers: Sequence, plan, capacity: Optional[int] = None,
@@ -181,7 +177,7 @@ def check_offsets(buffers: Sequence, plan, capacity: Optional[int] = None,
     lower = np.fromiter((b.lower for b in buffers), dtype=np.int64, count=n)
     upper = np.fromiter((b.upper for b in buffers), dtype=np.int64, count=n)
     starts = [int(offsets[b.id]) for b in buffers]
-    ends = [off + _bytes(b.size, batch_size) for off, b in zip(starts, buffers)]
+    ends = [off + int(size_at(b.size, batch_size)) for off, b in zip(starts, buffers)]
     both = byte_array(starts + ends)
     start, end = both[:n], both[n:]
     height = int(end.max()) if n else 0
@@ -201,7 +197,7 @@ def check_offsets(buffers: Sequence, plan, capacity: Optional[int] = None,
                 f"and {b.id!r} [{b.lower}, {b.upper}) at bytes [{start[j]}, {end[j]}) "
                 "are live at the same time and overlap in memory")
     if capacity is not None and height > capacity:
-        top = max(buffers, key=lambda x: offsets[x.id] + _bytes(x.size, batch_size))
+        top = max(buffers, key=lambda x: offsets[x.id] + int(size_at(x.size, batch_size)))
         raise PlanError(f"the plan is {height} bytes high, above the capacity "
                         f"{capacity} (buffer {top.id!r} ends highest)")
     return height
@@ -277,7 +273,7 @@ def group_timeline(plan, gc: bool = True, batch_size: Optional[int] = None) -> T
     ``gc=False`` from the program's first step to its last.
     """
     groups = [g for g in plan.groups if g]
-    sizes = byte_array([max(_bytes(b.size, batch_size) for b in g) for g in groups])
+    sizes = byte_array([max(int(size_at(b.size, batch_size)) for b in g) for g in groups])
     lowers = np.array([min(b.lower for b in g) for g in groups], dtype=np.int64)
     uppers = np.array([max(b.upper for b in g) for g in groups], dtype=np.int64)
     if not gc and len(groups):

@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 
+import _bench
+
 #: model -> (build options, three batch sizes)
 CONFIGS = {
     "mlp": ({"hidden": 1024, "in_features": 1024}, (256, 1024, 4096)),
@@ -50,7 +52,7 @@ CONFIGS = {
     "transformer": ({"seq_len": 64, "d_model": 128, "d_ff": 512}, (16, 32, 64)),
 }
 STEPS = 5
-MIB = float(1 << 20)
+MIB = _bench.MIB
 #: --optimize: model -> (build options, batch size)
 OPTIMIZE = {
     "mlp": ({"hidden": 1024, "in_features": 1024}, 1024),
@@ -86,7 +88,7 @@ def _run_steps(model, ir: str):
             core.host_memory_stat_reset_peak_value("Allocated", 0)
             exe.run(model.main, feed=feed, fetch_list=model.fetch_list)
             peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
-    return float(np.median(peaks[1:])), min(peaks[1:]), max(peaks[1:]), base
+    return float(_bench.median(peaks[1:])), min(peaks[1:]), max(peaks[1:]), base
 
 
 def measure_optimize(name: str, optimize: bool) -> dict:
@@ -144,8 +146,8 @@ def measure_legacy(name: str, mode: str) -> dict:
 
 
 def legacy_table(names) -> None:
-    print("| model | batch | rewrite | predicted MiB | measured MiB | predicted/measured |")
-    print("|---|---:|---|---:|---:|---:|")
+    _bench.Table(["model", "batch", "rewrite", "predicted MiB", "measured MiB",
+                  "predicted/measured"], "lrlrrr")
     for name in names:
         for mode in LEGACY_MODES:
             row = run_child(["--one-legacy", name, mode], {"FLAGS_eager_delete_tensor_gb": "-1"})
@@ -188,9 +190,9 @@ def run_child(args: list, flags: dict = None) -> dict:
 
 
 def optimize_table(names) -> None:
-    print("| model | flags | batch | ops made in place | measured before MiB | "
-          "measured after MiB | after/before | predicted before -> after MiB |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    _bench.Table(["model", "flags", "batch", "ops made in place", "measured before MiB",
+                  "measured after MiB", "after/before", "predicted before -> after MiB"],
+                 "llrrrrrr")
     for name in names:
         for label, flags in FLAG_SETS.items():
             before = run_child(["--one-opt", name, "0"], flags)
@@ -250,9 +252,9 @@ def main() -> None:
                                                or m in args.models]
     print(f"Paddle {_paddle_version()}, CPU, {os.cpu_count()} cores; measured = median "
           f"allocator peak over steps 2-{STEPS}, minus memory held after startup\n")
-    print("| model | IR | batch | ops | predicted MiB | measured MiB (min-max) | "
-          "predicted/measured | within 10% | params pred/meas | analyze s |")
-    print("|---|---|---:|---:|---:|---:|---:|:---:|---:|---:|")
+    _bench.Table(["model", "IR", "batch", "ops", "predicted MiB", "measured MiB (min-max)",
+                  "predicted/measured", "within 10%", "params pred/meas", "analyze s"],
+                 "llrrrrrcrr")
     worst = 0.0
     for name in names:
         for ir in args.irs:

@@ -7,9 +7,8 @@ Prints a markdown table: median seconds over ``--repeat`` runs.
 """
 import argparse
 import random
-import statistics
-import time
 
+from _bench import Table, median_seconds
 from memopt.liveness import FlowNode, analyze
 
 
@@ -38,22 +37,13 @@ def loops(num_ops: int, body: int = 50, seed: int = 1):
     return out, exit_live
 
 
-def timed(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    print(f"| graph | ops | variables | analyze + intervals (s) | live_out of 1,000 nodes (s) |")
-    print("|---|---|---|---|---|")
+    table = Table(["graph", "ops", "variables", "analyze + intervals (s)",
+                   "live_out of 1,000 nodes (s)"])
     for name, build in (("straight line", straight_line), ("loops of 50", loops)):
         nodes, exit_live = build(args.ops)
         nvars = 2 * args.ops
@@ -63,10 +53,11 @@ def main():
             live.intervals()
             return live
 
-        t = timed(run, args.repeat)
+        t = median_seconds(run, args.repeat)
         live = run()
-        probe = timed(lambda: [live.live_out(i) for i in range(0, args.ops, args.ops // 1000)], 1)
-        print(f"| {name} | {args.ops:,} | {nvars:,} | {t:.2f} | {probe:.2f} |")
+        probe = median_seconds(
+            lambda: [live.live_out(i) for i in range(0, args.ops, args.ops // 1000)], 1)
+        table.row(name, f"{args.ops:,}", f"{nvars:,}", f"{t:.2f}", f"{probe:.2f}")
 
 
 if __name__ == "__main__":

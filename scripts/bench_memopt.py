@@ -42,7 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import _bench
 import subprocess
 import sys
 import tempfile
@@ -140,11 +140,11 @@ def worker(model_name: str, config: str, steps: int, repeat: int, out_npz: str) 
         "model": model_name, "config": config, "peak": int(peak),
         "first_peak": int(first_peak),
         "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "step": statistics.median(step_times[1:] if len(step_times) > 1 else step_times),
-        "optimize": statistics.median(optimize_times) if optimize_times else None,
-        "optimize_cpu": statistics.median(optimize_cpu) if optimize_cpu else None,
+        "step": _bench.median(step_times[1:] if len(step_times) > 1 else step_times),
+        "optimize": _bench.median(optimize_times) if optimize_times else None,
+        "optimize_cpu": _bench.median(optimize_cpu) if optimize_cpu else None,
         "merged": merged,
-        "release": statistics.median(release_times) if release_times else None,
+        "release": _bench.median(release_times) if release_times else None,
     }
 
 
@@ -168,14 +168,14 @@ def run_config(model: str, config: str, steps: int, repeat: int, runs: int,
     if not good:
         return results[0]
     merged = dict(good[0])
-    merged["peak"] = int(statistics.median(r["peak"] for r in good))
+    merged["peak"] = int(_bench.median(r["peak"] for r in good))
     merged["peaks"] = [r["peak"] for r in good]
-    merged["first_peak"] = int(statistics.median(r["first_peak"] for r in good))
+    merged["first_peak"] = int(_bench.median(r["first_peak"] for r in good))
     merged["maxrss"] = max(r["maxrss"] for r in good)
-    merged["step"] = statistics.median(r["step"] for r in good)
+    merged["step"] = _bench.median(r["step"] for r in good)
     for key in ("optimize", "optimize_cpu"):
         if merged.get(key) is not None:
-            merged[key] = statistics.median(r[key] for r in good)
+            merged[key] = _bench.median(r[key] for r in good)
     return merged
 
 
@@ -194,18 +194,19 @@ def run_one(model: str, config: str, steps: int, repeat: int, tmp: str, k: int =
 
 
 def mib(n: float) -> str:
-    return f"{n / 2 ** 20:.1f}"
+    return f"{_bench.mib(n):.1f}"
 
 
 def table(results: list) -> str:
-    rows = ["| model | config | peak MiB | spread MiB | x base-gc-on | step 1 x | "
-            "ru_maxrss MiB | step s | optimize s (CPU s) | merged | bit-identical |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows: list = []
+    out = _bench.Table(["model", "config", "peak MiB", "spread MiB", "x base-gc-on", "step 1 x",
+                        "ru_maxrss MiB", "step s", "optimize s (CPU s)", "merged",
+                        "bit-identical"], "llrrrrrrrrl", out=rows.append)
     by_key = {(r["model"], r["config"]): r for r in results}
     for r in results:
         if "error" in r:
-            rows.append(f"| {r['model']} | {r['config']} | error: {r['error'][-120:]!r} "
-                        "| | | | | | | |")
+            out.row(r["model"], r["config"], f"error: {r['error'][-120:]!r}",
+                    *[""] * 8)
             continue
         base = by_key.get((r["model"], "base-gc-on"))
         ratio = f"{r['peak'] / base['peak']:.3f}" if base and "peak" in base else ""
@@ -220,9 +221,8 @@ def table(results: list) -> str:
                if r.get("optimize") is not None else "")
         peaks = r.get("peaks", [r["peak"]])
         spread = mib(max(peaks) - min(peaks))
-        rows.append(f"| {r['model']} | {r['config']} | {mib(r['peak'])} | {spread} | {ratio} | "
-                    f"{first} | "
-                    f"{mib(r['maxrss'])} | {r['step']:.3f} | {opt} | {r['merged']} | {same} |")
+        out.row(r["model"], r["config"], mib(r["peak"]), spread, ratio, first,
+                mib(r["maxrss"]), f"{r['step']:.3f}", opt, r["merged"], same)
     return "\n".join(rows)
 
 

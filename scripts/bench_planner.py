@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import _bench  # noqa: E402
 from memopt.arena import (FOUND, HEURISTICS, CanonicalSearch, _load_kernels,  # noqa: E402
                           choose, plan_arena)
 from memopt.bounds import peak_live_bytes, whole_buffer_lower_bound  # noqa: E402
@@ -96,12 +96,9 @@ def model_problems(batch_size: int):
 
 def timed(fn, repeat: int):
     """(result of the last run, median seconds)."""
-    times, result = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return result, statistics.median(times)
+    results = []
+    seconds = _bench.median_seconds(lambda: results.append(fn()), repeat)
+    return results[-1], seconds
 
 
 def ratio(value: int, bound: int) -> str:
@@ -213,8 +210,7 @@ def main(argv=None) -> int:
     if args.fit:
         head += ["fit in capacity", "fit nodes"]
         _load_kernels()  # not counted: the first search in a process loads the kernel
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+    _bench.Table(head)
     for problem in problems:
         print(arena_row(problem, args.repeat, args.exact, args.time_limit, args.fit),
               flush=True)
@@ -223,8 +219,7 @@ def main(argv=None) -> int:
     print()
     head = ["problem", "lower bound (B)", "bound / peak live"] + list(ORDERS) + [
         "best", "best order", "time (best)"]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+    _bench.Table(head)
     for problem in problems:
         print(reuse_row(problem, args.repeat), flush=True)
     return 0

@@ -34,11 +34,12 @@ peak over the resident set right before it.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 import tracemalloc
+
+import _bench
 
 WIDTHS = (64, 64, 128, 128, 32)
 TARGET_SECONDS = 20.0
@@ -281,12 +282,12 @@ def measure(step: str, data: bytes, ops: int, repeat: int) -> dict:
     if out.returncode != 0:
         raise RuntimeError(f"child for {step} failed:\n{out.stderr[-2000:]}")
     rss = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"seconds": statistics.median(times), "runs": times, "traced": traced, **rss,
+    return {"seconds": _bench.median(times), "runs": times, "traced": traced, **rss,
             **facts}
 
 
 def mib(n: int) -> str:
-    return f"{n / 1024 ** 2:,.0f} MiB"
+    return f"{_bench.mib(n):,.0f} MiB"
 
 
 def main() -> None:
@@ -311,17 +312,17 @@ def main() -> None:
           f"(built and loaded in {time.perf_counter() - start:.1f} s); "
           f"median of {args.repeat} runs\n")
     del program
-    print("| step | median s | runs s | tracemalloc peak | process peak RSS "
-          "| peak RSS in the step | added by the step | merged / result |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    table = _bench.Table(["step", "median s", "runs s", "tracemalloc peak",
+                          "process peak RSS", "peak RSS in the step", "added by the step",
+                          "merged / result"], "lrlrrrrr")
     verdicts = []
     for step in args.steps:
         r = measure(step, data, args.ops, args.repeat)
         label = STEPS[step][0]
         result = r.get("merged", r.get("ops", ""))
-        print(f"| {label} | {r['seconds']:.2f} | {', '.join(f'{t:.2f}' for t in r['runs'])} "
-              f"| {mib(r['traced'])} | {mib(r['rss_peak'])} | {mib(r['rss_step_peak'])} "
-              f"| {mib(r['rss_growth'])} | {result} |", flush=True)
+        table.row(label, f"{r['seconds']:.2f}", ", ".join(f"{t:.2f}" for t in r["runs"]),
+                  mib(r["traced"]), mib(r["rss_peak"]), mib(r["rss_step_peak"]),
+                  mib(r["rss_growth"]), result)
         if step.startswith("optimize"):
             ok = r["seconds"] < TARGET_SECONDS and r["rss_step_peak"] < TARGET_BYTES
             verdicts.append(f"{label}: {r['seconds']:.1f} s (target < {TARGET_SECONDS:.0f} s), "

@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from _bench import Table, mib
+
 
 def measured_run(model, steps: int):
     """Initialize and run ``steps`` training steps; return (losses,
@@ -62,10 +64,9 @@ def main() -> None:
 
     import memopt
     from memopt.models import build, flags
-    from memopt.report import human
+    from memopt.report import format_bytes
 
     paddle.enable_static()
-    MiB = 2 ** 20
 
     def resnet():
         return build("resnet50", "legacy", args.batch_size, image_size=args.image_size)
@@ -104,13 +105,13 @@ def main() -> None:
             print(f"GC on: {report.merged_count} variables share memory "
                   f"({len(report.reuses)} reuses); memory released by: {report.release}\n")
 
-    print("\n| GC | peak before | peak after | after/before | merged | optimize (s) "
-          "| bit-identical | last loss |")
-    print("|---|---|---|---|---|---|---|---|")
+    print()
+    table = Table(["GC", "peak before", "peak after", "after/before", "merged", "optimize (s)",
+                   "bit-identical", "last loss"])
     for gc_label, before, after, merged, seconds, identical, loss in rows:
-        print(f"| {gc_label} | {before / MiB:.1f} MiB | {after / MiB:.1f} MiB | "
-              f"{after / before:.3f} | {merged} | {seconds:.3f} | "
-              f"{'yes' if identical else 'NO'} | {float(loss):.6f} |")
+        table.row(gc_label, f"{mib(before):.1f} MiB", f"{mib(after):.1f} MiB",
+                  f"{after / before:.3f}", merged, f"{seconds:.3f}",
+                  "yes" if identical else "NO", f"{float(loss):.6f}")
 
     from memopt.api import analyze
     from memopt.plot import plot_timeline
@@ -130,9 +131,9 @@ def main() -> None:
                           "and release_memory"],
                   title=f"ResNet-50 training step, batch {args.batch_size}, GC off")
     print(f"\npredicted peak (GC off, step + parameters and optimizer state, as measured "
-          f"above): {human(before.total_peak(args.batch_size))} before, "
-          f"{human(after.total_peak(args.batch_size))} after memory_optimize, "
-          f"{human(freed.total_peak(args.batch_size))} with release_memory too; timeline "
+          f"above): {format_bytes(before.total_peak(args.batch_size))} before, "
+          f"{format_bytes(after.total_peak(args.batch_size))} after memory_optimize, "
+          f"{format_bytes(freed.total_peak(args.batch_size))} with release_memory too; timeline "
           f"written to {path}")
     if not all(row[5] for row in rows):
         raise SystemExit("results differ after memory_optimize: this is a bug, please report it")

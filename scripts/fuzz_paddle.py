@@ -1,7 +1,8 @@
 """A long fuzzing run of memory_optimize on random legacy Paddle programs.
 
 The CI runs a few dozen random programs (tests/memopt/paddle/test_fuzz_paddle.py); this
-script runs many more with the same generator and property -- every level,
+script runs many more with the same generator and property (tests/fuzz_recipes.py;
+the graph-level checks: tests/graph_checks.py) -- every level,
 both garbage-collector modes, results bit-identical over two steps -- and,
 with ``--graphs``, the graph-level property (tests/memopt/test_fuzz_graph.py) too.
 
@@ -19,16 +20,17 @@ import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "memopt"),
-                os.path.join(ROOT, "tests", "memopt", "paddle")]
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # the shared generators, no test module
 
 from hypothesis import given, seed as hypothesis_seed, strategies as st  # noqa: E402
+
+from _bench import Table  # noqa: E402
 
 
 def fuzz_paddle(examples: int, seed: int, shrink: bool, stats) -> None:
     import paddle
 
-    import test_fuzz_paddle as fp
+    import fuzz_recipes as fp
 
     paddle.enable_static()
     configs = ((0, False), (1, False), (0, True), (1, True))
@@ -52,7 +54,7 @@ def fuzz_paddle(examples: int, seed: int, shrink: bool, stats) -> None:
 def fuzz_graphs(examples: int, seed: int, stats) -> None:
     from hypothesis import HealthCheck, settings
 
-    import test_fuzz_graph as fg
+    import graph_checks as fg
     from strategies import programs
 
     @hypothesis_seed(seed)
@@ -88,9 +90,9 @@ def main() -> int:
         traceback.print_exc()
         print(f"\nFAILED after {time.perf_counter() - start:.0f} s; counts so far: {dict(stats)}")
         return 1
-    print(f"| what | count |\n|---|---:|")
+    table = Table(["what", "count"], "lr")
     for key in sorted(stats):
-        print(f"| {key} | {stats[key]} |")
+        table.row(key, stats[key])
     print(f"\nall passed in {time.perf_counter() - start:.0f} s (seed {args.seed})")
     return 0
 

@@ -19,7 +19,7 @@ then some:
   per program so that level 0 (same shape and dtype) finds partners; feeds,
   data, parameters, non-dense kinds (``lod_tensor_array``...), gradients
   (``@GRAD`` names written by backward ops), a loss op, fetched variables;
-- declared in-place pairs (``attrs["inplace"]``) on random ops, shaped as
+- declared in-place pairs (``facts.inplace``) on random ops, shaped as
   the legacy adapter makes them (an input only read, an output only written);
 - with ``maybe_undefined=True``, reads of variables a branch not taken or a
   loop run zero times left unwritten (the interpreter reads what the scope
@@ -33,12 +33,12 @@ when a property fails).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from hypothesis import strategies as st
 
-from memopt.graph import DENSE, DTYPE_BYTES, Graph, Op, Var
+from memopt.graph import DENSE, DTYPE_BYTES, Graph, Op, OpFacts, Var
 
 DTYPES = tuple(sorted(DTYPE_BYTES))
 DIMS = (-1, -1, 1, 2, 3, 4, 8, 16, 64, 1000, 0)
@@ -79,6 +79,9 @@ def format_graph(graph: Graph) -> str:
                          + "; ".join(var_text(v) for v in block.vars.values()))
         for i, op in enumerate(block.ops):
             extra = {k: v for k, v in op.attrs.items() if k != "index"}
+            extra.update((f.name, getattr(op.facts, f.name)) for f in fields(OpFacts)
+                         if getattr(op.facts, f.name) != f.default
+                         and getattr(op.facts, f.name) != {})
             tags = (f" {op.role}" if op.role != "forward" else "") + (" loop" if op.loop else "")
             lines.append(f"{indent}{i}: {', '.join(op.writes) or '_'} = {op.type}"
                          f"({', '.join(op.reads)}){tags}{' ' + str(extra) if extra else ''}")
@@ -206,7 +209,7 @@ class _Builder:
                 name = self.declare(block_idx, grad=backward)
             if name not in writes:
                 writes.append(name)
-        attrs: Dict = {}
+        facts = OpFacts()
         only_read = [n for n in reads if n not in writes]
         only_written = [n for n in writes if n not in reads]
         if only_read and draw(st.integers(0, 2)) == 0:
@@ -222,12 +225,12 @@ class _Builder:
             else:
                 dst = None
             if dst is not None:
-                attrs["inplace"] = (src, dst)
+                facts.inplace = (src, dst)
         if block_idx == 0 and not backward and draw(st.integers(0, 14)) == 0:
-            attrs["loss"] = True
+            facts.loss = True
         self.graph.blocks[block_idx].add_op(
             Op(op_type, tuple(reads), tuple(writes), role="backward" if backward else "forward",
-               attrs=attrs))
+               facts=facts))
         self.publish(block_idx, scope, writes)
 
     def publish(self, block_idx: int, scope: _Scope, writes: Sequence[str],

@@ -6,15 +6,16 @@ Two jobs, kept apart:
   without touching it: every block, every variable (shape with ``-1`` for the
   batch, dtype, kind, persistable / feed / fetch / data flags), every op (what
   it reads and writes, the sub-blocks it runs, its role from ``op_role``,
-  ``loop`` for ``while`` / ``while_grad``).  Each op's ``attrs`` carry what the
-  planner needs from Paddle: ``"index"`` (position in its block), ``"loss"``
-  (the op has the Loss role), ``"inplace"`` (the input/output pair Paddle's
-  kernel may run in place, from the op's declared in-place inferer, kept
-  only where bit-exact), ``"inplace_alt"`` (``elementwise_add``'s
-  ``(Y, Out)`` where X, Y and Out have one shape) and ``"dims_only"``
-  (inputs read for their dims only, with an operand of the same dims that
-  can stand in); ``"release"`` marks a release :func:`insert_releases` put
-  there.
+  ``loop`` for ``while`` / ``while_grad``).  Each op's
+  :class:`~memopt.graph.OpFacts` state what the planner needs from Paddle:
+  ``loss`` (the op has the Loss role), ``inplace`` (the input/output pair
+  Paddle's kernel may run in place, from the op's declared in-place
+  inferer, kept only where bit-exact), ``inplace_alt`` (``elementwise_add``'s
+  ``(Y, Out)`` where X, Y and Out have one shape), ``dims_only`` (inputs
+  read for their dims only, with an operand of the same dims that can stand
+  in), ``aliases`` (einsum), ``full_writes`` / ``sub_outputs`` (control grad
+  ops) and ``release`` (a release :func:`insert_releases` put there);
+  ``attrs["index"]`` is the op's position in its block.
 - :func:`rewrite` changes a program: input substitutions, renames (per block,
   every use of a name replaced by another) and a new order of block 0's ops.
   Everything is validated first and applied in one go; if anything fails
@@ -37,7 +38,7 @@ import logging
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..errors import GraphError, MergedVariableError, UnsupportedProgramError
-from ..graph import DENSE, RELEASE_ATTR, RELEASED_VAR, Block, Graph, Op, Var
+from ..graph import DENSE, RELEASED_VAR, Block, Graph, Op, OpFacts, Var
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ EMPTY_VAR = "@EMPTY@"
 #: operand's own memory when no transpose is needed, so another variable
 #: written into a merged cache would overwrite that operand.)  Where a cache
 #: may be its operand's buffer (:func:`einsum_cache_copies`), the operand is
-#: left alone too (the einsum's ``attrs["aliases"]``): merged, its memory
+#: left alone too (the einsum's ``facts.aliases``): merged, its memory
 #: could be taken over before ``einsum_grad`` reads the cache, and a later
 #: member written by a kernel that hands its output a new buffer (einsum's
 #: own) would leave the cache holding the old one (measured on the
@@ -230,9 +231,10 @@ _GRAD_CONTROL_OPS = {"conditional_block_grad": ("Input", "Input@GRAD"),
                      "while_grad": ("X", "X@GRAD")}
 
 
-def _control_grad_attrs(op_type: str, desc, surely_written) -> dict:
-    """``sub_outputs`` (the body's local gradients the op reads back after
-    the body ran) and, for ``conditional_block_grad``, ``full_writes``.
+def _control_grad_facts(facts: OpFacts, op_type: str, desc, surely_written) -> None:
+    """Set ``facts.sub_outputs`` (the body's local gradients the op reads
+    back after the body ran) and, for ``conditional_block_grad``,
+    ``facts.full_writes``.
 
     ``conditional_block_grad`` writes every parent-side gradient whole: a
     copy of the body's local gradient when the branch ran, zeros of the
@@ -246,12 +248,11 @@ def _control_grad_attrs(op_type: str, desc, surely_written) -> dict:
     """
     in_slot, out_slot = _GRAD_CONTROL_OPS[op_type]
     inputs = desc.input(in_slot)
-    attrs = {"sub_outputs": tuple(n + "@GRAD" for n in inputs if n != EMPTY_VAR)}
+    facts.sub_outputs = tuple(n + "@GRAD" for n in inputs if n != EMPTY_VAR)
     outputs = desc.output(out_slot)
     if op_type == "conditional_block_grad" and len(outputs) == len(inputs):
-        attrs["full_writes"] = tuple(out for out, x in zip(outputs, inputs)
-                                     if EMPTY_VAR not in (out, x) and surely_written(x))
-    return attrs
+        facts.full_writes = tuple(out for out, x in zip(outputs, inputs)
+                                  if EMPTY_VAR not in (out, x) and surely_written(x))
 
 
 def _surely_written(program, pblock, index: int):
@@ -396,6 +397,7 @@ def program_to_graph(program) -> Graph:
         raise UnsupportedProgramError(
             f"expected a legacy paddle.base.framework.Program, got {type(program).__name__}")
     kinds = _kind_names()
+    dims_slots: Dict[Tuple[int, int], dict] = {}  # (block, op index) -> slots
     blocks: List[Block] = []
     unsized: set = set()
     meta: set = set()
@@ -422,20 +424,17 @@ def program_to_graph(program) -> Graph:
                 reads = tuple(n for n in reads if n != EMPTY_VAR)
                 writes = tuple(n for n in writes if n != EMPTY_VAR)
             op_role = desc.attr("op_role") if desc.has_attr("op_role") else 0
-            attrs = {"index": index, "loss": bool(op_role & ROLE_LOSS)}
+            facts = OpFacts(loss=bool(op_role & ROLE_LOSS))
             if _has_inplace(op_type):
-                pair = _inplace_pair(op_type, _slots(desc.input_names(), desc.input),
-                                     _slots(desc.output_names(), desc.output))
-                if pair is not None:
-                    attrs["inplace"] = pair
+                facts.inplace = _inplace_pair(op_type, _slots(desc.input_names(), desc.input),
+                                              _slots(desc.output_names(), desc.output))
             if op_type == "elementwise_add":
-                alt = _operand_y_in_place(pblock, desc)
-                if alt is not None:
-                    attrs["inplace_alt"] = alt
+                facts.inplace_alt = _operand_y_in_place(pblock, desc)
             if op_type in _DIMS_ONLY_OPS:
-                attrs["dims_only"] = {slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
+                dims_slots[(pblock.idx, index)] = {
+                    slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
             if op_type == RELEASE_OP and set(reads) == {RELEASED_VAR}:
-                attrs[RELEASE_ATTR] = tuple(n for n in writes if n != RELEASED_VAR)
+                facts.release = tuple(n for n in writes if n != RELEASED_VAR)
             if op_type == "einsum":
                 # an operand whose cache may be its own buffer is left alone;
                 # a unary einsum may return its operand's own buffer (no
@@ -444,14 +443,13 @@ def program_to_graph(program) -> Graph:
                 aliases = tuple(sorted(set(_aliasing_einsum_caches(pblock, desc).values())))
                 if len(desc.input("Operands")) == 1:
                     aliases += tuple(desc.output("Out"))
-                if aliases:
-                    attrs["aliases"] = aliases
+                facts.aliases = aliases
             subs = _sub_block_ids(desc)
             if op_type in _GRAD_CONTROL_OPS:
-                attrs.update(_control_grad_attrs(op_type, desc,
-                                                 _surely_written(program, pblock, index)))
+                _control_grad_facts(facts, op_type, desc,
+                                    _surely_written(program, pblock, index))
             block.add_op(Op(op_type, reads, writes, subs, _role(int(op_role)),
-                            op_type in LOOP_OPS, attrs))
+                            op_type in LOOP_OPS, {"index": index}, facts))
             for slot in _UNSIZED_SLOTS.intersection(desc.output_names()):
                 unsized.update(desc.output(slot))
             for slot in _META_SLOTS.intersection(desc.output_names()):
@@ -468,7 +466,7 @@ def program_to_graph(program) -> Graph:
     graph = Graph(blocks=blocks)
     _declare_borrowed(graph)
     _drop_unsafe_inplace(graph)
-    _find_dims_only_reads(graph)
+    _find_dims_only_reads(graph, dims_slots)
     for name in fetched:
         var = graph.find_var(name)
         if var is not None:
@@ -497,7 +495,7 @@ def _drop_unsafe_inplace(graph: Graph) -> None:
     """
     for block in graph.blocks:
         for op in block.ops:
-            pair = op.attrs.get("inplace")
+            pair = op.facts.inplace
             if pair is None or not op.type.endswith("_grad"):
                 continue
             shape = tuple(graph.var(pair[0], block.idx).shape)
@@ -509,7 +507,7 @@ def _drop_unsafe_inplace(graph: Graph) -> None:
                 if (op.type in _TRAILING_BROADCAST_OK and 0 < len(other) < len(shape)
                         and shape[-len(other):] == other):
                     continue
-                del op.attrs["inplace"]
+                op.facts.inplace = None
                 break
 
 
@@ -519,7 +517,7 @@ def _drop_unsafe_inplace(graph: Graph) -> None:
 _DIMS_ONLY_OPS = frozenset({"elementwise_add_grad", "elementwise_sub_grad"})
 
 
-def _find_dims_only_reads(graph: Graph) -> None:
+def _find_dims_only_reads(graph: Graph, dims_slots: Dict[Tuple[int, int], dict]) -> None:
     """Mark the reads a grad op makes for a variable's dims only.
 
     ``elementwise_add_grad`` reads ``X`` and ``Y`` for their dims only (Paddle
@@ -528,11 +526,13 @@ def _find_dims_only_reads(graph: Graph) -> None:
     batch dimension ``-1`` is the same ``B`` -- ``Out@GRAD`` carries the same
     dims, so the slot may read ``Out@GRAD`` instead and the variable need not
     be kept alive (with the garbage collector on, Paddle frees it early
-    itself).  Leaves ``op.attrs["dims_only"] = {slot: (var, substitute)}``.
+    itself).  ``dims_slots[(block, op index)]`` holds the op's ``X``, ``Y``
+    and ``Out@GRAD`` slots; sets ``op.facts.dims_only = {slot: (var,
+    substitute)}``.
     """
     for block in graph.blocks:
-        for op in block.ops:
-            slots = op.attrs.pop("dims_only", None)
+        for index, op in enumerate(block.ops):
+            slots = dims_slots.get((block.idx, index))
             if slots is None:
                 continue
             grad = slots.get("Out@GRAD") or []
@@ -549,7 +549,7 @@ def _find_dims_only_reads(graph: Graph) -> None:
                         and v.dtype == g.dtype and v.size.coefficient):
                     found[slot] = (names[0], grad[0])
             if found:
-                op.attrs["dims_only"] = found
+                op.facts.dims_only = found
 
 
 def _declare_borrowed(graph: Graph) -> None:

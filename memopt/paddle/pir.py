@@ -27,7 +27,7 @@ How values flow through the constructs, as the executor runs them:
   written by a synthetic op ``pd_op.if/out`` right after the construct (the
   executor hands the yielded buffers over to them there).  Synthetic ops
   have no PIR op (``PirGraph.ops`` holds None for them) and carry
-  ``attrs["synthetic"]``: ``"before"`` or ``"after"`` the op they belong to.
+  ``facts.synthetic``: ``"before"`` or ``"after"`` the op they belong to.
 - ``pd_op.while``: a synthetic ``pd_op.while/in`` before the head reads the
   initial values and writes the body's block arguments; the head (a loop op)
   re-reads the condition every iteration; the body's ``cf.yield`` writes the
@@ -47,11 +47,13 @@ the ops just before it whose results only the backward part uses (the
 persistable value in place (``sgd_``, ``adam_``, ``momentum_``...) is an
 optimizer op.  Values written by backward ops are gradients.
 
-Memory facts the executor needs, kept on the ops' ``attrs``:
-``"no_need_buffer"`` (operands the op reads only for their shape, which do
-not keep memory alive), ``"overwrites"`` (``(input, output)`` pairs of an op
-that writes over its operands: ``sgd_``, ``batch_norm_``, ``relu_``), and
-``"synthetic"`` (above).  An ``xshape`` output holds no data (kind
+Memory facts the executor needs, stated on the ops'
+:class:`~memopt.graph.OpFacts`: ``no_need_buffer`` (operands the op reads
+only for their shape, which do not keep memory alive), ``overwrites``
+(``(input, output)`` pairs of an op that writes over its operands: ``sgd_``,
+``batch_norm_``, ``relu_``), ``release`` (a translated memopt release),
+``synthetic`` (above), ``stack_push`` / ``in_loop`` (below); ``attrs``
+keeps the PIR op's ``pir_id``.  An ``xshape`` output holds no data (kind
 ``"shape"``); an einsum's ``inner_cache`` gets the size of the operands the
 kernel really caches.
 
@@ -71,7 +73,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from ..graph import (DENSE, RELEASE_ATTR, RELEASED_VAR, Block, Graph, Op, Var, unversioned,
+from ..graph import (DENSE, RELEASED_VAR, Block, Graph, Op, OpFacts, Var, unversioned,
                      versioned)
 
 log = logging.getLogger(__name__)
@@ -395,19 +397,16 @@ class _Converter:
             reads = []  # no memory moves: readers of the vector read the elements
         for nm in writes:
             self.result.defining_op.setdefault(nm, position)
-        attrs = {"pir_id": pir_op.id()}
-        if name == SHARE_DATA_OP and set(reads) == {RELEASED_VAR}:
+        facts = OpFacts()
+        is_release = name == SHARE_DATA_OP and set(reads) == {RELEASED_VAR}
+        if is_release:
             # a legacy release (memopt.release_memory) as translated: the
             # value written is the legacy variable's next version (``v#k``),
             # holding nothing (not an overwrite of the empty variable)
-            attrs[RELEASE_ATTR] = tuple(sorted({unversioned(w) for w in writes}
-                                               - {RELEASED_VAR}))
-        overwritten = () if RELEASE_ATTR in attrs else self._overwritten(pir_op)
-        if overwritten:
-            attrs["overwrites"] = overwritten
-        shape_only = self._no_need_buffer(pir_op)
-        if shape_only:
-            attrs["no_need_buffer"] = tuple(shape_only)
+            facts.release = tuple(sorted({unversioned(w) for w in writes} - {RELEASED_VAR}))
+        else:
+            facts.overwrites = self._overwritten(pir_op)
+        facts.no_need_buffer = tuple(self._no_need_buffer(pir_op))
         if name == POP_OP:
             stack = self._stack_index(pir_op.operand_source(0))
             held = self.pushed.get(stack, [])
@@ -420,9 +419,9 @@ class _Converter:
                 var = self.graph.find_var(nm, block.idx)
                 if var.is_dense and var.size.power in by_power:
                     pairs.append((by_power[var.size.power], nm))
-            attrs["overwrites"] = tuple(pairs)
+            facts.overwrites = tuple(pairs)
         self._add(block, pir_op, Op(name, reads=tuple(reads), writes=tuple(writes),
-                                    attrs=attrs))
+                                    attrs={"pir_id": pir_op.id()}, facts=facts))
         if name == PUSH_OP:
             self._walk_push(pir_op, block, reads[1:])
 
@@ -439,7 +438,7 @@ class _Converter:
         dense, dtype uint8; declared in the global block, as the pop is in
         another region); the pop reads it and its results share it
         (``overwrites``).  A push inside a while body runs once per
-        iteration: ``attrs["in_loop"]`` lets the analysis scale it.
+        iteration: ``facts.in_loop`` lets the analysis scale it.
         """
         stack = self._stack_index(pir_op.operand_source(0))
         by_power: dict = {}
@@ -458,8 +457,8 @@ class _Converter:
             names.append(name)
         if names:
             self._add(block, None, Op(PUSH_OP + "/stack", writes=tuple(names),
-                                      attrs={"synthetic": "after", "stack_push": tuple(names),
-                                             "in_loop": self.loop_depth > 0}))
+                                      facts=OpFacts(synthetic="after", stack_push=tuple(names),
+                                                    in_loop=self.loop_depth > 0)))
 
     def _overwritten(self, pir_op) -> tuple:
         """``((input name, output name), ...)`` for an op that writes results
@@ -508,7 +507,7 @@ class _Converter:
         for nm in writes:
             self.result.defining_op.setdefault(nm, position)
         self._add(block, None, Op(IF_OP + "/out", writes=tuple(writes),
-                                  attrs={"synthetic": "after"}))
+                                  facts=OpFacts(synthetic="after")))
 
     def _walk_while(self, pir_op, block: Block) -> None:
         operands = list(pir_op.operands_source())
@@ -519,7 +518,7 @@ class _Converter:
         for nm in args:
             self.result.defining_op.setdefault(nm, position)
         self._add(block, None, Op(WHILE_OP + "/in", reads=tuple(self._reads(inits)),
-                                  writes=tuple(args), attrs={"synthetic": "before"}))
+                                  writes=tuple(args), facts=OpFacts(synthetic="before")))
         head = self._add(block, pir_op, Op(WHILE_OP, reads=tuple(self._reads(cond)),
                                            writes=tuple(args), loop=True,
                                            attrs={"pir_id": pir_op.id()}))
@@ -537,7 +536,7 @@ class _Converter:
         for nm in writes:
             self.result.defining_op.setdefault(nm, position)
         self._add(block, None, Op(WHILE_OP + "/out", reads=tuple(args), writes=tuple(writes),
-                                  attrs={"synthetic": "after"}))
+                                  facts=OpFacts(synthetic="after")))
 
     # -- roles ----------------------------------------------------------------
     def _assign_roles(self) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from ..candidates import R_GRAD
 from ..errors import PlanError
 from .pir import PirGraph, is_pir_program
 from .pir_inplace import (CPU_NO_INPLACE, build_inplace,
@@ -45,8 +46,9 @@ _VIEW_OPS = frozenset({
     "pd_op.unbind", "pd_op.diagonal", "pd_op.expand", "pd_op.share_data",
     "pd_op.assign", "builtin.split", "builtin.slice", "pd_op.while", "pd_op.if"})
 
-#: memory_optimize's reasons for leaving an op as it is (Report.not_merged).
-R_GRAD = "gradient (skip_grads=True)"
+#: memory_optimize's reasons for leaving an op as it is (Report.not_merged):
+#: the core's where they mean the same (:mod:`memopt.candidates`), these
+#: where they are about PIR's in-place variants.
 R_PROTECTED = "input or output protected (persistable, fed, fetched, skip_opt_set)"
 R_ALIVE = "input still used later"
 R_SHAPE = "input and output differ in shape or dtype"
@@ -100,7 +102,7 @@ def plan_inplace(pg: PirGraph, options, device: str = "cpu") -> tuple:
     owners = {sub: pos for pos, (_, op) in enumerate(positions) for sub in op.sub_blocks}
     overwritten_persistable = set()
     for _, op in positions:
-        for src, dst in op.attrs.get("overwrites", ()) if op.attrs else ():
+        for src, dst in op.facts.overwrites:
             overwritten_persistable.add(dst)
     inplace_maps(pg.program, [op for op in pg.ops if op is not None])
     rewrites, reasons = [], {}
@@ -144,7 +146,7 @@ def plan_inplace(pg: PirGraph, options, device: str = "cpu") -> tuple:
             maker = pg.defining_op.get(nin)
             maker_op = positions[maker][1] if maker is not None else None
             if (var_block.get(nin) != block_idx or maker is None or maker_op.type in _VIEW_OPS
-                    or maker_op.attrs.get("synthetic") or nin.startswith("%arg_")):
+                    or maker_op.facts.synthetic or nin.startswith("%arg_")):
                 reason = R_OUTSIDE
                 break
             if sum(1 for v in operands if v.initialized() and v.id == vin.id) != 1:

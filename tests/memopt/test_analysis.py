@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from memopt import analyze
-from memopt.analysis import (Analysis, RuntimeModel, executor_order, format_bytes,
-                             from_graph, parse_bytes)
+from memopt.analysis import Analysis, RuntimeModel, executor_order, from_graph
+from memopt.report import format_bytes, parse_bytes
 from memopt.graph import Graph, Op, Size, Var
 
 PROGRAM_ORDER = RuntimeModel(inplace=False, schedule="program")
@@ -124,7 +124,7 @@ def test_inplace_pair_shares_one_buffer():
 
 def test_no_need_buffer_reads_do_not_keep_memory():
     g = chain_graph()
-    g.global_block.ops[4].attrs["no_need_buffer"] = ("c",)  # sum needs only c's shape
+    g.global_block.ops[4].facts.no_need_buffer = ("c",)  # sum needs only c's shape
     an = analyze(g, runtime=PROGRAM_ORDER)
     # c is written at op 3 and, its only read being shape-only, freed right there
     assert an.timeline(1)[4] == 16 + 4 + 4  # x + s + out

@@ -25,7 +25,7 @@ import pytest
 import memopt
 from memopt.errors import (GraphError, ModelFileError, ProblemFormatError,
                            UnsupportedProgramError)
-from memopt.graph import Graph, Op, Var
+from memopt.graph import Graph, Op, OpFacts, Var
 from memopt.plan import Options
 from memopt.planner import plan_memory
 
@@ -127,7 +127,7 @@ def test_unknown_op_is_read_conservatively(paddle):
     main, _, _ = _with_unknown_op(paddle)
     graph = program_to_graph(main)
     op = next(op for op in graph.global_block.ops if op.type == "my_unknown_op")
-    assert "inplace" not in op.attrs           # never assumed to run in place
+    assert op.facts.inplace is None          # never assumed to run in place
     with gc_off():
         report = memopt.memory_optimize(main, level=1)
     assert report.merged_count > 0            # the rest of the program is optimized
@@ -641,14 +641,14 @@ def test_inplace_pair_whose_source_is_also_written():
     """An in-place pair (a, b) on an op that also writes a is skipped, not planned."""
     _plan_passes_its_checks(_graph([
         Op("relu", ("x",), ("a",)),
-        Op("my_op", ("a",), ("a", "b"), attrs={"inplace": ("a", "b")}),
+        Op("my_op", ("a",), ("a", "b"), facts=OpFacts(inplace=("a", "b"))),
         Op("relu", ("b",), ("c",)), Op("relu", ("c",), ("out",))]))
 
 
 def test_inplace_source_never_written():
     """An in-place source nothing wrote before (live at the entry) is not taken over."""
     _plan_passes_its_checks(_graph([
-        Op("my_op", ("a",), ("b",), attrs={"inplace": ("a", "b")}),
+        Op("my_op", ("a",), ("b",), facts=OpFacts(inplace=("a", "b"))),
         Op("relu", ("b",), ("c",)), Op("relu", ("c",), ("out",))]))
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from memopt.errors import PlanError
-from memopt.graph import Graph, Op, Var
+from memopt.graph import Graph, Op, OpFacts, Var
 from memopt.api import resolve_options
 from memopt.plan import Options
 from memopt.planner import plan_memory
@@ -30,10 +30,10 @@ def chain(n=4, shape=(-1, 8), inplace=False):
     b.add_var(Var("loss", ()))
     prev = "x"
     for name in names:
-        attrs = {"inplace": (prev, name)} if inplace else {}
-        b.add_op(Op("relu", (prev,), (name,), attrs=attrs))
+        facts = OpFacts(inplace=(prev, name) if inplace else None)
+        b.add_op(Op("relu", (prev,), (name,), facts=facts))
         prev = name
-    b.add_op(Op("mean", (prev,), ("loss",), attrs={"loss": True}))
+    b.add_op(Op("mean", (prev,), ("loss",), facts=OpFacts(loss=True)))
     return g
 
 
@@ -90,7 +90,7 @@ def test_level0_needs_equal_shapes_level1_needs_provable_fit():
     b.add_op(Op("a", ("x",), ("big",)))
     b.add_op(Op("b", ("big",), ("small",)))      # big dies here
     b.add_op(Op("c", ("small",), ("fixed",)))    # small dies here
-    b.add_op(Op("d", ("fixed",), ("out",), attrs={"loss": True}))
+    b.add_op(Op("d", ("fixed",), ("out",), facts=OpFacts(loss=True)))
     assert plan_memory(g, Options(skip_grads=False, level=0), gc=False).groups == []
     plan = plan_memory(g, ALL, gc=False)
     # small (16 B * B) fits in big (64 B * B); fixed 4000 B does not fit
@@ -119,8 +119,8 @@ def test_level1_never_shares_across_dtypes(monkeypatch, small_problem):
     b.add_op(Op("relu", ("x",), ("big",)))
     b.add_op(Op("relu", ("big",), ("mid",)))     # big dies here
     b.add_op(Op("argmax", ("mid",), ("idx",)))   # mid dies here
-    b.add_op(Op("mean", ("idx",), ("out",), attrs={"loss": True}))
-    monkeypatch.setattr("memopt.planner.SMALL_PROBLEM", small_problem)
+    b.add_op(Op("mean", ("idx",), ("out",), facts=OpFacts(loss=True)))
+    monkeypatch.setattr("memopt.reuse.SMALL_PROBLEM", small_problem)
     plan = plan_memory(g, ALL, gc=False)
     check_plan(g, plan)
     assert plan.groups == []
@@ -148,7 +148,7 @@ def loop_graph(carried_local: bool):
     body.add_op(Op("scale", ("a",), ("d",)))
     body.add_op(Op("relu", ("d",), ("c",)))
     body.add_op(Op("add", ("c", "h"), ("h",)))
-    b0.add_op(Op("mean", ("h",), ("out",), attrs={"loss": True}))
+    b0.add_op(Op("mean", ("h",), ("out",), facts=OpFacts(loss=True)))
     return g
 
 
@@ -245,7 +245,7 @@ def training_graph():
         b.add_var(Var(name, (4, 4), persistable=True))
     b.add_op(Op("mul", ("x", "w1"), ("h",)))
     b.add_op(Op("mul", ("h", "w2"), ("y",)))
-    b.add_op(Op("mean", ("y",), ("loss",), attrs={"loss": True}))
+    b.add_op(Op("mean", ("y",), ("loss",), facts=OpFacts(loss=True)))
     b.add_op(Op("fill", (), ("dy",), role="backward"))
     b.add_op(Op("mul_grad", ("dy", "h", "w2"), ("dh", "dw2"), role="backward"))
     b.add_op(Op("mul_grad", ("dh", "x", "w1"), ("dw1",), role="backward"))
@@ -306,7 +306,7 @@ def test_gc_plan_that_would_raise_the_peak_is_dropped():
     b.add_var(Var("w", (8,), persistable=True))
     b.ops.insert(len(b.ops) - 1, Op("make_big", (), ("big",), role="optimize"))
     b.ops.insert(len(b.ops) - 1, Op("sgd", ("w", "big"), ("w",), role="optimize"))
-    b.ops[-1] = Op("mean", ("t3", "big"), ("loss",), attrs={"loss": True})
+    b.ops[-1] = Op("mean", ("t3", "big"), ("loss",), facts=OpFacts(loss=True))
     assert schedule_optimizer_ops(g) is not None
     plan = plan_memory(g, ALL, gc=True)
     assert plan.order is None and plan.renames == {}
@@ -333,7 +333,7 @@ def test_inplace_pair_skipped_when_the_op_also_writes_its_input_or_reads_its_out
     for reads, writes in ((("t0",), ("t0", "t1")), (("t0", "t1"), ("t1",))):
         g = chain(4, inplace=True)
         ops = g.global_block.ops
-        ops[1] = Op("my_op", reads, writes, attrs={"inplace": ("t0", "t1")})
+        ops[1] = Op("my_op", reads, writes, facts=OpFacts(inplace=("t0", "t1")))
         plan = plan_memory(g, ALL, gc=gc)
         check_plan(g, plan)
         assert ("t0", "t1") not in {(s, d) for s, d, _ in plan.inplace}
@@ -394,9 +394,9 @@ def cond_grad_graph():
     body.add_op(Op("relu", ("x",), ("u",)))
     body.add_op(Op("scale", ("u",), ("gy",)))
     b0.add_op(Op("relu", ("x",), ("a",)))
-    b0.add_op(Op("mean", ("a",), ("loss",), attrs={"loss": True}))
+    b0.add_op(Op("mean", ("a",), ("loss",), facts=OpFacts(loss=True)))
     b0.add_op(Op("conditional_block_grad", ("x",), ("gx",), sub_blocks=(body.idx,),
-                 attrs={"full_writes": ("gx",), "sub_outputs": ("gx", "gy")}))
+                 facts=OpFacts(full_writes=("gx",), sub_outputs=("gx", "gy"))))
     b0.add_op(Op("relu", ("gx",), ("out",)))
     b0.add_op(Op("mean", ("out",), ("loss",)))
     return g
@@ -432,7 +432,7 @@ def test_a_control_output_read_by_the_op_or_written_twice_stays_alone():
         ops = g.global_block.ops
         if mutate == "read":
             ops[2] = Op("conditional_block_grad", ("x", "gx"), ("gx",), sub_blocks=(1,),
-                        attrs={"full_writes": ("gx",), "sub_outputs": ("gx", "gy")})
+                        facts=OpFacts(full_writes=("gx",), sub_outputs=("gx", "gy")))
         else:
             ops.insert(1, Op("relu", ("x",), ("gx",)))
         plan = plan_memory(g, ALL, gc=False)
@@ -442,7 +442,7 @@ def test_a_control_output_read_by_the_op_or_written_twice_stays_alone():
 
 def test_without_full_writes_a_control_output_stays_alone():
     g = cond_grad_graph()
-    g.global_block.ops[2].attrs.pop("full_writes")
+    g.global_block.ops[2].facts.full_writes = ()
     plan = plan_memory(g, ALL, gc=False)
     check_plan(g, plan)
     assert all("gx" not in grp for grp in plan.groups)
@@ -477,7 +477,7 @@ def nested_loop_graph():
     b0.add_op(Op("relu", ("x",), ("h",)))
     b0.add_op(Op("fill_constant", (), ("c",), attrs={"value": 1}))
     b0.add_op(Op("conditional_block", ("c", "h"), ("h",), sub_blocks=(1,)))
-    b0.add_op(Op("mean", ("h",), ("loss",), attrs={"loss": True}))
+    b0.add_op(Op("mean", ("h",), ("loss",), facts=OpFacts(loss=True)))
     branch.add_op(Op("relu", ("h",), ("b1",)))
     branch.add_op(Op("scale", ("b1",), ("b2",)))
     branch.add_op(Op("while", ("c", "h", "b2"), ("h",), sub_blocks=(2,), loop=True,

@@ -15,8 +15,8 @@ import pytest
 import memopt
 from memopt import models
 from memopt.errors import MergedVariableError, PlanError
-from memopt.graph import Graph, Op, Var
-from memopt.release import RELEASE_ATTR, plan_releases, verify_releases
+from memopt.graph import Graph, Op, OpFacts, Var
+from memopt.release import plan_releases, verify_releases
 from memopt.reporting import peak_holding
 from runs import STEPS, after_one_step, assert_same, reference
 
@@ -42,7 +42,7 @@ def chain(n=4):
     for i in range(n):
         b.add_op(Op("relu", (prev,), (f"t{i}",)))
         prev = f"t{i}"
-    b.add_op(Op("mean", (prev,), ("loss",), attrs={"loss": True}))
+    b.add_op(Op("mean", (prev,), ("loss",), facts=OpFacts(loss=True)))
     return g
 
 
@@ -73,7 +73,7 @@ def test_already_released_is_not_released_again():
         b.add_op(op)
     # t0 released right after its last read, as an earlier call would have
     b.add_op(Op("share_buffer", ("memopt@released",), ("t0", "memopt@released"),
-                attrs={RELEASE_ATTR: True}))
+                facts=OpFacts(release=("t0",))))
     for op in ops[2:]:
         b.add_op(op)
     plan = plan_releases(g)
@@ -139,7 +139,7 @@ def test_analysis_ends_a_released_variable_at_its_release():
     b.add_var(Var("memopt@released", (0,)))
     # release t0 right after t1 is written (its last reader)
     b.ops.insert(2, Op("share_buffer", ("memopt@released",), ("t0", "memopt@released"),
-                       attrs={RELEASE_ATTR: ("t0",)}))
+                       facts=OpFacts(release=("t0",))))
     released = analyze(g, 2, runtime=off).peak()
     assert held - released == per
 

@@ -2,7 +2,7 @@
 import json
 
 from memopt.graph import Size
-from memopt.report import Bytes, Holder, Report, Reuse, format_size, human
+from memopt.report import Bytes, Holder, Report, Reuse, format_bytes, format_size
 
 
 def sample() -> Report:
@@ -25,9 +25,9 @@ def sample() -> Report:
 
 
 def test_human_and_sizes():
-    assert human(512) == "512 B"
-    assert human(1536) == "1.5 KiB"
-    assert human(3 * 2 ** 30) == "3.0 GiB"
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(3 * 2 ** 30) == "3.0 GiB"
     assert format_size(Size(512, 1)) == "512 B*B"
     assert format_size(Size(2048, 2)) == "2.0 KiB*B^2"
     assert format_size(4096) == "4.0 KiB"

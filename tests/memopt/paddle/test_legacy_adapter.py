@@ -52,18 +52,18 @@ def test_reads_an_mlp(legacy):
     assert roles["matmul_v2"] == "forward"
     assert roles["matmul_v2_grad"] == "backward"
     assert roles["momentum"] == "optimize"
-    loss_ops = [op for op in graph.global_block.ops if op.attrs["loss"]]
+    loss_ops = [op for op in graph.global_block.ops if op.facts.loss]
     assert loss_ops and model.loss.name in loss_ops[0].writes
 
 
 def test_inplace_pairs_follow_paddle(legacy):
     graph = legacy.program_to_graph(models.build("mlp", "legacy").main)
-    pairs = {op.type: op.attrs.get("inplace") for op in graph.global_block.ops}
+    pairs = {op.type: op.facts.inplace for op in graph.global_block.ops}
     relu = next(op for op in graph.global_block.ops if op.type == "relu")
-    assert relu.attrs["inplace"] == (relu.reads[0], relu.writes[0])
+    assert relu.facts.inplace == (relu.reads[0], relu.writes[0])
     assert pairs["matmul_v2"] is None  # Paddle declares no in-place for matmul
     relu_grad = next(op for op in graph.global_block.ops if op.type == "relu_grad")
-    src, dst = relu_grad.attrs["inplace"]
+    src, dst = relu_grad.facts.inplace
     assert src.endswith("@GRAD") and dst.endswith("@GRAD")
 
 
@@ -73,11 +73,11 @@ def test_broadcasting_grad_loses_its_inplace_pair(legacy):
     bias_grads = [op for op in graph.global_block.ops
                   if op.type == "elementwise_add_grad" and "conv2d" in op.reads[0]]
     assert len(bias_grads) == 2
-    assert all("inplace" not in op.attrs for op in bias_grads)
+    assert all(op.facts.inplace is None for op in bias_grads)
     # the linear layer's bias (Y [classes], a trailing suffix) keeps its pair
     linear = [op for op in graph.global_block.ops
               if op.type == "elementwise_add_grad" and "linear" in op.reads[0]]
-    assert linear and all("inplace" in op.attrs for op in linear)
+    assert linear and all(op.facts.inplace is not None for op in linear)
 
 
 def test_reads_nested_control_flow(legacy):
@@ -203,7 +203,7 @@ def test_dims_only_reads(legacy):
     grads = [op for op in graph.global_block.ops if op.type == "elementwise_add_grad"]
     assert grads
     for op in grads:
-        found = op.attrs.get("dims_only", {})
+        found = op.facts.dims_only
         assert set(found) == {"X"}, "Y is the bias (a parameter): left alone"
         var, sub = found["X"]
         assert sub == op.reads[0] and var in op.reads
@@ -241,8 +241,8 @@ def test_conditional_block_grad_full_writes(legacy):
     assert len(grads) == 2
     for index, pop in grads:
         gop = graph.global_block.ops[index]
-        assert set(gop.attrs["full_writes"]) == set(pop.output("Input@GRAD")) - {"@EMPTY@"}
-        assert set(gop.attrs["sub_outputs"]) == {n + "@GRAD" for n in pop.input("Input")}
+        assert set(gop.facts.full_writes) == set(pop.output("Input@GRAD")) - {"@EMPTY@"}
+        assert set(gop.facts.sub_outputs) == {n + "@GRAD" for n in pop.input("Input")}
     surely = legacy._surely_written(program, block0, grads[0][0])
     branch_out = next(op for op in block0.ops if op.type == "conditional_block").output("Out")[0]
     assert surely("linear_0.tmp_1") and surely("x") and surely("linear_1.w_0")
@@ -269,7 +269,7 @@ def test_unary_einsum_output_is_never_merged(legacy, paddle):
             paddle.mean(e + 1.0)
     graph = legacy.program_to_graph(main)
     einsum = next(op for op in graph.global_block.ops if op.type == "einsum")
-    operand, out = einsum.attrs["aliases"]
+    operand, out = einsum.facts.aliases
     assert graph.var(out).is_dense and out in einsum.writes and operand in einsum.reads
     plan = plan_memory(graph, Options(skip_grads=False, level=1), gc=False)
     assert plan.groups, "the other temporaries share"
