@@ -43,6 +43,7 @@ _EXPORTS = {
     "ProblemFormatError": "memopt.errors",
     "ModelFileError": "memopt.errors",
     "MergedVariableError": "memopt.errors",
+    "install_fetch_guard": "memopt.paddle.guards",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,6 +16,7 @@ imported only when a Paddle program is handed in.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc as python_gc
 import logging
 import time
@@ -26,7 +27,7 @@ import numpy as np
 from .analysis import Analysis, RuntimeModel, from_graph
 from .errors import UnsupportedProgramError
 from .graph import Graph
-from .paddle import flags, legacy, pir, pir_rewrite
+from .paddle import flags, legacy, merge_record, pir, pir_rewrite
 from .paddle import runtime as paddle_runtime
 from .plan import Options
 from .planner import plan_memory
@@ -42,16 +43,17 @@ log = logging.getLogger(__name__)
 
 # -- arguments ---------------------------------------------------------------------
 
-def _name_of(item, index: int) -> str:
-    """The variable name of a skip_opt_set item: a str, a legacy Variable, or
-    a PIR Value (named as :func:`memopt.paddle.pir.value_name` does)."""
+def _name_of(item, index: int, argument: str = "skip_opt_set") -> str:
+    """The variable name of a skip_opt_set / fetch_list item: a str, a legacy
+    Variable, or a PIR Value (named as :func:`memopt.paddle.pir.value_name`
+    does)."""
     if isinstance(item, str):
         return item
     if type(item).__name__ == "Value" and hasattr(item, "get_defining_op"):
         try:
             return pir.value_name(item)
         except ValueError as exc:
-            raise TypeError(f"skip_opt_set[{index}]: {exc}") from None
+            raise TypeError(f"{argument}[{index}]: {exc}") from None
     try:
         name = getattr(item, "name", None)
     except Exception:  # a PIR Value without a name raises
@@ -59,12 +61,32 @@ def _name_of(item, index: int) -> str:
     if isinstance(name, str) and name:
         return name
     raise TypeError(
-        f"skip_opt_set[{index}] is a {type(item).__name__} with no variable name; "
+        f"{argument}[{index}] is a {type(item).__name__} with no variable name; "
         "pass variable names (str) or Variables")
 
 
+def _names(value, argument: str) -> frozenset:
+    """The names of a skip_opt_set / fetch_list argument (None: none; a
+    single Variable or Value is accepted as a fetch_list)."""
+    if value is None:
+        return frozenset()
+    if isinstance(value, (str, bytes)):
+        raise TypeError(
+            f"{argument} must be a set, list or tuple of variable names, not the "
+            f"string {value!r}: note that ({value!r}) is a string, not a "
+            f"tuple; write ({value!r},) or {{{value!r}}}")
+    if isinstance(value, (set, frozenset, list, tuple)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else list(value)
+        return frozenset(_name_of(item, i, argument) for i, item in enumerate(items))
+    if argument == "fetch_list" and (pir.is_pir_value(value) or hasattr(value, "name")):
+        return frozenset([_name_of(value, 0, argument)])
+    raise TypeError(
+        f"{argument} must be None or a set, list or tuple of variable names or "
+        f"Variables, got {type(value).__name__}")
+
+
 def resolve_options(skip_opt_set=None, skip_grads: bool = True, level: int = 0,
-                    print_log: bool = False) -> Options:
+                    print_log: bool = False, fetch_list=None) -> Options:
     """Check memory_optimize's arguments and turn them into :class:`Options`.
 
     Raises
@@ -76,21 +98,8 @@ def resolve_options(skip_opt_set=None, skip_grads: bool = True, level: int = 0,
     ValueError
         ``level`` is not 0 or 1.
     """
-    if skip_opt_set is None:
-        names: frozenset = frozenset()
-    elif isinstance(skip_opt_set, (str, bytes)):
-        raise TypeError(
-            f"skip_opt_set must be a set, list or tuple of variable names, not the "
-            f"string {skip_opt_set!r}: note that ({skip_opt_set!r}) is a string, not a "
-            f"tuple; write ({skip_opt_set!r},) or {{{skip_opt_set!r}}}")
-    elif isinstance(skip_opt_set, (set, frozenset, list, tuple)):
-        items = sorted(skip_opt_set, key=str) if isinstance(skip_opt_set, (set, frozenset)) \
-            else list(skip_opt_set)
-        names = frozenset(_name_of(item, i) for i, item in enumerate(items))
-    else:
-        raise TypeError(
-            "skip_opt_set must be None or a set, list or tuple of variable names or "
-            f"Variables, got {type(skip_opt_set).__name__}")
+    names = _names(skip_opt_set, "skip_opt_set")
+    fetched = _names(fetch_list, "fetch_list")
     for arg, value in (("skip_grads", skip_grads), ("print_log", print_log)):
         if not isinstance(value, bool) and type(value).__name__ != "bool_":
             raise TypeError(f"{arg} must be True or False, got {value!r}")
@@ -99,7 +108,7 @@ def resolve_options(skip_opt_set=None, skip_grads: bool = True, level: int = 0,
             f"level must be 0 (reuse only between variables of the same shape and "
             f"dtype) or 1 (any variable of the same dtype whose memory is provably "
             f"large enough), got {level!r}")
-    return Options(names, bool(skip_grads), int(level), bool(print_log))
+    return Options(names, bool(skip_grads), int(level), bool(print_log), fetched)
 
 
 # -- memory_optimize / release_memory ----------------------------------------------
@@ -154,15 +163,33 @@ def _legacy_optimize(program, options: Options) -> Report:
     is touched; the rewrite is all-or-nothing.
     """
     start = time.perf_counter()
-    graph = legacy.program_to_graph(program)
+    legacy.check_user_names(program, options)
+    graph = _legacy_graph(program, options)
     runtime = flags.read_flags()
     plan = plan_memory(graph, options, runtime.gc)
     check_plan(graph, plan)
-    legacy.rewrite(program, plan.renames, plan.order, plan.substitutions)
-    legacy.record_merged(program, plan.merged())
+    homes = {}
+    for block_idx, mapping in plan.renames.items():
+        for old, new in mapping.items():
+            homes[old] = homes[new] = block_idx
+    buffer_of = merge_record.apply_merges(program, plan.groups, homes, legacy.rewrite,
+                                          plan.order, plan.substitutions)
+    if buffer_of:
+        legacy.install_fetch_guard()
+        plan.reuses = [dataclasses.replace(r, renamed_to=buffer_of.get(r.var, r.renamed_to))
+                       for r in plan.reuses]
     seconds = time.perf_counter() - start
     log.debug("memory_optimize: %d variables merged in %.3f s", len(plan.reuses), seconds)
     return make_report(plan, options, runtime.gc_text, "legacy", seconds)
+
+
+def _legacy_graph(program, options: Options) -> Graph:
+    """The program's graph with ``options.fetch_list`` fetched at the end."""
+    graph = legacy.program_to_graph(program)
+    if options.fetch_list:
+        graph.fetch_names = tuple(dict.fromkeys((*graph.fetch_names,
+                                                 *sorted(options.fetch_list))))
+    return graph
 
 
 def _legacy_release(program, options: Options) -> Report:
@@ -176,16 +203,27 @@ def _legacy_release(program, options: Options) -> Report:
     released variable afterwards raises :class:`MergedVariableError`.
     """
     start = time.perf_counter()
-    graph = legacy.program_to_graph(program)
+    legacy.check_user_names(program, options)
+    graph = _legacy_graph(program, options)
     runtime = flags.read_flags()
-    plan = plan_releases(graph, options.skip_opt_set)
+    plan = plan_releases(graph, options.skip_opt_set | options.fetch_list)
     released: List[str] = []
     ops = 0
     if not runtime.gc and plan.after:
         verify_releases(graph, plan.after)
-        ops = legacy.insert_releases(program, plan.after)
+        # each released name moves to a fresh memopt@buf_<k> (the record in
+        # its desc) and leaves the program once the releases are in
+        mapping, undo, finish = merge_record.rename_released(program, plan.released,
+                                                             legacy.rewrite)
+        try:
+            ops = legacy.insert_releases(program, {i: [mapping.get(n, n) for n in names]
+                                                   for i, names in plan.after.items()})
+        except BaseException:
+            undo()
+            raise
+        finish()
         released = plan.released
-        legacy.record_released(program, released)
+        legacy.install_fetch_guard()
     seconds = time.perf_counter() - start
     return release_report(plan, released, ops, options, runtime.gc, runtime.gc_text, "legacy",
                           seconds)
@@ -204,20 +242,20 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -
     batch = batch_size or REFERENCE_BATCH
     runtime = flags.read_flags()
     model = RuntimeModel(gc=runtime.gc, inplace=runtime.inplace)
-    pg = pir.convert(program)
+    pg = pir.convert(program, sorted(options.fetch_list))
+    pir_rewrite.check_user_names(pg, options)
     before = _pir_analysis(pg, batch, model)
     rewrites, reasons = pir_rewrite.plan_inplace(pg, options)
-    reuses, overwritten = [], {}
+    reuses = []
     for rw in rewrites:
         for nin, nout in rw.pairs:
             var = pg.graph.find_var(nout, rw.block)
             reuses.append(Reuse(var=nout, takes=nin, renamed_to=nin, shape=tuple(var.shape),
                                 dtype=var.dtype, size=var.size, block=rw.block,
                                 how="in-place", op=f"{rw.op_name} -> {rw.op_name}_"))
-            overwritten[pg.values[nin].id] = nin
     replaced = pir_rewrite.apply_inplace(pg, rewrites) if rewrites else {}
     if rewrites:
-        pir_rewrite.record_rewrite(program, replaced, overwritten)
+        pir_rewrite.record_rewrite(program, replaced)
         after = _pir_analysis(pir.convert(program), batch, model)
     else:
         after = before
@@ -241,7 +279,8 @@ def _pir_release(program, options: Options) -> Report:
     start = time.perf_counter()
     runtime = flags.read_flags()
     model = RuntimeModel(gc=runtime.gc, inplace=runtime.inplace)
-    pg = pir.convert(program)
+    pg = pir.convert(program, sorted(options.fetch_list))
+    pir_rewrite.check_user_names(pg, options)
     an = _pir_analysis(pg, REFERENCE_BATCH, model)
     kept = sorted(set(options.skip_opt_set) & set(pg.values))
     return pir_release_report(pg.graph, an, kept, runtime.gc, runtime.pir_text,
@@ -249,7 +288,7 @@ def _pir_release(program, options: Options) -> Report:
 
 
 def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
-                    level: int = 0, print_log: bool = False) -> Report:
+                    level: int = 0, print_log: bool = False, *, fetch_list=None) -> Report:
     """Rewrite a Paddle static program so that variables share memory.
 
     Parameters
@@ -266,6 +305,13 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         every batch size); never across dtypes, as Paddle's executor reads
         each variable's declared dtype.
     print_log : print the report (one line per reuse and a summary).
+    fetch_list : (keyword only) what you will fetch from the program:
+        Variables, PIR Values or names.  They keep their own memory and
+        stay fetchable, as if in ``skip_opt_set``.
+
+    Every name in ``skip_opt_set`` and ``fetch_list`` must be one the
+    program has: a ValueError names those it does not, with the closest
+    names it does have, and the program is left unchanged.
 
     Returns
     -------
@@ -281,18 +327,22 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     PlanError
         The plan failed a check (a bug): the program is unchanged.
 
-    A later ``Executor.run`` that fetches a merged variable raises
-    :class:`memopt.errors.MergedVariableError` naming it and the
-    ``skip_opt_set`` fix, instead of returning another variable's data.
+    Merged variables' memory lives under fresh names (``memopt@buf_<k>``);
+    the merged-away names leave the program, so fetching one fails by name
+    -- from the program, its clones and anything saved from it -- and never
+    returns another variable's data; where memopt is imported the error is
+    :class:`memopt.errors.MergedVariableError`, naming it and the
+    ``fetch_list`` fix.  (PIR: fetching a Value an in-place op memopt made
+    writes over raises it too.)
     """
-    options = resolve_options(skip_opt_set, skip_grads, level, print_log)
+    options = resolve_options(skip_opt_set, skip_grads, level, print_log, fetch_list)
     report = _dispatch(_default_program(program), options, release=False)
     if options.print_log:
         print(report)
     return report
 
 
-def release_memory(program=None, skip_opt_set=None) -> Report:
+def release_memory(program=None, skip_opt_set=None, *, fetch_list=None) -> Report:
     """Free each temporary of ``program`` right after its last use.
 
     Fluid did this by inserting ``delete_var`` ops.  With Paddle's
@@ -306,9 +356,13 @@ def release_memory(program=None, skip_opt_set=None) -> Report:
     :class:`memopt.errors.MergedVariableError`.  Call it after
     :func:`memory_optimize`: the two together hold the least memory a run
     with the collector off can.  PIR programs are left as they are.  The
-    Report's ``released`` lists the freed names.
+    Report's ``released`` lists the freed names.  ``fetch_list`` (keyword)
+    names what you will fetch: kept, like ``skip_opt_set``; both must name
+    variables the program has (else ValueError, program unchanged).  A
+    released variable is renamed to a fresh ``memopt@buf_<k>`` and its own
+    name leaves the program, so fetching it fails by name everywhere.
     """
-    options = resolve_options(skip_opt_set)
+    options = resolve_options(skip_opt_set, fetch_list=fetch_list)
     return _dispatch(_default_program(program), options, release=True)
 
 

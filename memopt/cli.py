@@ -3,7 +3,8 @@
 ::
 
     memopt analyze  MODEL [--batch-size N] [--budget 16GiB] [--top K] [--json]
-    memopt optimize MODEL [--level 0|1] [--skip NAME ...] [--keep-grads] -o OUT [--json]
+    memopt optimize MODEL [--level 0|1] [--skip NAME ...] [--fetch NAME ...] [--keep-grads]
+                    [--release] -o OUT [--json]
     memopt plan     PROBLEM.csv [--exact] [--time-limit S] [-o OUT.csv] [--json]
     memopt plot     MODEL -o timeline.png [--batch-size N] [--level 0|1] [--top K]
     memopt plot     PROBLEM.csv -o arena.png [--exact] [--time-limit S]
@@ -222,19 +223,41 @@ def _analyze_problem(args) -> int:
     return 0
 
 
+class _option_names:
+    """Say ``--skip`` / ``--fetch`` where the library's ValueError says
+    ``skip_opt_set`` / ``fetch_list`` (an unknown name)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, ValueError) and not isinstance(exc, MemoptError) and exc.args:
+            text = str(exc.args[0])
+            for api, flag in (("skip_opt_set", "--skip"), ("fetch_list", "--fetch")):
+                if text.startswith(api + " has"):
+                    text = flag + text[len(api):]
+                    text = text.replace("Pass names (or Variables) of this program",
+                                        f"Pass {flag} names the saved program has")
+                    raise ValueError(text) from None
+        return False
+
+
 def cmd_optimize(args, progress: Progress) -> int:
     from .api import memory_optimize, release_memory
     from .paddle.modelio import save_program
 
     loaded = _load(args.model, progress)
     released = None
-    with _guard(loaded):
+    skip, fetch = list(args.skip or []), list(args.fetch or [])
+    with _guard(loaded), _option_names():
         with progress.step("optimizing"):
-            report = memory_optimize(loaded.program, skip_opt_set=list(args.skip or []),
-                                     skip_grads=not args.keep_grads, level=args.level)
+            report = memory_optimize(loaded.program, skip_opt_set=skip,
+                                     skip_grads=not args.keep_grads, level=args.level,
+                                     fetch_list=fetch)
         if args.release:
             with progress.step("releasing"):
-                released = release_memory(loaded.program, skip_opt_set=list(args.skip or []))
+                released = release_memory(loaded.program, skip_opt_set=skip,
+                                          fetch_list=fetch)
         with progress.step(f"writing {args.output}"):
             written = save_program(loaded.program, args.output)
     if args.json:
@@ -389,8 +412,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--level", type=int, choices=(0, 1), default=0,
                    help="0: share only same shape and dtype; 1: any provably large enough")
-    p.add_argument("--skip", nargs="+", metavar="NAME", default=[],
-                   help="variables never to merge (e.g. what you fetch)")
+    p.add_argument("--skip", nargs="+", action="extend", metavar="NAME", default=[],
+                   help="variables never to merge (repeatable)")
+    p.add_argument("--fetch", nargs="+", action="extend", metavar="NAME", default=[],
+                   help="variables you will fetch from the written program: kept, and "
+                        "fetchable (repeatable)")
     p.add_argument("--keep-grads", action="store_true",
                    help="let gradients take part (skip_grads=False)")
     p.add_argument("--release", action="store_true",

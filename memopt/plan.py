@@ -22,13 +22,17 @@ class Options:
     """memory_optimize's arguments, checked, with names resolved.
 
     ``skip_opt_set`` holds variable names (Variables/Values already turned
-    into their names); ``level`` is 0 or 1.
+    into their names); ``fetch_list`` the names the user will fetch (kept
+    whole, like ``skip_opt_set``, and live at the program's end); ``level``
+    is 0 or 1.  Every name is one the program has (checked against the
+    program by :func:`memopt.names.check_known` before anything changes).
     """
 
     skip_opt_set: frozenset = frozenset()
     skip_grads: bool = True
     level: int = 0
     print_log: bool = False
+    fetch_list: frozenset = frozenset()
 
 
 @dataclass

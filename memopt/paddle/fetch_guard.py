@@ -8,6 +8,10 @@ return the list -- possibly translated -- to let it through);
 passes every run's program (a ``CompiledProgram``'s inner program) and fetch
 list through the hooks in registration order.  Programs no rewrite touched
 pass through unchanged.
+
+Save hooks ``hook(fetch_vars)`` (raise to refuse) run before Paddle's PIR
+``save_inference_model`` writes a model: a check that must happen while the
+program still carries what a saved file cannot.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from typing import Callable, List
 Hook = Callable[[object, object], object]
 
 _HOOKS: List[Hook] = []
+_SAVE_HOOKS: List[Callable[[object], None]] = []
 
 
 def add_hook(hook: Hook) -> None:
@@ -50,3 +55,26 @@ def _wrap() -> None:
     run.__memopt_hooks__ = True
     run.__memopt_original__ = original
     Executor.run = run
+
+
+def add_save_hook(hook: Callable[[object], None]) -> None:
+    """Register ``hook(fetch_vars)`` (once) to run before every PIR
+    ``save_inference_model`` (``paddle.static.io.save_inference_model_pir``,
+    which ``paddle.static.save_inference_model`` calls for PIR programs)."""
+    if hook not in _SAVE_HOOKS:
+        _SAVE_HOOKS.append(hook)
+    import paddle.static.io as io
+
+    original = getattr(io, "save_inference_model_pir", None)
+    if original is None or getattr(original, "__memopt_hooks__", False):
+        return
+
+    @functools.wraps(original)
+    def save(path_prefix, feed_vars, fetch_vars, executor, **kwargs):
+        for check in list(_SAVE_HOOKS):
+            check(fetch_vars)
+        return original(path_prefix, feed_vars, fetch_vars, executor, **kwargs)
+
+    save.__memopt_hooks__ = True
+    save.__memopt_original__ = original
+    io.save_inference_model_pir = save

@@ -23,11 +23,12 @@ Two jobs, kept apart:
   or exactly as it was.  :func:`insert_releases` adds the ops that free
   temporaries after their last use (all or nothing too).
 
-:func:`record_merged` / :func:`record_released` record what was merged or
-released on the program, so that a later fetch of such a variable raises
-:class:`memopt.errors.MergedVariableError` (see :func:`install_fetch_guard`).
 :mod:`memopt.api` wires this adapter to the planners; the adapter never
-calls them.
+calls them.  The memory merged or released lives under fresh names and the
+old names leave the program, with the record in the program's desc
+(:mod:`memopt.paddle.merge_record`), so a later fetch of such a variable
+fails by name wherever the program goes (:class:`memopt.errors.MergedVariableError`
+where memopt is imported).
 
 Paddle is imported lazily, inside the functions.
 """
@@ -37,7 +38,7 @@ import functools
 import logging
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ..errors import GraphError, MergedVariableError, UnsupportedProgramError
+from ..errors import GraphError, UnsupportedProgramError
 from ..graph import DENSE, RELEASED_VAR, Block, Graph, Op, OpFacts, Var
 
 log = logging.getLogger(__name__)
@@ -132,12 +133,6 @@ def einsum_cache_copies(equation: str, shapes: List[tuple]) -> List[bool]:
 #: declared ``[0, ...]``).  They get this kind: no bytes, never merged.
 _META_SLOTS = frozenset({"XShape"})
 META = "meta"
-
-#: The program attribute holding ``{merged name: a variable it shares memory with}``.
-MERGED_ATTR = "_memopt_merged"
-
-#: The program attribute holding the names release_memory frees during a run.
-RELEASED_ATTR = "_memopt_released"
 
 #: The op a release is made of: ``share_buffer(X=[RELEASED_VAR], Out=[v])``
 #: leaves ``v`` holding no memory (no op writes :data:`RELEASED_VAR`), and its
@@ -716,75 +711,74 @@ def _move_op(block, src: int, dst: int) -> None:
 # -- fetches of merged variables ---------------------------------------------------
 
 def merged_record(program) -> Dict[str, str]:
-    """``{name: the variable whose memory it shares}`` for every variable a
-    rewrite of ``program`` made share memory (empty if none)."""
-    return dict(getattr(program, MERGED_ATTR, None) or {})
+    """``{user name: the fresh name its memory now lives under}`` for every
+    variable a rewrite of ``program`` (or of the program it was copied or
+    loaded from) merged or released -- read from the program's desc
+    (:mod:`memopt.paddle.merge_record`); empty if none."""
+    from . import merge_record
+
+    return {name: entry[0] for name, entry in merge_record.record_of(program).items()}
 
 
 def check_fetch(program, fetch_list) -> None:
     """Raise :class:`MergedVariableError` if ``fetch_list`` asks for a
-    variable whose memory memory_optimize gave to another, or that
-    release_memory frees during the run."""
-    record = getattr(program, MERGED_ATTR, None)
-    released = getattr(program, RELEASED_ATTR, None)
-    if not (record or released) or not fetch_list:
-        return
-    items = fetch_list if isinstance(fetch_list, (list, tuple)) else [fetch_list]
-    for item in items:
-        name = item if isinstance(item, str) else getattr(item, "name", None)
-        if not isinstance(name, str):
-            continue
-        if record and name in record:
-            raise MergedVariableError(
-                f"cannot fetch {name!r}: memopt.memory_optimize made it share memory "
-                f"with {record[name]!r}, so after the run it no longer holds its own "
-                f"value. Rebuild the program and pass skip_opt_set={{{name!r}}} to "
-                "memory_optimize to keep it")
-        if released and name in released:
-            raise MergedVariableError(
-                f"cannot fetch {name!r}: memopt.release_memory frees it right after its "
-                f"last use, so after the run it holds no value. Rebuild the program and "
-                f"pass skip_opt_set={{{name!r}}} to release_memory to keep it")
+    variable memory_optimize merged away or release_memory released (see
+    :func:`memopt.paddle.merge_record.check_fetch`)."""
+    from . import merge_record
+
+    merge_record.check_fetch(program, fetch_list)
 
 
 def _fetch_hook(program, fetch_list):
-    """The :mod:`memopt.paddle.fetch_guard` hook: refuse merged variables."""
-    check_fetch(program, fetch_list)
+    """The :mod:`memopt.paddle.fetch_guard` hook: name merged variables."""
+    if is_legacy_program(program):
+        check_fetch(program, fetch_list)
     return fetch_list
 
 
 def install_fetch_guard() -> None:
-    """Make ``Executor.run`` refuse to fetch a merged variable.
+    """Make ``Executor.run`` raise :class:`MergedVariableError` for a fetch
+    of a variable a rewrite renamed away.
 
-    Paddle's executor, asked to fetch a name that no op writes any more,
-    returns None, data left over from an earlier run, or crashes; the guard
-    raises :class:`MergedVariableError` instead (naming the variable and the
-    ``skip_opt_set`` fix).  It hooks ``Executor.run`` once per process
-    (:mod:`memopt.paddle.fetch_guard`) and only acts on programs
-    memory_optimize rewrote.
+    Not what keeps fetches right: the names are gone from the program, so
+    Paddle refuses them by name anyway (``<name> not in VariableScope``);
+    the guard only says why and how to keep the variable.  It hooks
+    ``Executor.run`` once per process (:mod:`memopt.paddle.fetch_guard`).
     """
     from . import fetch_guard
 
     fetch_guard.add_hook(_fetch_hook)
 
 
-def record_released(program, names: Iterable[str]) -> None:
-    """Add ``names`` to the program's released record and install the fetch guard."""
-    names = set(names)
-    if not names:
-        return
-    setattr(program, RELEASED_ATTR, set(getattr(program, RELEASED_ATTR, None) or ()) | names)
-    install_fetch_guard()
+def known_names(program) -> set:
+    """Every variable name declared in any block of ``program``."""
+    return {name for block in program.blocks for name in block.vars}
 
 
-def record_merged(program, merged: Mapping[str, str]) -> None:
-    """Add ``merged`` to the program's record and install the fetch guard."""
-    if not merged:
+def check_user_names(program, options) -> None:
+    """ValueError (program untouched) for ``skip_opt_set`` / ``fetch_list``
+    names ``program`` does not declare (:func:`memopt.names.check_known`)."""
+    from ..names import check_known
+
+    if not (options.skip_opt_set or options.fetch_list):
         return
-    record = dict(getattr(program, MERGED_ATTR, None) or {})
-    record.update(merged)
-    setattr(program, MERGED_ATTR, record)
-    install_fetch_guard()
+    known = known_names(program)
+    loss = [n for op in program.global_block().ops
+            if op.desc.has_attr("op_role")
+            and int(op.desc.attr("op_role")) & (ROLE_LOSS | ROLE_BACKWARD) == ROLE_LOSS
+            for n in op.desc.output_arg_names()]
+    aliases = {"loss": loss}
+    check_known(options.skip_opt_set, known, "skip_opt_set", aliases=aliases)
+    check_known(options.fetch_list, known, "fetch_list", aliases=aliases)
+
+
+def _graph_for(program, options) -> Graph:
+    """The program's graph with ``options.fetch_list`` fetched at the end."""
+    graph = program_to_graph(program)
+    if options.fetch_list:
+        graph.fetch_names = tuple(dict.fromkeys((*graph.fetch_names,
+                                                 *sorted(options.fetch_list))))
+    return graph
 
 
 def insert_releases(program, after: Mapping[int, Iterable[str]]) -> int:

@@ -205,9 +205,12 @@ def load_model(path: str) -> LoadedModel:
     if kind == PROBLEM:
         raise ModelFileError(f"{path} is an interval problem, not a Paddle program; "
                              "use 'memopt plan' or 'memopt plot' with it")
-    if kind == LEGACY:
-        return LoadedModel(path, LEGACY, _load_legacy(path))
-    return LoadedModel(path, PIR, _load_pir(path))
+    loaded = LoadedModel(path, LEGACY, _load_legacy(path)) if kind == LEGACY \
+        else LoadedModel(path, PIR, _load_pir(path))
+    from .guards import install_fetch_guard
+
+    install_fetch_guard()  # a fetch of a name a rewrite took away names it (MergedVariableError)
+    return loaded
 
 
 def save_program(program: Any, path: str, overwrite: bool = True) -> str:

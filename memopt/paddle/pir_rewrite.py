@@ -14,6 +14,15 @@ Values are new objects: the old Python ``Value`` objects are dead (touch
 them only to fetch them).  ``Executor.run`` is wrapped so that fetching an
 old one fetches its replacement, and fetching a Value an in-place op now
 overwrites raises :class:`~memopt.errors.MergedVariableError`.
+
+Which Values are overwritten is read from the program itself, not from a
+record on the Python object: every op this rewrite makes in place carries
+the string attribute :data:`MARK_ATTR` (the overwritten operands' names),
+which ``Program.clone()`` keeps, so a clone refuses the same fetches
+(:func:`overwritten_by`).  Paddle's JSON serializer keeps only the
+attributes an op's YAML declares, so a saved ``.json`` program loses the
+mark: :func:`check_save` refuses, at save time, an inference model whose
+fetch targets an in-place op writes over.
 """
 from __future__ import annotations
 
@@ -56,8 +65,12 @@ R_OUTSIDE = "input from outside the op's block, carried by a loop, or a view"
 R_KERNEL = "CPU kernel cannot run in place"
 
 #: The program attribute recording a rewrite: {"replaced": {old value id: new
-#: Value}, "overwritten": {value id: name}} (read by the fetch guard).
+#: Value}} (old Python Values of this process only; read by the fetch guard).
 RECORD_ATTR = "_memopt_pir_rewrites"
+
+#: The op attribute marking an op memory_optimize made in place: the names
+#: of the operands it writes over, comma-separated.
+MARK_ATTR = "memopt_inplace"
 
 
 @dataclass
@@ -221,7 +234,8 @@ def apply_inplace(pg: PirGraph, rewrites) -> dict:
             new.erase()
         raise
     replaced = {}
-    for old, new in built:
+    for (old, new), rw in zip(built, rewrites):
+        new.set_str_attr(MARK_ATTR, ",".join(nin for nin, _ in rw.pairs))
         for a, b in zip(old.results(), new.results()):
             if a.initialized():
                 replaced[a.id] = b
@@ -230,42 +244,90 @@ def apply_inplace(pg: PirGraph, rewrites) -> dict:
     return replaced
 
 
-def record_rewrite(program, replaced: dict, overwritten: dict) -> None:
-    """Remember what the rewrite replaced so fetches stay right (the guard)."""
-    entry = getattr(program, RECORD_ATTR, None) or {"replaced": {}, "overwritten": {}}
+def record_rewrite(program, replaced: dict) -> None:
+    """Remember which old Python Values the rewrite replaced (the guard swaps
+    them for their replacements when fetched); what in-place ops now write
+    over is marked on the ops themselves (:data:`MARK_ATTR`)."""
+    entry = getattr(program, RECORD_ATTR, None) or {"replaced": {}}
     entry["replaced"].update(replaced)
-    entry["overwritten"].update(overwritten)
     setattr(program, RECORD_ATTR, entry)
     install_fetch_guard()
+
+
+def overwritten_by(value):
+    """``(op, names)`` of an op memory_optimize made in place that writes
+    over ``value`` (read from the ops using it: survives ``clone()``), or
+    None."""
+    from paddle.base import core
+
+    try:
+        users = value.all_used_ops()
+    except Exception:  # not a Value of a live program
+        return None
+    vid = value.id
+    for op in users:
+        if not op.has_attr(MARK_ATTR):
+            continue
+        for _, operand in dict(core.pir.get_op_inplace_info(op)).items():
+            if operand < op.num_operands() and op.operand_source(operand).id == vid:
+                return op, op.attrs()[MARK_ATTR]
+    return None
+
+
+def _overwritten_error(value, found):
+    from ..errors import MergedVariableError
+
+    op, names = found
+    try:
+        from .pir import value_name
+
+        name = value_name(value)
+    except Exception:
+        name = names.split(",")[0] if names else "the Value"
+    return MergedVariableError(
+        f"cannot fetch {name}: memopt.memory_optimize made {op.name()} write over it in "
+        "place, so after the run it holds another value. Rebuild the program and pass "
+        "the Value in fetch_list (or skip_opt_set) to memory_optimize to keep it")
 
 
 def resolve_fetch_list(program, fetch_list):
     """``fetch_list`` with Values replaced by memory_optimize swapped for their
     replacements; raises :class:`MergedVariableError` for a Value an in-place
-    op now overwrites (fetching it would return another value's data)."""
-    entry = getattr(program, RECORD_ATTR, None)
-    if not entry or fetch_list is None:
+    op memory_optimize made now overwrites (fetching it would return another
+    value's data) -- in the rewritten program and in its clones."""
+    if fetch_list is None:
         return fetch_list
+    entry = getattr(program, RECORD_ATTR, None) or {"replaced": {}}
     single = not isinstance(fetch_list, (list, tuple))
     items = [fetch_list] if single else list(fetch_list)
     out = []
     for item in items:
         vid = getattr(item, "id", None) if not isinstance(item, str) else None
-        if isinstance(vid, str) and vid in entry["overwritten"]:
-            from ..errors import MergedVariableError
-
-            name = entry["overwritten"][vid]
-            raise MergedVariableError(
-                f"cannot fetch {name}: memopt.memory_optimize made an op write over it "
-                "in place, so after the run it holds another value. Rebuild the program "
-                f"and pass the Value (or {name!r}) in skip_opt_set to keep it")
-        out.append(entry["replaced"].get(vid, item) if isinstance(vid, str) else item)
+        if isinstance(vid, str):
+            item = entry["replaced"].get(vid, item)
+            found = overwritten_by(item)
+            if found is not None:
+                raise _overwritten_error(item, found)
+        out.append(item)
     return out[0] if single else type(fetch_list)(out)
+
+
+def check_save(fetch_vars) -> None:
+    """Raise :class:`MergedVariableError` if a Value of ``fetch_vars`` (an
+    inference model's fetch targets) is written over by an op
+    memory_optimize made in place: the saved ``.json`` would fetch another
+    value's data, and it cannot carry the mark that says so."""
+    items = fetch_vars if isinstance(fetch_vars, (list, tuple)) else [fetch_vars]
+    for item in items:
+        if hasattr(item, "all_used_ops"):
+            found = overwritten_by(item)
+            if found is not None:
+                raise _overwritten_error(item, found)
 
 
 def _fetch_hook(program, fetch_list):
     """The fetch guard's hook (:mod:`memopt.paddle.fetch_guard`)."""
-    if is_pir_program(program) and getattr(program, RECORD_ATTR, None):
+    if is_pir_program(program):
         return resolve_fetch_list(program, fetch_list)
     return fetch_list
 
@@ -277,3 +339,16 @@ def install_fetch_guard() -> None:
     from .fetch_guard import add_hook
 
     add_hook(_fetch_hook)
+    from .fetch_guard import add_save_hook
+
+    add_save_hook(check_save)
+
+
+def check_user_names(pg: PirGraph, options) -> None:
+    """ValueError (program untouched) for ``skip_opt_set`` / ``fetch_list``
+    names the program has no value of (:func:`memopt.names.check_known`)."""
+    from ..names import check_known
+
+    known = set(pg.values)
+    check_known(options.skip_opt_set, known, "skip_opt_set")
+    check_known(options.fetch_list, known, "fetch_list")

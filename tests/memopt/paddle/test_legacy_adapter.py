@@ -160,16 +160,27 @@ def test_failure_midway_is_undone(legacy, monkeypatch):
 
 
 def test_merged_record_and_fetch_check(legacy):
+    from memopt.errors import MergedVariableError
+    from memopt.paddle import merge_record
+
     model = models.build("mlp", "legacy")
     assert legacy.merged_record(model.main) == {}
     legacy.check_fetch(model.main, ["relu_0.tmp_0"])  # nothing merged: no error
-    legacy.record_merged(model.main, {"relu_0.tmp_0": "linear_0.tmp_1"})
-    assert legacy.merged_record(model.main) == {"relu_0.tmp_0": "linear_0.tmp_1"}
-    from memopt.errors import MergedVariableError
-
-    with pytest.raises(MergedVariableError, match="relu_0.tmp_0.*skip_opt_set"):
+    home = {n: 0 for n in ("relu_0.tmp_0", "linear_1.tmp_0")}
+    # (not a sound plan -- the two live at once -- but the record is what is tested)
+    buffers = merge_record.apply_merges(model.main, [["relu_0.tmp_0", "linear_1.tmp_0"]],
+                                        home, legacy.rewrite)
+    buf = buffers["relu_0.tmp_0"]
+    assert buf.startswith(merge_record.BUFFER_PREFIX) and buffers["linear_1.tmp_0"] == buf
+    assert legacy.merged_record(model.main) == {"relu_0.tmp_0": buf, "linear_1.tmp_0": buf}
+    block = model.main.global_block()
+    assert not block.has_var("relu_0.tmp_0") and block.has_var(buf)
+    with pytest.raises(MergedVariableError, match="relu_0.tmp_0.*linear_1.tmp_0.*fetch_list"):
         legacy.check_fetch(model.main, [model.loss, "relu_0.tmp_0"])
     legacy.check_fetch(model.main, [model.loss])
+    # the record is in the desc: a clone and a parsed copy say the same
+    for copy in (model.main.clone(), model.main.clone(for_test=True)):
+        assert legacy.merged_record(copy) == legacy.merged_record(model.main)
 
 
 def test_rewrite_moves_ops_and_undoes_on_failure(legacy, monkeypatch):
