@@ -117,7 +117,8 @@ class Reuse:
     ``var`` (in ``block``, of ``shape``/``dtype``/``size``) now uses the
     memory ``takes`` used before it (``takes`` died at or before the op that
     first writes ``var``); in the rewritten program both are called
-    ``renamed_to``.  ``how`` is ``"in-place"`` (the op that kills ``takes``
+    ``renamed_to`` (legacy: a fresh ``memopt@buf_<k>``, the merged names
+    having left the program; PIR: the input's name).  ``how`` is ``"in-place"`` (the op that kills ``takes``
     writes ``var`` into the same memory; ``op`` names it) or ``"rename"``.
     """
 

@@ -142,14 +142,17 @@ def _counts(plan) -> str:
            f"reordered {moved}"
 
 
-def _legacy_releases(before, after):
-    """``[(original op index the release follows, released names)]``."""
+def _legacy_releases(before, after, record=None):
+    """``[(original op index the release follows, released names)]``; a
+    released name that now lives under a fresh ``memopt@buf_<k>`` is keyed by
+    its original name (``record``: ``{original: fresh}``)."""
+    original = {fresh: name for name, fresh in (record or {}).items()}
     out = []
     last = -1
     for op in after[0]:
         op_type, ins, outs, _ = op
         if op_type == "share_buffer" and ins.get("X") == [RELEASED_VAR]:
-            out.append((last, outs.get("Out")))
+            out.append((last, [original.get(n, n) for n in outs.get("Out")]))
         else:
             last += 1
     return out
@@ -203,7 +206,10 @@ def run(models, irs, levels, out) -> None:
                     if ir == "legacy":
                         ops0 = _legacy_ops(model.main)
                         report = memopt.release_memory(model.main)
-                        rel = _legacy_releases(ops0, _legacy_ops(model.main))
+                        from memopt.paddle.legacy import merged_record
+
+                        rel = _legacy_releases(ops0, _legacy_ops(model.main),
+                                               merged_record(model.main))
                     else:
                         report = memopt.release_memory(model.main)
                         rel = []

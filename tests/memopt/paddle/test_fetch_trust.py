@@ -735,3 +735,29 @@ def test_cli_unknown_skip_and_fetch_names_are_errors(paddle, tmp_path, capsys):
 
     written = LegacyProgram.parse_from_string(out.read_bytes())
     assert written.global_block().has_var("softmax_0.tmp_0")
+
+
+def test_legacy_optimized_twice_then_released_keeps_every_name_in_the_record(paddle):
+    """memory_optimize at level 0, again at level 1 (buffers merged into
+    buffers), then release_memory: every name that left the program is in
+    the record of the buffer it lives in, refused by name, and the rest
+    fetch the unoptimized values."""
+    from memopt.paddle import legacy
+
+    ref, opt = build("transformer", "legacy"), build("transformer", "legacy")
+    names = user_names(ref.main)
+    with models.ir_guard("legacy"), models.flags(eager_delete_tensor_gb=-1.0):
+        memopt.memory_optimize(opt.main, level=0, skip_grads=False)
+        memopt.memory_optimize(opt.main, level=1, skip_grads=False)
+        memopt.release_memory(opt.main)
+        record = legacy.merged_record(opt.main)
+        gone = [n for n in names if not opt.main.global_block().has_var(n)]
+        assert gone and set(gone) <= set(record)
+        assert all(opt.main.global_block().has_var(buf) for buf in record.values())
+        feed = ref.feed(np.random.default_rng(17))
+        want = run_fetch(ref, ref.main, names, feed)
+        got = run_fetch(opt, opt.main, names, feed)
+        for n, value in got.items():
+            assert same(want[n], value), n
+        for n in gone[:5] + gone[-5:]:
+            assert_refused(opt, opt.main, n, feed)
