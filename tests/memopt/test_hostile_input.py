@@ -135,7 +135,12 @@ def test_unknown_op_is_read_conservatively(paddle):
     types = [op.type for op in main.global_block().ops]
     assert types.count("my_unknown_op") == 1   # and the unknown op is kept as it was
     op = main.global_block().ops[types.index("my_unknown_op")]
-    assert op.output("Out") == ["unknown_out"]
+    # it writes what it wrote: its own variable, or the fresh name that
+    # variable's memory (shared with later ones) now lives under
+    from memopt.paddle.legacy import merged_record
+
+    out = op.output("Out")
+    assert out == ["unknown_out"] or merged_record(main).get("unknown_out") == out[0], out
 
 
 def test_unknown_op_with_a_sub_block(paddle):
