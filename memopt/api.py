@@ -24,6 +24,7 @@ from typing import Any, Iterable, List, Optional
 import numpy as np
 
 from .analysis import Analysis, RuntimeModel, from_graph
+from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph
 from .paddle import flags, legacy, pir, pir_rewrite
@@ -192,7 +193,9 @@ def _legacy_release(program, options: Options) -> Report:
 
 
 def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -> Report:
-    """Plan (:func:`memopt.paddle.pir_rewrite.plan_inplace`), apply
+    """Plan (the adapter states its ops' in-place variants,
+    :func:`memopt.paddle.pir_rewrite.state_inplace_facts`; the core decides,
+    :func:`memopt.candidates.variant_inplace`), apply
     (:func:`memopt.paddle.pir_rewrite.apply_inplace`) and report.
 
     The Report's peaks (persistable bytes included) are :mod:`memopt.analysis`
@@ -206,7 +209,8 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -
     model = RuntimeModel(gc=runtime.gc, inplace=runtime.inplace)
     pg = pir.convert(program)
     before = _pir_analysis(pg, batch, model)
-    rewrites, reasons = pir_rewrite.plan_inplace(pg, options)
+    pir_rewrite.state_inplace_facts(pg)
+    rewrites, reasons = variant_inplace(pg.graph, options)
     reuses, overwritten = [], {}
     for rw in rewrites:
         for nin, nout in rw.pairs:
@@ -327,7 +331,7 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     fetch_list : what the step fetches (Values/Variables or names): live to
         the end.
     runtime : the executor's memory behaviour; default: read from Paddle's
-        flags (:meth:`RuntimeModel.from_paddle`), or GC on without in-place
+        flags (:func:`memopt.paddle.flags.runtime_model`), or GC on without in-place
         for a bare Graph.
 
     Returns
