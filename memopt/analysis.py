@@ -583,7 +583,7 @@ def _reordered(graph: Graph, order: list) -> Graph:
 def from_graph(graph: Graph, batch_size: Optional[int] = None,
                runtime: Optional[RuntimeModel] = None,
                inplace: Sequence = (), same_variable: Sequence = ()) -> Analysis:
-    """Analyse a memopt :class:`Graph` (see :func:`analyze`).
+    """Analyse a memopt :class:`Graph` (see :func:`memopt.api.analyze`).
 
     ``inplace`` lists ``(position, input name, output name)``: the executor
     writes the output over the input's buffer at that op.  Ops whose

@@ -25,6 +25,7 @@ from typing import Any, Iterable, List, Optional
 import numpy as np
 
 from .analysis import Analysis, RuntimeModel, from_graph
+from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph
 from .paddle import flags, legacy, merge_record, pir, pir_rewrite
@@ -230,7 +231,9 @@ def _legacy_release(program, options: Options) -> Report:
 
 
 def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -> Report:
-    """Plan (:func:`memopt.paddle.pir_rewrite.plan_inplace`), apply
+    """Plan (the adapter states its ops' in-place variants,
+    :func:`memopt.paddle.pir_rewrite.state_inplace_facts`; the core decides,
+    :func:`memopt.candidates.variant_inplace`), apply
     (:func:`memopt.paddle.pir_rewrite.apply_inplace`) and report.
 
     The Report's peaks (persistable bytes included) are :mod:`memopt.analysis`
@@ -245,7 +248,8 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -
     pg = pir.convert(program, sorted(options.fetch_list))
     pir_rewrite.check_user_names(pg, options)
     before = _pir_analysis(pg, batch, model)
-    rewrites, reasons = pir_rewrite.plan_inplace(pg, options)
+    pir_rewrite.state_inplace_facts(pg)
+    rewrites, reasons = variant_inplace(pg.graph, options)
     reuses = []
     for rw in rewrites:
         for nin, nout in rw.pairs:
@@ -381,7 +385,7 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     fetch_list : what the step fetches (Values/Variables or names): live to
         the end.
     runtime : the executor's memory behaviour; default: read from Paddle's
-        flags (:meth:`RuntimeModel.from_paddle`), or GC on without in-place
+        flags (:func:`memopt.paddle.flags.runtime_model`), or GC on without in-place
         for a bare Graph.
 
     Returns

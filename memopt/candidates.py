@@ -17,6 +17,11 @@ for the last time and writes a candidate of the same shape and dtype (level
 1: of any shape of the same size, as ``reshape2``), the output takes the
 input's memory at that very op.
 
+*In-place variants* (:func:`variant_inplace`): where the runtime has an
+in-place variant of an op (PIR's ``relu_``, the adapter's
+``facts.variant``), the op is turned into it when its input dies there; the
+rules and reasons (``R_PROTECTED``...) are on that function.
+
 *Dims-only reads* (:func:`dims_only_substitutions`): a grad op that reads a
 variable for its dims only (``elementwise_add_grad``'s ``X``) reads an
 operand of the same dims instead, so the variable dies at its last real use.
@@ -29,13 +34,15 @@ from dataclasses import replace
 from typing import Dict, List, Tuple
 
 from .graph import Block, Graph, Size, Var
-from .plan import Options
+from .liveness import analyze_graph
+from .plan import InplaceRewrite, Options
 from .problems import Buffer
 
 __all__ = ["classify", "inplace_pairs", "can_run_in_place", "looped_blocks", "var_size",
            "temporaries", "persistable_sizes", "reason_counts", "dims_only_substitutions",
-           "substitute", "GRAD_SUFFIX", "R_PERSISTABLE", "R_IO", "R_SKIP", "R_GRAD",
-           "R_FETCHED", "R_SHARED", "R_KIND", "R_ENTRY"]
+           "substitute", "variant_inplace", "GRAD_SUFFIX", "R_PERSISTABLE", "R_IO", "R_SKIP", "R_GRAD",
+           "R_FETCHED", "R_SHARED", "R_KIND", "R_ENTRY", "R_PROTECTED", "R_ALIVE", "R_SHAPE",
+           "R_OUTSIDE", "R_KERNEL"]
 
 
 GRAD_SUFFIX = "@GRAD"
@@ -291,3 +298,134 @@ def substitute(graph: Graph, substitutions) -> Graph:
                 ops[index] = replace(op, reads=reads)
         blocks.append(Block(block.idx, block.parent, ops, block.vars))
     return Graph(blocks=blocks, fetch_names=graph.fetch_names)
+
+
+# -- in-place variants (PIR) ---------------------------------------------------------
+
+#: Why an op with an in-place variant is left as it is (Report.not_merged).
+R_PROTECTED = "input or output protected (persistable, fed, fetched, skip_opt_set)"
+R_ALIVE = "input still used later"
+R_SHAPE = "input and output differ in shape or dtype"
+R_OUTSIDE = "input from outside the op's block, carried by a loop, or a view"
+R_KERNEL = "CPU kernel cannot run in place"
+
+
+def variant_inplace(graph: Graph, options: Options) -> Tuple[List[InplaceRewrite],
+                                                             Dict[str, int]]:
+    """Which ops may soundly be turned into their in-place variants
+    (``op.facts.variant``, stated by the adapter); pure data.
+
+    An op qualifies when, for each ``(input, output)`` pair of its variant:
+    the input dies at the op (no later read anywhere, loops included), is
+    defined in the op's own block by an op that is neither a view
+    (``facts.view``) nor synthetic (a loop's carried value, a stack), and is
+    not persistable, fed, fetched, in ``skip_opt_set`` or written over by an
+    in-place op (``facts.overwrites``); the output is not persistable,
+    fetched or in ``skip_opt_set``; no other operand of the op reads the
+    input; both have the same dtype and, at level 0, the same shape (level
+    1: the same size in bytes for every batch size).  With ``skip_grads``,
+    backward and optimizer ops are left alone; a variant whose kernel
+    refuses to run in place (``kernel_refuses``) too.
+
+    Returns ``(rewrites, reasons)``: the :class:`memopt.plan.InplaceRewrite`
+    list in program order and ``{reason: ops left alone for it}``.
+    """
+    positions = list(graph.walk_ops())
+    live = analyze_graph(graph)
+    skip = set(options.skip_opt_set)
+    var_block: Dict[str, int] = {}
+    for block_idx, var in graph.all_vars():
+        var_block.setdefault(var.name, block_idx)
+    owners = {sub: pos for pos, (_, op) in enumerate(positions) for sub in op.sub_blocks}
+    overwritten_persistable = set()
+    maker_of: Dict[str, int] = {}  # name -> flat position of its first writer
+    for pos, (_, op) in enumerate(positions):
+        for src, dst in op.facts.overwrites:
+            overwritten_persistable.add(dst)
+        for name in op.writes:
+            maker_of.setdefault(name, pos)
+    rewrites: List[InplaceRewrite] = []
+    reasons: Dict[str, int] = {}
+
+    def refuse(reason: str) -> None:
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+    for pos, (block_idx, op) in enumerate(positions):
+        variant = op.facts.variant
+        if variant is None:
+            continue
+        if variant.kernel_refuses:
+            refuse(R_KERNEL)
+            continue
+        if options.skip_grads and op.role in ("backward", "optimize"):
+            refuse(R_GRAD)
+            continue
+        if not variant.pairs:
+            continue
+        pairs, reason = [], None
+        for pair in variant.pairs:
+            if pair is None:
+                reason = R_SHAPE
+                break
+            nin, nout, repeated = pair
+            var_in, var_out = graph.find_var(nin, block_idx), graph.find_var(nout, block_idx)
+            if var_in is None or var_out is None or not var_in.is_dense or not var_out.is_dense:
+                reason = R_SHAPE
+                break
+            if (var_in.persistable or var_in.is_data or var_in.is_feed or var_in.is_fetch
+                    or var_out.persistable or var_out.is_fetch or nin in skip or nout in skip
+                    or nin in overwritten_persistable or nin in graph.fetch_names
+                    or nout in graph.fetch_names):
+                reason = R_PROTECTED
+                break
+            maker = maker_of.get(nin)
+            maker_op = positions[maker][1] if maker is not None else None
+            if (var_block.get(nin) != block_idx or maker is None or maker_op.facts.view
+                    or maker_op.facts.synthetic):
+                reason = R_OUTSIDE
+                break
+            if repeated:
+                reason = R_ALIVE
+                break
+            if live.liveness.is_live_out(pos, nin) or _read_later_in_loop(
+                    positions, owners, block_idx, pos, nin):
+                reason = R_ALIVE
+                break
+            if var_in.dtype != var_out.dtype or (
+                    tuple(var_in.shape) != tuple(var_out.shape) if options.level == 0
+                    else var_in.size != var_out.size):
+                reason = R_SHAPE
+                break
+            pairs.append((nin, nout))
+        if reason:
+            refuse(reason)
+            continue
+        rewrites.append(InplaceRewrite(pos, op.type, tuple(pairs), block_idx))
+    return rewrites, reasons
+
+
+def _read_later_in_loop(positions, owners, block_idx, pos, name) -> bool:
+    """Whether ``name`` is read again by a later iteration of a loop around
+    op ``pos`` (liveness already says so for values defined outside the
+    loop; this guards values defined inside that a loop-carried read may
+    reach through the back edge)."""
+    b = block_idx
+    while b in owners:
+        owner = positions[owners[b]][1]
+        if owner.loop:
+            head = owners[b]
+            return name in owner.reads or name in owner.writes or any(
+                name in op.reads for i, (_, op) in enumerate(positions)
+                if head <= i < pos and _inside(positions, owners, i, b))
+        b = positions[owners[b]][0]
+    return False
+
+
+def _inside(positions, owners, position: int, block: int) -> bool:
+    b = positions[position][0]
+    while True:
+        if b == block:
+            return True
+        if b not in owners:
+            return False
+        b = positions[owners[b]][0]

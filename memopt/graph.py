@@ -187,6 +187,22 @@ class Var:
         return self.kind == DENSE
 
 
+@dataclass(frozen=True)
+class InplaceVariant:
+    """An in-place variant of an op (PIR's ``pd_op.relu_`` for ``pd_op.relu``):
+    the same computation writing outputs over inputs.
+
+    ``pairs`` are the ``(input, output, repeated)`` the variant writes over,
+    in its slot order (``repeated``: the op also reads ``input`` through
+    another operand; ``None`` for a pair whose values the adapter could not
+    name); ``kernel_refuses``: the runtime's kernel for the variant cannot
+    run in place on the device planned for.
+    """
+
+    pairs: Tuple[Optional[Tuple[str, str, bool]], ...] = ()
+    kernel_refuses: bool = False
+
+
 @dataclass
 class OpFacts:
     """What an adapter states about an op beyond its reads and writes: the
@@ -225,6 +241,10 @@ class OpFacts:
         flow's hand-overs); ``""`` for a real op.
     stack_push : variables holding the bytes a ``tuple_push`` saves.
     in_loop : those pushes run once per iteration of an enclosing loop.
+    view : the op's result may be a view of an operand (a reshape, a
+        slice...): never written over in place.
+    variant : the op's :class:`InplaceVariant`, where the runtime has one
+        (PIR) and the op is not in place already.
     """
 
     inplace: Optional[Tuple[str, str]] = None
@@ -240,6 +260,8 @@ class OpFacts:
     synthetic: str = ""
     stack_push: Tuple[str, ...] = ()
     in_loop: bool = False
+    view: bool = False
+    variant: Optional[InplaceVariant] = None
 
 
 @dataclass

@@ -14,7 +14,7 @@ from .graph import Graph, Size
 from .problems import Buffer
 from .report import Reuse
 
-__all__ = ["Options", "Plan"]
+__all__ = ["Options", "Plan", "InplaceRewrite"]
 
 
 @dataclass(frozen=True)
@@ -81,3 +81,17 @@ class Plan:
             for name in group[1:]:
                 out[name] = group[0]
         return out
+
+
+@dataclass
+class InplaceRewrite:
+    """One op to turn into its in-place variant (pure data, before the rewrite).
+
+    ``position`` is the op's flat position (:meth:`memopt.graph.Graph.walk_ops`);
+    ``pairs`` the ``(input name, output name)`` the variant writes over.
+    """
+
+    position: int
+    op_name: str
+    pairs: tuple
+    block: int = 0

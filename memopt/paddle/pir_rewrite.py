@@ -3,12 +3,13 @@
 On PIR, values are SSA and Paddle's executor already frees each one after
 its last use (GC on) and already runs some ops of the top-level block in
 place (its in-place pass).  What is left to do soundly is to turn ops into
-their in-place variants wherever the input dies at the op
-(:func:`plan_inplace`): inside ``if``/``while`` regions (the executor's pass
+their in-place variants wherever the input dies at the op: inside ``if``/``while`` regions (the executor's pass
 never touches them), where that pass is off, with GC off, and for shapes
 the pass refuses (a ``-1`` past the first dimension).
 
-The plan is pure data and is made in full before the program is touched;
+This adapter states what the core's planner needs
+(:func:`state_inplace_facts`: each op's in-place variant, views); the core
+decides (:func:`memopt.candidates.variant_inplace`); the plan is pure data and is made in full before the program is touched;
 :func:`apply_inplace` then rewrites all or nothing.  A replaced op's result
 Values are new objects: the old Python ``Value`` objects are dead (touch
 them only to fetch them).  ``Executor.run`` is wrapped so that fetching an
@@ -27,10 +28,9 @@ fetch targets an in-place op writes over.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from ..candidates import R_GRAD
 from ..errors import PlanError
+from ..graph import InplaceVariant
 from .pir import PirGraph, is_pir_program
 from .pir_inplace import (CPU_NO_INPLACE, build_inplace,
                           has_inplace_variant, inplace_map, inplace_maps, is_inplace_op)
@@ -38,8 +38,7 @@ from .pir_inplace import (CPU_NO_INPLACE, build_inplace,
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "InplaceRewrite",
-    "plan_inplace",
+    "state_inplace_facts",
     "apply_inplace",
     "resolve_fetch_list",
     "install_fetch_guard",
@@ -55,15 +54,6 @@ _VIEW_OPS = frozenset({
     "pd_op.unbind", "pd_op.diagonal", "pd_op.expand", "pd_op.share_data",
     "pd_op.assign", "builtin.split", "builtin.slice", "pd_op.while", "pd_op.if"})
 
-#: memory_optimize's reasons for leaving an op as it is (Report.not_merged):
-#: the core's where they mean the same (:mod:`memopt.candidates`), these
-#: where they are about PIR's in-place variants.
-R_PROTECTED = "input or output protected (persistable, fed, fetched, skip_opt_set)"
-R_ALIVE = "input still used later"
-R_SHAPE = "input and output differ in shape or dtype"
-R_OUTSIDE = "input from outside the op's block, carried by a loop, or a view"
-R_KERNEL = "CPU kernel cannot run in place"
-
 #: The program attribute recording a rewrite: {"replaced": {old value id: new
 #: Value}} (old Python Values of this process only; read by the fetch guard).
 RECORD_ATTR = "_memopt_pir_rewrites"
@@ -73,140 +63,39 @@ RECORD_ATTR = "_memopt_pir_rewrites"
 MARK_ATTR = "memopt_inplace"
 
 
-@dataclass
-class InplaceRewrite:
-    """One op to turn into its in-place variant (pure data, before the rewrite).
+def state_inplace_facts(pg: PirGraph, device: str = "cpu") -> None:
+    """State, on the ops of ``pg.graph``, what the core's in-place planner
+    (:func:`memopt.candidates.variant_inplace`) needs from Paddle.
 
-    ``position`` is the op's flat position in the :class:`PirGraph`; ``pairs``
-    the ``(input name, output name)`` the variant writes over.
+    Every op gets ``facts.view`` (its result may be a view of an operand:
+    :data:`_VIEW_OPS`).  An op Paddle registers an in-place variant for
+    (``name_``) and that is not in place already gets ``facts.variant``: the
+    variant's ``(input, output, repeated)`` pairs in slot order (None where a
+    value is null or unnamed; ``repeated`` where another operand reads the
+    input too) and ``kernel_refuses`` for the ops whose CPU kernel cannot run
+    in place (:data:`CPU_NO_INPLACE`, on ``device == "cpu"``).  Probes each
+    op name's variant once (:func:`inplace_maps`).
     """
-
-    position: int
-    op_name: str
-    pairs: tuple
-    block: int = 0
-
-
-def plan_inplace(pg: PirGraph, options, device: str = "cpu") -> tuple:
-    """Which ops of ``pg`` may soundly run in place (pure data; nothing changes).
-
-    An op qualifies when Paddle registers its in-place variant and, for each
-    (input, output) pair of that variant: the input dies at the op (no later
-    read anywhere, loops included), is defined in the op's own block by an op
-    that cannot return a view, and is not persistable, fed, fetched, in
-    ``skip_opt_set`` or a loop-carried value; the output is not fetched or in
-    ``skip_opt_set``; the input is read by no other operand of the op; both
-    have the same dtype and, at level 0, the same shape (level 1: the same
-    size in bytes for every batch size).  With ``skip_grads``, backward and
-    optimizer ops are left alone.
-
-    Returns ``(rewrites, reasons)``: the :class:`InplaceRewrite` list in
-    program order and ``{reason: ops left alone for it}``.
-    """
-    from ..liveness import analyze_graph
-
-    graph = pg.graph
-    positions = list(graph.walk_ops())
-    live = analyze_graph(graph)
-    skip = set(options.skip_opt_set)
-    var_block: dict = {}
-    for block_idx, var in graph.all_vars():
-        var_block.setdefault(var.name, block_idx)
-    owners = {sub: pos for pos, (_, op) in enumerate(positions) for sub in op.sub_blocks}
-    overwritten_persistable = set()
-    for _, op in positions:
-        for src, dst in op.facts.overwrites:
-            overwritten_persistable.add(dst)
+    graph_ops = [op for _, op in pg.graph.walk_ops()]
     inplace_maps(pg.program, [op for op in pg.ops if op is not None])
-    rewrites, reasons = [], {}
-
-    def refuse(reason: str) -> None:
-        reasons[reason] = reasons.get(reason, 0) + 1
-
-    for pos, (block_idx, op) in enumerate(positions):
-        pir_op = pg.ops[pos]
+    for op, pir_op in zip(graph_ops, pg.ops):
+        op.facts.view = op.type in _VIEW_OPS
         if pir_op is None or not has_inplace_variant(op.type) or is_inplace_op(pir_op):
             continue
-        if device == "cpu" and op.type in CPU_NO_INPLACE:
-            refuse(R_KERNEL)
-            continue
-        if options.skip_grads and op.role in ("backward", "optimize"):
-            refuse(R_GRAD)
-            continue
-        pairs_slots = inplace_map(pir_op, pg.program).items()
-        if not pairs_slots:
-            continue
-        operands = list(pir_op.operands_source())
-        results = list(pir_op.results())
-        pairs, reason = [], None
-        for out_slot, in_slot in sorted(pairs_slots):
-            vin, vout = operands[in_slot], results[out_slot]
-            if not (vin.initialized() and vout.initialized()) \
-                    or vin.id not in pg.name_of or vout.id not in pg.name_of:
-                reason = R_SHAPE
-                break
-            nin, nout = pg.name_of[vin.id], pg.name_of[vout.id]
-            var_in, var_out = graph.find_var(nin, block_idx), graph.find_var(nout, block_idx)
-            if var_in is None or var_out is None or not var_in.is_dense or not var_out.is_dense:
-                reason = R_SHAPE
-                break
-            if (var_in.persistable or var_in.is_data or var_in.is_feed or var_in.is_fetch
-                    or var_out.persistable or var_out.is_fetch or nin in skip or nout in skip
-                    or nin in overwritten_persistable or nin in graph.fetch_names
-                    or nout in graph.fetch_names):
-                reason = R_PROTECTED
-                break
-            maker = pg.defining_op.get(nin)
-            maker_op = positions[maker][1] if maker is not None else None
-            if (var_block.get(nin) != block_idx or maker is None or maker_op.type in _VIEW_OPS
-                    or maker_op.facts.synthetic or nin.startswith("%arg_")):
-                reason = R_OUTSIDE
-                break
-            if sum(1 for v in operands if v.initialized() and v.id == vin.id) != 1:
-                reason = R_ALIVE
-                break
-            if live.liveness.is_live_out(pos, nin) or _read_later_in_loop(
-                    graph, positions, owners, block_idx, pos, nin):
-                reason = R_ALIVE
-                break
-            if var_in.dtype != var_out.dtype or (
-                    tuple(var_in.shape) != tuple(var_out.shape) if options.level == 0
-                    else var_in.size != var_out.size):
-                reason = R_SHAPE
-                break
-            pairs.append((nin, nout))
-        if reason:
-            refuse(reason)
-            continue
-        rewrites.append(InplaceRewrite(pos, op.type, tuple(pairs), block_idx))
-    return rewrites, reasons
-
-
-def _read_later_in_loop(graph, positions, owners, block_idx, pos, name) -> bool:
-    """Whether ``name`` is read again by a later iteration of a loop around
-    op ``pos`` (liveness already says so for values defined outside the
-    loop; this guards values defined inside that a loop-carried read may
-    reach through the back edge)."""
-    b = block_idx
-    while b in owners:
-        owner = positions[owners[b]][1]
-        if owner.loop:
-            head = owners[b]
-            return name in owner.reads or name in owner.writes or any(
-                name in op.reads for i, (_, op) in enumerate(positions)
-                if head <= i < pos and _inside(positions, owners, i, b))
-        b = positions[owners[b]][0]
-    return False
-
-
-def _inside(positions, owners, position: int, block: int) -> bool:
-    b = positions[position][0]
-    while True:
-        if b == block:
-            return True
-        if b not in owners:
-            return False
-        b = positions[owners[b]][0]
+        refuses = device == "cpu" and op.type in CPU_NO_INPLACE
+        pairs = []
+        if not refuses:
+            operands = list(pir_op.operands_source())
+            results = list(pir_op.results())
+            for out_slot, in_slot in sorted(inplace_map(pir_op, pg.program).items()):
+                vin, vout = operands[in_slot], results[out_slot]
+                if not (vin.initialized() and vout.initialized()) \
+                        or vin.id not in pg.name_of or vout.id not in pg.name_of:
+                    pairs.append(None)
+                    continue
+                repeated = sum(1 for v in operands if v.initialized() and v.id == vin.id) != 1
+                pairs.append((pg.name_of[vin.id], pg.name_of[vout.id], repeated))
+        op.facts.variant = InplaceVariant(tuple(pairs), refuses)
 
 
 def apply_inplace(pg: PirGraph, rewrites) -> dict:
