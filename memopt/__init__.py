@@ -43,6 +43,7 @@ _EXPORTS = {
     "ProblemFormatError": "memopt.errors",
     "ModelFileError": "memopt.errors",
     "MergedVariableError": "memopt.errors",
+    "BudgetError": "memopt.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -22,7 +22,8 @@ class Options:
     """memory_optimize's arguments, checked, with names resolved.
 
     ``skip_opt_set`` holds variable names (Variables/Values already turned
-    into their names); ``level`` is 0 or 1.
+    into their names); ``level`` is 0, 1 or 2 (the planner sees at most 1:
+    level 2 adds a memory-aware order in :mod:`memopt.api`).
     """
 
     skip_opt_set: frozenset = frozenset()
