@@ -159,10 +159,12 @@ def _real_reads(op: Op) -> Tuple[str, ...]:
 
 
 def saved_values(problem: RecomputeProblem) -> Dict[str, List[int]]:
-    """``{saved value: positions of the backward ops that read it}`` for the
-    forward-made values (dense, not persistable, not fetched or fed) whose
-    data some backward op reads (a value the backward part reads only for
-    its shape holds no memory there: not saved)."""
+    """``{saved value: positions of the backward ops that read its data}``
+    for the forward-made values (dense, not persistable, not fetched or
+    fed) whose data some backward op reads.  A read for the shape only
+    (``no_need_buffer``: ``concat_grad``'s inputs) keeps no memory alive in
+    Paddle's executor and keeps reading the original value: it neither
+    makes a value saved nor places its clone."""
     ops = problem.ops
     start = _first_backward(ops)
     made: Dict[str, int] = {}
@@ -175,7 +177,7 @@ def saved_values(problem: RecomputeProblem) -> Dict[str, List[int]]:
         held.update(_real_reads(op))
     out: Dict[str, List[int]] = {}
     for i, op in enumerate(ops[start:], start):
-        for name in op.reads:
+        for name in _real_reads(op):
             if name in held and name in made and name not in fetched \
                     and name not in problem.available and problem.size(name) > 0:
                 var = problem.graph.blocks[0].vars[name]
@@ -323,8 +325,8 @@ def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph
     """The graph with ``plan`` applied: each clone (an op reading the
     clones of recomputed inputs) inserted right before its backward op, and
     backward reads of recomputed values redirected to the clones.  Returns
-    the graph and its clone names.  Every backward read is redirected, shape-only
-    ones too (as the adapter rewrites them)."""
+    the graph and its clone names.  Shape-only reads keep the original
+    value (see :func:`saved_values`)."""
     ops = problem.ops
     recomputed = {name for c in plan.clones for name in c.outputs}
     rename = {name: name + CLONE_SUFFIX for name in recomputed}
@@ -362,7 +364,9 @@ def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph
                               tuple(rename[n] for n in src.writes), (), "backward", False,
                               attrs))
         if i >= start:
-            reads = tuple(rename[n] if n in dropped else n for n in op.reads)
+            shape_only = set(op.attrs.get("no_need_buffer", ())) if op.attrs else set()
+            reads = tuple(rename[n] if n in dropped and n not in shape_only else n
+                          for n in op.reads)
             if reads != op.reads:
                 op = Op(op.type, reads, op.writes, op.sub_blocks, op.role, op.loop, op.attrs)
         new_ops.append(op)

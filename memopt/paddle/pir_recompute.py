@@ -8,8 +8,9 @@ estimated FLOPs (:func:`op_flops`) and whether it may run twice;
 input still dies at the op); :func:`apply_plan` clones the planned ops
 (``Operation.clone`` with a ``paddle.pir.IrMapping``, at
 ``paddle.pir.set_insertion_point``) right before the backward op that first
-needs them and points every backward use of a dropped value at its clone
-(``Value.replace_grad_users_with``), all or nothing.
+needs them and points every backward read of a dropped value's data at its
+clone (``OpOperand.set_source``; shape-only reads keep the original), all
+or nothing.
 
 Not recomputed: random ops (:data:`RANDOM_OPS`: a second draw gives other
 values), ops that write over an operand (``batch_norm_``'s running
@@ -175,7 +176,7 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> Dict[str, object]:
     options = paddle.pir.CloneOptions(False, True, True)
     new_of: Dict[int, object] = {}    # original value id -> its clone
     made: List[object] = []           # new ops, in insertion order
-    redirected: List[Tuple[object, object]] = []  # (original value, clone value)
+    redirected: List[Tuple[object, int, object]] = []  # (op, operand index, original)
     clones: Dict[str, object] = {}
     block = program.global_block()
     try:
@@ -233,21 +234,47 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> Dict[str, object]:
             new = clones.get(name)
             if new is None:
                 raise PlanError(f"apply_plan: {name} has no clone")
-            old.replace_grad_users_with(new, backward)
-            redirected.append((old, new))
+            redirected.extend(_redirect_data_uses(old, new, backward))
         pir.set_insertion_point_to_block_end(block)
         _sink_glue(block)
         verify_defined_before_use(block)
     except Exception:
         pir.set_insertion_point_to_block_end(block)
-        for old, new in redirected:
-            new.replace_all_uses_with(old)
+        for user, k, old in reversed(redirected):
+            user.operand(k).set_source(old)
         known = {op.id() for op in ops}
         for op in reversed(list(block.ops)):
             if op.id() not in known:
                 op.erase()
         raise
     return clones
+
+
+def _reads_data(op, value) -> bool:
+    """Whether ``op`` reads ``value``'s data (not only its shape); a
+    ``builtin.combine`` does when some op reading its vector does."""
+    if op.name() == COMBINE_OP:
+        vector = op.result(0)
+        return any(_reads_data(user, vector) for user in vector.all_used_ops())
+    try:
+        return not op.is_no_need_buffer(value)
+    except Exception:  # ops without that information: assume data
+        return True
+
+
+def _redirect_data_uses(old, new, ops: set) -> list:
+    """Point the operands of ``ops`` that read ``old``'s data at ``new``;
+    shape-only reads keep ``old`` (see :func:`memopt.recompute.saved_values`).
+    Returns ``[(op, operand index, old)]`` for the undo."""
+    done = []
+    for user in old.all_used_ops():
+        if user not in ops or not _reads_data(user, old):
+            continue
+        for k in range(user.num_operands()):
+            if user.operand_source(k).is_same(old):
+                user.operand(k).set_source(new)
+                done.append((user, k, old))
+    return done
 
 
 def _sink_glue(block) -> None:
