@@ -42,8 +42,8 @@ import time
 
 #: model -> (batch size, size options): small enough for 2 CPU cores.
 BENCH_MODELS = {
-    "resnet50": (8, {"image_size": 32}),
-    "mobilenet_v2": (8, {"image_size": 32}),
+    "resnet50": (8, {"image_size": 64}),
+    "mobilenet_v2": (16, {"image_size": 64}),
     "bert": (16, {"seq_len": 64}),
     "gpt": (16, {"seq_len": 64}),
     "unet": (16, {}),
