@@ -191,8 +191,9 @@ def table(rows: list) -> str:
         else:
             cells.append(f"{big} ({fit.get('error', '?')})")
         auto = row["auto"]
-        cells.append(f"{auto['peak'] / base['peak']:.3f}" if "peak" in auto
-                     else auto.get("error", "?")[:60])
+        cells.append(f"{auto['peak'] / base['peak']:.3f}"
+                     + ("" if auto.get("digest") == base["digest"] else " (not bit-identical)")
+                     if "peak" in auto else auto.get("error", "?")[:60])
         cells.append("yes" if row["same"] else "NO")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
