@@ -313,7 +313,7 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
 def parse_budget(budget) -> int:
     """``budget`` (an int of bytes or a string such as ``"6GiB"``) in bytes;
     TypeError / ValueError naming the value otherwise."""
-    from .analysis import parse_bytes
+    from .report import parse_bytes
 
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer, str)):
         raise TypeError(f"budget must be bytes (int) or a string such as '6GiB', "
@@ -332,7 +332,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     program gets level 1 at level 2 and refuses a budget."""
     from dataclasses import replace
 
-    from .analysis import format_bytes
+    from .report import format_bytes
 
     limit = None
     if budget is not None:

@@ -42,11 +42,11 @@ into the top-level block.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import PlanError
-from .graph import Block, Graph, Op
+from .graph import Block, Graph, Op, OpFacts
 
 __all__ = ["RecomputeProblem", "RecomputePlan", "Clone", "Choice", "saved_values",
            "candidates", "candidate_sets", "make_plan", "rewrite_graph", "prefix_grid",
@@ -64,7 +64,7 @@ class RecomputeProblem:
     Attributes
     ----------
     graph : one-block graph (ops with roles ``forward`` / ``backward`` /
-        ``optimize``; ``attrs["no_need_buffer"]`` for shape-only reads).
+        ``optimize``; ``facts.no_need_buffer`` for shape-only reads).
     flops : estimated FLOPs of each op at the planning batch size.
     reusable : per op, None if it may run twice, else why not (a reason
         shown in the report: ``"random"``, ``"writes persistable state"``...).
@@ -154,7 +154,7 @@ def _first_backward(ops: Sequence[Op]) -> int:
 
 
 def _real_reads(op: Op) -> Tuple[str, ...]:
-    shape_only = set(op.attrs.get("no_need_buffer", ())) if op.attrs else set()
+    shape_only = set(op.facts.no_need_buffer)
     return tuple(n for n in op.reads if n not in shape_only)
 
 
@@ -332,7 +332,6 @@ def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph
     rename = {name: name + CLONE_SUFFIX for name in recomputed}
     block0 = problem.graph.blocks[0]
     variables = dict(block0.vars)
-    from dataclasses import replace
 
     for name, new in rename.items():
         # a clone of an in-place update (batch_norm_'s statistics) makes a
@@ -350,25 +349,26 @@ def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph
             src = ops[c.op]
             attrs = dict(src.attrs or {})
             attrs["recompute_of"] = c.op
-            attrs.pop("overwrites", None)  # a clone writes fresh values
+            facts = replace(src.facts, overwrites=())  # a clone writes fresh values
             reads = [rename.get(n, n) for n in src.reads]
             if c.dep is not None:
                 x, trigger = c.dep
                 waited = f"{x}@AFTER{len(new_ops)}"
                 variables[waited] = replace(block0.vars[x], name=waited, is_fetch=False)
                 new_ops.append(Op(ORDER_OP, (x, trigger), (waited,), (), "backward", False,
-                                  {"overwrites": ((x, waited),), "no_need_buffer": (trigger,),
-                                   "recompute_of": c.op}))
+                                  {"recompute_of": c.op},
+                                  OpFacts(overwrites=((x, waited),),
+                                          no_need_buffer=(trigger,))))
                 reads = [waited if n == x else n for n in reads]
             new_ops.append(Op(src.type, tuple(reads),
                               tuple(rename[n] for n in src.writes), (), "backward", False,
-                              attrs))
+                              attrs, facts))
         if i >= start:
-            shape_only = set(op.attrs.get("no_need_buffer", ())) if op.attrs else set()
+            shape_only = set(op.facts.no_need_buffer)
             reads = tuple(rename[n] if n in dropped and n not in shape_only else n
                           for n in op.reads)
             if reads != op.reads:
-                op = Op(op.type, reads, op.writes, op.sub_blocks, op.role, op.loop, op.attrs)
+                op = replace(op, reads=reads)
         new_ops.append(op)
     graph = Graph(blocks=[Block(0, -1, new_ops, variables)],
                   fetch_names=problem.graph.fetch_names)

@@ -69,7 +69,7 @@ def plan_recompute(pg, batch: int, budget: int, runtime):
     BudgetError
         No plan's predicted peak fits ``budget * (1 - MARGIN)``.
     """
-    from ..analysis import format_bytes
+    from ..report import format_bytes
     from ..recompute import plan_for_budget
 
     require_flat(pg)

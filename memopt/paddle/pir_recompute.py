@@ -103,11 +103,11 @@ def _reason(op) -> Optional[str]:
         return "random"
     if op.sub_blocks:
         return "runs regions"
-    if name.startswith("builtin.") or name.startswith("cf.") or op.attrs.get("synthetic"):
+    if name.startswith("builtin.") or name.startswith("cf.") or op.facts.synthetic:
         return "glue"
     if name in OUT_OF_PLACE:
         return None  # cloned as its out-of-place form (see OUT_OF_PLACE)
-    if op.attrs.get("overwrites") or name.endswith("_"):
+    if op.facts.overwrites or name.endswith("_"):
         return "writes over an operand"
     if not op.writes:
         return "no results"

@@ -101,7 +101,7 @@ def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
                      or name in pg.graph.fetch_names)
     out = []
     for i, (op, gop) in enumerate(zip(ops, graph_ops)):
-        shape_only = set(gop.attrs.get("no_need_buffer", ())) if gop.attrs else set()
+        shape_only = set(gop.facts.no_need_buffer)
         makes = {}
         for name in gop.writes:
             var = var_of.get(name)

@@ -1,6 +1,6 @@
 """memopt.recompute on hand-built graphs (no Paddle): which values are saved,
 which may be recomputed, where clones go, and the budget choice."""
-from memopt.graph import Block, Graph, Op, Var
+from memopt.graph import Block, Graph, Op, OpFacts, Var
 from memopt.recompute import (CLONE_SUFFIX, Choice, RecomputePlan, candidates, make_plan,
                               plan_for_budget, problem_from_graph, rewrite_graph,
                               saved_values)
@@ -28,7 +28,7 @@ def _graph() -> Graph:
         Op("dropout", ("a",), ("d",)),
         Op("matmul", ("d", "w"), ("m",)),
         Op("mean", ("m",), ("loss",)),
-        Op("mean_grad", ("m",), ("g_m",), role="backward", attrs={"no_need_buffer": ("m",)}),
+        Op("mean_grad", ("m",), ("g_m",), role="backward", facts=OpFacts(no_need_buffer=("m",))),
         Op("matmul_grad", ("d", "w", "g_m"), ("g_d", "g_w"), role="backward"),
         Op("dropout_grad", ("g_d",), ("g_a",), role="backward"),
         Op("relu_grad", ("a", "g_a"), ("g_x",), role="backward"),
