@@ -44,6 +44,7 @@ _EXPORTS = {
     "ModelFileError": "memopt.errors",
     "MergedVariableError": "memopt.errors",
     "install_fetch_guard": "memopt.paddle.guards",
+    "BudgetError": "memopt.errors",
 }
 
 __all__ = sorted(_EXPORTS)

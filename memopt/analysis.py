@@ -185,6 +185,7 @@ class Analysis:
     op_types: list
     inplace: list = field(default_factory=list)
     order: list = field(default_factory=list)
+    recompute_rules: Any = None
     _coef: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -293,16 +294,40 @@ class Analysis:
             any(p > 0 and c for p, c in self.persistable.items())
 
     def max_batch_size(self, budget_bytes: int, *, include_persistable: bool = True,
-                       limit: int = 1 << 30) -> Optional[int]:
+                       limit: int = 1 << 30, recompute: bool = False) -> Optional[int]:
         """The largest batch size whose memory fits ``budget_bytes``.
 
         Counts the step's peak plus, when ``include_persistable``, the
         persistable variables.  Returns 0 when not even batch 1 fits, and
         ``None`` when memory does not depend on the batch size and fits
         (any batch does).  Searches up to ``limit``.
+
+        ``recompute=True``: the largest batch at which one of the
+        recomputation plans ``memory_optimize(budget=...)`` chooses from
+        (:mod:`memopt.recompute`) fits -- the model's own figure; memory_optimize
+        itself plans within ``budget * (1 - memopt.paddle.pir_budget.MARGIN)``.
+        Needs an analysis of a PIR program by :func:`memopt.analyze` (which
+        sets :attr:`recompute_rules`: the adapter's op costs and which ops
+        may run twice); programs with if/while regions get the figure
+        without recomputation.
         """
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        if recompute and self.recompute_rules is None:
+            raise ValueError("max_batch_size(recompute=True) needs the analysis of a PIR "
+                             "program made by memopt.analyze(program)")
+        if recompute and len(self.graph.blocks) == 1:
+            from . import recompute as rc
+
+            batch = self.batch_for(None)
+            problem = rc.problem_from_graph(self.graph, batch, self.recompute_rules)
+            runtime, pairs = self.runtime, list(self.inplace)
+            choices = rc.evaluate_grid(problem, lambda g, _plan: from_graph(
+                g, batch, runtime, rc.kept_inplace(g, pairs)))
+            fits = [c.prediction.max_batch_size(
+                budget_bytes, include_persistable=include_persistable, limit=limit)
+                for c in choices]
+            return None if None in fits else max(fits)
 
         def need(b: int) -> int:
             return self.peak(b) + (self.persistable_bytes(b) if include_persistable else 0)

@@ -97,18 +97,18 @@ def resolve_options(skip_opt_set=None, skip_grads: bool = True, level: int = 0,
         not a tuple) or not a set/list/tuple of names or Variables;
         ``skip_grads`` or ``print_log`` is not a bool.
     ValueError
-        ``level`` is not 0 or 1.
+        ``level`` is not 0, 1 or 2.
     """
     names = _names(skip_opt_set, "skip_opt_set")
     fetched = _names(fetch_list, "fetch_list")
     for arg, value in (("skip_grads", skip_grads), ("print_log", print_log)):
         if not isinstance(value, bool) and type(value).__name__ != "bool_":
             raise TypeError(f"{arg} must be True or False, got {value!r}")
-    if isinstance(level, bool) or level not in (0, 1):
+    if isinstance(level, bool) or level not in (0, 1, 2):
         raise ValueError(
             f"level must be 0 (reuse only between variables of the same shape and "
-            f"dtype) or 1 (any variable of the same dtype whose memory is provably "
-            f"large enough), got {level!r}")
+            f"dtype), 1 (any variable of the same dtype whose memory is provably "
+            f"large enough) or 2 (level 1 and a memory-aware op order), got {level!r}")
     return Options(names, bool(skip_grads), int(level), bool(print_log), fetched)
 
 
@@ -292,7 +292,8 @@ def _pir_release(program, options: Options) -> Report:
 
 
 def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
-                    level: int = 0, print_log: bool = False, *, fetch_list=None) -> Report:
+                    level: int = 0, print_log: bool = False, *, fetch_list=None,
+                    budget=None, batch_size: Optional[int] = None) -> Report:
     """Rewrite a Paddle static program so that variables share memory.
 
     Parameters
@@ -307,7 +308,8 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         between the same dtype whenever the memory taken over is provably
         large enough (sizes symbolic in the batch dimension are compared for
         every batch size); never across dtypes, as Paddle's executor reads
-        each variable's declared dtype.
+        each variable's declared dtype.  2 -- level 1 plus a memory-aware
+        order of the ops (PIR; kept only where it lowers the predicted peak).
     print_log : print the report (one line per reuse and a summary).
     fetch_list : (keyword only) what you will fetch from the program:
         Variables, PIR Values or names.  They keep their own memory and
@@ -316,6 +318,14 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     Every name in ``skip_opt_set`` and ``fetch_list`` must be one the
     program has: a ValueError names those it does not, with the closest
     names it does have, and the program is left unchanged.
+
+    budget : (keyword only) bytes (int) or a string such as ``"6GiB"``: the allocator peak
+        one training step at ``batch_size`` may reach, parameters and
+        optimizer state included.  memopt recomputes forward values in the
+        backward part (PIR programs without if/while regions) so the
+        predicted peak fits with the least added compute; the report says
+        what is recomputed, the added compute and the predicted peak.
+    batch_size : (keyword only) the batch size the budget is for (needed with ``budget``).
 
     Returns
     -------
@@ -330,6 +340,11 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         ``program`` is not a Paddle static program.
     PlanError
         The plan failed a check (a bug): the program is unchanged.
+    BudgetError
+        No plan fits ``budget``: the message and the error's
+        ``smallest_budget`` / ``largest_batch`` say the least budget that
+        fits at ``batch_size`` and the largest batch that fits ``budget``;
+        the program is unchanged.
 
     Merged variables' memory lives under fresh names (``memopt@buf_<k>``);
     the merged-away names leave the program, so fetching one fails by name
@@ -340,9 +355,107 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     writes over raises it too.)
     """
     options = resolve_options(skip_opt_set, skip_grads, level, print_log, fetch_list)
-    report = _dispatch(_default_program(program), options, release=False)
+    program = _default_program(program)
+    if budget is not None or options.level == 2:
+        report = _level2_or_budget(program, options, budget, batch_size)
+    else:
+        report = _dispatch(program, options, release=False)
     if options.print_log:
         print(report)
+    return report
+
+
+def parse_budget(budget) -> int:
+    """``budget`` (an int of bytes or a string such as ``"6GiB"``) in bytes;
+    TypeError / ValueError naming the value otherwise."""
+    from .report import parse_bytes
+
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer, str)):
+        raise TypeError(f"budget must be bytes (int) or a string such as '6GiB', "
+                        f"got {budget!r}")
+    value = parse_bytes(budget) if isinstance(budget, str) else int(budget)
+    if value <= 0:
+        raise ValueError(f"budget must be positive, got {budget!r}")
+    return value
+
+
+def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
+    """level=2 / budget= (PIR): recompute for the budget
+    (:mod:`memopt.paddle.pir_budget`, :mod:`memopt.paddle.pir_recompute`),
+    then the in-place rewrite at ``min(level, 1)``, then at level 2 the
+    memory-aware order (:mod:`memopt.paddle.pir_schedule`).  A legacy
+    program gets level 1 at level 2 and refuses a budget."""
+    from dataclasses import replace
+
+    from .report import format_bytes
+
+    limit = None
+    if budget is not None:
+        if batch_size is None or isinstance(batch_size, bool) \
+                or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"budget= needs batch_size=, the positive batch size the budget "
+                             f"is for (got batch_size={batch_size!r})")
+        limit = parse_budget(budget)
+    lower = replace(options, level=min(options.level, 1))
+    if not pir.is_pir_program(program):
+        if limit is not None:
+            if legacy.is_legacy_program(program):
+                raise UnsupportedProgramError(
+                    "memory_optimize(budget=...) recomputes in PIR programs (Paddle 3's "
+                    "default static mode); this is a legacy Program. Build it in PIR to "
+                    "use a budget")
+        report = _dispatch(program, lower, release=False)
+        report.level = options.level
+        report.notes = list(report.notes) + [
+            "level 2: the memory-aware op order is made for PIR programs; this legacy "
+            "program got level 1"]
+        return report
+    from .paddle import pir_budget, pir_recompute, pir_schedule
+
+    start = time.perf_counter()
+    batch = int(batch_size or REFERENCE_BATCH)
+    model = flags.runtime_model("pir")
+    notes: List[str] = []
+    with _without_cycle_collection():
+        pg = pir.convert(program, sorted(options.fetch_list))
+        pir_rewrite.check_user_names(pg, options)
+        before = _pir_analysis(pg, batch, model).total_peak(batch)
+        recomputed, added = [], 0.0
+        if limit is not None:
+            chosen = pir_budget.plan_recompute(pg, batch, limit, model)
+            if chosen.k:
+                pir_recompute.apply_plan(pg, chosen.plan)
+                recomputed, added = list(chosen.plan.dropped), chosen.plan.added_percent
+                shown = ", ".join(recomputed[:8]) + (", ..." if len(recomputed) > 8 else "")
+                notes.append(
+                    f"recompute ({chosen.label}): {len(recomputed)} saved values dropped and "
+                    f"made again in the backward part by {len(chosen.plan.clones)} cloned "
+                    f"forward ops ({shown}); added compute {added:.1f}% of the step (FLOPs "
+                    f"estimate); predicted peak {format_bytes(chosen.peak)} for the budget "
+                    f"{format_bytes(limit)} (planned within {1 - pir_budget.MARGIN:.0%} of it)")
+            else:
+                notes.append(f"recompute: none needed: the predicted peak "
+                             f"{format_bytes(chosen.peak)} fits the budget {format_bytes(limit)}")
+        report = _pir_optimize(program, lower, batch)
+        if options.level == 2:
+            choice = pir_schedule.plan_order(program, batch, model)
+            if choice.order is not None:
+                pir_schedule.apply_order(program, choice.order)
+                notes.append(f"level 2: ops reordered ({choice.name} order): predicted peak "
+                             f"{format_bytes(choice.peaks['program'])} -> "
+                             f"{format_bytes(choice.peaks[choice.name])}")
+            else:
+                tried = ", ".join(f"{k} {format_bytes(v)}" for k, v in choice.peaks.items())
+                notes.append(choice.note or ("level 2: the program's own order kept: no other "
+                                             f"order lowers the predicted peak ({tried})"))
+        report.peak_after = _pir_analysis(pir.convert(program), batch, model).total_peak(batch)
+    report.peak_before = before
+    report.level = options.level
+    report.notes = list(report.notes) + notes
+    report.recomputed = recomputed
+    report.added_compute_percent = added
+    report.budget = limit
+    report.seconds = time.perf_counter() - start
     return report
 
 
@@ -413,4 +526,9 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     ir = paddle_runtime.is_program(program_or_graph)
     rt = runtime or flags.runtime_model(ir or "pir")
     read = paddle_runtime.read_program(program_or_graph, fetch_list, rt)
-    return from_graph(read.graph, batch_size, rt, read.inplace, read.same_variable)
+    analysis = from_graph(read.graph, batch_size, rt, read.inplace, read.same_variable)
+    if ir == "pir":
+        from .paddle.pir_recompute import PIR_RULES
+
+        analysis.recompute_rules = PIR_RULES
+    return analysis

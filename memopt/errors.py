@@ -35,3 +35,20 @@ class MergedVariableError(MemoptError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class BudgetError(MemoptError, ValueError):
+    """No plan fits the memory budget given to ``memory_optimize(budget=...)``.
+
+    ``smallest_budget`` is the least total peak (bytes) memopt can reach at
+    ``batch_size``; ``largest_batch`` the largest batch size whose plan fits
+    ``budget`` (0: none).  The program is left unchanged.
+    """
+
+    def __init__(self, message: str, budget: int = 0, batch_size: int = 0,
+                 smallest_budget: int = 0, largest_batch: int = 0) -> None:
+        super().__init__(message)
+        self.budget = budget
+        self.batch_size = batch_size
+        self.smallest_budget = smallest_budget
+        self.largest_batch = largest_batch

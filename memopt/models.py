@@ -17,7 +17,12 @@ first entry is the loss.
   encoder built from ops the legacy IR still accepts: ``einsum`` attention,
   ``softmax``, ``layer_norm``, ``Linear``), ``"while_loop"``
   (``paddle.static.nn.while_loop``) and ``"nested_cond"`` (conditionals two
-  deep).  Every model has a backward pass and an optimizer when
+  deep); PIR only (``paddle.matmul``, ``gelu``, ``interpolate``): ``"unet"`` (a small
+  U-Net: encoder, bottleneck, decoder with upsampling and skip concats, a
+  per-pixel loss), ``"densenet"`` (dense blocks: every layer reads the concat
+  of all earlier ones), ``"bert"`` (a BERT-like encoder: matmul attention,
+  GELU feed-forward, dropout when ``dropout > 0``) and ``"gpt"`` (a GPT-like
+  decoder: causal attention, next-token loss).  Every model has a backward pass and an optimizer when
   ``train=True``.
 
 Legacy-IR caveats measured on Paddle 3.3.1: ``paddle.static.nn.cond`` fails
@@ -45,9 +50,17 @@ DEFAULT_BATCH = {
     "transformer": 4,
     "while_loop": 8,
     "nested_cond": 8,
+    "unet": 4,
+    "densenet": 4,
+    "bert": 4,
+    "gpt": 4,
 }
 
-MODEL_NAMES = tuple(DEFAULT_BATCH)
+#: Models built in both IRs.
+MODEL_NAMES = ("mlp", "cnn", "resnet50", "mobilenet_v2", "transformer", "while_loop",
+               "nested_cond")
+#: Models built only in PIR (they use ops Paddle 3.3.1's legacy IR refuses).
+PIR_ONLY = ("unet", "densenet", "bert", "gpt")
 IRS = ("legacy", "pir")
 
 
@@ -340,6 +353,156 @@ def _nested_cond(ir, batch, opts):
     return feed, [loss, logits]
 
 
+def _unet(ir, batch, opts):
+    """A small U-Net: two conv-BN-ReLU per level, max-pool down, nearest
+    upsampling up, the encoder's feature map concatenated at each level of
+    the decoder, a 1x1 head and a mean squared error per pixel."""
+    import paddle
+
+    nn, F = paddle.nn, paddle.nn.functional
+    size, base, depth = (opts.setdefault("image_size", 32), opts.setdefault("width", 8),
+                         opts.setdefault("depth", 3))
+
+    def double(c_in, c_out):
+        return nn.Sequential(nn.Conv2D(c_in, c_out, 3, padding=1), nn.BatchNorm2D(c_out),
+                             nn.ReLU(), nn.Conv2D(c_out, c_out, 3, padding=1),
+                             nn.BatchNorm2D(c_out), nn.ReLU())
+
+    x = paddle.static.data("image", [-1, 3, size, size], "float32")
+    target = paddle.static.data("target", [-1, 1, size, size], "float32")
+    skips, h, c = [], x, 3
+    for level in range(depth):
+        h = double(c, base * 2 ** level)(h)
+        c = base * 2 ** level
+        skips.append((h, c))
+        h = F.max_pool2d(h, 2)
+    h = double(c, c * 2)(h)
+    c *= 2
+    for skip, c_skip in reversed(skips):
+        h = F.interpolate(h, scale_factor=2, mode="nearest")
+        h = double(c + c_skip, c_skip)(paddle.concat([h, skip], axis=1))
+        c = c_skip
+    out = nn.Conv2D(c, 1, 1)(h)
+    loss = paddle.mean((out - target) ** 2)
+
+    def feed(rng):
+        return {"image": rng.standard_normal((batch, 3, size, size)).astype("float32"),
+                "target": rng.standard_normal((batch, 1, size, size)).astype("float32")}
+
+    return feed, [loss, out]
+
+
+def _densenet(ir, batch, opts):
+    """A DenseNet-like classifier: dense blocks of BN-ReLU-conv layers, each
+    reading the concat of the block's input and every earlier layer's
+    output (growth ``growth`` channels), 1x1-conv + pooling transitions."""
+    import paddle
+
+    nn, F = paddle.nn, paddle.nn.functional
+    size, growth, blocks, layers, classes = (
+        opts.setdefault("image_size", 32), opts.setdefault("growth", 8),
+        opts.setdefault("blocks", 3), opts.setdefault("layers", 4),
+        opts.setdefault("classes", 10))
+    x = paddle.static.data("image", [-1, 3, size, size], "float32")
+    y = paddle.static.data("label", [-1, 1], "int64")
+    c = 2 * growth
+    h = nn.Conv2D(3, c, 3, padding=1)(x)
+    for b in range(blocks):
+        feats = [h]
+        for _ in range(layers):
+            inp = paddle.concat(feats, axis=1) if len(feats) > 1 else feats[0]
+            new = nn.Conv2D(c, growth, 3, padding=1)(F.relu(nn.BatchNorm2D(c)(inp)))
+            feats.append(new)
+            c += growth
+        h = paddle.concat(feats, axis=1)
+        if b < blocks - 1:
+            h = F.avg_pool2d(nn.Conv2D(c, c // 2, 1)(F.relu(nn.BatchNorm2D(c)(h))), 2)
+            c //= 2
+    h = paddle.mean(F.relu(nn.BatchNorm2D(c)(h)), axis=[2, 3])
+    logits = nn.Linear(c, classes)(h)
+    loss = _cross_entropy(logits, y)
+
+    def feed(rng):
+        return {"image": rng.standard_normal((batch, 3, size, size)).astype("float32"),
+                "label": _labels(rng, batch, classes)}
+
+    return feed, [loss, logits]
+
+
+def _attention_stack(opts, causal: bool):
+    """Token ids -> hidden states through pre-norm Transformer layers with
+    ``paddle.matmul`` attention (a causal mask when ``causal``), a GELU
+    feed-forward and dropout ``opts["dropout"]`` (0: none)."""
+    import paddle
+
+    nn, F = paddle.nn, paddle.nn.functional
+    vocab, seq, d, heads, ff, layers, p = (
+        opts.setdefault("vocab", 128), opts.setdefault("seq_len", 32),
+        opts.setdefault("d_model", 64), opts.setdefault("heads", 4),
+        opts.setdefault("d_ff", 256), opts.setdefault("layers", 2),
+        opts.setdefault("dropout", 0.0))
+    dh = d // heads
+    tokens = paddle.static.data("tokens", [-1, seq], "int64")
+    pos = paddle.create_parameter([seq, d], "float32")
+    h = nn.Embedding(vocab, d)(tokens) + pos
+    mask = None
+    if causal:
+        upper = np.triu(np.full((seq, seq), -1e4, dtype="float32"), k=1)
+        mask = paddle.assign(upper)
+
+    def drop(t):
+        return F.dropout(t, p) if p > 0 else t
+
+    for _ in range(layers):
+        a = nn.LayerNorm(d)(h)
+        q, k, v = (nn.Linear(d, d)(a).reshape([-1, seq, heads, dh]).transpose([0, 2, 1, 3])
+                   for _ in range(3))
+        scores = paddle.matmul(q, k, transpose_y=True) * (1.0 / dh ** 0.5)
+        if mask is not None:
+            scores = scores + mask
+        attn = drop(F.softmax(scores, axis=-1))
+        ctx = paddle.matmul(attn, v).transpose([0, 2, 1, 3]).reshape([-1, seq, d])
+        h = h + drop(nn.Linear(d, d)(ctx))
+        inner = F.gelu(nn.Linear(d, ff)(nn.LayerNorm(d)(h)))
+        h = h + drop(nn.Linear(ff, d)(inner))
+    return tokens, nn.LayerNorm(d)(h), vocab, seq
+
+
+def _bert(ir, batch, opts):
+    """A BERT-like encoder classifier (see :func:`_attention_stack`): the
+    first token's hidden state through a linear head."""
+    import paddle
+
+    classes = opts.setdefault("classes", 10)
+    tokens, h, vocab, seq = _attention_stack(opts, causal=False)
+    y = paddle.static.data("label", [-1, 1], "int64")
+    logits = paddle.nn.Linear(h.shape[-1], classes)(h[:, 0])
+    loss = _cross_entropy(logits, y)
+
+    def feed(rng):
+        return {"tokens": rng.integers(0, vocab, size=(batch, seq)).astype("int64"),
+                "label": _labels(rng, batch, classes)}
+
+    return feed, [loss, logits]
+
+
+def _gpt(ir, batch, opts):
+    """A GPT-like decoder (see :func:`_attention_stack`, causal): next-token
+    cross entropy over the vocabulary at every position."""
+    import paddle
+
+    tokens, h, vocab, seq = _attention_stack(opts, causal=True)
+    targets = paddle.static.data("targets", [-1, seq, 1], "int64")
+    logits = paddle.nn.Linear(h.shape[-1], vocab)(h)
+    loss = paddle.mean(paddle.nn.functional.cross_entropy(logits, targets))
+
+    def feed(rng):
+        return {"tokens": rng.integers(0, vocab, size=(batch, seq)).astype("int64"),
+                "targets": rng.integers(0, vocab, size=(batch, seq, 1)).astype("int64")}
+
+    return feed, [loss, logits]
+
+
 _BUILDERS = {
     "mlp": _mlp,
     "cnn": _cnn,
@@ -348,6 +511,10 @@ _BUILDERS = {
     "transformer": _transformer,
     "while_loop": _while_loop,
     "nested_cond": _nested_cond,
+    "unet": _unet,
+    "densenet": _densenet,
+    "bert": _bert,
+    "gpt": _gpt,
 }
 
 
@@ -358,7 +525,7 @@ def build(name: str, ir: str = "legacy", batch_size: Optional[int] = None,
 
     Parameters
     ----------
-    name : one of :data:`MODEL_NAMES`.
+    name : one of :data:`MODEL_NAMES` or :data:`PIR_ONLY`.
     ir : ``"legacy"`` or ``"pir"``.
     batch_size : rows the feed gives per step (the program itself keeps the
         batch dimension symbolic, ``-1``); default :data:`DEFAULT_BATCH`.
@@ -375,9 +542,12 @@ def build(name: str, ir: str = "legacy", batch_size: Optional[int] = None,
     ValueError : an unknown name, IR or optimizer.
     """
     if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}: expected one of {MODEL_NAMES}")
+        raise ValueError(f"unknown model {name!r}: expected one of "
+                         f"{MODEL_NAMES + PIR_ONLY}")
     if ir not in IRS:
         raise ValueError(f"ir must be one of {IRS}, got {ir!r}")
+    if ir == "legacy" and name in PIR_ONLY:
+        raise ValueError(f"model {name!r} is built in PIR only (ir='pir')")
     import paddle
 
     paddle.enable_static()

@@ -24,8 +24,10 @@ class Options:
     ``skip_opt_set`` holds variable names (Variables/Values already turned
     into their names); ``fetch_list`` the names the user will fetch (kept
     whole, like ``skip_opt_set``, and live at the program's end); ``level``
-    is 0 or 1.  Every name is one the program has (checked against the
-    program by :func:`memopt.names.check_known` before anything changes).
+    is 0, 1 or 2 (the planner sees at most 1: level 2 adds a memory-aware
+    order in :mod:`memopt.api`).  Every name is one the program has (checked
+    against the program by :func:`memopt.names.check_known` before anything
+    changes).
     """
 
     skip_opt_set: frozenset = frozenset()

@@ -186,6 +186,9 @@ class Report:
     seconds: float = 0.0
     notes: List[str] = field(default_factory=list)
     released: List[str] = field(default_factory=list)
+    recomputed: List[str] = field(default_factory=list)
+    added_compute_percent: float = 0.0
+    budget: Optional[int] = None
 
     @property
     def merged_count(self) -> int:
@@ -246,6 +249,9 @@ class Report:
             "seconds": self.seconds,
             "notes": list(self.notes),
             "released": list(self.released),
+            "recomputed": list(self.recomputed),
+            "added_compute_percent": self.added_compute_percent,
+            "budget": self.budget,
         }
 
     def to_json(self, indent: Optional[int] = 2) -> str:

@@ -355,7 +355,7 @@ BAD_ARGUMENTS = [
     ({"skip_opt_set": 42}, TypeError, "skip_opt_set"),
     ({"skip_opt_set": ["x", 3]}, TypeError, r"skip_opt_set\[1\]"),
     ({"skip_opt_set": [None]}, TypeError, r"skip_opt_set\[0\]"),
-    ({"level": 2}, ValueError, "level"),
+    ({"level": 3}, ValueError, "level"),
     ({"level": -1}, ValueError, "level"),
     ({"level": "1"}, ValueError, "level"),
     ({"level": True}, ValueError, "level"),

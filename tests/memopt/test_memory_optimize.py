@@ -152,7 +152,7 @@ def test_bare_string_skip_opt_set(paddle):
     assert "'fc'" in str(info.value)
 
 
-@pytest.mark.parametrize("level", [2, -1, True, "1", 0.5])
+@pytest.mark.parametrize("level", [3, -1, True, "1", 0.5])
 def test_bad_level(paddle, level):
     with pytest.raises(ValueError, match="level must be 0"):
         memopt.memory_optimize(models.build("mlp", "legacy").main, level=level)

@@ -1,0 +1,349 @@
+"""Recompute to a budget on PIR: forward ops cloned into the backward part.
+
+:func:`problem_of` describes a PIR training program's top-level block as a
+:class:`memopt.recompute.RecomputeProblem`: the neutral graph, each op's
+estimated FLOPs (:func:`op_flops`) and whether it may run twice;
+:func:`predictor` predicts a rewritten graph's total peak the way
+:func:`memopt.analyze` does (the executor's in-place pass kept where the
+input still dies at the op); :func:`apply_plan` clones the planned ops
+(``Operation.clone`` with a ``paddle.pir.IrMapping``, at
+``paddle.pir.set_insertion_point``) right before the backward op that first
+needs them and points every backward read of a dropped value's data at its
+clone (``OpOperand.set_source``; shape-only reads keep the original), all
+or nothing.
+
+Not recomputed: random ops (:data:`RANDOM_OPS`: a second draw gives other
+values), ops that write over an operand (``batch_norm_``'s running
+statistics, ``sgd_``: a second run would update twice), ops that run
+regions, and the glue of vectors on their own (``builtin.combine`` /
+``builtin.split`` are cloned along with the op that uses them).
+Programs with ``if``/``while`` regions in the top-level block are not
+rewritten.
+
+Forcing the order: Paddle 3.3.1's ``pd_op.depend`` (``paddle._C_ops.depend``)
+builds in PIR but its CPU kernel refuses to run unless the input and the
+output are one variable ("PreconditionNotMetError: Input(X) and Output(Out)
+variable should be the same", ``depend_kernel_impl.h:27``), which the PIR
+executor does not arrange for a Python-built depend op; so the clones are
+kept in the backward part by their position alone (Paddle's executor runs
+ready ops lowest index first).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional, Tuple
+
+from ..errors import PlanError
+from ..recompute import CLONE_SUFFIX, RecomputePlan, RecomputeProblem
+from ..graph import Graph
+from .pir import COMBINE_OP, SPLIT_OP, SLICE_OP, PirGraph
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RANDOM_OPS", "OUT_OF_PLACE", "PIR_RULES", "op_flops", "problem_of", "predictor",
+           "apply_plan", "verify_defined_before_use"]
+
+#: Ops drawing random numbers: never run twice (their values would differ).
+RANDOM_OPS = frozenset({
+    "pd_op.dropout", "pd_op.uniform", "pd_op.gaussian", "pd_op.randint", "pd_op.randperm",
+    "pd_op.bernoulli", "pd_op.multinomial", "pd_op.truncated_gaussian_random",
+    "pd_op.uniform_random", "pd_op.gaussian_random", "pd_op.rrelu", "pd_op.exponential_",
+    "pd_op.poisson", "pd_op.random_routing", "pd_op.class_center_sample",
+    "pd_op.fused_dropout_add", "pd_op.fused_bias_dropout_residual_layer_norm",
+    "pd_op.sampling_id", "pd_op.top_p_sampling", "pd_op.randn"})
+
+#: In-place ops cloned as their out-of-place form: ``batch_norm_`` writes
+#: the running statistics over its ``mean``/``variance`` operands; a clone
+#: that did so too would update them twice, so the clone is a
+#: ``batch_norm`` reading zeros/ones for them, whose new statistics nobody
+#: reads (measured: cloned as ``batch_norm`` on the real statistics, the
+#: running mean came out different -- the executor updated it in place).  In training mode
+#: (``is_test`` and ``use_global_stats`` False) its output is computed from
+#: the batch's own statistics only, by the same kernel: bit-identical.
+OUT_OF_PLACE = {"pd_op.batch_norm_": "batch_norm"}
+
+#: FLOPs per output element for ops heavier than one operation per element.
+_PER_ELEMENT = {"pd_op.softmax": 5, "pd_op.layer_norm": 8, "pd_op.batch_norm": 8,
+                "pd_op.batch_norm_": 8, "pd_op.gelu": 10, "pd_op.exp": 4,
+                "pd_op.tanh": 4, "pd_op.sigmoid": 4, "pd_op.cross_entropy_with_softmax": 8}
+
+
+def _numel(shape, batch: int) -> int:
+    n = 1
+    for d in shape:
+        n *= batch if d < 0 else int(d)
+    return n
+
+
+def op_flops(graph: Graph, op, batch: int) -> int:
+    """Estimated FLOPs of one op of a PIR program's graph at ``batch``:
+    ``2 * out * (Cin/g * kh * kw)`` for a convolution (the filter is its
+    second operand), ``2 * out * K`` for a matmul (K: the first operand's
+    last dimension), a few per output element otherwise
+    (:data:`_PER_ELEMENT`, default 1); glue and constants 0."""
+    name = op.type
+    if name.startswith("builtin.") or name in ("pd_op.data", "pd_op.full",
+                                               "pd_op.full_int_array"):
+        return 0
+    var = graph.blocks[0].vars
+    out = sum(_numel(var[n].shape, batch) for n in op.writes
+              if n in var and var[n].is_dense)
+    if name in ("pd_op.conv2d", "pd_op.depthwise_conv2d", "pd_op.conv2d_transpose") \
+            and len(op.reads) > 1 and op.reads[1] in var:
+        return 2 * out * max(_numel(var[op.reads[1]].shape[1:], 1), 1)
+    if name == "pd_op.matmul" and op.reads and op.reads[0] in var and var[op.reads[0]].shape:
+        return 2 * out * max(int(var[op.reads[0]].shape[-1]), 1)
+    return out * _PER_ELEMENT.get(name, 1)
+
+
+def _reason(op) -> Optional[str]:
+    """Why graph op ``op`` may not run twice (None: it may)."""
+    name = op.type
+    if name in RANDOM_OPS:
+        return "random"
+    if op.sub_blocks:
+        return "runs regions"
+    if name.startswith("builtin.") or name.startswith("cf.") or op.facts.synthetic:
+        return "glue"
+    if name in OUT_OF_PLACE:
+        return None  # cloned as its out-of-place form (see OUT_OF_PLACE)
+    if op.facts.overwrites or name.endswith("_"):
+        return "writes over an operand"
+    if not op.writes:
+        return "no results"
+    return None
+
+
+class _PirRules:
+    """The op facts :func:`memopt.recompute.problem_from_graph` needs, for
+    graphs read from PIR programs: :func:`op_flops` and :func:`_reason`."""
+
+    @staticmethod
+    def flops(graph, op, batch: int) -> int:
+        return op_flops(graph, op, batch)
+
+    @staticmethod
+    def reason(op) -> Optional[str]:
+        return _reason(op)
+
+
+#: The rules for graphs read from PIR programs (see :class:`_PirRules`).
+PIR_RULES = _PirRules()
+
+
+def problem_of(pg: PirGraph, batch: int) -> RecomputeProblem:
+    """The :class:`RecomputeProblem` of a flat PIR program at ``batch``."""
+    from ..recompute import problem_from_graph
+
+    return problem_from_graph(pg.graph, batch, PIR_RULES)
+
+
+def predictor(batch: int, runtime, inplace_pairs: list):
+    """``predict(graph, plan) -> Analysis`` for graphs rewritten from a
+    program's: :func:`memopt.analysis.from_graph` under ``runtime``, with the
+    executor's in-place pairs of the original that still hold
+    (:func:`memopt.recompute.kept_inplace`)."""
+    from ..analysis import from_graph
+    from ..recompute import kept_inplace
+
+    def predict(graph, plan: RecomputePlan):
+        return from_graph(graph, batch, runtime, kept_inplace(graph, inplace_pairs))
+
+    return predict
+
+
+def apply_plan(pg: PirGraph, plan: RecomputePlan) -> Dict[str, object]:
+    """Clone the plan's ops into ``pg.program`` and point the backward
+    part's uses of the dropped values at the clones; all or nothing (on any
+    failure the new ops are removed and every use put back).  Returns
+    ``{recomputed name: the clone Value}``.
+
+    A clone's :attr:`~memopt.recompute.Clone.dep` becomes a few tiny ops
+    right before it: ``s = shape64(input) + 0 * shape64(trigger)[0]`` (int64)
+    and ``input' = reshape_(input, s)`` -- the same dims, in place (no copy,
+    no change to the data) -- which the clone reads instead of ``input``.
+    """
+    import paddle
+    from paddle import pir
+
+    program = pg.program
+    ops = list(program.global_block().ops)
+    if len(ops) != len(pg.ops) or any(a.id() != b.id() for a, b in zip(ops, pg.ops)):
+        raise PlanError("apply_plan: the program changed since it was read")
+    start = next((i for i, op in enumerate(pg.graph.blocks[0].ops)
+                  if op.role in ("backward", "optimize")), len(ops))
+    backward = set(ops[start:])
+    options = paddle.pir.CloneOptions(False, True, True)
+    new_of: Dict[int, object] = {}    # original value id -> its clone
+    made: List[object] = []           # new ops, in insertion order
+    redirected: List[Tuple[object, int, object]] = []  # (op, operand index, original)
+    clones: Dict[str, object] = {}
+    block = program.global_block()
+    try:
+        for c in plan.clones:
+            src, anchor = ops[c.op], ops[c.before]
+            pir.set_insertion_point(anchor)
+            waited = None
+            if c.dep is not None:
+                x, trigger = pg.values[c.dep[0]], pg.values[c.dep[1]]
+                waited = _after(x, trigger)
+            mapping = paddle.pir.IrMapping()
+            for v in src.operands_source():
+                if not v.initialized():
+                    continue
+                d = v.get_defining_op()
+                if d is not None and d.name() == COMBINE_OP:
+                    inner = paddle.pir.IrMapping()
+                    for e in d.operands_source():
+                        inner.add(e, new_of.get(e.id, e))
+                    comb = d.clone(inner, options)
+                    comb.move_before(anchor)
+                    made.append(comb)
+                    mapping.add(v, comb.result(0))
+                elif waited is not None and v.id == pg.values[c.dep[0]].id:
+                    mapping.add(v, waited)
+                else:
+                    mapping.add(v, new_of.get(v.id, v))
+            if src.name() in OUT_OF_PLACE:
+                new = _out_of_place(src, mapping)
+            else:
+                new = src.clone(mapping, options)
+            new.move_before(anchor)
+            made.append(new)
+            for r_old, r_new in zip(src.results(), new.results()):
+                if not r_old.initialized():
+                    continue
+                new_of[r_old.id] = r_new
+                if r_old.id in pg.name_of:
+                    clones[pg.name(r_old)] = r_new
+                for user in r_old.all_used_ops_in_same_block():
+                    if user.name() in (SPLIT_OP, SLICE_OP) and user.get_parent_block() \
+                            is not None and user in set(ops[:start]):
+                        inner = paddle.pir.IrMapping()
+                        inner.add(r_old, r_new)
+                        sp = user.clone(inner, options)
+                        sp.move_before(anchor)
+                        made.append(sp)
+                        for e_old, e_new in zip(user.results(), sp.results()):
+                            if e_old.initialized():
+                                new_of[e_old.id] = e_new
+                                if e_old.id in pg.name_of:
+                                    clones[pg.name(e_old)] = e_new
+        for name in plan.dropped:
+            old = pg.values[name]
+            new = clones.get(name)
+            if new is None:
+                raise PlanError(f"apply_plan: {name} has no clone")
+            redirected.extend(_redirect_data_uses(old, new, backward))
+        pir.set_insertion_point_to_block_end(block)
+        _sink_glue(block)
+        verify_defined_before_use(block)
+    except Exception:
+        pir.set_insertion_point_to_block_end(block)
+        for user, k, old in reversed(redirected):
+            user.operand(k).set_source(old)
+        known = {op.id() for op in ops}
+        for op in reversed(list(block.ops)):
+            if op.id() not in known:
+                op.erase()
+        raise
+    return clones
+
+
+def _reads_data(op, value) -> bool:
+    """Whether ``op`` reads ``value``'s data (not only its shape); a
+    ``builtin.combine`` does when some op reading its vector does."""
+    if op.name() == COMBINE_OP:
+        vector = op.result(0)
+        return any(_reads_data(user, vector) for user in vector.all_used_ops())
+    try:
+        return not op.is_no_need_buffer(value)
+    except Exception:  # ops without that information: assume data
+        return True
+
+
+def _redirect_data_uses(old, new, ops: set) -> list:
+    """Point the operands of ``ops`` that read ``old``'s data at ``new``;
+    shape-only reads keep ``old`` (see :func:`memopt.recompute.saved_values`).
+    Returns ``[(op, operand index, old)]`` for the undo."""
+    done = []
+    for user in old.all_used_ops():
+        if user not in ops or not _reads_data(user, old):
+            continue
+        for k in range(user.num_operands()):
+            if user.operand_source(k).is_same(old):
+                user.operand(k).set_source(new)
+                done.append((user, k, old))
+    return done
+
+
+def _sink_glue(block) -> None:
+    """Move each ``builtin.combine`` that now reads a clone made after it
+    (a backward op's vector of forward values, redirected) to right before
+    the first op that uses its vector: glue, so moving it changes nothing
+    but the order."""
+    ops = list(block.ops)
+    position = {op.id(): i for i, op in enumerate(ops)}
+    for i, op in enumerate(ops):
+        if op.name() != COMBINE_OP:
+            continue
+        late = any(v.initialized() and v.get_defining_op() is not None
+                   and position.get(v.get_defining_op().id(), -1) > i
+                   for v in op.operands_source())
+        if not late:
+            continue
+        users = sorted(op.result(0).all_used_ops_in_same_block(),
+                       key=lambda u: position.get(u.id(), len(ops)))
+        if users:
+            op.move_before(users[0])
+
+
+def verify_defined_before_use(block) -> None:
+    """PlanError unless every operand of every op of ``block`` is made by an
+    earlier op of the block (or is a block argument)."""
+    seen = set()
+    for i, op in enumerate(block.ops):
+        for k, v in enumerate(op.operands_source()):
+            if not v.initialized():
+                continue
+            d = v.get_defining_op()
+            if d is not None and d.id() not in seen:
+                raise PlanError(f"op {i} ({op.name()}) reads operand {k} before {d.name()} "
+                                "makes it")
+        seen.add(op.id())
+
+
+def _out_of_place(src, mapping):
+    """Build the out-of-place form of in-place op ``src`` (see
+    :data:`OUT_OF_PLACE`) on the mapped operands, at the insertion point."""
+    import paddle
+
+    attrs = src.attrs()
+    if attrs.get("is_test") or attrs.get("use_global_stats"):
+        raise PlanError(f"{src.name()} in inference mode is not recomputed")
+    args = [mapping.look_up(v) for v in src.operands_source()]
+    # the running statistics: fresh copies' worth of memory (C values), so
+    # that nothing -- Paddle's in-place pass included -- can write the
+    # clone's unused new statistics over the real ones
+    args[1], args[2] = paddle.zeros_like(args[1]), paddle.ones_like(args[2])
+    fn = getattr(paddle._C_ops, OUT_OF_PLACE[src.name()])
+    results = fn(*args, False, attrs["momentum"], attrs["epsilon"], attrs["data_format"],
+                 False, attrs["trainable_statistics"])
+    new = results[0].get_defining_op()
+    if new.num_results() != src.num_results():
+        raise PlanError(f"the out-of-place form of {src.name()} does not match it")
+    return new
+
+
+def _after(x, trigger):
+    """``x`` viewed through ``reshape_`` to its own dims, computed so that
+    the op waits for ``trigger`` (see :func:`apply_plan`)."""
+    import paddle
+
+    ops = paddle._C_ops
+    dims = ops.shape64(x)
+    first = ops.slice(ops.shape64(trigger), [0], [0], [1], [1], [0])
+    zero = ops.scale(first, 0.0, 0.0, True)
+    waited = ops.reshape_(x, ops.add(dims, zero))
+    waited.set_type(x.type())
+    return waited

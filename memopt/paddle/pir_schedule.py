@@ -1,0 +1,181 @@
+"""memory_optimize level 2 on PIR: the top-level block's ops in a memory-aware order.
+
+:func:`order_problem` describes a PIR program's top-level block as a
+:class:`memopt.schedule.OrderProblem` (dependencies from PIR's use-def
+chains, plus: an op that overwrites a value -- ``relu_``, ``sgd_``,
+``batch_norm_``'s running statistics -- keeps its place relative to every
+other reader of that value and of the views of it; ops without results keep
+their relative order); :func:`plan_order` makes the candidate orders of
+:mod:`memopt.schedule`, applies each to a clone of the program and keeps
+the one :mod:`memopt.analysis` predicts the lowest peak for under the
+runtime's flags (the executor's in-place pass recomputed on each order);
+:func:`apply_order` moves the real program's ops (``Operation.move_before``)
+all at once, and checks the result op by op.
+
+Programs whose top-level block runs regions (``pd_op.if`` / ``pd_op.while``)
+are left in their order (the report says so).  Nothing is computed twice and
+no op changes: the results are bit-identical.
+"""
+from __future__ import annotations
+
+import logging
+from typing import List, Optional, Tuple
+
+from ..errors import PlanError
+from ..schedule import OrderOp, OrderProblem, best_order, check_topological
+from .pir import DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert
+
+log = logging.getLogger(__name__)
+
+__all__ = ["order_problem", "plan_order", "apply_order", "OrderChoice"]
+
+#: Ops whose result may share the operand's buffer (a view).
+_VIEW_OPS = frozenset({
+    "pd_op.reshape", "pd_op.reshape_", "pd_op.squeeze", "pd_op.squeeze_",
+    "pd_op.unsqueeze", "pd_op.unsqueeze_", "pd_op.flatten", "pd_op.flatten_",
+    "pd_op.view_dtype", "pd_op.view_shape", "pd_op.as_strided", "pd_op.share_data_",
+    "pd_op.slice", "pd_op.split", "pd_op.split_with_num", "pd_op.transpose",
+    "pd_op.strided_slice", "pd_op.unbind", "pd_op.diagonal", "pd_op.depend",
+    "builtin.combine", "builtin.split", "builtin.slice"})
+
+
+def flat_program(pg: PirGraph) -> bool:
+    """Whether the program's top-level block runs no regions (and so every
+    graph op is one PIR op of that block, in the same order)."""
+    return len(pg.graph.blocks) == 1 and all(op is not None for op in pg.ops)
+
+
+def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
+    """The :class:`OrderProblem` of a flat program (see the module docstring);
+    sizes at ``batch``."""
+    ops = pg.ops
+    graph_ops = pg.graph.blocks[0].ops
+    position = {op.id(): i for i, op in enumerate(ops)}
+    after: List[set] = [set() for _ in ops]
+    readers: dict = {}   # value id -> reading op positions
+    alias_of: dict = {}  # value id -> the value id whose buffer it may share
+    for i, op in enumerate(ops):
+        for v in op.operands_source():
+            if not v.initialized():
+                continue
+            d = v.get_defining_op()
+            if d is not None and d.id() in position:
+                after[i].add(position[d.id()])
+            readers.setdefault(v.id, set()).add(i)
+        if op.name() in _VIEW_OPS:
+            srcs = [v for v in op.operands_source() if v.initialized()]
+            for r in op.results():
+                if srcs and r.initialized():
+                    alias_of[r.id] = alias_of.get(srcs[0].id, srcs[0].id)
+    # views' readers count as readers of the viewed buffer
+    for vid, root in alias_of.items():
+        readers.setdefault(root, set()).update(readers.get(vid, ()))
+    from paddle.base import core
+
+    last_sink = None
+    for i, op in enumerate(ops):
+        if op.name().endswith("_") and not op.name().startswith("builtin."):
+            try:
+                pairs = core.pir.get_op_inplace_info(op)
+            except Exception:
+                pairs = {}
+            for _, in_slot in pairs.items():
+                v = op.operand_source(in_slot)
+                if not v.initialized():
+                    continue
+                root = alias_of.get(v.id, v.id)
+                # readers before it stay before it, readers after it (of the
+                # same data, as a same-dims reshape_ leaves it) stay after
+                for r in readers.get(root, ()) | readers.get(v.id, ()):
+                    if r < i:
+                        after[i].add(r)
+                    elif r > i:
+                        after[r].add(i)
+        if op.num_results() == 0 or op.name() in FETCH_OPS:
+            if last_sink is not None:
+                after[i].add(last_sink)
+            last_sink = i
+    var_of = {var.name: var for _, var in pg.graph.all_vars()}
+    keep = frozenset(name for name, var in var_of.items()
+                     if var.persistable or var.is_feed or var.is_data or var.is_fetch
+                     or name in pg.graph.fetch_names)
+    out = []
+    for i, (op, gop) in enumerate(zip(ops, graph_ops)):
+        shape_only = set(gop.facts.no_need_buffer)
+        makes = {}
+        for name in gop.writes:
+            var = var_of.get(name)
+            if var is not None and var.is_dense and not var.persistable:
+                makes[name] = var.size.at(batch)
+        for j in list(after[i]):
+            if j == i:
+                after[i].discard(j)
+        out.append(OrderOp(after=tuple(sorted(after[i])), makes=makes,
+                           reads=tuple(n for n in gop.reads if n not in shape_only),
+                           pinned=op.name() in (PARAMETER_OP, *DATA_OPS)))
+    return OrderProblem(out, keep)
+
+
+def apply_order(program, order: List[int]) -> None:
+    """Put the top-level ops of ``program`` in ``order`` (indices into the
+    current order) with ``Operation.move_before``, then check that the block
+    holds exactly that order (PlanError otherwise)."""
+    block = program.global_block()
+    ops = list(block.ops)
+    if sorted(order) != list(range(len(ops))):
+        raise PlanError("apply_order: not a permutation of the block's ops")
+    if order == list(range(len(ops))):
+        return
+    anchor = ops[order[-1]]
+    # the anchor must end up last: every other op moves right before it
+    for i in order[:-1]:
+        ops[i].move_before(anchor)
+    got = [op.id() for op in block.ops]
+    want = [ops[i].id() for i in order]
+    if got != want:
+        raise PlanError("apply_order: the block's ops are not in the planned order after "
+                        "the moves")
+
+
+class OrderChoice:
+    """What :func:`plan_order` chose: ``name`` of the order, ``order`` (None:
+    keep the program's), ``peaks`` ``{order name: predicted total peak}``
+    and ``schedule_peaks`` the same under the sequential (program-order)
+    executor model."""
+
+    def __init__(self, name: str, order: Optional[List[int]], peaks: dict,
+                 note: str = "") -> None:
+        self.name, self.order, self.peaks, self.note = name, order, peaks, note
+
+
+def _peak_of_order(program, order: List[int], batch: int, runtime) -> int:
+    """Predicted total peak of ``program`` with its top-level ops in
+    ``order``: applied to a clone, analysed as :func:`memopt.analyze` does."""
+    from .. import analysis
+    from .pir_inplace import executor_inplace
+
+    clone = program.clone()
+    apply_order(clone, order)
+    pg = convert(clone)
+    pairs = executor_inplace(pg, (), runtime.device) if runtime.inplace else []
+    return analysis.from_graph(pg.graph, batch, runtime, pairs).total_peak(batch)
+
+
+def plan_order(program, batch: int, runtime=None) -> OrderChoice:
+    """Choose the top-level order of ``program`` with the lowest predicted
+    peak at ``batch`` (see the module docstring); the program is not
+    changed."""
+    from .flags import runtime_model
+
+    runtime = runtime or runtime_model("pir")
+    pg = convert(program)
+    if not flat_program(pg):
+        return OrderChoice("program", None, {}, "level 2: the order of programs with "
+                           "if/while regions is left as it is")
+    problem = order_problem(pg, batch)
+    name, order, peaks = best_order(
+        problem, lambda _n, o: _peak_of_order(program, o, batch, runtime))
+    check_topological(problem, order)
+    if name == "program" or peaks[name] >= peaks["program"]:
+        return OrderChoice("program", None, peaks)
+    return OrderChoice(name, order, peaks)

@@ -1,0 +1,478 @@
+"""What to recompute so a training step fits a memory budget.
+
+A training step keeps the forward values its backward part reads (the
+*saved* values) from the forward pass until the backward pass uses them;
+at the turn from forward to backward they are all alive, and that is
+usually the step's peak.  Recomputation drops some of them and computes
+them again from values that are kept, right before the backward part needs
+them: less memory, more compute (Chen et al. 2016; Checkmate, MLSys'20;
+MONeT, ICLR'21).
+
+This module is pure data (no Paddle).  An adapter describes the top-level
+block as a :class:`RecomputeProblem` (the :class:`memopt.graph.Graph`, the
+cost of each op and which ops may run twice); :func:`plan_for_budget`
+chooses the values to drop and returns a :class:`RecomputePlan` the adapter
+applies to the program.
+
+How values are chosen
+---------------------
+*Candidates* are saved values whose op may run twice: not random
+(``dropout``, ``uniform``, ``gaussian``... would give other values), writing
+over no operand (``sgd_``; the adapter may clone an in-place op as its
+out-of-place form instead, as Paddle's ``batch_norm_`` whose second run
+must not update the running statistics again) and running no sub-block.  A candidate
+``v`` is recomputed by cloning the op that made it; each input the clone
+needs that the backward part no longer has (a value that was not saved, or
+a dropped one) is recomputed the same way, recursively -- a *recipe* of
+forward ops.  Candidates are ranked by bytes freed per FLOP of their
+one-op recipe (largest first: a ReLU, a concat or a GELU before a
+convolution).
+
+The sets of values tried (:func:`candidate_sets`, fixed for a program and
+batch, whatever the budget) are prefixes of that ranking and checkpoint
+segments (every ``m``-th candidate kept); each plan's peak is predicted by
+:mod:`memopt.analysis` on the rewritten graph (clones placed right before
+the first backward op that reads them, backward reads redirected to them),
+and the plan for a budget is the one with the least added compute whose
+predicted peak fits (:func:`plan_for_budget`).  So a lower budget never
+gets a higher predicted peak.
+
+Units: bytes and FLOPs at the planning batch size; op positions are indices
+into the top-level block.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .errors import PlanError
+from .graph import Block, Graph, Op, OpFacts
+
+__all__ = ["RecomputeProblem", "RecomputePlan", "Clone", "Choice", "saved_values",
+           "candidates", "candidate_sets", "make_plan", "rewrite_graph", "prefix_grid",
+           "evaluate_grid", "plan_for_budget", "problem_from_graph", "kept_inplace",
+           "CLONE_SUFFIX", "ORDER_OP"]
+
+#: A recomputed value's name: the original's plus this suffix.
+CLONE_SUFFIX = "@RECOMPUTE"
+
+
+@dataclass
+class RecomputeProblem:
+    """The top-level block of a training program, as recomputation sees it.
+
+    Attributes
+    ----------
+    graph : one-block graph (ops with roles ``forward`` / ``backward`` /
+        ``optimize``; ``facts.no_need_buffer`` for shape-only reads).
+    flops : estimated FLOPs of each op at the planning batch size.
+    reusable : per op, None if it may run twice, else why not (a reason
+        shown in the report: ``"random"``, ``"writes persistable state"``...).
+    available : values the backward part always has (parameters, feeds).
+    batch_size : the batch the sizes are taken at.
+    """
+
+    graph: Graph
+    flops: List[int]
+    reusable: List[Optional[str]]
+    available: frozenset
+    batch_size: int
+
+    @property
+    def ops(self) -> List[Op]:
+        return self.graph.blocks[0].ops
+
+    def size(self, name: str) -> int:
+        var = self.graph.blocks[0].vars.get(name)
+        if var is None or not var.is_dense or var.persistable:
+            return 0
+        return var.size.at(self.batch_size)
+
+
+@dataclass(frozen=True)
+class Clone:
+    """One forward op run again: ``op`` (its position) placed right before
+    op ``before`` of the original block; ``outputs`` the values it makes
+    again (renamed ``name + CLONE_SUFFIX``).
+
+    ``dep = (input, trigger)``: the clone reads ``input`` through an
+    ordering op that also waits for ``trigger`` (a value the backward part
+    makes right before), so an executor that runs every op as soon as its
+    inputs are ready cannot run the clone back in the forward part (where
+    its result would be held all along).  None: one of its inputs is
+    another clone's output, which already waits."""
+
+    op: int
+    before: int
+    outputs: Tuple[str, ...]
+    dep: Optional[Tuple[str, str]] = None
+
+
+@dataclass
+class RecomputePlan:
+    """Drop ``dropped`` (saved values) and run ``clones`` (in order) instead;
+    ``flops`` is the added compute, ``step_flops`` the step's own
+    (forward + backward) estimate."""
+
+    dropped: List[str] = field(default_factory=list)
+    clones: List[Clone] = field(default_factory=list)
+    flops: int = 0
+    step_flops: int = 0
+
+    @property
+    def added_percent(self) -> float:
+        return 100.0 * self.flops / self.step_flops if self.step_flops else 0.0
+
+
+def problem_from_graph(graph: Graph, batch: int, rules) -> RecomputeProblem:
+    """The :class:`RecomputeProblem` of a one-block graph at ``batch``;
+    ``rules`` (from the adapter) has ``flops(graph, op, batch)`` (an op's
+    estimated FLOPs) and ``reason(op)`` (why it may not run twice, or
+    None)."""
+    ops = graph.blocks[0].ops
+    available = frozenset(var.name for _, var in graph.all_vars()
+                          if var.persistable or var.is_data or var.is_feed)
+    return RecomputeProblem(graph, [rules.flops(graph, op, batch) for op in ops],
+                            [rules.reason(op) for op in ops], available, batch)
+
+
+def kept_inplace(graph: Graph, pairs: Sequence) -> list:
+    """The executor's in-place ``(position, input, output)`` pairs of the
+    original program that still hold in ``graph`` (rewritten): a pair whose
+    input a clone or ordering op reads is dropped (the input no longer dies
+    at the op, so the executor's pass leaves it)."""
+    cloned_reads = {n for op in graph.blocks[0].ops if op.attrs
+                    and op.attrs.get("recompute_of") is not None for n in op.reads}
+    return [p for p in pairs if p[1] not in cloned_reads]
+
+
+def _first_backward(ops: Sequence[Op]) -> int:
+    for i, op in enumerate(ops):
+        if op.role in ("backward", "optimize"):
+            return i
+    return len(ops)
+
+
+def _real_reads(op: Op) -> Tuple[str, ...]:
+    shape_only = set(op.facts.no_need_buffer)
+    return tuple(n for n in op.reads if n not in shape_only)
+
+
+def saved_values(problem: RecomputeProblem) -> Dict[str, List[int]]:
+    """``{saved value: positions of the backward ops that read its data}``
+    for the forward-made values (dense, not persistable, not fetched or
+    fed) whose data some backward op reads.  A read for the shape only
+    (``no_need_buffer``: ``concat_grad``'s inputs) keeps no memory alive in
+    Paddle's executor and keeps reading the original value: it neither
+    makes a value saved nor places its clone."""
+    ops = problem.ops
+    start = _first_backward(ops)
+    made: Dict[str, int] = {}
+    for i, op in enumerate(ops[:start]):
+        for name in op.writes:
+            made.setdefault(name, i)
+    fetched = set(problem.graph.fetch_names)
+    held: set = set()
+    for op in ops[start:]:
+        held.update(_real_reads(op))
+    out: Dict[str, List[int]] = {}
+    for i, op in enumerate(ops[start:], start):
+        for name in _real_reads(op):
+            if name in held and name in made and name not in fetched \
+                    and name not in problem.available and problem.size(name) > 0:
+                var = problem.graph.blocks[0].vars[name]
+                if not (var.is_feed or var.is_data):
+                    out.setdefault(name, []).append(i)
+    return out
+
+
+def _makers(problem: RecomputeProblem) -> Dict[str, int]:
+    start = _first_backward(problem.ops)
+    made: Dict[str, int] = {}
+    for i, op in enumerate(problem.ops[:start]):
+        for name in op.writes:
+            made.setdefault(name, i)
+    return made
+
+
+def candidates(problem: RecomputeProblem) -> List[str]:
+    """Saved values that may be recomputed, best first (bytes per FLOP of
+    their own op; ties by position)."""
+    saved = saved_values(problem)
+    makers = _makers(problem)
+    out = []
+    for name in saved:
+        i = makers[name]
+        if problem.reusable[i] is not None:
+            continue
+        if _recipe(problem, [name], set(saved) - {name}, makers) is None:
+            continue
+        out.append(name)
+    return sorted(out, key=lambda n: (-problem.size(n) / (problem.flops[makers[n]] + 1.0),
+                                      makers[n], n))
+
+
+def _recipe(problem: RecomputeProblem, wanted: Sequence[str], kept: set,
+            makers: Dict[str, int]) -> Optional[List[int]]:
+    """Positions of the forward ops to run again (in forward order) so that
+    every name in ``wanted`` is made again from ``kept`` and always
+    available values; None if one of them may not run twice."""
+    need: set = set()
+    stack = list(wanted)
+    seen: set = set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        i = makers.get(name)
+        if i is None:
+            return None  # not made in the forward part: nothing to clone
+        if problem.reusable[i] is not None:
+            return None
+        if i in need:
+            continue
+        need.add(i)
+        for src in problem.ops[i].reads:
+            if src in kept or src in problem.available:
+                continue
+            var = problem.graph.blocks[0].vars.get(src)
+            if var is not None and (var.persistable or var.is_feed or var.is_data):
+                continue
+            stack.append(src)
+    return sorted(need)
+
+
+def make_plan(problem: RecomputeProblem, dropped: Sequence[str]) -> RecomputePlan:
+    """The clones that recompute ``dropped`` (saved values) for the backward
+    part, each placed right before the first backward op that needs it
+    (directly or through a later clone).  PlanError if one cannot be
+    recomputed."""
+    ops = problem.ops
+    saved = saved_values(problem)
+    makers = _makers(problem)
+    dropped = list(dict.fromkeys(dropped))
+    kept = set(saved) - set(dropped)
+    recipe = _recipe(problem, dropped, kept, makers)
+    if recipe is None:
+        raise PlanError(f"cannot recompute {dropped}: an op on the way may not run twice")
+    in_recipe = set(recipe)
+    start = _first_backward(ops)
+    # first backward use of each recipe op's outputs (via clones too)
+    first: Dict[int, int] = {}
+    for name in dropped:
+        first[makers[name]] = min(first.get(makers[name], len(ops)), min(saved[name]))
+    # propagate: a recipe op must run before every recipe op that reads it
+    for j in reversed(recipe):
+        if j not in first:
+            continue
+        for src in ops[j].reads:
+            i = makers.get(src)
+            if i in in_recipe and i != j:
+                first[i] = min(first.get(i, len(ops)), first[j])
+    clones = []
+    recomputed = {n for i in recipe if i in first for n in ops[i].writes}
+    for i in recipe:
+        if i not in first:  # made by the recipe but read by no clone or backward op
+            continue
+        dep = None
+        if not any(n in recomputed for n in ops[i].reads):
+            dep = _ordering(problem, i, first[i], start)
+        clones.append(Clone(i, first[i], tuple(ops[i].writes), dep))
+    clones.sort(key=lambda c: (c.before, c.op))
+    flops = sum(problem.flops[c.op] for c in clones)
+    step = 3 * sum(problem.flops[:start])
+    return RecomputePlan(dropped, clones, flops, step)
+
+
+def _ordering(problem: RecomputeProblem, op: int, before: int,
+              start: int) -> Optional[Tuple[str, str]]:
+    """``(input, trigger)`` for a clone of ``op`` placed before ``before``
+    (see :attr:`Clone.dep`): the input is a dense temporary the op reads
+    (never a parameter or a fed value: the ordering op rewrites its input's
+    dims in place, to the same dims), the trigger a dense value a backward
+    op before ``before`` makes (one ``before`` reads if any).  None when
+    there is no such pair (nothing of the backward part runs before it)."""
+    ops = problem.ops
+    variables = problem.graph.blocks[0].vars
+
+    def dense_temp(name: str) -> bool:
+        var = variables.get(name)
+        return (var is not None and var.is_dense and not var.persistable
+                and not var.is_feed and not var.is_data)
+
+    inputs = [n for n in ops[op].reads if dense_temp(n) and n not in problem.available]
+    if not inputs:
+        return None
+    made_by = {}
+    for i in range(start, before):
+        for n in ops[i].writes:
+            made_by[n] = i
+    trigger = next((n for n in ops[before].reads if n in made_by and dense_temp(n)), None)
+    if trigger is None:
+        for i in range(before - 1, start - 1, -1):
+            trigger = next((n for n in ops[i].writes if dense_temp(n)), None)
+            if trigger is not None:
+                break
+    return None if trigger is None else (inputs[0], trigger)
+
+
+#: The op type of the ordering op in a rewritten graph (see :attr:`Clone.dep`).
+ORDER_OP = "memopt.after"
+
+
+def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph, List[str]]:
+    """The graph with ``plan`` applied: each clone (an op reading the
+    clones of recomputed inputs) inserted right before its backward op, and
+    backward reads of recomputed values redirected to the clones.  Returns
+    the graph and its clone names.  Shape-only reads keep the original
+    value (see :func:`saved_values`)."""
+    ops = problem.ops
+    recomputed = {name for c in plan.clones for name in c.outputs}
+    rename = {name: name + CLONE_SUFFIX for name in recomputed}
+    block0 = problem.graph.blocks[0]
+    variables = dict(block0.vars)
+
+    for name, new in rename.items():
+        # a clone of an in-place update (batch_norm_'s statistics) makes a
+        # fresh temporary, not a persistable value
+        variables[new] = replace(block0.vars[name], name=new, is_fetch=False,
+                                 persistable=False)
+    before: Dict[int, List[Clone]] = {}
+    for c in plan.clones:
+        before.setdefault(c.before, []).append(c)
+    start = _first_backward(ops)
+    dropped = set(plan.dropped)
+    new_ops: List[Op] = []
+    for i, op in enumerate(ops):
+        for c in before.get(i, ()):
+            src = ops[c.op]
+            attrs = dict(src.attrs or {})
+            attrs["recompute_of"] = c.op
+            facts = replace(src.facts, overwrites=())  # a clone writes fresh values
+            reads = [rename.get(n, n) for n in src.reads]
+            if c.dep is not None:
+                x, trigger = c.dep
+                waited = f"{x}@AFTER{len(new_ops)}"
+                variables[waited] = replace(block0.vars[x], name=waited, is_fetch=False)
+                new_ops.append(Op(ORDER_OP, (x, trigger), (waited,), (), "backward", False,
+                                  {"recompute_of": c.op},
+                                  OpFacts(overwrites=((x, waited),),
+                                          no_need_buffer=(trigger,))))
+                reads = [waited if n == x else n for n in reads]
+            new_ops.append(Op(src.type, tuple(reads),
+                              tuple(rename[n] for n in src.writes), (), "backward", False,
+                              attrs, facts))
+        if i >= start:
+            shape_only = set(op.facts.no_need_buffer)
+            reads = tuple(rename[n] if n in dropped and n not in shape_only else n
+                          for n in op.reads)
+            if reads != op.reads:
+                op = replace(op, reads=reads)
+        new_ops.append(op)
+    graph = Graph(blocks=[Block(0, -1, new_ops, variables)],
+                  fetch_names=problem.graph.fetch_names)
+    return graph, sorted(rename.values())
+
+
+def prefix_grid(n: int, points: int = 16) -> List[int]:
+    """The prefix lengths tried: every ``k`` up to ``points``, else about
+    ``points`` of them spread evenly, always 0 and ``n``."""
+    if n <= points:
+        return list(range(n + 1))
+    return sorted({round(n * i / points) for i in range(points + 1)})
+
+
+#: Segment lengths of the checkpoint family (see :func:`candidate_sets`).
+SEGMENTS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+
+
+def candidate_sets(problem: RecomputeProblem, points: int = 16) -> List[Tuple[str, List[str]]]:
+    """The sets of saved values to drop that are tried, each ``(label,
+    names)``; fixed for a program and batch, whatever the budget:
+
+    - ``cheap k``: the first ``k`` candidates by bytes per FLOP
+      (:func:`candidates`), ``k`` on :func:`prefix_grid`;
+    - ``segments m``: checkpoints (Chen et al.): walking the candidates in
+      forward order, one is kept whenever the bytes dropped since the last
+      kept one reach ``1/m`` of all candidates' bytes, the others dropped,
+      so the backward part recomputes one segment at a time from its
+      checkpoint (``m`` in :data:`SEGMENTS`).
+
+    Dropping every candidate at once would recompute the whole forward part
+    in one go at the start of the backward part, which saves nothing: the
+    segments are what bound the recomputed values alive at once."""
+    ranked = candidates(problem)
+    out: List[Tuple[str, List[str]]] = []
+    seen: set = set()
+    for k in prefix_grid(len(ranked), points):
+        key = frozenset(ranked[:k])
+        if key not in seen:
+            seen.add(key)
+            out.append((f"cheap {k}", ranked[:k]))
+    makers = _makers(problem)
+    ordered = sorted(ranked, key=lambda n: (makers[n], n))
+    total = sum(problem.size(n) for n in ordered)
+    for m in SEGMENTS:
+        if m >= len(ordered):
+            break
+        # a checkpoint whenever the bytes dropped since the last one reach
+        # 1/m of all candidates' bytes: segments of about equal memory
+        limit, run, dropped = total / m, 0, []
+        for n in ordered:
+            run += problem.size(n)
+            if run >= limit:
+                run = 0
+                continue
+            dropped.append(n)
+        key = frozenset(dropped)
+        if key not in seen:
+            seen.add(key)
+            out.append((f"segments {m}", dropped))
+    return out
+
+
+@dataclass
+class Choice:
+    """A plan, its label (:func:`candidate_sets`), its predicted total peak
+    (bytes at the problem's batch) and the prediction itself (any object
+    with ``total_peak(batch)``: an :class:`memopt.analysis.Analysis`)."""
+
+    label: str
+    plan: RecomputePlan
+    peak: int
+    prediction: object = None
+
+    @property
+    def k(self) -> int:
+        """How many saved values the plan drops."""
+        return len(self.plan.dropped)
+
+
+def evaluate_grid(problem: RecomputeProblem, predict: Callable[[Graph, RecomputePlan], object],
+                  points: int = 16) -> List[Choice]:
+    """:class:`Choice` for every set of :func:`candidate_sets`; ``predict``
+    gives a rewritten graph's prediction (``.total_peak(batch)`` in bytes)."""
+    out = []
+    for label, dropped in candidate_sets(problem, points):
+        try:
+            plan = make_plan(problem, dropped)
+        except PlanError:
+            continue
+        graph, _ = rewrite_graph(problem, plan)
+        prediction = predict(graph, plan)
+        out.append(Choice(label, plan, prediction.total_peak(problem.batch_size), prediction))
+    return out
+
+
+def plan_for_budget(choices: Sequence[Choice], budget: int) -> Optional[Choice]:
+    """The choice with the least added compute whose peak fits ``budget``
+    (ties: the lower peak, then the earlier choice); None when none fits.
+
+    Monotone: the choices are fixed, so for a lower budget ``B' < B`` the
+    fitting set shrinks; if ``B``'s choice still fits ``B'`` it is chosen
+    again, else its peak is above ``B'`` and so above the new choice's."""
+    fitting = [(c.plan.flops, c.peak, i) for i, c in enumerate(choices) if c.peak <= budget]
+    if not fitting:
+        return None
+    return choices[min(fitting)[2]]

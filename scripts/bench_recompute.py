@@ -1,0 +1,223 @@
+"""Benchmark memory_optimize's level 2 and budget= on PIR training programs (CPU).
+
+Every configuration runs in a fresh Python process under Paddle's default
+flags (PIR, GC on, the in-place pass, the multi-thread executor): build the
+model, optionally rewrite it, run the startup program and ``--steps``
+training steps, and report the allocator's peak
+(``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)``: the
+step's peak, parameters and optimizer state included), the median step time
+(steps 2..n) and a digest of the losses and parameters (bit-identity).
+
+Columns (one markdown table):
+
+- ``default``: the unchanged program's peak; ``L2``: ``level=2``'s peak
+  over it (target <= 1.0; <= 0.91 on U-Net, DenseNet, BERT);
+- ``b=X%``: ``memory_optimize(budget=X% of the default peak,
+  batch_size=B)``: measured peak / budget (target <= 1.0), then the step
+  time over the default's (target <= 1.25 at 50%), or ``err`` for a
+  BudgetError; monotone: the peak never rises as the budget falls;
+- ``batch in budget``: the largest batch whose plan fits the default
+  peak at batch B, as memopt plans it, with its measured peak / budget,
+  against B (target >= 2x);
+- ``auto_recompute``: Paddle's ``paddle.decomposition.recompute.
+  auto_recompute`` on the same program: peak over the default, or its error;
+- ``bit-identical``: every rewritten run's losses and parameters equal the
+  default run's.
+
+Usage::
+
+    python scripts/bench_recompute.py                      # all models
+    python scripts/bench_recompute.py --models unet,bert --steps 4
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+#: model -> (batch size, size options): small enough for 2 CPU cores.
+BENCH_MODELS = {
+    "resnet50": (8, {"image_size": 64}),
+    "mobilenet_v2": (16, {"image_size": 64}),
+    "bert": (16, {"seq_len": 64}),
+    "gpt": (16, {"seq_len": 64}),
+    "unet": (16, {}),
+    "densenet": (16, {}),
+}
+FRACTIONS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3)
+
+
+def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict:
+    import numpy as np
+    import paddle
+
+    paddle.enable_static()
+    from paddle.base import core
+
+    import memopt
+    from memopt import models
+
+    opts = dict(BENCH_MODELS[model][1])
+    m = models.build(model, "pir", batch_size=batch, **opts)
+    out: dict = {"model": model, "config": config, "batch": batch, "budget": budget}
+    t0 = time.perf_counter()
+    try:
+        if config == "L2":
+            memopt.memory_optimize(m.main, level=2, batch_size=batch)
+        elif config == "budget":
+            report = memopt.memory_optimize(m.main, budget=budget, batch_size=batch)
+            out["predicted"] = report.peak_after
+            out["added"] = report.added_compute_percent
+            out["recomputed"] = len(report.recomputed)
+        elif config == "auto":
+            _auto_recompute(m)
+    except memopt.BudgetError as exc:
+        out.update(error="BudgetError", smallest=exc.smallest_budget, largest=exc.largest_batch)
+        return out
+    except Exception as exc:  # Paddle's auto_recompute: report what it says
+        out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:120]}"
+        return out
+    out["optimize_s"] = time.perf_counter() - t0
+    rng = np.random.default_rng(1)
+    scope = paddle.static.Scope()
+    times, digest = [], hashlib.sha256()
+    with paddle.static.scope_guard(scope):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        m.initialize(exe)
+        for _ in range(steps):
+            feed = m.feed(rng)
+            t = time.perf_counter()
+            loss = exe.run(m.main, feed=feed, fetch_list=[m.loss])[0]
+            times.append(time.perf_counter() - t)
+            digest.update(np.asarray(loss).tobytes())
+        for name in models.parameter_names(m.main):
+            digest.update(np.array(scope.find_var(name).get_tensor()).tobytes())
+    out["peak"] = core.host_memory_stat_peak_value("Allocated", 0)
+    out["step_s"] = statistics.median(times[1:] or times)
+    out["digest"] = digest.hexdigest()
+    return out
+
+
+def _auto_recompute(m) -> None:
+    """Paddle's own auto_recompute on the training program: forward = the
+    ops up to the loss, backward from the first gradient op."""
+    from paddle.decomposition.recompute import auto_recompute
+
+    from memopt.paddle.pir import convert
+
+    pg = convert(m.main)
+    ops = m.main.global_block().ops
+    roles = [op.role for op in pg.graph.blocks[0].ops]
+    bwd = roles.index("backward")
+    loss_op = m.loss.get_defining_op()
+    fwd_end = next(i for i, op in enumerate(ops) if op.id() == loss_op.id())
+    inputs = [op.result(0) for op in ops if op.name() == "pd_op.data"]
+    seed = ops[bwd].result(0) if ops[bwd].name().startswith("pd_op.full") else None
+    grads = [seed] if seed is not None else []
+    auto_recompute(m.main, inputs, [m.loss], grads, fwd_end, bwd)
+
+
+def run(model: str, config: str, batch: int, budget: int, steps: int) -> dict:
+    cmd = [sys.executable, __file__, "--worker", model, config, str(batch), str(budget),
+           str(steps)]
+    env = dict(os.environ)
+    env.setdefault("GLOG_minloglevel", "2")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {"model": model, "config": config, "error": f"crashed: {tail[:120]}"}
+    return json.loads(lines[-1])
+
+
+def mib(n: float) -> str:
+    return f"{n / 2 ** 20:.1f} MiB"
+
+
+def bench_model(model: str, steps: int) -> dict:
+    batch = BENCH_MODELS[model][0]
+    base = run(model, "default", batch, 0, steps)
+    row = {"model": model, "batch": batch, "base": base, "budgets": [], "same": True}
+    if "peak" not in base:
+        return row
+    row["l2"] = run(model, "L2", batch, 0, steps)
+    for f in FRACTIONS:
+        r = run(model, "budget", batch, int(base["peak"] * f), steps)
+        row["budgets"].append((f, r))
+    # the largest batch fitting the default peak at `batch`, as memopt plans it
+    budget = int(base["peak"])
+    probe = run(model, "budget", 4 * batch, budget, 1)
+    big = probe.get("largest") if probe.get("error") == "BudgetError" else 4 * batch
+    fit = run(model, "budget", big, budget, steps) if big else {"error": "none"}
+    row["big"] = (big, fit)
+    row["auto"] = run(model, "auto", batch, 0, steps)
+    for r in [row["l2"], *(r for _, r in row["budgets"])]:
+        if "digest" in r and r["digest"] != base["digest"]:
+            row["same"] = False
+    return row
+
+
+def table(rows: list) -> str:
+    head = ["model", "batch", "default", "L2"] + [f"b={int(f * 100)}%" for f in FRACTIONS] \
+        + ["monotone", "batch in budget", "auto_recompute", "bit-identical"]
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for row in rows:
+        base = row["base"]
+        if "peak" not in base:
+            out.append(f"| {row['model']} | {row['batch']} | {base.get('error')} |")
+            continue
+        cells = [row["model"], str(row["batch"]), mib(base["peak"])]
+        l2 = row["l2"]
+        cells.append(f"{l2['peak'] / base['peak']:.3f}" if "peak" in l2 else l2.get("error", "?"))
+        peaks = []
+        for _, r in row["budgets"]:
+            if "peak" in r:
+                cells.append(f"{r['peak'] / r['budget']:.2f} / {r['step_s'] / base['step_s']:.2f}x"
+                             f" (+{r.get('added', 0):.0f}%)")
+                peaks.append(r["peak"])
+            else:
+                cells.append("err" if r.get("error") == "BudgetError" else r.get("error", "?"))
+        mono = all(b <= a * 1.02 for a, b in zip(peaks, peaks[1:]))
+        cells.append("yes" if mono else "no")
+        big, fit = row["big"]
+        if big and "peak" in fit:
+            cells.append(f"{big} vs {row['batch']} ({big / row['batch']:.1f}x; "
+                         f"{fit['peak'] / fit['budget']:.2f})")
+        else:
+            cells.append(f"{big} ({fit.get('error', '?')})")
+        auto = row["auto"]
+        cells.append(f"{auto['peak'] / base['peak']:.3f}"
+                     + ("" if auto.get("digest") == base["digest"] else " (not bit-identical)")
+                     if "peak" in auto else auto.get("error", "?")[:60])
+        cells.append("yes" if row["same"] else "NO")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(BENCH_MODELS))
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--worker", nargs=5, metavar=("MODEL", "CONFIG", "BATCH", "BUDGET",
+                                                      "STEPS"))
+    args = parser.parse_args(argv)
+    if args.worker:
+        model, config, batch, budget, steps = args.worker
+        print(json.dumps(worker(model, config, int(batch), int(budget), int(steps))))
+        return 0
+    rows = []
+    for model in args.models.split(","):
+        t = time.time()
+        rows.append(bench_model(model, args.steps))
+        print(f"{model}: {time.time() - t:.0f} s", file=sys.stderr)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""memory_optimize(budget=...) on real PIR training programs: recomputation
+chosen for a budget, bit-identical runs, dropout never recomputed, the
+infeasible budget, the untouched program after an error."""
+import numpy as np
+import pytest
+
+from memopt import models
+
+
+def _predicted_default(model):
+    import memopt
+
+    return memopt.analyze(model.main, model.batch_size).total_peak()
+
+
+def _same(a: models.RunResult, b: models.RunResult) -> None:
+    for step, (x, y) in enumerate(zip(a.fetches, b.fetches)):
+        for k, (u, v) in enumerate(zip(x, y)):
+            assert np.array_equal(u, v), f"step {step}, fetch {k} differs"
+    assert len(a.params) == len(b.params) > 0
+    for k, (u, v) in enumerate(zip(a.params, b.params)):
+        assert np.array_equal(u, v), f"parameter {k} differs"
+
+
+@pytest.mark.parametrize("name,opts", [("unet", {}), ("bert", {"dropout": 0.1}),
+                                       ("densenet", {"layers": 3})])
+def test_bit_identical_at_every_budget(paddle, name, opts):
+    import memopt
+    from memopt.paddle.pir_budget import MARGIN
+
+    reference = models.run_steps(models.build(name, "pir", **opts), steps=2)
+    default = _predicted_default(models.build(name, "pir", **opts))
+    peaks = []
+    for fraction in (1.0, 0.9, 0.8):
+        model = models.build(name, "pir", **opts)
+        budget = int(default * fraction / (1 - MARGIN) * 0.98)
+        report = memopt.memory_optimize(model.main, budget=budget, skip_opt_set=model.fetch_list,
+                                        batch_size=model.batch_size)
+        assert report.peak_after <= budget * (1 - MARGIN)
+        assert report.budget == budget
+        peaks.append(report.peak_after)
+        if fraction < 1.0:
+            assert report.recomputed, "a budget under the default peak needs recomputation"
+            assert report.added_compute_percent > 0
+            assert any(note.startswith("recompute (") for note in report.notes)
+        _same(reference, models.run_steps(model, steps=2))
+    assert peaks == sorted(peaks, reverse=True), f"peak rose as the budget fell: {peaks}"
+
+
+def test_dropout_is_never_recomputed(paddle):
+    import memopt
+    from memopt.paddle.pir_budget import MARGIN
+
+    model = models.build("bert", "pir", dropout=0.1)
+    dropouts = sum(op.name() in ("pd_op.dropout", "pd_op.dropout_") for op in model.main.global_block().ops)
+    assert dropouts > 0
+    budget = int(_predicted_default(model) * 0.8 / (1 - MARGIN))
+    report = memopt.memory_optimize(model.main, budget=budget, batch_size=model.batch_size,
+                                    skip_opt_set=model.fetch_list)
+    assert report.recomputed
+    after = sum(op.name() in ("pd_op.dropout", "pd_op.dropout_") for op in model.main.global_block().ops)
+    assert after == dropouts
+
+
+def test_infeasible_budget_raises_and_leaves_the_program(paddle):
+    import memopt
+
+    model = models.build("unet", "pir")
+    before = str(model.main)
+    with pytest.raises(memopt.BudgetError) as info:
+        memopt.memory_optimize(model.main, budget="1MiB", batch_size=model.batch_size)
+    err = info.value
+    assert err.smallest_budget > 1 << 20
+    assert "smallest budget" in str(err) and "largest batch" in str(err)
+    assert 0 <= err.largest_batch < model.batch_size
+    assert str(model.main) == before
+    # the untouched program still trains as the reference does
+    _same(models.run_steps(models.build("unet", "pir"), steps=1),
+          models.run_steps(model, steps=1))
+    # and the smallest budget it named does fit
+    report = memopt.memory_optimize(model.main, budget=err.smallest_budget, skip_opt_set=model.fetch_list,
+                                    batch_size=model.batch_size)
+    assert report.peak_after <= err.smallest_budget
+
+
+def test_budget_arguments(paddle):
+    import memopt
+
+    model = models.build("mlp", "pir")
+    with pytest.raises(ValueError, match="batch_size"):
+        memopt.memory_optimize(model.main, budget="6GiB")
+    with pytest.raises(ValueError, match="bytes"):
+        memopt.memory_optimize(model.main, budget="six gigs", batch_size=4)
+    with pytest.raises(TypeError):
+        memopt.memory_optimize(model.main, budget=1.5, batch_size=4)
+    legacy = models.build("mlp", "legacy")
+    with pytest.raises(memopt.UnsupportedProgramError, match="PIR"):
+        memopt.memory_optimize(legacy.main, budget="6GiB", batch_size=4)
+
+
+def test_max_batch_size_with_recompute(paddle):
+    import memopt
+
+    model = models.build("unet", "pir")
+    analysis = memopt.analyze(model.main, model.batch_size)
+    budget = analysis.total_peak()
+    plain = analysis.max_batch_size(budget)
+    more = analysis.max_batch_size(budget, recompute=True)
+    assert plain >= model.batch_size - 1
+    assert more > plain
