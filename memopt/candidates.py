@@ -35,7 +35,7 @@ from .problems import Buffer
 __all__ = ["classify", "inplace_pairs", "can_run_in_place", "looped_blocks", "var_size",
            "temporaries", "persistable_sizes", "reason_counts", "dims_only_substitutions",
            "substitute", "GRAD_SUFFIX", "R_PERSISTABLE", "R_IO", "R_SKIP", "R_GRAD",
-           "R_FETCHED", "R_SHARED", "R_KIND", "R_ENTRY"]
+           "R_FETCHED", "R_SHARED", "R_KIND", "R_ENTRY", "R_COMM"]
 
 
 GRAD_SUFFIX = "@GRAD"
@@ -60,6 +60,9 @@ R_SHARED = "shared with control flow or another block"
 
 
 R_KIND = "not a dense tensor"
+
+
+R_COMM = "communication buffer (in flight until the end of the step)"
 
 
 R_ENTRY = "live at entry (read before written: an input or a loop-carried value)"
@@ -109,6 +112,10 @@ def classify(graph: Graph, options: Options, intervals, free_outputs=frozenset()
     for block_idx, var in graph.all_vars():
         declared.setdefault(var.name, []).append(block_idx)
     fetched = set(graph.fetch_names)
+    # buffers an asynchronous (communication) op may read or write until the
+    # end of the step (OpFacts.in_flight)
+    in_flight = {name for block in graph.blocks for op in block.ops
+                 for name in op.facts.in_flight}
 
     candidates: Dict[str, int] = {}
     reason_of: Dict[str, str] = {}
@@ -133,6 +140,8 @@ def classify(graph: Graph, options: Options, intervals, free_outputs=frozenset()
             reason = R_IO
         elif name in read_first:
             reason = R_ENTRY
+        elif name in in_flight:
+            reason = R_COMM
         elif name in options.skip_opt_set:
             reason = R_SKIP
         elif options.skip_grads and (_is_grad(name) or name in grad_written):

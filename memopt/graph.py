@@ -225,6 +225,10 @@ class OpFacts:
         flow's hand-overs); ``""`` for a real op.
     stack_push : variables holding the bytes a ``tuple_push`` saves.
     in_loop : those pushes run once per iteration of an enclosing loop.
+    in_flight : buffers an asynchronous op (a collective or point-to-point
+        communication) may still read or write after it returns, until the
+        end of the step: never shared, given away, written in place or
+        released (:mod:`memopt.paddle.distributed`).
     """
 
     inplace: Optional[Tuple[str, str]] = None
@@ -240,6 +244,7 @@ class OpFacts:
     synthetic: str = ""
     stack_push: Tuple[str, ...] = ()
     in_loop: bool = False
+    in_flight: Tuple[str, ...] = ()
 
 
 @dataclass

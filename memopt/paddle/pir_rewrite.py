@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..candidates import R_GRAD
 from ..errors import PlanError
+from .distributed import in_flight_names
 from .pir import PirGraph, is_pir_program
 from .pir_inplace import (CPU_NO_INPLACE, build_inplace,
                           has_inplace_variant, inplace_map, inplace_maps, is_inplace_op)
@@ -95,7 +96,7 @@ def plan_inplace(pg: PirGraph, options, device: str = "cpu") -> tuple:
     graph = pg.graph
     positions = list(graph.walk_ops())
     live = analyze_graph(graph)
-    skip = set(options.skip_opt_set)
+    skip = set(options.skip_opt_set) | in_flight_names(graph)
     var_block: dict = {}
     for block_idx, var in graph.all_vars():
         var_block.setdefault(var.name, block_idx)
