@@ -152,12 +152,21 @@ def launch(config: RunConfig, out_dir: str, nprocs: int = 2) -> list:
     import paddle.distributed as dist
 
     os.makedirs(out_dir, exist_ok=True)
-    # read by Paddle when a rank imports it (before run_rank starts)
-    os.environ["FLAGS_enable_pir_api"] = "0"
-    os.environ["FLAGS_enable_pir_in_executor"] = "1"
-    os.environ["FLAGS_new_executor_sequential_run"] = "1"
-    dist.spawn(run_rank, args=(json.dumps(asdict(config)), out_dir), nprocs=nprocs,
-               backend="gloo")
+    # read by Paddle when a rank imports it (before run_rank starts); the
+    # caller's environment is restored afterwards
+    rank_env = {"FLAGS_enable_pir_api": "0", "FLAGS_enable_pir_in_executor": "1",
+                "FLAGS_new_executor_sequential_run": "1"}
+    saved = {key: os.environ.get(key) for key in rank_env}
+    os.environ.update(rank_env)
+    try:
+        dist.spawn(run_rank, args=(json.dumps(asdict(config)), out_dir), nprocs=nprocs,
+                   backend="gloo")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     records = []
     for rank in range(nprocs):
         with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
