@@ -44,7 +44,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Optional
 
-__all__ = ["Strategy", "ProgramFacts", "RankEstimate", "estimate_rank", "format_bytes"]
+from .report import format_bytes
+
+__all__ = ["Strategy", "ProgramFacts", "RankEstimate", "estimate_rank"]
 
 
 @dataclass(frozen=True)
@@ -169,16 +171,6 @@ class RankEstimate:
             lines.append(f"  {key:<{width}}  {format_bytes(value):>11}   {self.formula[key]}")
         lines.append(f"  {'peak per rank':<{width}}  {format_bytes(self.total):>11}")
         return "\n".join(lines)
-
-
-def format_bytes(n: int) -> str:
-    """``1536`` -> ``1.5 KiB`` (binary units)."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover
 
 
 def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> RankEstimate:
