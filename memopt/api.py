@@ -27,9 +27,10 @@ import numpy as np
 from .analysis import Analysis, RuntimeModel, from_graph
 from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
-from .graph import Graph
-from .paddle import flags, legacy, merge_record, pir, pir_rewrite
+from .graph import Graph, unversioned
+from .paddle import distributed, flags, legacy, merge_record, pir, pir_rewrite
 from .paddle import runtime as paddle_runtime
+from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
 from .planner import plan_memory
 from .release import plan_releases, verify_releases
@@ -37,7 +38,8 @@ from .report import REFERENCE_BATCH, Report, Reuse
 from .reporting import make_report, pir_release_report, pir_report, release_report
 from .verify import check_plan
 
-__all__ = ["memory_optimize", "release_memory", "analyze", "resolve_options", "Options"]
+__all__ = ["memory_optimize", "release_memory", "analyze", "estimate", "program_facts",
+           "resolve_options", "Options"]
 
 log = logging.getLogger(__name__)
 
@@ -532,3 +534,118 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
 
         analysis.recompute_rules = PIR_RULES
     return analysis
+
+
+# -- estimate: each rank's peak under a parallel strategy ------------------------
+# Parameters and optimizer state are read from the program's persistable
+# variables, the step's gradients and activations from analyze() at the
+# micro-batch, whether the program is already one rank's program from its
+# communication ops (memopt.paddle.distributed); memopt.parallel does the
+# arithmetic.
+
+_OTHER_MARKS = ("@GRAD", "GradientMerge", "@MERGED", "@BroadCast", "learning_rate",
+                "_step_counter_", "@GradMergeCond")
+
+
+def _parameter_names(program) -> set:
+    try:
+        return {p.name for p in program.global_block().all_parameters()}
+    except Exception:  # pragma: no cover - a program without the API
+        return set()
+
+
+def program_facts(program, *, fetch_list: Iterable = (), runtime=None,
+                  analysis=None) -> ProgramFacts:
+    """:class:`ProgramFacts` of a Paddle program (PIR or legacy).
+
+    A persistable variable is a parameter when the program lists it as one;
+    gradient-merge accumulators, the learning rate and step counters are
+    "other"; every remaining persistable variable is optimizer state.
+    """
+    if analysis is None:
+        analysis = analyze(program, fetch_list=fetch_list, runtime=runtime)
+    params = _parameter_names(program)
+    # a program read back from a file lists no Parameters: a persistable
+    # variable with a gradient is one
+    declared = {unversioned(var.name) for _, var in analysis.graph.all_vars()}
+    params |= {name[:-len("@GRAD")] for name in declared if name.endswith("@GRAD")}
+    sizes = {"parameters": 0, "optimizer": 0, "other": 0}
+    seen = set()
+    for _, var in analysis.graph.all_vars():
+        name = unversioned(var.name)  # name#k: a later version, one buffer
+        if not var.persistable or name in seen:
+            continue
+        seen.add(name)
+        nbytes = var.size.at(1)
+        if name in params:
+            sizes["parameters"] += nbytes
+        elif any(mark in name for mark in _OTHER_MARKS):
+            sizes["other"] += nbytes
+        else:
+            sizes["optimizer"] += nbytes
+    # float parameters: their gradients have the same bytes
+    gradient_bytes = sizes["parameters"]
+
+    def step_peak(b: int) -> tuple:
+        out = analysis.breakdown(batch_size=b)
+        grads = out.get("gradient", 0)
+        rest = sum(v for k, v in out.items() if k not in ("gradient", "parameter"))
+        return grads, rest
+
+    def boundary(b: int) -> int:
+        # the largest activation that grows with the batch (a stage's output;
+        # fixed-size holders such as reshaped weights never cross a stage)
+        acts = [h.bytes(b) for h in analysis.holders
+                if h.category == "activation" and h.size.power >= 1]
+        return max(acts, default=0)
+
+    comm = distributed.communication_ops(analysis.graph)
+    return ProgramFacts(parameters=sizes["parameters"], optimizer_state=sizes["optimizer"],
+                        other_persistable=sizes["other"], gradient_bytes=gradient_bytes,
+                        step_peak=step_peak, boundary=boundary,
+                        distributed=bool(comm), communication_ops=comm)
+
+
+def estimate(program=None, strategy: Optional[Strategy] = None, batch_size: int = 1, *,
+             fetch_list: Iterable = (), runtime=None, **strategy_options) -> RankEstimate:
+    """Each rank's peak memory for ``program`` under ``strategy``.
+
+    Parameters
+    ----------
+    program : a Paddle training program (PIR or legacy; default: the default
+        main program), as built for one device -- or one rank's program
+        already rewritten by fleet / auto-parallel (then nothing is divided).
+    strategy : a :class:`memopt.Strategy`; or pass its fields as keywords
+        (``dp=2, sharding_stage=1, micro_batch_size=8, recompute=True,
+        gradient_merge_steps=4, tp=..., pp=...``).
+    batch_size : the global batch (all ranks, one optimizer step).
+    fetch_list, runtime : as for :func:`memopt.analyze`.
+
+    Returns
+    -------
+    RankEstimate
+        ``.total`` bytes per rank, ``.components``, ``str()`` and ``.to_json()``.
+
+    Example
+    -------
+    >>> est = memopt.estimate(main, dp=2, sharding_stage=1, batch_size=64)  # doctest: +SKIP
+    >>> print(est)                                                           # doctest: +SKIP
+    """
+    if strategy is not None and strategy_options:
+        raise TypeError("pass either strategy=Strategy(...) or its fields as keywords, "
+                        f"not both (got {sorted(strategy_options)})")
+    if strategy is None:
+        try:
+            strategy = Strategy(**strategy_options)
+        except TypeError as exc:
+            raise TypeError(f"memopt.estimate: {exc}; the strategy fields are "
+                            "dp, tp, pp, sharding_stage, micro_batch_size, recompute, "
+                            "recompute_segments, gradient_merge_steps, fused_gradients") from None
+    elif not isinstance(strategy, Strategy):
+        raise TypeError(f"strategy must be a memopt.Strategy, got {type(strategy).__name__}")
+    if program is None:
+        import paddle
+
+        program = paddle.static.default_main_program()
+    facts = program_facts(program, fetch_list=fetch_list, runtime=runtime)
+    return estimate_rank(facts, strategy, batch_size)

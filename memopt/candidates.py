@@ -42,7 +42,7 @@ __all__ = ["classify", "inplace_pairs", "can_run_in_place", "looped_blocks", "va
            "temporaries", "persistable_sizes", "reason_counts", "dims_only_substitutions",
            "substitute", "variant_inplace", "GRAD_SUFFIX", "R_PERSISTABLE", "R_IO", "R_SKIP", "R_GRAD",
            "R_FETCHED", "R_SHARED", "R_KIND", "R_ENTRY", "R_PROTECTED", "R_ALIVE", "R_SHAPE",
-           "R_OUTSIDE", "R_KERNEL"]
+           "R_OUTSIDE", "R_KERNEL", "R_COMM", "in_flight_names"]
 
 
 GRAD_SUFFIX = "@GRAD"
@@ -69,11 +69,23 @@ R_SHARED = "shared with control flow or another block"
 R_KIND = "not a dense tensor"
 
 
+R_COMM = "communication buffer (in flight until the end of the step)"
+
+
 R_ENTRY = "live at entry (read before written: an input or a loop-carried value)"
 
 
 def _is_grad(name: str) -> bool:
     return GRAD_SUFFIX in name
+
+
+def in_flight_names(graph: Graph) -> frozenset:
+    """Every name an asynchronous (communication) op of ``graph`` may read or
+    write until the end of the step (``OpFacts.in_flight``, stated by the
+    adapter: :mod:`memopt.paddle.distributed`): never shared, given away,
+    written in place or released."""
+    return frozenset(name for block in graph.blocks for op in block.ops
+                     for name in op.facts.in_flight)
 
 
 def classify(graph: Graph, options: Options, intervals, free_outputs=frozenset(),
@@ -116,6 +128,9 @@ def classify(graph: Graph, options: Options, intervals, free_outputs=frozenset()
     for block_idx, var in graph.all_vars():
         declared.setdefault(var.name, []).append(block_idx)
     fetched = set(graph.fetch_names)
+    # buffers an asynchronous (communication) op may read or write until the
+    # end of the step (OpFacts.in_flight)
+    in_flight = in_flight_names(graph)
 
     candidates: Dict[str, int] = {}
     reason_of: Dict[str, str] = {}
@@ -140,6 +155,8 @@ def classify(graph: Graph, options: Options, intervals, free_outputs=frozenset()
             reason = R_IO
         elif name in read_first:
             reason = R_ENTRY
+        elif name in in_flight:
+            reason = R_COMM
         elif name in options.skip_opt_set:
             reason = R_SKIP
         elif options.skip_grads and (_is_grad(name) or name in grad_written):
@@ -332,7 +349,7 @@ def variant_inplace(graph: Graph, options: Options) -> Tuple[List[InplaceRewrite
     """
     positions = list(graph.walk_ops())
     live = analyze_graph(graph)
-    skip = set(options.skip_opt_set)
+    skip = set(options.skip_opt_set) | in_flight_names(graph)
     var_block: Dict[str, int] = {}
     for block_idx, var in graph.all_vars():
         var_block.setdefault(var.name, block_idx)

@@ -5,6 +5,7 @@
     memopt analyze  MODEL [--batch-size N] [--budget 16GiB] [--top K] [--json]
     memopt optimize MODEL [--level 0|1] [--skip NAME ...] [--fetch NAME ...] [--keep-grads]
                     [--release] -o OUT [--json]
+    memopt estimate MODEL -b N [--dp D] [--tp T] [--pp P] [--sharding-stage S] [--json]
     memopt plan     PROBLEM.csv [--exact] [--time-limit S] [-o OUT.csv] [--json]
     memopt plot     MODEL -o timeline.png [--batch-size N] [--level 0|1] [--top K]
     memopt plot     PROBLEM.csv -o arena.png [--exact] [--time-limit S]
@@ -195,6 +196,29 @@ def cmd_analyze(args, progress: Progress) -> int:
     else:
         print(f"{loaded.path} ({loaded.ir} program)")
         print(result.report(b, top=args.top, budget_bytes=args.budget))
+    return 0
+
+
+def cmd_estimate(args, progress: Progress) -> int:
+    from .api import estimate
+    from .parallel import Strategy
+
+    strategy = Strategy(dp=args.dp, tp=args.tp, pp=args.pp, sharding_stage=args.sharding_stage,
+                        micro_batch_size=args.micro_batch_size, recompute=args.recompute,
+                        recompute_segments=args.recompute_segments,
+                        gradient_merge_steps=args.gradient_merge_steps,
+                        fused_gradients=args.fused_gradients)
+    loaded = _load(args.model, progress)
+    with _guard(loaded), progress.step("estimating"):
+        result = estimate(loaded.program, strategy, args.batch_size)
+    if args.json:
+        doc = result.to_json()
+        doc["model"] = loaded.path
+        doc["ir"] = loaded.ir
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(f"{loaded.path} ({loaded.ir} program)")
+        print(result)
     return 0
 
 
@@ -427,6 +451,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to write the rewritten program")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser(
+        "estimate", parents=[common],
+        help="each rank's peak memory under a parallel strategy, before launch",
+        description="Predict each rank's peak memory for a saved one-device training "
+            "program under a parallel strategy (data/tensor/pipeline parallel degrees, "
+            "sharding stage, micro-batch, recompute, gradient merge): parameters, "
+            "gradients, optimizer state, activations (from analyze), communication "
+            "buffers.  A program already rewritten for one rank (it has communication "
+            "ops) is estimated as it is.")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--batch-size", "-b", type=_positive_int, required=True,
+                   help="global batch size (all ranks, one optimizer step)")
+    p.add_argument("--dp", type=_positive_int, default=1, help="data parallel degree")
+    p.add_argument("--tp", type=_positive_int, default=1, help="tensor parallel degree")
+    p.add_argument("--pp", type=_positive_int, default=1, help="pipeline parallel degree")
+    p.add_argument("--sharding-stage", type=int, choices=(0, 1, 2, 3), default=0)
+    p.add_argument("--micro-batch-size", type=_positive_int, default=None,
+                   help="samples a rank runs at once (default batch / (dp * merge steps))")
+    p.add_argument("--recompute", action="store_true", help="recompute activations")
+    p.add_argument("--recompute-segments", type=_positive_int, default=4, metavar="K")
+    p.add_argument("--gradient-merge-steps", type=_positive_int, default=1, metavar="K")
+    p.add_argument("--fused-gradients", action="store_true",
+                   help="gradients in one fused buffer (fuse_all_reduce_ops)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser(
         "plan", parents=[common],

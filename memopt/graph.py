@@ -245,6 +245,10 @@ class OpFacts:
         slice...): never written over in place.
     variant : the op's :class:`InplaceVariant`, where the runtime has one
         (PIR) and the op is not in place already.
+    in_flight : buffers an asynchronous op (a collective or point-to-point
+        communication) may still read or write after it returns, until the
+        end of the step: never shared, given away, written in place or
+        released (:mod:`memopt.paddle.distributed`).
     """
 
     inplace: Optional[Tuple[str, str]] = None
@@ -262,6 +266,7 @@ class OpFacts:
     in_loop: bool = False
     view: bool = False
     variant: Optional[InplaceVariant] = None
+    in_flight: Tuple[str, ...] = ()
 
 
 @dataclass

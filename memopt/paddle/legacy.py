@@ -40,6 +40,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..errors import GraphError, UnsupportedProgramError
 from ..graph import DENSE, RELEASED_VAR, Block, Graph, Op, OpFacts, Var
+from .distributed import mark_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -471,7 +472,7 @@ def program_to_graph(program) -> Graph:
         if var is not None:
             var.is_feed = True
     graph.fetch_names = tuple(dict.fromkeys(fetched))
-    return graph
+    return mark_in_flight(graph)
 
 
 #: Grad ops whose CPU kernels are bit-exact in place when the other input is

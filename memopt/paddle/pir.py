@@ -75,6 +75,7 @@ from typing import Any, Iterable, Optional
 
 from ..graph import (DENSE, RELEASED_VAR, Block, Graph, Op, OpFacts, Var, unversioned,
                      versioned)
+from .distributed import mark_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -618,6 +619,7 @@ def convert(program, fetch_list: Iterable = (), value_names: Optional[dict] = No
     fetched = [nm for _, var in result.graph.all_vars() if var.is_fetch
                for nm in [var.name]]
     result.graph.fetch_names = tuple(dict.fromkeys((*result.graph.fetch_names, *fetched)))
+    mark_in_flight(result.graph)
     return result
 
 
@@ -634,7 +636,16 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
     """
     import paddle
 
-    translated, by_name = paddle.pir.translate_to_pir_with_param_map(program.desc)
+    try:
+        translated, by_name = paddle.pir.translate_to_pir_with_param_map(program.desc)
+    except SystemError as exc:
+        if "data pointer is null" not in str(exc):
+            raise
+        # PIR is not initialised yet in a process started with
+        # FLAGS_enable_pir_api=0 (DESIGN.md): initialise it once and retry
+        with paddle.pir_utils.IrGuard():
+            pass
+        translated, by_name = paddle.pir.translate_to_pir_with_param_map(program.desc)
     value_names: dict = {}
     last_value: dict = {}
     for name in sorted(by_name):

@@ -1,0 +1,190 @@
+"""Two-rank runs of fleet training programs (for the bench and the tests).
+
+Runs one rank of a fleet training program, as ``paddle.distributed.spawn``
+starts it, and records what memopt's distributed claims are checked on.
+A face (like :mod:`memopt.models`): it calls the API.
+
+:func:`run_rank` is the function each spawned rank runs (gloo backend, CPU):
+it builds the rank's program (:mod:`memopt.paddle.fleet_models`), optionally
+rewrites it with ``memory_optimize`` (and ``release_memory``), predicts the
+rank's peak with ``memopt.estimate`` before running anything, runs the startup
+program and ``steps`` training steps, and writes a ``.npz`` per rank: the
+losses, every persistable variable after the run, the allocator's peak
+(``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)``) and the
+estimate.  Used by ``scripts/bench_distributed.py`` and the tests.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, asdict
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One configuration of a two-rank run.
+
+    mode : a :data:`memopt.paddle.fleet_models.MODES` entry.
+    level : None (unoptimized) or memory_optimize's level (0 or 1).
+    release : also ``release_memory`` (GC off only).
+    gc : Paddle's eager-deletion GC on (``FLAGS_eager_delete_tensor_gb=0``)
+        or off (-1).
+    batch : samples per rank per step.
+    steps : training steps.
+    """
+
+    mode: str = "dp"
+    level: Optional[int] = None
+    release: bool = False
+    gc: bool = True
+    batch: int = 64
+    steps: int = 3
+    features: int = 256
+    hidden: int = 512
+    layers: int = 3
+
+    @property
+    def label(self) -> str:
+        opt = "unoptimized" if self.level is None else f"L{self.level}"
+        if self.release:
+            opt += " + release"
+        return f"{self.mode} {opt} GC {'on' if self.gc else 'off'}"
+
+
+def _strategy_for(mode: str, nranks: int):
+    from .parallel import Strategy
+
+    if mode == "single":
+        return Strategy()
+    if mode == "gm":
+        return Strategy(dp=nranks, gradient_merge_steps=2)
+    if mode.startswith("sharding"):
+        return Strategy(dp=nranks, sharding_stage=int(mode[-1]))
+    return Strategy(dp=nranks, fused_gradients=mode == "dp_fused")
+
+
+def run_rank(config_json: str, out_dir: str) -> None:
+    """The body of one spawned rank (see the module docstring)."""
+    import numpy as np
+
+    config = RunConfig(**json.loads(config_json))
+    os.chdir(out_dir)  # fleet's sharding writes main_sharding_N files into the cwd
+    os.environ["FLAGS_enable_pir_api"] = "0"
+    # the legacy executor has no CPU path for collectives; PIR's has (gloo)
+    os.environ["FLAGS_enable_pir_in_executor"] = "1"
+    import paddle
+    import paddle.distributed as dist
+
+    import memopt
+    from .paddle import fleet_models
+    from .paddle.flags import runtime_model
+
+    paddle.set_flags({"FLAGS_eager_delete_tensor_gb": 0.0 if config.gc else -1.0,
+                      "FLAGS_new_executor_sequential_run": True})
+    if config.mode != "single":
+        dist.init_parallel_env()
+    rank = dist.get_rank() if config.mode != "single" else int(os.environ.get(
+        "PADDLE_TRAINER_ID", "0"))
+    nranks = int(os.environ.get("PADDLE_TRAINERS_NUM", "2"))
+    paddle.enable_static()
+    paddle.seed(1)
+    kwargs = dict(nranks=nranks, features=config.features, hidden=config.hidden,
+                  layers=config.layers)
+    with open(os.path.join(out_dir, f"build{rank}.log"), "w") as log, \
+            contextlib.redirect_stdout(log):  # fleet prints its choices on stdout
+        main, startup, loss = fleet_models.build(config.mode, **kwargs)
+    if config.level is not None:
+        memopt.memory_optimize(main, level=config.level, skip_grads=False)
+        if config.release:
+            memopt.release_memory(main)
+    strategy = _strategy_for(config.mode, nranks)
+    global_batch = config.batch * strategy.dp * strategy.gradient_merge_steps
+    as_built = main.clone()  # estimated after the run, from the program alone
+    removed = fleet_models.strip_stream_syncs(main)
+    fleet_models.one_ring(main)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    scope = paddle.static.Scope()
+    losses = []
+    with paddle.static.scope_guard(scope):
+        exe.run(startup)
+        steps = config.steps * (2 if config.mode == "gm" else 1)
+        for step in range(steps):
+            value, = exe.run(main, feed=fleet_models.feed(rank, step, config.batch,
+                                                          config.features),
+                             fetch_list=[loss])
+            losses.append(np.asarray(value))
+            if step == 0:
+                peak_step1 = int(paddle.base.core.host_memory_stat_peak_value("Allocated", 0))
+        # the training steps' peak, before the copies read back below
+        peak = int(paddle.base.core.host_memory_stat_peak_value("Allocated", 0))
+        params = fleet_models.parameters(main, scope)
+    # The estimate needs nothing the run made: computed here, after the
+    # measurement, so that its own allocations (program translation) stay out
+    # of the measured peak.  The program runs translated to PIR
+    # (FLAGS_enable_pir_in_executor): PIR's runtime model.
+    runtime = runtime_model("pir")
+    if config.level is None:
+        # before launch: the one-device program and the strategy
+        with paddle.utils.unique_name.guard(), contextlib.redirect_stdout(None):
+            single, _, single_loss = fleet_models.build("single", **kwargs)
+        est = memopt.estimate(single, strategy, global_batch, fetch_list=[single_loss],
+                              runtime=runtime)
+    else:
+        # a rank program memopt rewrote: estimated as it is
+        est = memopt.estimate(as_built, strategy, global_batch,
+                              fetch_list=[as_built.global_block().var(loss.name)],
+                              runtime=runtime)
+    arrays = {f"param:{name}": value for name, value in params}
+    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), losses=np.stack(losses), **arrays)
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "peak": peak, "peak_step1": peak_step1, "estimate": est.total,
+                   "estimate_json": est.to_json(), "syncs_removed": removed,
+                   "config": asdict(config)}, f)
+
+
+def launch(config: RunConfig, out_dir: str, nprocs: int = 2) -> list:
+    """Start ``nprocs`` ranks with ``paddle.distributed.spawn`` (gloo) and
+    return each rank's record (dict with ``losses``, ``params``, ``peak``,
+    ``estimate``), rank order."""
+    import numpy as np
+    import paddle.distributed as dist
+
+    os.makedirs(out_dir, exist_ok=True)
+    # read by Paddle when a rank imports it (before run_rank starts); the
+    # caller's environment is restored afterwards
+    rank_env = {"FLAGS_enable_pir_api": "0", "FLAGS_enable_pir_in_executor": "1",
+                "FLAGS_new_executor_sequential_run": "1"}
+    saved = {key: os.environ.get(key) for key in rank_env}
+    os.environ.update(rank_env)
+    try:
+        dist.spawn(run_rank, args=(json.dumps(asdict(config)), out_dir), nprocs=nprocs,
+                   backend="gloo")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    records = []
+    for rank in range(nprocs):
+        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+            record = json.load(f)
+        data = np.load(os.path.join(out_dir, f"rank{rank}.npz"))
+        record["losses"] = data["losses"]
+        record["params"] = {k[len("param:"):]: data[k] for k in data.files
+                            if k.startswith("param:")}
+        records.append(record)
+    return records
+
+
+def same_results(a: dict, b: dict) -> bool:
+    """Bit-identical losses and persistable variables (by name)."""
+    import numpy as np
+
+    if not np.array_equal(a["losses"], b["losses"]):
+        return False
+    if sorted(a["params"]) != sorted(b["params"]):
+        return False
+    return all(np.array_equal(a["params"][k], b["params"][k]) for k in a["params"])
