@@ -706,7 +706,8 @@ def execute(program: Any, args: Sequence[Any], backend: Any = None,
     args : one value per parameter of main, each with a leading batch
         dimension (all the same size); a leaf without it, or with size 1, is
         broadcast to every thread.  Tuples for tuple-typed parameters.
-    backend : default :class:`~autobatch.backends.numpy.NumpyBackend`.
+    backend : default :func:`autobatch.backends.default_backend` (TensorFlow's
+        where an argument is a TensorFlow tensor, else NumPy's).
     max_stack_depth : the most calls pending at once per thread.
     block_code_cache : see :class:`VirtualMachine`.
 
@@ -719,9 +720,9 @@ def execute(program: Any, args: Sequence[Any], backend: Any = None,
     StackOverflowError : a thread needs more than ``max_stack_depth`` pending calls.
     """
     if backend is None:
-        from autobatch.backends.numpy import NumpyBackend
-        backend = NumpyBackend()
+        from autobatch.backends import default_backend
+        backend = default_backend(args)
     if isinstance(program, Program):
         program = prepare(program, argument_types(args, backend), backend)
     vm = VirtualMachine(program, backend, max_stack_depth, block_code_cache)
-    return vm.run(args)
+    return backend.run_vm(vm, args, block_code_cache)

@@ -61,7 +61,7 @@ threads into arrays of each size in turn as threads halt (see
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from autobatch.instructions import TensorType
 
@@ -121,6 +121,13 @@ class Backend(abc.ABC):
     def placeholder(self, tensor_type: TensorType, batch_size: int) -> Any:
         """A value of ``tensor_type`` for ``batch_size`` threads to run primops
         on during type inference (zeros)."""
+
+    def run_on_dummies(self, function: Callable[..., Any], inputs: Sequence[Any]) -> Any:
+        """``function(*inputs)`` on :meth:`placeholder` values (type inference
+        runs every primop so, to learn its outputs' types).  A backend whose
+        surrounding context changes what operators mean (TensorFlow's TF1
+        graphs) runs it as the batched run will."""
+        return function(*inputs)
 
     # -- threads -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -207,6 +214,14 @@ class Backend(abc.ABC):
     def wrap_block(self, function: Callable[[dict], dict], name: str) -> Callable[[dict], dict]:
         """Hook to compile one block's code (``tf.function``, say); identity here."""
         return function
+
+    # -- whole runs ------------------------------------------------------------------------
+    def run_vm(self, vm: Any, args: Sequence[Any], cache: Optional[dict] = None) -> Any:
+        """Run ``vm`` (a VirtualMachine built with this backend) over ``args``
+        and return main's value; ``vm.steps`` is set.  Here: ``vm.run(args)``.
+        A backend that compiles whole runs (TensorFlow's graph and XLA modes)
+        overrides this; ``cache`` is where it may keep the compiled run."""
+        return vm.run(args)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
