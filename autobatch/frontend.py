@@ -56,7 +56,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from autobatch import stackless as stackless_executor
-from autobatch.allocation_strategy import call_graph, reachable
+from autobatch.instructions import call_graph, reachable
 from autobatch.dsl import ProgramBuilder
 from autobatch.errors import ProgramError
 from autobatch.frontend_ast import (

@@ -45,11 +45,14 @@ batched executor stores a variable (NULL < TEMPORARY < REGISTER < FULL);
 from __future__ import annotations
 
 import enum
+import numbers
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
+
+from memopt.liveness import FlowNode, Liveness, analyze
 
 from autobatch.errors import ProgramError
 
@@ -76,6 +79,11 @@ __all__ = [
     "Block",
     "Function",
     "Program",
+    "FunctionFlow",
+    "function_flow",
+    "call_graph",
+    "reachable",
+    "check_defined",
 ]
 
 #: A variable name or a nested tuple of them.
@@ -185,6 +193,28 @@ class TensorType:
     def __str__(self) -> str:
         dims = ",".join(str(d) for d in self.shape)
         return f"{'~' if self.weak else ''}{self.dtype.name}[{dims}]"
+
+
+def numpy_type_of(value: Any, batch_size: int) -> TensorType:
+    """The per-thread type of a NumPy value a primop returned for
+    ``batch_size`` threads.
+
+    A constant (no batch dimension: a Python scalar, a NumPy scalar, a 0-d
+    array) has a *weak* type: where its variable is also written with, or
+    declared as, another dtype of a compatible kind, the constant takes that
+    dtype (TFP types constants by the dtype their variable prefers).  An
+    array's leading dimension must be ``batch_size`` (TypeError otherwise).
+    """
+    if isinstance(value, (bool, numbers.Number)) and not isinstance(value, np.generic):
+        return TensorType(np.asarray(value).dtype, (), weak=True)
+    array = np.asarray(value)
+    if array.ndim == 0:
+        return TensorType(array.dtype, (), weak=True)
+    if array.shape[0] != batch_size:
+        raise TypeError(f"a primop returned an array of shape {array.shape} for "
+                        f"{batch_size} thread(s); outputs must have the batch "
+                        f"dimension first, or be scalars")
+    return TensorType(array.dtype, array.shape[1:])
 
 
 @dataclass(frozen=True)
@@ -663,3 +693,89 @@ class Program:
 
     def __str__(self) -> str:
         return self.format()
+
+
+# -- flow facts the passes share -----------------------------------------------------
+# Here, beside the IR, so that every pass (type_inference, allocation_strategy,
+# lowering) imports only this module (and memopt.liveness), never another pass.
+
+@dataclass
+class FunctionFlow:
+    """One function as a flow graph for :func:`memopt.liveness.analyze`.
+
+    ``positions[i]`` is ``(block name, k)`` for node ``i``: the ``k``-th
+    instruction of that block, or its terminator where ``k`` equals the
+    number of instructions.  ``block_start[name]`` is the block's first node.
+    """
+
+    function: Function
+    nodes: List[FlowNode]
+    positions: List[Tuple[str, int]]
+    block_start: Dict[str, int]
+    liveness: Liveness
+
+    def node(self, block: str, k: int) -> int:
+        """The node index of the ``k``-th instruction (or terminator) of ``block``."""
+        return self.block_start[block] + k
+
+
+def function_flow(fn: Function) -> FunctionFlow:
+    """Build ``fn``'s flow graph and its liveness.
+
+    A call is one node that reads its arguments and writes its results; a
+    ``return`` reads what it returns and has no successor.
+    """
+    block_start: Dict[str, int] = {}
+    positions: List[Tuple[str, int]] = []
+    for block in fn.blocks:
+        block_start[block.name] = len(positions)
+        positions.extend((block.name, k) for k in range(len(block.instructions) + 1))
+    nodes: List[FlowNode] = []
+    for block in fn.blocks:
+        for k, op in enumerate(block.instructions):
+            nodes.append(FlowNode(op.reads, op.writes, (block_start[block.name] + k + 1,)))
+        term = block.terminator
+        if term is None:
+            raise ProgramError(f"function {fn.name!r}, block {block.name!r} has no terminator")
+        succ = tuple(dict.fromkeys(block_start[t] for t in term.targets))
+        nodes.append(FlowNode(term.reads, (), succ))
+    liveness = analyze(nodes, live_at_exit=(), entry=0)
+    return FunctionFlow(fn, nodes, positions, block_start, liveness)
+
+
+def call_graph(program: Program) -> Dict[str, List[str]]:
+    """``{function: sorted callees}`` for every function of ``program``."""
+    return {fn.name: fn.callees() for fn in program.functions}
+
+
+def reachable(graph: Dict[str, List[str]], start: str) -> Set[str]:
+    """Functions reachable from ``start`` by calls, ``start`` included."""
+    seen = {start}
+    todo = [start]
+    while todo:
+        for callee in graph.get(todo.pop(), ()):
+            if callee not in seen:
+                seen.add(callee)
+                todo.append(callee)
+    return seen
+
+
+def check_defined(flow: FunctionFlow) -> None:
+    """Raise ProgramError for a variable that may be read before it is written.
+
+    Such a variable is live on entry to the function without being a
+    parameter.
+    """
+    fn = flow.function
+    if not flow.nodes:
+        return
+    undefined = sorted(set(flow.liveness.live_in(0)) - set(fn.params))
+    if undefined:
+        var = undefined[0]
+        readers = [f"{b}" for i, (b, k) in enumerate(flow.positions)
+                   if var in flow.nodes[i].reads]
+        raise ProgramError(
+            f"function {fn.name!r}: variable {var!r} may be read before it is "
+            f"written (read in block(s) {sorted(set(readers))}); assign it on every "
+            f"path first" + (f" (also undefined: {undefined[1:]})" if len(undefined) > 1
+                             else ""))

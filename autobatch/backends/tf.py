@@ -456,8 +456,8 @@ class TensorFlowBackend(Backend):
         else:
             array = np.asarray(value)
             shape, dtype = array.shape, array.dtype
-        if len(shape) == 0:
-            return TensorType(dtype, ())
+        if len(shape) == 0:  # a constant: takes its variable's dtype (see numpy_type_of)
+            return TensorType(dtype, (), weak=True)
         if shape[0] != batch_size or None in shape[1:]:
             raise TypeError(f"a primop returned a value of shape {shape} for {batch_size} "
                             f"thread(s); outputs must have the batch dimension first, or "

@@ -1,7 +1,9 @@
 """TFP's documented frontend semantics, written as a TFP user writes them:
 ``dry_run`` calls the plain function directly, ``truthy`` makes ``if``
 conditions of shape ``[1]`` work there, TensorFlow tensors in give the
-TensorFlow backend and tensors out."""
+TensorFlow backend and tensors out; ``type_inference`` callables get
+TensorType patterns (``.dtype``, ``.shape``); a declared dtype wins over the
+body's constants (Python, NumPy scalar, 0-d array, bool)."""
 
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ import pytest
 import autobatch
 from autobatch.errors import ProgramError
 from autobatch.frontend import truthy
+from autobatch.instructions import TensorType
 
 
 # -- dry_run and truthy --------------------------------------------------------------------
@@ -97,3 +100,57 @@ def test_tensors_in_give_tensors_out(tf):
         return 2 * fib(x)
 
     assert twice(tf.constant(n)).numpy().tolist() == [2 * w for w in want]
+# -- type_inference callables and declared types ----------------------------------------------
+
+def test_type_inference_gets_tensor_type_patterns():
+    seen = []
+    ctx = autobatch.Context()
+
+    def declared(arg_types):
+        n_type, pair_type = arg_types
+        seen.append((n_type.dtype, n_type.shape, pair_type[1].dtype, pair_type[1].shape))
+        return [TensorType(n_type.dtype, n_type.shape)]
+
+    @ctx.batch(type_inference=declared)
+    def down(n, pair):
+        if n > 0:
+            return down(n - 1, pair)
+        return n + pair[1][..., 0]
+
+    n = np.array([2, 0, 5], dtype=np.int32)
+    pair = (np.zeros(3, np.float32), np.ones((3, 4), np.int32))
+    assert np.array_equal(down(n, pair), [1, 1, 1])
+    assert seen and seen[0] == (np.dtype(np.int32), (), np.dtype(np.int32), (4,))
+
+
+def count_int(n):
+    if n > 0:
+        return count_int(n - 1) + 1
+    return 1
+
+
+def count_array(n):
+    if n > 0:
+        return count_array(n - 1) + 1
+    return np.array(1)
+
+
+def count_numpy_scalar(n):
+    if n > 0:
+        return count_numpy_scalar(n - 1) + 1
+    return np.int64(1)
+
+
+def count_bool(n):
+    if n > 0:
+        return count_bool(n - 1) + 1
+    return True
+
+
+@pytest.mark.parametrize("count", [count_int, count_array, count_numpy_scalar, count_bool])
+def test_declared_int32_wins_over_the_bodys_constants(count):
+    ctx = autobatch.Context()
+    batched = ctx.batch_uncurried(count, type_inference=lambda t: [TensorType(np.int32, ())])
+    out = batched(np.array([0, 3, 1], dtype=np.int64))
+    assert out.dtype == np.int32
+    assert np.array_equal(out, [1, 4, 2])
