@@ -151,7 +151,7 @@ def _as_argument(value: Any) -> Any:
 
 
 def _is_tf_backend(backend: Any) -> bool:
-    return getattr(backend, "name", None) == "tensorflow"
+    return backend.name == "tensorflow"
 
 
 class Context:

@@ -588,9 +588,8 @@ class VirtualMachine:
         backend = self.backend
         state, batch = self.initial_state(args)
         out_keys = self.register_keys[self.lowered.output]
-        phases = backend.phase_sizes(batch, self.lowered) \
-            if batch and hasattr(backend, "phase_sizes") else []
-        if batch and getattr(backend, "compaction", False):
+        phases = backend.phase_sizes(batch, self.lowered) if batch else []
+        if batch and backend.compaction:
             state, outputs = self._run_compacting(state)
         elif phases:
             state, outputs = self._run_phases(state, batch, phases)

@@ -61,7 +61,7 @@ threads into arrays of each size in turn as threads halt (see
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from autobatch.instructions import TensorType
 
@@ -82,6 +82,19 @@ class Backend(abc.ABC):
     #: Whether a program without calls may run as one fused loop
     #: (:mod:`autobatch.fused`, generated NumPy) instead of on the VM.
     fused_loops: bool = False
+
+    def cache_key(self) -> Tuple[Any, ...]:
+        """What makes two backend objects interchangeable for compiled code
+        (equal keys: code compiled for one serves the other).  Here the
+        class; a backend with settings adds them."""
+        return (type(self),)
+
+    def phase_sizes(self, batch: int, lowered: Any) -> List[int]:
+        """Row counts a backend of static shapes packs the running threads
+        into as they halt (see the module doc); none here.  A backend that
+        returns sizes provides ``more_running``, ``pack_running``,
+        ``inert_rows``, ``take_rows``, ``put_rows`` and ``is_storage``."""
+        return []
 
     # -- storage ------------------------------------------------------------------------
     @abc.abstractmethod

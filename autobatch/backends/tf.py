@@ -357,6 +357,9 @@ class TensorFlowBackend(Backend):
     def _config(self) -> Tuple[Any, ...]:
         return (type(self), self.mode, self.selection, self.compile_blocks)
 
+    def cache_key(self) -> Tuple[Any, ...]:
+        return self._config()
+
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, TensorFlowBackend) and self._config() == other._config()
 
