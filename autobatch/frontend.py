@@ -107,7 +107,7 @@ class _Registered:
 
 
 def _default_backend(args: Sequence[Any] = ()) -> Any:
-    from autobatch.backends import default_backend
+    from autobatch.backends.default import default_backend
     return default_backend(args)
 
 

@@ -719,7 +719,7 @@ def execute(program: Any, args: Sequence[Any], backend: Any = None,
     StackOverflowError : a thread needs more than ``max_stack_depth`` pending calls.
     """
     if backend is None:
-        from autobatch.backends import default_backend
+        from autobatch.backends.default import default_backend
         backend = default_backend(args)
     if isinstance(program, Program):
         program = prepare(program, argument_types(args, backend), backend)
