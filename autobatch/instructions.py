@@ -67,6 +67,10 @@ __all__ = [
     "Type",
     "VariableAllocation",
     "PrimOp",
+    "prim_op",
+    "single_type",
+    "push_op",
+    "pop_op",
     "FunctionCallOp",
     "PushOp",
     "PopOp",
@@ -224,6 +228,8 @@ class Type:
     tensors: Any
 
     def __post_init__(self) -> None:
+        # TFP writes patterns with lists too: they are structure, as tuples.
+        object.__setattr__(self, "tensors", as_pattern(self.tensors))
         for leaf in pattern_leaves(self.tensors):
             if not isinstance(leaf, TensorType):
                 raise TypeError(f"Type leaves must be TensorType, got {leaf!r}")
@@ -241,6 +247,11 @@ class Type:
 
     def __str__(self) -> str:
         return format_pattern(pattern_map(str, self.tensors))
+
+
+def single_type(dtype: Any, shape: Sequence[int]) -> Type:
+    """TFP's ``single_type``: the Type of one tensor."""
+    return Type(TensorType(dtype, tuple(shape)))
 
 
 class VariableAllocation(enum.IntEnum):
@@ -347,6 +358,7 @@ class PrimOp(_Assignment):
 
     def __post_init__(self) -> None:
         self.vars_in = _names(self.vars_in)
+        self.vars_out = as_pattern(self.vars_out)
 
     def __str__(self) -> str:
         label = self.name or describe_function(self.function)
@@ -426,6 +438,33 @@ class PopOp(_FrameOp):
 
 
 Instruction = Union[PrimOp, FunctionCallOp, CopyOp, PushOp, PopOp]
+
+
+# TFP's helper names (tfp.experimental.auto_batching.instructions).
+
+def prim_op(vars_in: Sequence[str], vars_out: Pattern, function: Callable[..., Any],
+            skip_push_mask: Any = None) -> PrimOp:
+    """TFP's ``prim_op``: a :class:`PrimOp`.  ``skip_push_mask`` (TFP's hint
+    to its stack optimization) is accepted and not needed: the allocation
+    strategy decides what is saved across calls from liveness."""
+    return PrimOp(vars_in, vars_out, function)
+
+
+def push_op(vars_in: Pattern, vars_out: Pattern) -> PrimOp:
+    """TFP's ``push_op``: despite the name, an instruction that copies the
+    values of ``vars_in`` into ``vars_out`` (a pattern of the same shape); in
+    TFP's VM a write to a stacked variable pushes.  Here the copy is a
+    :class:`PrimOp`, as in TFP; what is saved on a stack is the allocation
+    strategy's choice (:class:`PushOp` is the lowered, explicit save)."""
+    def assign(*values: Any) -> Any:
+        return values if len(values) != 1 or isinstance(as_pattern(vars_out), tuple) \
+            else values[0]
+    return PrimOp(_names(pattern_leaves(as_pattern(vars_in))), vars_out, assign, name="copy")
+
+
+def pop_op(vars: Sequence[str]) -> "PopOp":
+    """TFP's ``PopOp(vars)``, as a function: restore ``vars`` from the stack."""
+    return PopOp(_names(pattern_leaves(as_pattern(vars))))
 
 
 # -- terminators -----------------------------------------------------------------

@@ -63,6 +63,8 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from autobatch.instructions import TensorType
 
 __all__ = ["Backend", "MAX_CHAIN"]
@@ -227,6 +229,28 @@ class Backend(abc.ABC):
     def wrap_block(self, function: Callable[[dict], dict], name: str) -> Callable[[dict], dict]:
         """Hook to compile one block's code (``tf.function``, say); identity here."""
         return function
+
+    # -- TFP's backend helpers ------------------------------------------------------------
+    def full_mask(self, size: int) -> Any:
+        """A boolean array of ``size`` True values (TFP's ``full_mask``)."""
+        return self.fill(TensorType(np.bool_, ()), size, True)
+
+    def merge_dtypes(self, dt1: Any, dt2: Any) -> Any:
+        """The dtype covering ``dt1`` and ``dt2`` (None: unknown), as TFP's
+        TensorFlow backend: equal dtypes, else ValueError.  (Type inference
+        itself also lets Python constants take their variable's dtype.)"""
+        if dt1 is None or dt2 is None:
+            return dt1 if dt2 is None else dt2
+        if np.dtype(dt1) != np.dtype(dt2):
+            raise ValueError(f"Mismatched dtypes {np.dtype(dt1)} vs {np.dtype(dt2)}")
+        return np.dtype(dt1)
+
+    def merge_shapes(self, s1: Any, s2: Any) -> Any:
+        """The broadcast of shapes ``s1`` and ``s2`` (None: unknown), as TFP's
+        backends; ValueError where they are not broadcast-compatible."""
+        if s1 is None or s2 is None:
+            return s1 if s2 is None else s2
+        return tuple(np.broadcast_shapes(tuple(s1), tuple(s2)))
 
     # -- whole runs ------------------------------------------------------------------------
     def run_vm(self, vm: Any, args: Sequence[Any], cache: Optional[dict] = None) -> Any:

@@ -57,6 +57,13 @@ class NumpyBackend(Backend):
     def placeholder(self, tensor_type: TensorType, batch_size: int) -> np.ndarray:
         return np.zeros((batch_size,) + tensor_type.shape, dtype=tensor_type.dtype)
 
+    def merge_dtypes(self, dt1: Any, dt2: Any) -> Any:
+        """As TFP's NumPy backend: the promoted dtype (int32 and int64 give
+        int64)."""
+        if dt1 is None or dt2 is None:
+            return dt1 if dt2 is None else dt2
+        return np.promote_types(dt1, dt2)
+
     # -- threads -------------------------------------------------------------------------
     def select(self, pc: np.ndarray, block: int) -> np.ndarray:
         return (pc == block).nonzero()[0]

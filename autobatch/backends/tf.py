@@ -303,6 +303,9 @@ class TensorFlowBackend(Backend):
         others), else ``"gather"``.
     compile_blocks : eager mode only: run each block as one traced graph
         (default True) instead of op by op.
+    safety_checks : TFP's switch (default True): False drops the
+        stack-overflow checks; an overflowing thread's result is then wrong
+        and nothing says so.
 
     Two backends with the same settings are equal (and hash alike), so
     compiled code cached for one is reused by the other.
@@ -311,7 +314,7 @@ class TensorFlowBackend(Backend):
     name = "tensorflow"
 
     def __init__(self, mode: str = "graph", selection: Optional[str] = None,
-                 compile_blocks: bool = True) -> None:
+                 compile_blocks: bool = True, safety_checks: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"TensorFlowBackend mode must be one of {MODES}, got {mode!r}")
         if selection is None:
@@ -329,6 +332,9 @@ class TensorFlowBackend(Backend):
         self.mode = mode
         self.selection = selection
         self.compile_blocks = bool(compile_blocks)
+        #: TFP's switch: False drops the stack-overflow checks (a thread that
+        #: overflows then computes garbage, unreported).
+        self.safety_checks = bool(safety_checks)
         #: Storage is whole-batch and written under a mask or a bucket.
         self.masked = selection in ("mask", "bucket", "auto")
         #: While tracing one bucket's branch of a block: its size.
@@ -355,7 +361,8 @@ class TensorFlowBackend(Backend):
 
     # -- identity -------------------------------------------------------------------
     def _config(self) -> Tuple[Any, ...]:
-        return (type(self), self.mode, self.selection, self.compile_blocks)
+        return (type(self), self.mode, self.selection, self.compile_blocks,
+                self.safety_checks)
 
     def cache_key(self) -> Tuple[Any, ...]:
         return self._config()
@@ -720,7 +727,10 @@ class TensorFlowBackend(Backend):
 
     def check(self, ok: Any, selection: Any, make_error: Callable[[], Exception]) -> None:
         """Eagerly: raise now.  In a graph: record the check; the block wrapper
-        (:meth:`wrap_block`) turns it into the loop state's error code."""
+        (:meth:`wrap_block`) turns it into the loop state's error code.  No
+        check at all with ``safety_checks=False``."""
+        if not self.safety_checks:
+            return
         ok = tf.convert_to_tensor(ok)
         if isinstance(selection, _Bucket):
             selection = selection.valid
