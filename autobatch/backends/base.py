@@ -47,13 +47,20 @@ threads:     ``select``, ``read``, ``write``, ``read_frame``, ``write_frame``,
 control:     ``reduce_min``, ``check``, ``while_loop``, ``switch_case``,
              ``wrap_block``
 
-Optional: a backend whose arrays may change shape between steps sets
+Optional abilities are declared here, on the base class, with defaults
+that mean "not offered" (the executors read them directly, never probe with
+``getattr``/``hasattr``): ``compaction``, ``fused_loops``, ``phase_sizes``,
+``run_vm``, ``run_on_dummies``, ``cache_key``, ``wrap_block``,
+``while_loop``, ``switch_case``; ``tests/autobatch/test_backend_conformance.py``
+checks every backend against them.
+
+A backend whose arrays may change shape between steps sets
 ``compaction = True`` and provides ``running_threads(pc, halt) ->
 (selection, count)`` and ``take_threads(array, selection, axis)``; the VM
 then drops halted threads from every array once at most half still run
 (see :meth:`autobatch.virtual_machine.VirtualMachine._run_compacting`).
-A backend of static shapes (XLA) may instead provide ``phase_sizes(batch,
-lowered) -> sizes``, ``more_running``, ``pack_running``, ``inert_rows``,
+A backend of static shapes (XLA) may instead override ``phase_sizes(batch,
+lowered) -> sizes`` and provide ``more_running``, ``pack_running``, ``inert_rows``,
 ``take_rows``, ``put_rows`` and ``is_storage``: the VM then packs the running
 threads into arrays of each size in turn as threads halt (see
 :meth:`~autobatch.virtual_machine.VirtualMachine._run_phases`).
