@@ -132,3 +132,18 @@ def test_inside_the_users_jit_compile(tf, program):
         return execute(prog, list(inputs), TensorFlowBackend(), MAX_DEPTH)
 
     assert_same(_numpy(users(*_tensors(tf, args))), want)
+
+
+def test_the_frontend_in_a_tf1_session(tf):
+    """``@ctx.batch`` functions called on TF1 placeholders: the TensorFlow
+    backend is picked, and ``==``/``!=`` in the body stay elementwise."""
+    import test_autobatch_frontend_programs as P
+    n = np.arange(1, 9)
+    graph = tf.Graph()
+    with graph.as_default():
+        holder = tf.compat.v1.placeholder(tf.int64, (8,))
+        outs = [P.collatz(holder), P.fib(holder, max_stack_depth=12)]
+        with tf.compat.v1.Session(graph=graph) as session:
+            collatz, fib = session.run(outs, feed_dict={holder: n})
+    assert_same(collatz, np.asarray(P.plain(P.collatz, n)))
+    assert_same(fib, np.asarray(P.plain(P.fib, n)))
