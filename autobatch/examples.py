@@ -166,17 +166,20 @@ def nuts_shaped(matrix: np.ndarray, weights: np.ndarray, max_depth: int = 6,
     where ``weights . y`` is a multiple of ``stop_one_in``.  ``tree(x, j)``
     builds ``tree(x, j - 1)`` and, unless it stopped, ``tree(y, j - 1)``.
     """
+    # Operators only (``@``, ``%``), so that the primops run on NumPy arrays
+    # and TensorFlow tensors alike.
     mt = np.ascontiguousarray(matrix.T)
+    column = np.ascontiguousarray(weights[:, None])
 
     def leaf(x):
-        return np.mod(x @ mt, MODULUS)
+        return (x @ mt) % MODULUS
 
     def stops(y):
-        return np.mod(y @ weights, stop_one_in) == 0
+        return (y @ column)[:, 0] % stop_one_in == 0
 
     ab = ProgramBuilder()
     with ab.function("nuts", params=["x"]):
-        ab.primop(lambda x: np.zeros(x.shape[:1], np.int64), "depth")
+        ab.const(0, "depth")
         with ab.loop():
             ab.call("tree", ["x", "depth"], ("x", "stop"))
             ab.primop(lambda depth: depth + 1, "depth")

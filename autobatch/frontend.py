@@ -19,14 +19,20 @@ arguments.  It returns the batched result (NumPy arrays, or tensors with the
 TensorFlow backend; tuples for tuple results).  Extra keywords:
 
 ``backend``
-    ``autobatch.NumpyBackend()`` (default) or ``autobatch.TensorFlowBackend()``.
+    ``autobatch.NumpyBackend()`` or ``autobatch.TensorFlowBackend()``; by
+    default TensorFlow's where an argument is a TensorFlow tensor (results
+    are then tensors), else NumPy's.
 ``max_stack_depth``
     the most calls pending at once per thread (default 15).
 ``stackless``
     run with the stackless executor (calls on the host stack; eager only).
 ``dry_run``
-    call the plain Python function once per example, no batching (the
-    batched functions it calls run plainly too): a way to check a program.
+    as in TFP: call the plain Python function directly on the arguments,
+    which must have a batch dimension of size 1 or none (the batched
+    functions it calls run plainly too), and return what it returns: a way
+    to debug a program.  Conditions on tensors of shape ``[1]`` need
+    :func:`truthy` there.  :meth:`BatchedFunction.per_example` runs the
+    plain function over a whole batch, one example after another.
 ``block_code_cache``
     a dict that keeps compiled block code (and TensorFlow's traced runs)
     across calls; default: the Context's own (:attr:`Context.block_code_cache`).
@@ -50,7 +56,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from autobatch import stackless as stackless_executor
-from autobatch.allocation_strategy import call_graph, reachable
+from autobatch.instructions import call_graph, reachable
 from autobatch.dsl import ProgramBuilder
 from autobatch.errors import ProgramError
 from autobatch.frontend_ast import (
@@ -65,7 +71,7 @@ from autobatch.pipeline import (
 )
 from autobatch.virtual_machine import VirtualMachine
 
-__all__ = ["Context", "BatchedFunction", "Module", "CacheStats", "FrontendError"]
+__all__ = ["Context", "BatchedFunction", "Module", "CacheStats", "FrontendError", "truthy"]
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +106,38 @@ class _Registered:
     type_inference: Optional[Callable]
 
 
-def _default_backend() -> Any:
-    from autobatch.backends.numpy import NumpyBackend
-    return NumpyBackend()
+def _default_backend(args: Sequence[Any] = ()) -> Any:
+    from autobatch.backends.default import default_backend
+    return default_backend(args)
+
+
+#: How many batched compilations or runs are in progress on this thread
+#: (:func:`truthy` leaves values alone while one is).
+_BATCHING = threading.local()
+
+
+def _batching() -> bool:
+    return getattr(_BATCHING, "depth", 0) > 0
+
+
+def truthy(x: Any) -> Any:
+    """A condition usable both batched and in a dry run, as TFP's ``truthy``.
+
+    Batched, an ``if`` condition has a batch dimension (one value per
+    thread), and so it has in a dry run, where the batch is one example: a
+    value of shape ``[1]``, which TensorFlow refuses as a Python ``if``
+    condition ("Non-scalar tensor ... cannot be converted to boolean").
+    Write ``if truthy(x > 0):``: while autobatch compiles or runs a batched
+    call, ``x`` is returned unchanged; otherwise (a dry run, a plain call) a
+    value of shape ``[1]`` becomes its one element (a scalar of the same
+    kind: NumPy or TensorFlow), and any other value is returned unchanged.
+    """
+    if _batching():
+        return x
+    shape = getattr(x, "shape", None)
+    if shape is not None and tuple(shape) == (1,):
+        return x[0]
+    return x
 
 
 def _as_argument(value: Any) -> Any:
@@ -116,7 +151,7 @@ def _as_argument(value: Any) -> Any:
 
 
 def _is_tf_backend(backend: Any) -> bool:
-    return getattr(backend, "name", None) == "tensorflow"
+    return backend.name == "tensorflow"
 
 
 class Context:
@@ -252,8 +287,14 @@ class Context:
         finally:
             setattr(self._local, name, old)
 
-    def _running(self) -> Any:
-        return self._flag("running")
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        _BATCHING.depth = getattr(_BATCHING, "depth", 0) + 1
+        try:
+            with self._flag("running"):
+                yield
+        finally:
+            _BATCHING.depth -= 1
 
     def _dry_running(self) -> Any:
         return self._flag("dry_run")
@@ -315,8 +356,9 @@ class BatchedFunction:
                 f"call it by name in the body of a function batched in the same Context")
         values = [_as_argument(a) for a in self._bind(args, kwargs)]
         if dry_run:
-            return self._dry_run(values, backend)
-        backend = ctx._canonical(backend)
+            return self._dry_run(values)
+        backend = ctx._canonical(backend if backend is not None
+                                 else _default_backend(values))
         name = self.__name__
         if stackless:
             if _is_tf_backend(backend) and not _executing_eagerly():
@@ -337,13 +379,32 @@ class BatchedFunction:
         cache = ctx.block_code_cache if block_code_cache is None else block_code_cache
         with ctx._running():
             vm = VirtualMachine(lowered, backend, max_stack_depth, cache)
-            run_vm = getattr(backend, "run_vm", None)
-            result = run_vm(vm, values, cache) if run_vm is not None else vm.run(values)
+            result = backend.run_vm(vm, values, cache)
         self.last_steps = vm.steps
         return result
 
-    def _dry_run(self, args: List[Any], backend: Any) -> Any:
-        """The plain function on each example; results stacked on axis 0."""
+    def _dry_run(self, args: List[Any]) -> Any:
+        """TFP's dry run: the plain function called directly on ``args``
+        (batch dimension 1 or none), its result returned as it is."""
+        for arg in args:
+            for leaf in pattern_leaves(as_pattern(arg)):
+                shape = tuple(getattr(leaf, "shape", np.shape(leaf)))
+                if shape and shape[0] != 1:
+                    raise ProgramError(
+                        f"dry_run calls {self.__name__!r} directly, on one example: give "
+                        f"arguments with a batch dimension of size 1 (or none), got shape "
+                        f"{shape}; per_example(...) runs a whole batch one example at a "
+                        f"time")
+        with self.context._dry_running():
+            return self.python(*args)
+
+    def per_example(self, *args: Any, backend: Any = None, **kwargs: Any) -> Any:
+        """The plain Python function over a batch, one example after another
+        (size-1 and scalar arguments broadcast), results stacked on axis 0
+        like a batched call's (tensors with a TensorFlow backend, or where an
+        argument is a tensor).  Nothing is compiled; batched functions called
+        inside run plainly too.  An oracle for the batched call."""
+        args = [_as_argument(a) for a in self._bind(args, kwargs)]
         sizes = set()
         for arg in args:
             for leaf in pattern_leaves(arg):
@@ -371,6 +432,7 @@ class BatchedFunction:
             return np.zeros((0,))
         columns = zip(*[pattern_leaves(as_pattern(r)) for r in results])
         stacked = [np.stack([np.asarray(v) for v in column]) for column in columns]
+        backend = backend if backend is not None else _default_backend(args)
         if _is_tf_backend(backend):
             import tensorflow as tf
             stacked = [tf.constant(s) for s in stacked]

@@ -45,11 +45,14 @@ batched executor stores a variable (NULL < TEMPORARY < REGISTER < FULL);
 from __future__ import annotations
 
 import enum
+import numbers
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
+
+from memopt.liveness import FlowNode, Liveness, analyze
 
 from autobatch.errors import ProgramError
 
@@ -64,6 +67,10 @@ __all__ = [
     "Type",
     "VariableAllocation",
     "PrimOp",
+    "prim_op",
+    "single_type",
+    "push_op",
+    "pop_op",
     "FunctionCallOp",
     "PushOp",
     "PopOp",
@@ -76,6 +83,11 @@ __all__ = [
     "Block",
     "Function",
     "Program",
+    "FunctionFlow",
+    "function_flow",
+    "call_graph",
+    "reachable",
+    "check_defined",
 ]
 
 #: A variable name or a nested tuple of them.
@@ -187,6 +199,28 @@ class TensorType:
         return f"{'~' if self.weak else ''}{self.dtype.name}[{dims}]"
 
 
+def numpy_type_of(value: Any, batch_size: int) -> TensorType:
+    """The per-thread type of a NumPy value a primop returned for
+    ``batch_size`` threads.
+
+    A constant (no batch dimension: a Python scalar, a NumPy scalar, a 0-d
+    array) has a *weak* type: where its variable is also written with, or
+    declared as, another dtype of a compatible kind, the constant takes that
+    dtype (TFP types constants by the dtype their variable prefers).  An
+    array's leading dimension must be ``batch_size`` (TypeError otherwise).
+    """
+    if isinstance(value, (bool, numbers.Number)) and not isinstance(value, np.generic):
+        return TensorType(np.asarray(value).dtype, (), weak=True)
+    array = np.asarray(value)
+    if array.ndim == 0:
+        return TensorType(array.dtype, (), weak=True)
+    if array.shape[0] != batch_size:
+        raise TypeError(f"a primop returned an array of shape {array.shape} for "
+                        f"{batch_size} thread(s); outputs must have the batch "
+                        f"dimension first, or be scalars")
+    return TensorType(array.dtype, array.shape[1:])
+
+
 @dataclass(frozen=True)
 class Type:
     """The type of a variable: a :class:`TensorType` or a nested tuple of them."""
@@ -194,6 +228,8 @@ class Type:
     tensors: Any
 
     def __post_init__(self) -> None:
+        # TFP writes patterns with lists too: they are structure, as tuples.
+        object.__setattr__(self, "tensors", as_pattern(self.tensors))
         for leaf in pattern_leaves(self.tensors):
             if not isinstance(leaf, TensorType):
                 raise TypeError(f"Type leaves must be TensorType, got {leaf!r}")
@@ -211,6 +247,11 @@ class Type:
 
     def __str__(self) -> str:
         return format_pattern(pattern_map(str, self.tensors))
+
+
+def single_type(dtype: Any, shape: Sequence[int]) -> Type:
+    """TFP's ``single_type``: the Type of one tensor."""
+    return Type(TensorType(dtype, tuple(shape)))
 
 
 class VariableAllocation(enum.IntEnum):
@@ -317,6 +358,7 @@ class PrimOp(_Assignment):
 
     def __post_init__(self) -> None:
         self.vars_in = _names(self.vars_in)
+        self.vars_out = as_pattern(self.vars_out)
 
     def __str__(self) -> str:
         label = self.name or describe_function(self.function)
@@ -396,6 +438,33 @@ class PopOp(_FrameOp):
 
 
 Instruction = Union[PrimOp, FunctionCallOp, CopyOp, PushOp, PopOp]
+
+
+# TFP's helper names (tfp.experimental.auto_batching.instructions).
+
+def prim_op(vars_in: Sequence[str], vars_out: Pattern, function: Callable[..., Any],
+            skip_push_mask: Any = None) -> PrimOp:
+    """TFP's ``prim_op``: a :class:`PrimOp`.  ``skip_push_mask`` (TFP's hint
+    to its stack optimization) is accepted and not needed: the allocation
+    strategy decides what is saved across calls from liveness."""
+    return PrimOp(vars_in, vars_out, function)
+
+
+def push_op(vars_in: Pattern, vars_out: Pattern) -> PrimOp:
+    """TFP's ``push_op``: despite the name, an instruction that copies the
+    values of ``vars_in`` into ``vars_out`` (a pattern of the same shape); in
+    TFP's VM a write to a stacked variable pushes.  Here the copy is a
+    :class:`PrimOp`, as in TFP; what is saved on a stack is the allocation
+    strategy's choice (:class:`PushOp` is the lowered, explicit save)."""
+    def assign(*values: Any) -> Any:
+        return values if len(values) != 1 or isinstance(as_pattern(vars_out), tuple) \
+            else values[0]
+    return PrimOp(_names(pattern_leaves(as_pattern(vars_in))), vars_out, assign, name="copy")
+
+
+def pop_op(vars: Sequence[str]) -> "PopOp":
+    """TFP's ``PopOp(vars)``, as a function: restore ``vars`` from the stack."""
+    return PopOp(_names(pattern_leaves(as_pattern(vars))))
 
 
 # -- terminators -----------------------------------------------------------------
@@ -663,3 +732,89 @@ class Program:
 
     def __str__(self) -> str:
         return self.format()
+
+
+# -- flow facts the passes share -----------------------------------------------------
+# Here, beside the IR, so that every pass (type_inference, allocation_strategy,
+# lowering) imports only this module (and memopt.liveness), never another pass.
+
+@dataclass
+class FunctionFlow:
+    """One function as a flow graph for :func:`memopt.liveness.analyze`.
+
+    ``positions[i]`` is ``(block name, k)`` for node ``i``: the ``k``-th
+    instruction of that block, or its terminator where ``k`` equals the
+    number of instructions.  ``block_start[name]`` is the block's first node.
+    """
+
+    function: Function
+    nodes: List[FlowNode]
+    positions: List[Tuple[str, int]]
+    block_start: Dict[str, int]
+    liveness: Liveness
+
+    def node(self, block: str, k: int) -> int:
+        """The node index of the ``k``-th instruction (or terminator) of ``block``."""
+        return self.block_start[block] + k
+
+
+def function_flow(fn: Function) -> FunctionFlow:
+    """Build ``fn``'s flow graph and its liveness.
+
+    A call is one node that reads its arguments and writes its results; a
+    ``return`` reads what it returns and has no successor.
+    """
+    block_start: Dict[str, int] = {}
+    positions: List[Tuple[str, int]] = []
+    for block in fn.blocks:
+        block_start[block.name] = len(positions)
+        positions.extend((block.name, k) for k in range(len(block.instructions) + 1))
+    nodes: List[FlowNode] = []
+    for block in fn.blocks:
+        for k, op in enumerate(block.instructions):
+            nodes.append(FlowNode(op.reads, op.writes, (block_start[block.name] + k + 1,)))
+        term = block.terminator
+        if term is None:
+            raise ProgramError(f"function {fn.name!r}, block {block.name!r} has no terminator")
+        succ = tuple(dict.fromkeys(block_start[t] for t in term.targets))
+        nodes.append(FlowNode(term.reads, (), succ))
+    liveness = analyze(nodes, live_at_exit=(), entry=0)
+    return FunctionFlow(fn, nodes, positions, block_start, liveness)
+
+
+def call_graph(program: Program) -> Dict[str, List[str]]:
+    """``{function: sorted callees}`` for every function of ``program``."""
+    return {fn.name: fn.callees() for fn in program.functions}
+
+
+def reachable(graph: Dict[str, List[str]], start: str) -> Set[str]:
+    """Functions reachable from ``start`` by calls, ``start`` included."""
+    seen = {start}
+    todo = [start]
+    while todo:
+        for callee in graph.get(todo.pop(), ()):
+            if callee not in seen:
+                seen.add(callee)
+                todo.append(callee)
+    return seen
+
+
+def check_defined(flow: FunctionFlow) -> None:
+    """Raise ProgramError for a variable that may be read before it is written.
+
+    Such a variable is live on entry to the function without being a
+    parameter.
+    """
+    fn = flow.function
+    if not flow.nodes:
+        return
+    undefined = sorted(set(flow.liveness.live_in(0)) - set(fn.params))
+    if undefined:
+        var = undefined[0]
+        readers = [f"{b}" for i, (b, k) in enumerate(flow.positions)
+                   if var in flow.nodes[i].reads]
+        raise ProgramError(
+            f"function {fn.name!r}: variable {var!r} may be read before it is "
+            f"written (read in block(s) {sorted(set(readers))}); assign it on every "
+            f"path first" + (f" (also undefined: {undefined[1:]})" if len(undefined) > 1
+                             else ""))

@@ -41,11 +41,11 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from memopt.liveness import FlowNode, analyze
 
-from autobatch.allocation_strategy import call_graph, function_flow, reachable
 from autobatch.errors import ProgramError
 from autobatch.instructions import (
     Block, BranchOp, CopyOp, FunctionCallOp, GotoOp, IndirectGotoOp, PopOp, PrimOp,
-    Program, PushGotoOp, PushOp, ReturnOp, Type, VariableAllocation, pattern_map,
+    Program, PushGotoOp, PushOp, ReturnOp, Type, VariableAllocation, call_graph,
+    function_flow, pattern_map, reachable,
 )
 
 __all__ = ["LoweredProgram", "lower", "return_register"]

@@ -40,8 +40,7 @@ __all__ = ["DEFAULT_MAX_STACK_DEPTH", "Pipeline", "Compiled", "CacheStats", "typ
 
 def backend_key(backend: Any) -> Any:
     """What makes two backend objects interchangeable for compiled code."""
-    config = getattr(backend, "_config", None)
-    return (type(backend), config() if callable(config) else None)
+    return backend.cache_key()
 
 
 def typed(program: Program, sig: Optional[Sequence[Any]], backend: Any = None) -> Program:
@@ -83,7 +82,7 @@ class Compiled:
 
     def engine(self, backend: Any) -> str:
         """``"fused"`` or ``"vm"``: what runs this program on ``backend``."""
-        if getattr(backend, "fused_loops", False) and self.fused is not None:
+        if backend.fused_loops and self.fused is not None:
             return "fused"
         return "vm"
 

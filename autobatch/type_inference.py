@@ -31,11 +31,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from autobatch.allocation_strategy import call_graph, check_defined, function_flow, reachable
 from autobatch.errors import ProgramError, TypeInferenceError
 from autobatch.instructions import (
     BranchOp, CopyOp, FunctionCallOp, Function, PrimOp, Program, ReturnOp, TensorType,
-    Type, as_pattern, bind_pattern, pattern_map, pattern_unflatten,
+    Type, as_pattern, bind_pattern, call_graph, check_defined, function_flow, pattern_map,
+    numpy_type_of, pattern_unflatten, reachable,
 )
 
 __all__ = ["infer_types", "merge_types", "as_type", "type_of_value"]
@@ -57,7 +57,7 @@ def _merge_leaf(a: TensorType, b: TensorType, what: str) -> TensorType:
         return TensorType(dtype, a.shape, weak=True)
     if a.weak or b.weak:
         weak, strong = (a, b) if a.weak else (b, a)
-        fits = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}
+        fits = {"b": "biufc", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}
         if strong.dtype.kind in fits.get(weak.dtype.kind, ""):
             return strong
         raise TypeInferenceError(f"{what} is a Python {weak.dtype.kind!r}-kind constant in "
@@ -108,6 +108,23 @@ def type_of_value(value: Any, backend: Any, batch_size: int) -> Type:
     def leaf(v: Any) -> TensorType:
         return backend.type_of(v, batch_size)
     return Type(pattern_map(leaf, as_pattern(value)))
+
+
+class _NumpyPlaceholders:
+    """What type inference needs of a backend, on NumPy (the default; the
+    passes import no backend)."""
+
+    @staticmethod
+    def placeholder(tensor_type: TensorType, batch_size: int) -> np.ndarray:
+        return np.zeros((batch_size,) + tensor_type.shape, dtype=tensor_type.dtype)
+
+    @staticmethod
+    def type_of(value: Any, batch_size: int) -> TensorType:
+        return numpy_type_of(value, batch_size)
+
+    @staticmethod
+    def run_on_dummies(function: Any, inputs: Sequence[Any]) -> Any:
+        return function(*inputs)
 
 
 class _Inference:
@@ -163,7 +180,7 @@ class _Inference:
         inputs = [pattern_map(self.placeholder, t.tensors) for t in types]
         try:
             with np.errstate(all="ignore"):
-                out = op.function(*inputs)
+                out = self.backend.run_on_dummies(op.function, inputs)
             typ = type_of_value(out, self.backend, 1)
         except TypeInferenceError:
             raise
@@ -179,7 +196,10 @@ class _Inference:
         env = self.vars[fn.name]
         if fn.type_inference is not None and None not in self.params[fn.name]:
             try:
-                declared = as_type(fn.type_inference(list(self.params[fn.name])))
+                # As TFP: a list of TensorType patterns (.dtype, .shape), one per
+                # parameter.
+                declared = as_type(fn.type_inference(
+                    [t.strong().tensors for t in self.params[fn.name]]))
             except Exception as exc:
                 raise TypeInferenceError(f"type_inference of function {fn.name!r} failed "
                                          f"on {[str(t) for t in self.params[fn.name]]}: "
@@ -251,8 +271,7 @@ def infer_types(program: Program, arg_types: Sequence[Any], backend: Any = None)
     ProgramError : a variable read before it is written.
     """
     if backend is None:
-        from autobatch.backends.numpy import NumpyBackend
-        backend = NumpyBackend()
+        backend = _NumpyPlaceholders()
     program.validate()
     in_use = reachable(call_graph(program), program.main)
     for fn in program.functions:

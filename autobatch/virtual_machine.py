@@ -36,6 +36,7 @@ back only where it is live after the block (``LoweredProgram.live_out``).
 from __future__ import annotations
 
 import logging
+import numbers
 import re
 from collections import Counter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -588,9 +589,8 @@ class VirtualMachine:
         backend = self.backend
         state, batch = self.initial_state(args)
         out_keys = self.register_keys[self.lowered.output]
-        phases = backend.phase_sizes(batch, self.lowered) \
-            if batch and hasattr(backend, "phase_sizes") else []
-        if batch and getattr(backend, "compaction", False):
+        phases = backend.phase_sizes(batch, self.lowered) if batch else []
+        if batch and backend.compaction:
             state, outputs = self._run_compacting(state)
         elif phases:
             state, outputs = self._run_phases(state, batch, phases)
@@ -706,9 +706,13 @@ def execute(program: Any, args: Sequence[Any], backend: Any = None,
     args : one value per parameter of main, each with a leading batch
         dimension (all the same size); a leaf without it, or with size 1, is
         broadcast to every thread.  Tuples for tuple-typed parameters.
-    backend : default :class:`~autobatch.backends.numpy.NumpyBackend`.
+    backend : default :func:`autobatch.backends.default.default_backend` (TensorFlow's
+        where an argument is a TensorFlow tensor, else NumPy's).
     max_stack_depth : the most calls pending at once per thread.
     block_code_cache : see :class:`VirtualMachine`.
+
+    TFP's argument order, ``execute(program, args, max_stack_depth,
+    backend)``, is accepted too (an int in ``backend``'s place is the depth).
 
     Returns
     -------
@@ -718,10 +722,14 @@ def execute(program: Any, args: Sequence[Any], backend: Any = None,
     ------
     StackOverflowError : a thread needs more than ``max_stack_depth`` pending calls.
     """
+    if isinstance(backend, numbers.Integral) and not isinstance(backend, bool):
+        # TFP's order: execute(program, args, max_stack_depth, backend)
+        backend, max_stack_depth = (None if isinstance(max_stack_depth, numbers.Integral)
+                                    else max_stack_depth), int(backend)
     if backend is None:
-        from autobatch.backends.numpy import NumpyBackend
-        backend = NumpyBackend()
+        from autobatch.backends.default import default_backend
+        backend = default_backend(args)
     if isinstance(program, Program):
         program = prepare(program, argument_types(args, backend), backend)
     vm = VirtualMachine(program, backend, max_stack_depth, block_code_cache)
-    return vm.run(args)
+    return backend.run_vm(vm, args, block_code_cache)

@@ -1,1 +1,2 @@
-"""Backends of the batched VM: NumPy (:mod:`.numpy`) and TensorFlow (:mod:`.tf`)."""
+"""Backends of the batched VM: NumPy (:mod:`.numpy`) and TensorFlow (:mod:`.tf`);
+:mod:`.default` picks one for a call's arguments."""

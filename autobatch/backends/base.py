@@ -47,13 +47,20 @@ threads:     ``select``, ``read``, ``write``, ``read_frame``, ``write_frame``,
 control:     ``reduce_min``, ``check``, ``while_loop``, ``switch_case``,
              ``wrap_block``
 
-Optional: a backend whose arrays may change shape between steps sets
+Optional abilities are declared here, on the base class, with defaults
+that mean "not offered" (the executors read them directly, never probe with
+``getattr``/``hasattr``): ``compaction``, ``fused_loops``, ``phase_sizes``,
+``run_vm``, ``run_on_dummies``, ``cache_key``, ``wrap_block``,
+``while_loop``, ``switch_case``; ``tests/autobatch/test_backend_conformance.py``
+checks every backend against them.
+
+A backend whose arrays may change shape between steps sets
 ``compaction = True`` and provides ``running_threads(pc, halt) ->
 (selection, count)`` and ``take_threads(array, selection, axis)``; the VM
 then drops halted threads from every array once at most half still run
 (see :meth:`autobatch.virtual_machine.VirtualMachine._run_compacting`).
-A backend of static shapes (XLA) may instead provide ``phase_sizes(batch,
-lowered) -> sizes``, ``more_running``, ``pack_running``, ``inert_rows``,
+A backend of static shapes (XLA) may instead override ``phase_sizes(batch,
+lowered) -> sizes`` and provide ``more_running``, ``pack_running``, ``inert_rows``,
 ``take_rows``, ``put_rows`` and ``is_storage``: the VM then packs the running
 threads into arrays of each size in turn as threads halt (see
 :meth:`~autobatch.virtual_machine.VirtualMachine._run_phases`).
@@ -61,7 +68,9 @@ threads into arrays of each size in turn as threads halt (see
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from autobatch.instructions import TensorType
 
@@ -82,6 +91,19 @@ class Backend(abc.ABC):
     #: Whether a program without calls may run as one fused loop
     #: (:mod:`autobatch.fused`, generated NumPy) instead of on the VM.
     fused_loops: bool = False
+
+    def cache_key(self) -> Tuple[Any, ...]:
+        """What makes two backend objects interchangeable for compiled code
+        (equal keys: code compiled for one serves the other).  Here the
+        class; a backend with settings adds them."""
+        return (type(self),)
+
+    def phase_sizes(self, batch: int, lowered: Any) -> List[int]:
+        """Row counts a backend of static shapes packs the running threads
+        into as they halt (see the module doc); none here.  A backend that
+        returns sizes provides ``more_running``, ``pack_running``,
+        ``inert_rows``, ``take_rows``, ``put_rows`` and ``is_storage``."""
+        return []
 
     # -- storage ------------------------------------------------------------------------
     @abc.abstractmethod
@@ -121,6 +143,13 @@ class Backend(abc.ABC):
     def placeholder(self, tensor_type: TensorType, batch_size: int) -> Any:
         """A value of ``tensor_type`` for ``batch_size`` threads to run primops
         on during type inference (zeros)."""
+
+    def run_on_dummies(self, function: Callable[..., Any], inputs: Sequence[Any]) -> Any:
+        """``function(*inputs)`` on :meth:`placeholder` values (type inference
+        runs every primop so, to learn its outputs' types).  A backend whose
+        surrounding context changes what operators mean (TensorFlow's TF1
+        graphs) runs it as the batched run will."""
+        return function(*inputs)
 
     # -- threads -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -207,6 +236,36 @@ class Backend(abc.ABC):
     def wrap_block(self, function: Callable[[dict], dict], name: str) -> Callable[[dict], dict]:
         """Hook to compile one block's code (``tf.function``, say); identity here."""
         return function
+
+    # -- TFP's backend helpers ------------------------------------------------------------
+    def full_mask(self, size: int) -> Any:
+        """A boolean array of ``size`` True values (TFP's ``full_mask``)."""
+        return self.fill(TensorType(np.bool_, ()), size, True)
+
+    def merge_dtypes(self, dt1: Any, dt2: Any) -> Any:
+        """The dtype covering ``dt1`` and ``dt2`` (None: unknown), as TFP's
+        TensorFlow backend: equal dtypes, else ValueError.  (Type inference
+        itself also lets Python constants take their variable's dtype.)"""
+        if dt1 is None or dt2 is None:
+            return dt1 if dt2 is None else dt2
+        if np.dtype(dt1) != np.dtype(dt2):
+            raise ValueError(f"Mismatched dtypes {np.dtype(dt1)} vs {np.dtype(dt2)}")
+        return np.dtype(dt1)
+
+    def merge_shapes(self, s1: Any, s2: Any) -> Any:
+        """The broadcast of shapes ``s1`` and ``s2`` (None: unknown), as TFP's
+        backends; ValueError where they are not broadcast-compatible."""
+        if s1 is None or s2 is None:
+            return s1 if s2 is None else s2
+        return tuple(np.broadcast_shapes(tuple(s1), tuple(s2)))
+
+    # -- whole runs ------------------------------------------------------------------------
+    def run_vm(self, vm: Any, args: Sequence[Any], cache: Optional[dict] = None) -> Any:
+        """Run ``vm`` (a VirtualMachine built with this backend) over ``args``
+        and return main's value; ``vm.steps`` is set.  Here: ``vm.run(args)``.
+        A backend that compiles whole runs (TensorFlow's graph and XLA modes)
+        overrides this; ``cache`` is where it may keep the compiled run."""
+        return vm.run(args)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

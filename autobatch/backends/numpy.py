@@ -10,13 +10,12 @@ O(batch^2).
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any, Callable, Tuple
 
 import numpy as np
 
 from autobatch.backends.base import Backend
-from autobatch.instructions import TensorType
+from autobatch.instructions import TensorType, numpy_type_of
 
 __all__ = ["NumpyBackend", "MaskedNumpyBackend"]
 
@@ -53,19 +52,17 @@ class NumpyBackend(Backend):
 
     # -- types -----------------------------------------------------------------------
     def type_of(self, value: Any, batch_size: int) -> TensorType:
-        if isinstance(value, (bool, numbers.Number)) and not isinstance(value, np.generic):
-            return TensorType(np.asarray(value).dtype, (), weak=True)
-        array = np.asarray(value)
-        if array.ndim == 0:
-            return TensorType(array.dtype, ())
-        if array.shape[0] != batch_size:
-            raise TypeError(f"a primop returned an array of shape {array.shape} for "
-                            f"{batch_size} thread(s); outputs must have the batch "
-                            f"dimension first, or be scalars")
-        return TensorType(array.dtype, array.shape[1:])
+        return numpy_type_of(value, batch_size)
 
     def placeholder(self, tensor_type: TensorType, batch_size: int) -> np.ndarray:
         return np.zeros((batch_size,) + tensor_type.shape, dtype=tensor_type.dtype)
+
+    def merge_dtypes(self, dt1: Any, dt2: Any) -> Any:
+        """As TFP's NumPy backend: the promoted dtype (int32 and int64 give
+        int64)."""
+        if dt1 is None or dt2 is None:
+            return dt1 if dt2 is None else dt2
+        return np.promote_types(dt1, dt2)
 
     # -- threads -------------------------------------------------------------------------
     def select(self, pc: np.ndarray, block: int) -> np.ndarray:

@@ -135,6 +135,20 @@ def _run_as_function(outputs: Any, op_types: Tuple[str, ...]) -> None:
         op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
 
 
+def _in_xla_context(graph: Any) -> bool:
+    """Whether ``graph`` (or a graph it is nested in) is being built for XLA
+    (a ``tf.function(jit_compile=True)``)."""
+    from tensorflow.python.ops import control_flow_util
+    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
+
+
+def _legacy_graph(graph: Any) -> bool:
+    """Whether ``graph`` is built as TF1 code (a ``tf.compat.v1.Graph``, not
+    a function), where ``==`` on tensors compares identity."""
+    return not tf.executing_eagerly() and not getattr(graph, "building_function", False) \
+        and not tf.compat.v1.executing_eagerly_outside_functions()
+
+
 def _is_variable(value: Any) -> bool:
     return tf.is_tensor(value) and value.dtype == tf.resource
 
@@ -289,6 +303,9 @@ class TensorFlowBackend(Backend):
         others), else ``"gather"``.
     compile_blocks : eager mode only: run each block as one traced graph
         (default True) instead of op by op.
+    safety_checks : TFP's switch (default True): False drops the
+        stack-overflow checks; an overflowing thread's result is then wrong
+        and nothing says so.
 
     Two backends with the same settings are equal (and hash alike), so
     compiled code cached for one is reused by the other.
@@ -297,7 +314,7 @@ class TensorFlowBackend(Backend):
     name = "tensorflow"
 
     def __init__(self, mode: str = "graph", selection: Optional[str] = None,
-                 compile_blocks: bool = True) -> None:
+                 compile_blocks: bool = True, safety_checks: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"TensorFlowBackend mode must be one of {MODES}, got {mode!r}")
         if selection is None:
@@ -315,11 +332,18 @@ class TensorFlowBackend(Backend):
         self.mode = mode
         self.selection = selection
         self.compile_blocks = bool(compile_blocks)
+        #: TFP's switch: False drops the stack-overflow checks (a thread that
+        #: overflows then computes garbage, unreported).
+        self.safety_checks = bool(safety_checks)
         #: Storage is whole-batch and written under a mask or a bucket.
         self.masked = selection in ("mask", "bucket", "auto")
         #: While tracing one bucket's branch of a block: its size.
         self._bucket: Optional[int] = None
         self._variables = mode == "graph" and not self.masked
+        #: Whether the graph being built may hold resource variables: False
+        #: in a user's TF1 graph (no automatic control dependencies order the
+        #: variable reads and writes) and under a user's XLA.
+        self._variables_ok = True
         #: VM steps per pass of the graph's while loop, for programs whose
         #: values are all scalars per thread (see :meth:`_graph_run`).
         self.unroll = 2 if mode == "xla" else 1
@@ -337,7 +361,11 @@ class TensorFlowBackend(Backend):
 
     # -- identity -------------------------------------------------------------------
     def _config(self) -> Tuple[Any, ...]:
-        return (type(self), self.mode, self.selection, self.compile_blocks)
+        return (type(self), self.mode, self.selection, self.compile_blocks,
+                self.safety_checks)
+
+    def cache_key(self) -> Tuple[Any, ...]:
+        return self._config()
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, TensorFlowBackend) and self._config() == other._config()
@@ -408,7 +436,7 @@ class TensorFlowBackend(Backend):
     def _in_variables(self) -> bool:
         """Whether storage made now lives in resource variables (graph mode,
         gathering, while tracing)."""
-        return self._variables and not tf.executing_eagerly()
+        return self._variables and self._variables_ok and not tf.executing_eagerly()
 
     def _maybe_variable(self, array: tf.Tensor) -> Any:
         """``array``, or (graph mode, gathering, inside a graph) a new anonymous
@@ -438,13 +466,25 @@ class TensorFlowBackend(Backend):
         else:
             array = np.asarray(value)
             shape, dtype = array.shape, array.dtype
-        if len(shape) == 0:
-            return TensorType(dtype, ())
+        if len(shape) == 0:  # a constant: takes its variable's dtype (see numpy_type_of)
+            return TensorType(dtype, (), weak=True)
         if shape[0] != batch_size or None in shape[1:]:
             raise TypeError(f"a primop returned a value of shape {shape} for {batch_size} "
                             f"thread(s); outputs must have the batch dimension first, or "
                             f"be scalars, and a static shape per thread")
         return TensorType(dtype, shape[1:])
+
+    def run_on_dummies(self, function: Callable[..., Any], inputs: Sequence[Any]) -> Any:
+        """``function(*inputs)``; in a TF1 graph, as TF2 code (eagerly), so
+        that type inference sees what the run (traced as TF2 code, see
+        :meth:`_run_in_users_graph`) computes: ``==`` on tensors is
+        elementwise there, identity in TF1 graphs."""
+        if _legacy_graph(tf.compat.v1.get_default_graph()):
+            with context.eager_mode():
+                inputs = tf.nest.map_structure(
+                    lambda v: tf.ones(v.shape, v.dtype) if tf.is_tensor(v) else v, inputs)
+                return function(*inputs)
+        return function(*inputs)
 
     def placeholder(self, tensor_type: TensorType, batch_size: int) -> tf.Tensor:
         """Ones, not zeros: TensorFlow raises on an integer division by zero
@@ -687,7 +727,10 @@ class TensorFlowBackend(Backend):
 
     def check(self, ok: Any, selection: Any, make_error: Callable[[], Exception]) -> None:
         """Eagerly: raise now.  In a graph: record the check; the block wrapper
-        (:meth:`wrap_block`) turns it into the loop state's error code."""
+        (:meth:`wrap_block`) turns it into the loop state's error code.  No
+        check at all with ``safety_checks=False``."""
+        if not self.safety_checks:
+            return
         ok = tf.convert_to_tensor(ok)
         if isinstance(selection, _Bucket):
             selection = selection.valid
@@ -827,21 +870,92 @@ class TensorFlowBackend(Backend):
         the same shapes and dtypes neither traces nor compiles again.
         Sets ``vm.steps``.
         """
-        if self.mode == "eager" or not tf.executing_eagerly():
+        if not tf.executing_eagerly():
+            return self._run_in_users_graph(vm, args, cache)
+        if self.mode == "eager":
             result = vm.run(args)
-            vm.steps = int(vm.steps) if tf.executing_eagerly() else vm.steps
+            vm.steps = int(vm.steps)
             return result
+        inputs = [self._as_tensor(a) for a in args]
+        result, steps, error = self._compiled_run(vm, cache)(*inputs)
+        raise_for_error_code(error)
+        vm.steps = int(steps)
+        return result
+
+    def _run_in_users_graph(self, vm: Any, args: Sequence[Any],
+                            cache: Optional[dict]) -> Any:
+        """Build the run into the graph the caller is building: a TF1
+        ``tf.compat.v1.Graph``, the user's own ``tf.function``, or one with
+        ``jit_compile=True``.
+
+        - Graph and XLA modes call their compiled run (the ``tf.function`` of
+          :meth:`_graph_run`, cached as when called eagerly) from the user's
+          graph: a function call op, whose body orders its own variable
+          reads and writes (a TF1 graph has no automatic control
+          dependencies) and is compiled by XLA in XLA mode.
+        - Under the user's XLA (``jit_compile``) resource variables cannot
+          be created and shapes must be static: the run is built inline with
+          masks and buckets (a gathering backend hands it to a twin of mode
+          ``"xla"``).  Eager mode builds the run inline in a user's
+          ``tf.function`` too; in a TF1 graph it calls a compiled run as the
+          other modes do (built inline there, TF1's control flow never
+          finished the loop of ``examples.even_odd``).
+        - A failed check (stack overflow) cannot raise while the graph is
+          built: the results then depend on a ``tf.debugging.Assert`` whose
+          message is the engine's error (raised as
+          ``tf.errors.InvalidArgumentError`` when the graph runs).  XLA drops
+          assertions: under the user's ``jit_compile`` a stack overflow stops
+          the run silently (the overflowing threads' results are wrong);
+          call ``TensorFlowBackend("xla")`` outside the user's ``jit_compile``
+          to have it raised.
+        """
+        graph = tf.compat.v1.get_default_graph()
+        in_xla = _in_xla_context(graph)
+        if in_xla and not self.masked:
+            twin = TensorFlowBackend("xla")
+            twin_vm = type(vm)(vm.lowered, twin, vm.max_stack_depth, cache)
+            result = twin._run_in_users_graph(twin_vm, args, cache)
+            vm.steps = twin_vm.steps
+            return result
+        from tensorflow.python.framework.func_graph import FuncGraph
+        if in_xla or (self.mode == "eager" and isinstance(graph, FuncGraph)):
+            saved = self._variables_ok
+            self._variables_ok = False
+            self._final_error = tf.constant(0)
+            self._stack_frames.clear()
+            try:
+                result = vm.run(list(args))
+            finally:
+                self._variables_ok = saved
+            error, self._final_error = self._final_error, None
+            if in_xla:
+                return result
+        else:
+            inputs = [self._as_tensor(a) for a in args]
+            run = self._compiled_run(vm, cache)
+            if _legacy_graph(graph):
+                # TF1 graph semantics (``==`` on tensors is identity) would
+                # reach the primops: trace the run as TF2 code, call it here.
+                specs = tf.nest.map_structure(tf.TensorSpec.from_tensor, inputs)
+                with context.eager_mode():
+                    run = run.get_concrete_function(*specs)
+            result, vm.steps, error = run(*inputs)
+        messages = tf.constant([""] + [f"{type(e).__name__}: {e}"
+                                       for e in (make() for make in _ERROR_MAKERS)])
+        ok = tf.debugging.Assert(tf.equal(error, 0), [tf.gather(messages, error)])
+        with tf.control_dependencies([ok]):
+            return tf.nest.map_structure(tf.identity, result)
+
+    def _compiled_run(self, vm: Any, cache: Optional[dict]) -> Callable[..., Any]:
+        """The ``tf.function`` running ``vm`` (:meth:`_graph_run`), from
+        ``cache`` when it holds one for the same program, depth and backend."""
         key = ("tf-run", vm.lowered, vm.max_stack_depth, self)
         run = cache.get(key) if cache is not None else None
         if run is None:
             run = self._graph_run(vm)
             if cache is not None:
                 cache[key] = run
-        inputs = [self._as_tensor(a) for a in args]
-        result, steps, error = run(*inputs)
-        raise_for_error_code(error)
-        vm.steps = int(steps)
-        return result
+        return run
 
     def _graph_run(self, vm: Any) -> Callable[..., Any]:
         backend = self

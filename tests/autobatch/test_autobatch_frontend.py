@@ -644,7 +644,7 @@ def test_condition_with_more_than_one_value_per_thread_is_explained():
 
 # -- dry run -------------------------------------------------------------------------------------------
 
-def test_dry_run_calls_the_plain_function_per_example():
+def test_per_example_calls_the_plain_function_per_example():
     calls = []
     ctx = autobatch.Context()
 
@@ -658,19 +658,19 @@ def test_dry_run_calls_the_plain_function_per_example():
             return countdown(n - 1)
         return n
 
-    out = countdown(np.array([2, 0, 3]), dry_run=True)
+    out = countdown.per_example(np.array([2, 0, 3]))
     assert_same(out, [0, 0, 0])
     assert calls == [2, 1, 0, 0, 3, 2, 1, 0]  # one example after another, plainly
     assert ctx.stats.compilations == 0  # nothing was compiled
-    assert_same(countdown(np.int64(4), dry_run=True), [0])
+    assert_same(countdown.per_example(np.int64(4)), [0])
 
 
-def test_dry_run_of_tuples_and_mismatched_batches():
-    g, steps = P.gcd((np.array([12, 7]), np.array([8, 7])), dry_run=True)
+def test_per_example_of_tuples_and_mismatched_batches():
+    g, steps = P.gcd.per_example((np.array([12, 7]), np.array([8, 7])))
     assert_same(g, [4, 7])
     assert_same(steps, [2, 1])
     with pytest.raises(ProgramError, match="different batch sizes"):
-        P.gcd((np.arange(2), np.arange(3)), dry_run=True)
+        P.gcd.per_example((np.arange(2), np.arange(3)))
 
 
 # -- Context API and caching --------------------------------------------------------------------

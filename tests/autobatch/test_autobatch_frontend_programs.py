@@ -101,4 +101,4 @@ def nuts(x):
 def plain(batched, *args):
     """The plain Python function over every example (size-1 and scalar
     arguments broadcast), results stacked like the batched ones."""
-    return batched(*args, dry_run=True)
+    return batched.per_example(*args)

@@ -157,7 +157,7 @@ def test_second_call_does_not_trace_again(tfb, tf):
     for mode in ("graph", "xla"):
         backend = tfb.TensorFlowBackend(mode)
         before = backend.trace_count
-        assert_same(halve_until_odd(n, backend=backend), halve_until_odd(n, dry_run=True))
+        assert_same(halve_until_odd(n, backend=backend), halve_until_odd.per_example(n))
         assert backend.trace_count - before == 1, mode
         halve_until_odd(n + 1, backend=backend)
         halve_until_odd(n, backend=tfb.TensorFlowBackend(mode))  # an equal backend
@@ -191,8 +191,8 @@ def test_called_inside_a_users_tf_function(tfb, tf):
     assert_same(twice(tf.constant(FIB_N)), 2 * P.plain(P.fib, FIB_N))
 
 
-def test_dry_run_gives_tensors(tfb, tf):
-    out = P.fib(FIB_N, backend=tfb.TensorFlowBackend(), dry_run=True)
+def test_per_example_gives_tensors(tfb, tf):
+    out = P.fib.per_example(FIB_N, backend=tfb.TensorFlowBackend())
     assert tf.is_tensor(out)
     assert_same(out, P.plain(P.fib, FIB_N))
 
