@@ -195,6 +195,36 @@ def _shape(fn: Function) -> _Shape:
                   live_in, live_out)
 
 
+def _join(shape: _Shape, name: str, targets: Dict[str, Any]) -> str:
+    """The nearest post-dominator of block ``name`` where blocks of
+    ``targets`` and returns lead out (``_EXIT``: none)."""
+    nodes: List[str] = []
+    todo = [name]
+    succ: Dict[str, Tuple[str, ...]] = {}
+    while todo:
+        b = todo.pop()
+        if b in succ:
+            continue
+        out = tuple(_EXIT if s in targets else s for s in shape.succ[b])
+        succ[b] = out or (_EXIT,)
+        nodes.append(b)
+        todo.extend(s for s in succ[b] if s != _EXIT)
+    everything = set(nodes) | {_EXIT}
+    pdom = {b: set(everything) for b in nodes}
+    pdom[_EXIT] = {_EXIT}
+    changed = True
+    while changed:
+        changed = False
+        for b in nodes:
+            new = set.intersection(*(pdom[s] for s in succ[b])) | {b}
+            if new != pdom[b]:
+                pdom[b], changed = new, True
+    strict = pdom[name] - {name}
+    if not strict:
+        return _EXIT
+    return max(strict, key=lambda p: len(pdom[p]))
+
+
 # -- code generation ---------------------------------------------------------------------------
 
 class _Emitter:
@@ -407,34 +437,8 @@ class _Emitter:
             self.path(target, targets, active)
             self.indent -= 1
 
-    def join(self, name: str, targets: Dict[str, str]) -> str:
-        """The nearest post-dominator of block ``name`` where blocks of
-        ``targets`` and returns lead out (``_EXIT``: none)."""
-        nodes: List[str] = []
-        todo = [name]
-        succ: Dict[str, Tuple[str, ...]] = {}
-        while todo:
-            b = todo.pop()
-            if b in succ:
-                continue
-            out = tuple(_EXIT if s in targets else s for s in self.shape.succ[b])
-            succ[b] = out or (_EXIT,)
-            nodes.append(b)
-            todo.extend(s for s in succ[b] if s != _EXIT)
-        everything = set(nodes) | {_EXIT}
-        pdom = {b: set(everything) for b in nodes}
-        pdom[_EXIT] = {_EXIT}
-        changed = True
-        while changed:
-            changed = False
-            for b in nodes:
-                new = set.intersection(*(pdom[s] for s in succ[b])) | {b}
-                if new != pdom[b]:
-                    pdom[b], changed = new, True
-        strict = pdom[name] - {name}
-        if not strict:
-            return _EXIT
-        return max(strict, key=lambda p: len(pdom[p]))
+    def join(self, name: str, targets: Dict[str, Any]) -> str:
+        return _join(self.shape, name, targets)
 
     # -- if/else by selection -------------------------------------------------------------------
     def select_arms(self, name: str, t: str, f: str, join: str) -> bool:

@@ -190,7 +190,8 @@ def jax_worker(key: str, data: str, repeat: int) -> None:
                 return jnp.logical_and(jnp.logical_not(s[2]), s[1] < total)
             x, leaves, _ = lax.while_loop(more, body, (x, jnp.int64(0), jnp.bool_(False)))
             # leaves 1 | 2-3 | 4-7 | ...: tree d holds leaves 2**d .. 2**(d+1) - 1
-            depth = jnp.floor(jnp.log2(leaves.astype(jnp.float64))).astype(jnp.int64) + 1
+            starts = jnp.asarray([2 ** d for d in range(MAX_DEPTH)], jnp.int64)
+            depth = jnp.sum(leaves >= starts).astype(jnp.int64)
             return x, depth
         args = [jnp.asarray(inputs["x"])]
     else:
