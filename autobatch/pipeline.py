@@ -65,6 +65,7 @@ class Compiled:
     program: Program
     _lowered: Optional[LoweredProgram] = None
     _fused: Any = field(default=False)  # False: not tried yet; None: does not fuse
+    _compiled_by: Dict[Any, Any] = field(default_factory=dict)
 
     @property
     def lowered(self) -> LoweredProgram:
@@ -82,10 +83,33 @@ class Compiled:
         return self._fused
 
     def engine(self, backend: Any) -> str:
-        """``"fused"`` or ``"vm"``: what runs this program on ``backend``."""
+        """What runs this program on ``backend``: ``"compiled"`` (a backend
+        that compiles whole programs itself: JAX), ``"fused"`` (the NumPy
+        fused loop) or ``"vm"``."""
+        if getattr(backend, "compiles_programs", False):
+            return "compiled"
         if getattr(backend, "fused_loops", False) and self.fused is not None:
             return "fused"
         return "vm"
+
+    def compiled_by(self, backend: Any) -> Any:
+        """``backend.compile(program)``, kept per backend settings."""
+        key = backend_key(backend)
+        if key not in self._compiled_by:
+            self._compiled_by[key] = backend.compile(self.program)
+        return self._compiled_by[key]
+
+    def runner(self, backend: Any, max_stack_depth: int = 15,
+               block_code_cache: Optional[dict] = None) -> Any:
+        """An object whose ``run(args)`` runs the program on ``backend`` with
+        the engine :meth:`engine` picks (the VM's ``run`` for the VM)."""
+        engine = self.engine(backend)
+        if engine == "compiled":
+            return self.compiled_by(backend)
+        if engine == "fused":
+            return self.fused
+        from autobatch.virtual_machine import VirtualMachine
+        return VirtualMachine(self.lowered, backend, max_stack_depth, block_code_cache)
 
 
 def compile_program(program: Program, arg_types: Sequence[Any], backend: Any = None
