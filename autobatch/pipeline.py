@@ -99,17 +99,17 @@ class Compiled:
             self._compiled_by[key] = backend.compile(self.program)
         return self._compiled_by[key]
 
-    def runner(self, backend: Any, max_stack_depth: int = 15,
-               block_code_cache: Optional[dict] = None) -> Any:
-        """An object whose ``run(args)`` runs the program on ``backend`` with
-        the engine :meth:`engine` picks (the VM's ``run`` for the VM)."""
+    def runner(self, backend: Any) -> Any:
+        """An object whose ``run(args)`` runs the program on ``backend`` where
+        :meth:`engine` picks the fused loop or the backend's own compiler;
+        None where it picks the VM (the caller builds a
+        :class:`~autobatch.virtual_machine.VirtualMachine` from :attr:`lowered`)."""
         engine = self.engine(backend)
         if engine == "compiled":
             return self.compiled_by(backend)
         if engine == "fused":
             return self.fused
-        from autobatch.virtual_machine import VirtualMachine
-        return VirtualMachine(self.lowered, backend, max_stack_depth, block_code_cache)
+        return None
 
 
 def compile_program(program: Program, arg_types: Sequence[Any], backend: Any = None

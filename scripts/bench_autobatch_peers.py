@@ -294,9 +294,12 @@ def run_ours(work: Workload, repeat: int, backend: Any) -> Optional[Dict[str, An
     compiled = compile_program(work.program(), argument_types(work.args, backend), backend)
     engine = compiled.engine(backend)
     try:
-        runner = compiled.runner(backend, work.depth)
+        runner = compiled.runner(backend)
     except ProgramError:
         return None
+    if runner is None:
+        from autobatch.virtual_machine import VirtualMachine
+        runner = VirtualMachine(compiled.lowered, backend, work.depth)
     result = runner.run(work.args)
     first = time.perf_counter() - t0
     want = work.python()

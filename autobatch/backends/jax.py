@@ -279,7 +279,7 @@ class JaxProgram:
 
     def run(self, args: Sequence[Any]) -> Any:
         """main's value per thread (NumPy arrays) for a batch of arguments."""
-        from autobatch.pipeline import batch_size
+        from autobatch.arguments import batch_size
         fn = self.function
         if len(args) != len(fn.params):
             raise ProgramError(f"function {fn.name!r} takes {len(fn.params)} argument(s) "
