@@ -9,6 +9,9 @@ PLOT = ["matplotlib>=3.6"]
 # exact and default modes run it about two orders of magnitude faster than
 # the same code as plain Python, which is what runs without numba.
 FAST = ["numba>=0.60"]
+# autobatch.JaxBackend: programs without calls compiled by JAX into one XLA
+# loop (the fastest engine for uniform loops; recursion stays on the VM).
+JAX = ["jax[cpu]>=0.4.30"]
 
 setup(
     name="memopt",
@@ -27,8 +30,9 @@ setup(
         "tf": TF,
         "plot": PLOT,
         "fast": FAST,
+        "jax": JAX,
         "test": TEST + PLOT,
-        "all": PADDLE + TF + TEST + PLOT + FAST,
+        "all": PADDLE + TF + TEST + PLOT + FAST + JAX,
     },
     entry_points={"console_scripts": ["memopt = memopt.cli:main"]},
 )

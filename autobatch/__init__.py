@@ -13,6 +13,7 @@ _EXPORTS = {
     "Context": "autobatch.frontend",
     "NumpyBackend": "autobatch.backends.numpy",
     "TensorFlowBackend": "autobatch.backends.tf",
+    "JaxBackend": "autobatch.backends.jax",
     "ProgramBuilder": "autobatch.dsl",
     "VariableAllocation": "autobatch.instructions",
     "TensorType": "autobatch.instructions",

@@ -19,9 +19,10 @@ arguments.  It returns the batched result (NumPy arrays, or tensors with the
 TensorFlow backend; tuples for tuple results).  Extra keywords:
 
 ``backend``
-    ``autobatch.NumpyBackend()`` or ``autobatch.TensorFlowBackend()``; by
-    default TensorFlow's where an argument is a TensorFlow tensor (results
-    are then tensors), else NumPy's.
+    ``autobatch.NumpyBackend()``, ``autobatch.TensorFlowBackend()`` or
+    ``autobatch.JaxBackend()`` (programs without calls only); by default
+    TensorFlow's where an argument is a TensorFlow tensor (results are then
+    tensors), else NumPy's.
 ``max_stack_depth``
     the most calls pending at once per thread (default 15).
 ``stackless``
@@ -370,10 +371,11 @@ class BatchedFunction:
                 return stackless_executor.execute(program, values, backend, max_stack_depth)
         sig = argument_types(values, backend)
         compiled = ctx._compiled_for(name, sig, backend)
-        if compiled.engine(backend) == "fused":
+        if compiled.engine(backend) != "vm":
+            runner = compiled.runner(backend)
             with ctx._running():
-                result = compiled.fused.run(values)
-            self.last_steps = compiled.fused.steps
+                result = runner.run(values)
+            self.last_steps = runner.steps
             return result
         lowered = ctx.program_lowered(name, sig, backend)
         cache = ctx.block_code_cache if block_code_cache is None else block_code_cache

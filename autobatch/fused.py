@@ -22,8 +22,9 @@ function can be turned into one piece of generated Python in which
 - an if/else whose two arms are straight-line code on scalars (per thread)
   runs both arms on the whole group and keeps, lane by lane, the side its
   condition chose (``np.where``), as ``vmap`` does with ``lax.cond``.  The
-  arms' primops then also see the other side's lanes: floating-point
-  warnings are silenced for them, and where a primop raises on such a lane
+  arms' primops then also see the other side's lanes: NumPy's floating-point
+  warnings are silenced during a fused run (as on the masked backends), and
+  where a primop raises on such a lane
   the step is redone by splitting the group (primops are pure and act on
   each thread independently, so computing a lane's value on the wrong side
   and dropping it changes nothing);
@@ -70,6 +71,9 @@ class _Unsupported(Exception):
 
 def _norm(value: Any, dtype: np.dtype, shape: Tuple[int, ...], n: int) -> np.ndarray:
     """``value`` as an array ``[n, *shape]`` of ``dtype`` (a scalar broadcast)."""
+    if type(value) is np.ndarray and value.dtype == dtype and value.shape[:1] == (n,) \
+            and value.shape[1:] == shape:
+        return value
     array = np.asarray(value, dtype=dtype)
     if array.shape != (n,) + shape:
         array = np.broadcast_to(array, (n,) + shape)
@@ -78,6 +82,8 @@ def _norm(value: Any, dtype: np.dtype, shape: Tuple[int, ...], n: int) -> np.nda
 
 def _mask(cond: Any, n: int) -> np.ndarray:
     """A branch condition as a boolean array ``[n]``."""
+    if type(cond) is np.ndarray and cond.dtype == np.bool_ and cond.shape == (n,):
+        return cond
     mask = np.asarray(cond, dtype=bool)
     return mask if mask.shape == (n,) else np.broadcast_to(mask, (n,))
 
@@ -86,9 +92,10 @@ def _split(group: dict, mask: np.ndarray, keys_true: Sequence[str],
            keys_false: Sequence[str]) -> Tuple[Optional[dict], Optional[dict]]:
     """The lanes of ``group`` where ``mask`` holds, and the others (None for
     no lane); the whole group object where one side is empty."""
-    if mask.all():
+    count = np.count_nonzero(mask)
+    if count == mask.shape[0]:
         return group, None
-    if not mask.any():
+    if not count:
         return None, group
     other = ~mask
     true = {k: group[k][mask] for k in keys_true}
@@ -186,6 +193,36 @@ def _shape(fn: Function) -> _Shape:
                 for name in blocks}
     return _Shape(fn, succ, headers, {h: frozenset(n) for h, n in body.items()},
                   live_in, live_out)
+
+
+def _join(shape: _Shape, name: str, targets: Dict[str, Any]) -> str:
+    """The nearest post-dominator of block ``name`` where blocks of
+    ``targets`` and returns lead out (``_EXIT``: none)."""
+    nodes: List[str] = []
+    todo = [name]
+    succ: Dict[str, Tuple[str, ...]] = {}
+    while todo:
+        b = todo.pop()
+        if b in succ:
+            continue
+        out = tuple(_EXIT if s in targets else s for s in shape.succ[b])
+        succ[b] = out or (_EXIT,)
+        nodes.append(b)
+        todo.extend(s for s in succ[b] if s != _EXIT)
+    everything = set(nodes) | {_EXIT}
+    pdom = {b: set(everything) for b in nodes}
+    pdom[_EXIT] = {_EXIT}
+    changed = True
+    while changed:
+        changed = False
+        for b in nodes:
+            new = set.intersection(*(pdom[s] for s in succ[b])) | {b}
+            if new != pdom[b]:
+                pdom[b], changed = new, True
+    strict = pdom[name] - {name}
+    if not strict:
+        return _EXIT
+    return max(strict, key=lambda p: len(pdom[p]))
 
 
 # -- code generation ---------------------------------------------------------------------------
@@ -388,7 +425,8 @@ class _Emitter:
             self.emit(f"{name} = []")
         self.emit(f"while {again}:")
         self.indent += 1
-        self.emit(f"g = _merge({again}, {self.group_keys(live[head])})")
+        self.emit(f"g = {again}[0] if len({again}) == 1 else "
+                  f"_merge({again}, {self.group_keys(live[head])})")
         self.emit(f"{again} = []")
         self.path(head, inner, active | {head})
         self.indent -= 1
@@ -399,34 +437,8 @@ class _Emitter:
             self.path(target, targets, active)
             self.indent -= 1
 
-    def join(self, name: str, targets: Dict[str, str]) -> str:
-        """The nearest post-dominator of block ``name`` where blocks of
-        ``targets`` and returns lead out (``_EXIT``: none)."""
-        nodes: List[str] = []
-        todo = [name]
-        succ: Dict[str, Tuple[str, ...]] = {}
-        while todo:
-            b = todo.pop()
-            if b in succ:
-                continue
-            out = tuple(_EXIT if s in targets else s for s in self.shape.succ[b])
-            succ[b] = out or (_EXIT,)
-            nodes.append(b)
-            todo.extend(s for s in succ[b] if s != _EXIT)
-        everything = set(nodes) | {_EXIT}
-        pdom = {b: set(everything) for b in nodes}
-        pdom[_EXIT] = {_EXIT}
-        changed = True
-        while changed:
-            changed = False
-            for b in nodes:
-                new = set.intersection(*(pdom[s] for s in succ[b])) | {b}
-                if new != pdom[b]:
-                    pdom[b], changed = new, True
-        strict = pdom[name] - {name}
-        if not strict:
-            return _EXIT
-        return max(strict, key=lambda p: len(pdom[p]))
+    def join(self, name: str, targets: Dict[str, Any]) -> str:
+        return _join(self.shape, name, targets)
 
     # -- if/else by selection -------------------------------------------------------------------
     def select_arms(self, name: str, t: str, f: str, join: str) -> bool:
@@ -456,8 +468,6 @@ class _Emitter:
         self.emit(f"{merged} = []")
         self.emit("try:")
         self.indent += 1
-        self.emit("with np.errstate(all='ignore'):")
-        self.indent += 1
         sides: Dict[str, Tuple[Dict[str, Any], Set[str]]] = {}
         for arm in (t, f):
             values: Dict[str, Any] = {}
@@ -479,7 +489,6 @@ class _Emitter:
                 name_ = self.fresh("t")
                 self.emit(f"{name_} = np.where({mask}, {a}, {b})")
                 stores.append((key, name_))
-        self.indent -= 1
         for key, value in stores:
             self.emit(f"g[{key!r}] = {value}")
         self.emit(f"{merged}.append(g)")
@@ -566,7 +575,8 @@ class FusedProgram:
             for i, (leaf, leaf_type) in enumerate(zip(leaves, typ.leaves())):
                 group[f"{param}#{i}"] = backend.as_batched(leaf, leaf_type, batch)
         out = [np.zeros((batch,) + t.shape, t.dtype) for t in fn.return_type.leaves()]
-        self.steps = self._run(group, out)
+        with np.errstate(all="ignore"):  # see the module doc (if/else by selection)
+            self.steps = self._run(group, out)
         return pattern_unflatten(fn.return_type.tensors, out)
 
 

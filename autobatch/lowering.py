@@ -43,8 +43,8 @@ from memopt.liveness import FlowNode, analyze
 
 from autobatch.errors import ProgramError
 from autobatch.instructions import (
-    Block, BranchOp, CopyOp, FunctionCallOp, GotoOp, IndirectGotoOp, PopOp, PrimOp,
-    Program, PushGotoOp, PushOp, ReturnOp, Type, VariableAllocation, call_graph,
+    Block, BranchOp, CopyOp, Function, FunctionCallOp, GotoOp, IndirectGotoOp, PopOp,
+    PrimOp, Program, PushGotoOp, PushOp, ReturnOp, Type, VariableAllocation, call_graph,
     function_flow, pattern_map, reachable,
 )
 
@@ -119,113 +119,178 @@ def _require_prepared(program: Program, in_use: Set[str]) -> None:
 def lower(program: Program) -> LoweredProgram:
     """Lower a typed, allocated program (see the module doc).
 
-    Only functions reachable from ``main`` are kept.
+    Only functions reachable from ``main`` are kept.  The steps:
+    :class:`_Lowering` rewrites each function's blocks (calls, returns,
+    jumps), :func:`_drop_repushes` and :func:`_skip_empty_blocks` tidy the
+    result, :func:`_live_out` computes what the VM must write back.
     """
     program.validate()
     graph = call_graph(program)
     in_use = reachable(graph, program.main)
     _require_prepared(program, in_use)
-    reach = {name: reachable(graph, name) for name in in_use}
     functions = [fn for fn in program.functions if fn.name in in_use]
     functions.sort(key=lambda fn: fn.name != program.main)  # main first, stable
-    var_types: Dict[str, Type] = {}
-    var_alloc: Dict[str, VariableAllocation] = {}
-    blocks: List[Block] = []
-    owner: Dict[str, str] = {}            # lowered block -> function
-    continuation_of: Dict[str, str] = {}  # continuation block -> called function
-    callee_of: Dict[str, str] = {}        # block ending in push-goto -> called function
-    tail_edges: Dict[str, Set[str]] = {fn.name: set() for fn in functions}
-
-    def ret_reg(typ: Type) -> str:
-        name = return_register(typ)
-        var_types[name] = typ
-        var_alloc[name] = VariableAllocation.REGISTER
-        return name
-
+    lowering = _Lowering(program, {name: reachable(graph, name) for name in in_use})
     for fn in functions:
-        def q(pattern: Any, fn_name: str = fn.name) -> Any:
-            return pattern_map(lambda v: f"{fn_name}/{v}", pattern)
-
-        for var, typ in fn.var_types.items():
-            var_types[q(var)] = typ
-            var_alloc[q(var)] = fn.var_alloc.get(var, VariableAllocation.NULL)
-        flow = function_flow(fn)
-        for block in fn.blocks:
-            current = Block(q(block.name))
-            blocks.append(current)
-            owner[current.name] = fn.name
-            tail = block.tail_call()
-            conts = 0
-            for k, op in enumerate(block.instructions):
-                if isinstance(op, PrimOp):
-                    current.instructions.append(
-                        PrimOp(q(op.vars_in), q(op.vars_out), op.function, op.name))
-                    continue
-                if not isinstance(op, FunctionCallOp):
-                    raise ProgramError(f"function {fn.name!r}, block {block.name!r}: "
-                                       f"{type(op).__name__} cannot be lowered")
-                callee = program.function(op.function)
-                copy_args = (CopyOp(q(op.vars_in), q(callee.params, callee.name))
-                             if callee.params else None)
-                entry = f"{callee.name}/{callee.entry.name}"
-                if op is tail and callee.return_type == fn.return_type:
-                    if copy_args:
-                        current.instructions.append(copy_args)
-                    current.terminator = GotoOp(entry)
-                    tail_edges[fn.name].add(callee.name)
-                    break
-                node = flow.node(block.name, k)
-                saved: Tuple[str, ...] = ()
-                if fn.name in reach[callee.name]:
-                    across = set(flow.liveness.live_out(node)) - set(op.writes)
-                    saved = q(tuple(sorted(across)))
-                    for var in saved:
-                        if var_alloc[var] != VariableAllocation.FULL:
-                            raise ProgramError(
-                                f"variable {var!r} is live across a recursive call but "
-                                f"allocated {var_alloc[var]}; run allocation_strategy."
-                                f"optimize on the typed program")
-                if saved:
-                    current.instructions.append(PushOp(saved))
-                if copy_args:
-                    current.instructions.append(copy_args)
-                conts += 1
-                cont = Block(f"{q(block.name)}.ret{conts}")
-                current.terminator = PushGotoOp(cont.name, entry)
-                callee_of[current.name] = callee.name
-                continuation_of[cont.name] = callee.name
-                current = cont
-                blocks.append(current)
-                owner[current.name] = fn.name
-                if saved:
-                    current.instructions.append(PopOp(saved))
-                current.instructions.append(
-                    CopyOp(ret_reg(callee.return_type), q(op.vars_out)))
-            else:
-                term = block.terminator
-                if isinstance(term, GotoOp):
-                    current.terminator = GotoOp(q(term.target))
-                elif isinstance(term, BranchOp):
-                    current.terminator = BranchOp(q(term.cond), q(term.true_target),
-                                                  q(term.false_target))
-                elif isinstance(term, ReturnOp):
-                    current.instructions.append(CopyOp(q(term.vars), ret_reg(fn.return_type)))
-                    current.terminator = IndirectGotoOp()
-                else:
-                    raise ProgramError(f"function {fn.name!r}, block {block.name!r}: "
-                                       f"{type(term).__name__} cannot be lowered")
-
-    for block in blocks:
+        lowering.function(fn)
+    for block in lowering.blocks:
         _drop_repushes(block)
     main = program.main_function
-    blocks, entry = _skip_empty_blocks(blocks, f"{main.name}/{main.entry.name}")
+    blocks, entry = _skip_empty_blocks(lowering.blocks, f"{main.name}/{main.entry.name}")
     lowered = LoweredProgram(
-        blocks=blocks, entry=entry, var_types=var_types, var_alloc=var_alloc,
-        inputs=tuple(f"{main.name}/{p}" for p in main.params),
-        output=ret_reg(main.return_type), pc_alloc=program.pc_alloc,
-        callee=callee_of, source=program)
-    lowered.live_out = _live_out(lowered, owner, continuation_of, tail_edges, main.name)
+        blocks=blocks, entry=entry, var_types=lowering.var_types,
+        var_alloc=lowering.var_alloc, inputs=tuple(f"{main.name}/{p}" for p in main.params),
+        output=lowering.ret_reg(main.return_type), pc_alloc=program.pc_alloc,
+        callee=lowering.callee_of, source=program)
+    lowered.live_out = _live_out(lowered, lowering.owner, lowering.continuation_of,
+                                 lowering.tail_edges, main.name)
     return lowered
+
+
+def _qualify(fn_name: str, pattern: Any) -> Any:
+    """Program-wide names: ``n`` of ``fib`` is ``fib/n``."""
+    return pattern_map(lambda v: f"{fn_name}/{v}", pattern)
+
+
+class _Lowering:
+    """The block rewriting of :func:`lower`, one function at a time.
+
+    Attributes (the lowered program being built)
+    ----------
+    blocks : lowered blocks, in order.
+    var_types, var_alloc : per program-wide variable (return registers included).
+    owner : lowered block -> the function it belongs to.
+    continuation_of : continuation block -> the function whose call returns there.
+    callee_of : block ending in a push-goto -> the function it calls.
+    tail_edges : function -> the functions it tail-calls.
+    """
+
+    def __init__(self, program: Program, reach: Dict[str, Set[str]]) -> None:
+        self.program = program
+        self.reach = reach
+        self.var_types: Dict[str, Type] = {}
+        self.var_alloc: Dict[str, VariableAllocation] = {}
+        self.blocks: List[Block] = []
+        self.owner: Dict[str, str] = {}
+        self.continuation_of: Dict[str, str] = {}
+        self.callee_of: Dict[str, str] = {}
+        self.tail_edges: Dict[str, Set[str]] = {name: set() for name in reach}
+
+    def ret_reg(self, typ: Type) -> str:
+        """The return register for values of ``typ`` (declared on first use)."""
+        name = return_register(typ)
+        self.var_types[name] = typ
+        self.var_alloc[name] = VariableAllocation.REGISTER
+        return name
+
+    def new_block(self, name: str, fn: Function) -> Block:
+        block = Block(name)
+        self.blocks.append(block)
+        self.owner[name] = fn.name
+        return block
+
+    def function(self, fn: Function) -> None:
+        """Declare ``fn``'s variables and lower its blocks."""
+        for var, typ in fn.var_types.items():
+            self.var_types[_qualify(fn.name, var)] = typ
+            self.var_alloc[_qualify(fn.name, var)] = fn.var_alloc.get(
+                var, VariableAllocation.NULL)
+        flow = function_flow(fn)
+        for block in fn.blocks:
+            self.block(fn, block, flow)
+
+    def block(self, fn: Function, block: Block, flow: Any) -> None:
+        """One source block: its primops, each call (which ends the lowered
+        block and opens a continuation), then its terminator."""
+        current = self.new_block(_qualify(fn.name, block.name), fn)
+        tail = block.tail_call()
+        conts = 0
+        for k, op in enumerate(block.instructions):
+            if isinstance(op, PrimOp):
+                current.instructions.append(PrimOp(
+                    _qualify(fn.name, op.vars_in), _qualify(fn.name, op.vars_out),
+                    op.function, op.name))
+                continue
+            if not isinstance(op, FunctionCallOp):
+                raise ProgramError(f"function {fn.name!r}, block {block.name!r}: "
+                                   f"{type(op).__name__} cannot be lowered")
+            callee = self.program.function(op.function)
+            if op is tail and callee.return_type == fn.return_type:
+                self.tail_call(fn, op, callee, current)
+                return
+            conts += 1
+            current = self.call(fn, block, k, op, callee, current, flow, conts)
+        self.terminator(fn, block, current)
+
+    def copy_args(self, fn: Function, op: FunctionCallOp, callee: Function
+                  ) -> Optional[CopyOp]:
+        if not callee.params:
+            return None
+        return CopyOp(_qualify(fn.name, op.vars_in), _qualify(callee.name, callee.params))
+
+    def tail_call(self, fn: Function, op: FunctionCallOp, callee: Function,
+                  current: Block) -> None:
+        """``x = call g(..); return x``: copy the arguments, jump to g's entry."""
+        copy = self.copy_args(fn, op, callee)
+        if copy:
+            current.instructions.append(copy)
+        current.terminator = GotoOp(f"{callee.name}/{callee.entry.name}")
+        self.tail_edges[fn.name].add(callee.name)
+
+    def saved_across(self, fn: Function, block: Block, k: int, op: FunctionCallOp,
+                     callee: Function, flow: Any) -> Tuple[str, ...]:
+        """What the call must push: ``fn``'s variables live across it, where
+        the callee may run ``fn`` again (each must be allocated FULL)."""
+        if fn.name not in self.reach[callee.name]:
+            return ()
+        across = set(flow.liveness.live_out(flow.node(block.name, k))) - set(op.writes)
+        saved = _qualify(fn.name, tuple(sorted(across)))
+        for var in saved:
+            if self.var_alloc[var] != VariableAllocation.FULL:
+                raise ProgramError(
+                    f"variable {var!r} is live across a recursive call but allocated "
+                    f"{self.var_alloc[var]}; run allocation_strategy.optimize on the "
+                    f"typed program")
+        return saved
+
+    def call(self, fn: Function, block: Block, k: int, op: FunctionCallOp,
+             callee: Function, current: Block, flow: Any, conts: int) -> Block:
+        """A returning call: push, copy the arguments, push-goto; the new
+        continuation block pops and takes the return value.  Returns it."""
+        saved = self.saved_across(fn, block, k, op, callee, flow)
+        if saved:
+            current.instructions.append(PushOp(saved))
+        copy = self.copy_args(fn, op, callee)
+        if copy:
+            current.instructions.append(copy)
+        cont_name = f"{_qualify(fn.name, block.name)}.ret{conts}"
+        current.terminator = PushGotoOp(cont_name, f"{callee.name}/{callee.entry.name}")
+        self.callee_of[current.name] = callee.name
+        self.continuation_of[cont_name] = callee.name
+        cont = self.new_block(cont_name, fn)
+        if saved:
+            cont.instructions.append(PopOp(saved))
+        cont.instructions.append(CopyOp(self.ret_reg(callee.return_type),
+                                        _qualify(fn.name, op.vars_out)))
+        return cont
+
+    def terminator(self, fn: Function, block: Block, current: Block) -> None:
+        """Jumps keep their (qualified) targets; a return copies its value to
+        the return register and jumps back (indirect-goto)."""
+        term = block.terminator
+        if isinstance(term, GotoOp):
+            current.terminator = GotoOp(_qualify(fn.name, term.target))
+        elif isinstance(term, BranchOp):
+            current.terminator = BranchOp(_qualify(fn.name, term.cond),
+                                          _qualify(fn.name, term.true_target),
+                                          _qualify(fn.name, term.false_target))
+        elif isinstance(term, ReturnOp):
+            current.instructions.append(CopyOp(_qualify(fn.name, term.vars),
+                                               self.ret_reg(fn.return_type)))
+            current.terminator = IndirectGotoOp()
+        else:
+            raise ProgramError(f"function {fn.name!r}, block {block.name!r}: "
+                               f"{type(term).__name__} cannot be lowered")
 
 
 def _skip_empty_blocks(blocks: List[Block], entry: str) -> Tuple[List[Block], str]:

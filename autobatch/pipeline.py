@@ -64,6 +64,7 @@ class Compiled:
     program: Program
     _lowered: Optional[LoweredProgram] = None
     _fused: Any = field(default=False)  # False: not tried yet; None: does not fuse
+    _compiled_by: Dict[Any, Any] = field(default_factory=dict)
 
     @property
     def lowered(self) -> LoweredProgram:
@@ -81,10 +82,33 @@ class Compiled:
         return self._fused
 
     def engine(self, backend: Any) -> str:
-        """``"fused"`` or ``"vm"``: what runs this program on ``backend``."""
+        """What runs this program on ``backend``: ``"compiled"`` (a backend
+        that compiles whole programs itself: JAX), ``"fused"`` (the NumPy
+        fused loop) or ``"vm"``."""
+        if backend.compiles_programs:
+            return "compiled"
         if backend.fused_loops and self.fused is not None:
             return "fused"
         return "vm"
+
+    def compiled_by(self, backend: Any) -> Any:
+        """``backend.compile(program)``, kept per backend settings."""
+        key = backend_key(backend)
+        if key not in self._compiled_by:
+            self._compiled_by[key] = backend.compile(self.program)
+        return self._compiled_by[key]
+
+    def runner(self, backend: Any) -> Any:
+        """An object whose ``run(args)`` runs the program on ``backend`` where
+        :meth:`engine` picks the fused loop or the backend's own compiler;
+        None where it picks the VM (the caller builds a
+        :class:`~autobatch.virtual_machine.VirtualMachine` from :attr:`lowered`)."""
+        engine = self.engine(backend)
+        if engine == "compiled":
+            return self.compiled_by(backend)
+        if engine == "fused":
+            return self.fused
+        return None
 
 
 def compile_program(program: Program, arg_types: Sequence[Any], backend: Any = None

@@ -8,15 +8,17 @@ n <= 20), is_even by mutual recursion (batch 10,000, n <= 100; tail calls,
 and a variant with work after every call, which needs stack frames), Collatz
 step counts (batch 10,000, n <= 1,000), a NUTS-shaped program (a loop around
 a doubly recursive tree build whose leaf does a 256 x 256 matrix-vector
-product; batch 100 and 1,000), and the three workloads of TFP 0.25's NumPy
-reference figures (fib batch 1,000 n <= 10: 6.1 s; is_even batch 1,000
-n <= 50: 3.4 s; Collatz batch 10,000: 0.87 s).
+product; batch 100 and 1,000), fib batch 1,000 with n <= 10 and is_even batch
+1,000 with n <= 50.  Peers (JAX, hand-vectorized NumPy, TFP 0.25) are
+measured side by side in ``scripts/bench_autobatch_peers.py``.
 
-Columns: VM seconds (wall-clock and CPU, medians of --repeat runs), VM
-steps (VM steps: one or more blocks each), peak memory traced by tracemalloc
-during one VM run, the stackless executor (one run), plain Python looping
-over the examples one by one (medians), and the ratios.  Every run's result
-is checked against plain Python.
+Columns: the engine the pipeline picks on NumPy (the fused loop for
+call-free programs, the VM otherwise), its seconds (wall-clock and CPU,
+medians of --repeat runs), steps (VM steps, or the fused loop's block runs),
+peak memory traced by tracemalloc during one run, the VM alone, the
+stackless executor (one run), plain Python looping over the examples one by
+one (medians), and the ratio.  Every run's result is checked against plain
+Python.
 
 ``--tf`` then runs ``scripts/bench_autobatch_tf.py`` (the TensorFlow
 backend in eager, graph and XLA mode, and TFP 0.25's own engine side by side
@@ -47,13 +49,14 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from typing import Any, Callable, List, Optional, Tuple  # noqa: E402
+from typing import Any, Callable, List, Tuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from autobatch import examples, stackless  # noqa: E402
 from autobatch.backends.numpy import NumpyBackend  # noqa: E402
-from autobatch.virtual_machine import VirtualMachine, argument_types, prepare  # noqa: E402
+from autobatch.pipeline import argument_types, compile_program  # noqa: E402
+from autobatch.virtual_machine import VirtualMachine  # noqa: E402
 
 
 @dataclass
@@ -64,7 +67,6 @@ class Workload:
     args: List[Any]
     python: Callable[[], Any]       # plain Python over all examples
     max_stack_depth: int
-    tfp_seconds: Optional[float] = None
     quick: bool = True               # part of --quick
 
 
@@ -88,25 +90,25 @@ def same(got: Any, want: Any) -> bool:
 def workloads(rng: np.random.Generator) -> List[Workload]:
     out = []
 
-    def fib(batch: int, n_max: int, tfp: Optional[float] = None, quick: bool = True) -> None:
+    def fib(batch: int, n_max: int, quick: bool = True) -> None:
         n = rng.integers(0, n_max + 1, size=batch)
         out.append(Workload(f"fib n<={n_max}", batch, examples.fibonacci(), [n],
                             lambda: np.array([examples.fib_python(int(v)) for v in n]),
-                            max(n_max, 1), tfp, quick))
+                            max(n_max, 1), quick))
 
-    def even(batch: int, n_max: int, tail: bool, tfp: Optional[float] = None) -> None:
+    def even(batch: int, n_max: int, tail: bool) -> None:
         n = rng.integers(0, n_max + 1, size=batch)
         label = "tail calls" if tail else "stack"
         out.append(Workload(f"is_even n<={n_max} ({label})", batch, examples.even_odd(tail),
                             [n], lambda: np.array([examples.is_even_python(int(v))
                                                    for v in n]),
-                            n_max + 1, tfp))
+                            n_max + 1))
 
-    def collatz(batch: int, n_max: int, tfp: Optional[float] = None) -> None:
+    def collatz(batch: int, n_max: int) -> None:
         n = rng.integers(1, n_max + 1, size=batch)
         out.append(Workload(f"Collatz n<={n_max}", batch, examples.collatz(), [n],
                             lambda: np.array([examples.collatz_python(int(v)) for v in n]),
-                            1, tfp))
+                            1))
 
     def nuts(batch: int) -> None:
         matrix, weights = examples.nuts_problem(256)
@@ -118,10 +120,10 @@ def workloads(rng: np.random.Generator) -> List[Workload]:
         out.append(Workload("NUTS-shaped, 256 matvec", batch,
                             examples.nuts_shaped(matrix, weights), [x], python, 8))
 
-    fib(1_000, 10, tfp=6.1)
-    even(1_000, 50, tail=True, tfp=3.4)
-    even(1_000, 50, tail=False, tfp=3.4)
-    collatz(10_000, 1_000, tfp=0.87)
+    fib(1_000, 10)
+    even(1_000, 50, tail=True)
+    even(1_000, 50, tail=False)
+    collatz(10_000, 1_000)
     fib(1_000, 20)
     fib(10_000, 20, quick=False)
     even(10_000, 100, tail=True)
@@ -132,26 +134,29 @@ def workloads(rng: np.random.Generator) -> List[Workload]:
 
 
 def run(work: Workload, repeat: int, backend: NumpyBackend) -> dict:
-    lowered = prepare(work.program, argument_types(work.args, backend), backend)
-    vm = VirtualMachine(lowered, backend, max_stack_depth=work.max_stack_depth)
+    compiled = compile_program(work.program, argument_types(work.args, backend), backend)
+    engine = compiled.engine(backend)
+    vm = VirtualMachine(compiled.lowered, backend, max_stack_depth=work.max_stack_depth)
+    runner = compiled.fused if engine == "fused" else vm
     want = work.python()
-    got = vm.run(work.args)
-    if not same(got, want):
-        raise AssertionError(f"{work.name}: the VM disagrees with plain Python")
-    vm_s, vm_cpu = median_time(lambda: vm.run(work.args), repeat)
-    steps = vm.steps
+    for name, executor in (("the engine", runner), ("the VM", vm)):
+        if not same(executor.run(work.args), want):
+            raise AssertionError(f"{work.name}: {name} disagrees with plain Python")
+    run_s, run_cpu = median_time(lambda: runner.run(work.args), repeat)
+    steps = runner.steps
+    vm_s = run_s if runner is vm else median_time(lambda: vm.run(work.args), repeat)[0]
     tracemalloc.start()
-    vm.run(work.args)
+    runner.run(work.args)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     t0 = time.perf_counter()
-    sl = stackless.execute(lowered.source, work.args, backend, work.max_stack_depth)
+    sl = stackless.execute(compiled.program, work.args, backend, work.max_stack_depth)
     stackless_s = time.perf_counter() - t0
     if not same(sl, want):
         raise AssertionError(f"{work.name}: the stackless executor disagrees")
     python_s, python_cpu = median_time(work.python, repeat)
-    return dict(vm=vm_s, vm_cpu=vm_cpu, steps=steps, peak=peak, stackless=stackless_s,
-                python=python_s, python_cpu=python_cpu)
+    return dict(engine=engine, run=run_s, cpu=run_cpu, steps=steps, peak=peak, vm=vm_s,
+                stackless=stackless_s, python=python_s, python_cpu=python_cpu)
 
 
 def main() -> None:
@@ -171,22 +176,20 @@ def main() -> None:
     repeat = 1 if args.quick else args.repeat
     backend = NumpyBackend()
     rng = np.random.default_rng(args.seed)
-    print(f"autobatch VM, NumPy {np.__version__} backend, BLAS threads "
+    print(f"autobatch, NumPy {np.__version__} backend, BLAS threads "
           f"{os.environ.get('OPENBLAS_NUM_THREADS')}, median of {repeat} run(s)\n")
-    print("| program | batch | VM s | VM CPU s | VM steps | VM peak MiB | stackless s | "
-          "plain Python s | Python CPU s | Python / VM | TFP 0.25 NumPy s | TFP / VM |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| program | batch | engine | s | CPU s | steps | peak MiB | VM s | stackless s | "
+          "plain Python s | Python CPU s | Python / ours |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     start = time.perf_counter()
     for work in workloads(rng):
         if args.quick and not work.quick:
             continue
         r = run(work, repeat, backend)
-        tfp = f"{work.tfp_seconds:.2f}" if work.tfp_seconds else "-"
-        tfp_ratio = f"{work.tfp_seconds / r['vm']:.0f}x" if work.tfp_seconds else "-"
-        print(f"| {work.name} | {work.batch:,} | {r['vm']:.3f} | {r['vm_cpu']:.3f} | "
-              f"{r['steps']:,} | {r['peak'] / 2**20:.1f} | {r['stackless']:.3f} | "
-              f"{r['python']:.3f} | {r['python_cpu']:.3f} | {r['python'] / r['vm']:.2f}x | "
-              f"{tfp} | {tfp_ratio} |", flush=True)
+        print(f"| {work.name} | {work.batch:,} | {r['engine']} | {r['run']:.3f} | "
+              f"{r['cpu']:.3f} | {r['steps']:,} | {r['peak'] / 2**20:.1f} | {r['vm']:.3f} | "
+              f"{r['stackless']:.3f} | {r['python']:.3f} | {r['python_cpu']:.3f} | "
+              f"{r['python'] / r['run']:.2f}x |", flush=True)
     print("\nRatios use wall-clock medians.  CPU seconds are this process's only: on a "
           "shared machine\nthey show what the wall clock would be without the other "
           "load (the BLAS runs one thread).")

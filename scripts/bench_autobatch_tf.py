@@ -24,8 +24,7 @@ loops, ``def`` type functions, explicit ``else``), run
 in a subprocess per (workload, mode) on the same inputs (not eagerly on fib
 unless --tfp-eager-fib: TFP's eager VM takes 31 s at batch 1,000 with n <= 14,
 2,438 steps, and minutes for these).  Every result (ours and TFP's) is checked
-against plain Python.  TFP 0.25 reference figures
-measured earlier on this machine are printed beside.
+against plain Python.
 
 The machine is shared: absolute times move with its load; compare the ratios
 of one run.
@@ -44,14 +43,6 @@ import numpy as np
 MAX_NUTS_DEPTH = 6
 NUTS_SIZE = 256
 STOP_ONE_IN = 11.0
-
-#: TFP 0.25 reference seconds (steady runs) from the issue, by workload and mode.
-TFP_REFERENCE = {
-    ("fib1k", "graph"): 11.1, ("fib1k", "xla"): 4.55,
-    ("fib10k", "graph"): 24.1, ("fib10k", "xla"): 53.5,
-    ("collatz10k", "xla"): 0.041,
-}
-
 
 def nuts_matrices(size: int = NUTS_SIZE, seed: int = 0):
     """``(leaf, weights)``: ``x @ leaf`` is the leaf's matrix-vector product
@@ -401,8 +392,8 @@ def main() -> None:
           f"TFP: {'0.25 via ' + tfp_python if tfp_python else 'not run'}; steady runs: "
           f"median of {args.repeat} (eager: 1){'; --quick' if args.quick else ''}\n")
     print("| program | batch | mode | VM steps | first call s | compile s | steady s | "
-          "TFP first s | TFP steady s | TFP / ours | TFP 0.25 ref s |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "TFP first s | TFP steady s | TFP / ours |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     start = time.perf_counter()
     for key in args.workloads.split(","):
         work = works[key]
@@ -427,11 +418,9 @@ def main() -> None:
                         raise AssertionError(f"{key} ({mode}): TFP disagrees with plain Python")
                     tfp_first, tfp_steady = fmt(tfp["first"]), fmt(tfp["steady"])
                     ratio = f"{tfp['steady'] / ours.steady:.1f}x"
-            ref = TFP_REFERENCE.get((key, mode))
             print(f"| {work.label} | {work.batch:,} | {mode} | {ours.function.last_steps:,} | "
                   f"{fmt(ours.first)} | {compile_time(ours.first, ours.steady)} | "
-                  f"{fmt(ours.steady)} | {tfp_first} | {tfp_steady} | {ratio} | "
-                  f"{fmt(ref)} |", flush=True)
+                  f"{fmt(ours.steady)} | {tfp_first} | {tfp_steady} | {ratio} |", flush=True)
     print(f"\ntotal bench time {time.perf_counter() - start:.0f} s")
 
 

@@ -91,6 +91,10 @@ class Backend(abc.ABC):
     #: Whether a program without calls may run as one fused loop
     #: (:mod:`autobatch.fused`, generated NumPy) instead of on the VM.
     fused_loops: bool = False
+    #: Whether the backend compiles whole programs itself (``compile(program)``
+    #: returning an object with ``run(args)``), as the JAX backend does; the
+    #: VM's array protocol below is then not used.
+    compiles_programs: bool = False
 
     def cache_key(self) -> Tuple[Any, ...]:
         """What makes two backend objects interchangeable for compiled code

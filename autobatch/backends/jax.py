@@ -1,0 +1,348 @@
+"""The JAX backend: a program without calls traced into one ``jax.jit``
+function over masked lanes, the loop ``jit(vmap(f))`` would compile.
+
+Where :mod:`autobatch.fused` moves lanes between compacted groups (NumPy,
+shapes change), XLA wants static shapes, so here every value covers the
+whole batch and a boolean *mask* says which lanes are on the path being
+traced:
+
+- a block's primops run on every lane; only the lanes of the mask matter;
+- a branch traces both sides, each under its part of the mask
+  (``mask & cond``, ``mask & ~cond``); they meet at the branch's join (its
+  nearest post-dominator, as in :mod:`autobatch.fused`), where each
+  variable takes, lane by lane, the value of the side the lane took;
+- a loop is one ``lax.while_loop`` that runs while any lane is still in
+  it; lanes that leave (by the loop condition, a break or a return) keep
+  their values in per-exit collectors, and the code after the loop runs on
+  those lanes;
+- a return writes the lanes of its mask into the result.
+
+That is what ``vmap`` makes of ``lax.while_loop`` / ``lax.cond``: every
+iteration costs the whole batch, both sides of a branch run on every lane
+(XLA's ops do not raise on the other side's values: an integer division by
+zero gives a value that is then dropped).  Values are 64-bit where the
+program's types are (``jax_enable_x64`` is switched on when this module is
+imported, as 64-bit types need).  Results are the reference's, bit for bit,
+where the primops compute the same on ``jax.numpy`` arrays as on NumPy
+arrays (integer and float arithmetic, comparisons, ``@``, ``%``, ``//``;
+primops must use operators or ``jnp`` functions, not ``np`` functions that
+convert their argument to a NumPy array).
+
+Scope: programs whose ``main`` makes no call.  Recursion needs the VM,
+which runs on NumPy and TensorFlow; :meth:`JaxBackend.compile` raises
+:class:`~autobatch.errors.ProgramError` for a program with calls, naming
+the call and those backends.  Results come back as NumPy arrays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, Sequence
+
+import numpy as np
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+
+from autobatch.errors import ProgramError  # noqa: E402
+from autobatch.fused import _EXIT, _join, _shape, _Shape, _Unsupported  # noqa: E402
+from autobatch.instructions import (  # noqa: E402
+    BranchOp, CopyOp, Function, FunctionCallOp, GotoOp, PrimOp, Program, ReturnOp,
+    TensorType, as_pattern, bind_pattern, pattern_leaves, pattern_map, pattern_unflatten,
+)
+
+__all__ = ["JaxBackend", "JaxProgram"]
+
+
+@dataclass
+class _Collector:
+    """Lanes arriving at one block from several paths: the state keys of
+    their mask and of the variables live there."""
+
+    mask_key: str
+    var_keys: Dict[str, List[str]] = field(default_factory=dict)
+    #: No lane has arrived yet in the code being traced: the first deposit
+    #: stores its values as they are (lanes outside a mask are never read).
+    fresh: bool = True
+
+
+class _Tracer:
+    """Builds the traced computation of one function, one block path at a time.
+
+    ``self.state`` maps keys to arrays: the result leaves (``out#i``) and
+    every open collector's mask and variables.  A ``lax.while_loop`` carries
+    the whole state, so a loop body can write results and reach collectors
+    opened outside it.
+    """
+
+    def __init__(self, fn: Function, shape: _Shape, batch: int) -> None:
+        self.fn = fn
+        self.shape = shape
+        self.blocks = {b.name: b for b in fn.blocks}
+        self.batch = batch
+        self.state: Dict[str, Any] = {}
+        self.count = 0
+        self.open: List[_Collector] = []
+
+    def fresh(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def norm(self, value: Any, leaf_type: TensorType) -> Any:
+        """``value`` as an array ``[batch, *shape]`` of the leaf's dtype."""
+        array = jnp.asarray(value, dtype=leaf_type.dtype)
+        full = (self.batch,) + leaf_type.shape
+        return array if array.shape == full else jnp.broadcast_to(array, full)
+
+    def zeros(self, leaf_type: TensorType) -> Any:
+        return jnp.zeros((self.batch,) + leaf_type.shape, leaf_type.dtype)
+
+    @staticmethod
+    def select(mask: Any, a: Any, b: Any) -> Any:
+        return jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - 1)), a, b)
+
+    def leaves_of(self, var: str, value: Any) -> List[Any]:
+        types = self.fn.var_types[var].leaves()
+        return [self.norm(v, t) for v, t in zip(pattern_leaves(as_pattern(value)), types)]
+
+    # -- collectors -------------------------------------------------------------------------
+    def collector(self, block: str) -> _Collector:
+        coll = _Collector(self.fresh("mask"))
+        self.state[coll.mask_key] = jnp.zeros((self.batch,), bool)
+        for var in sorted(self.shape.live_in[block]):
+            keys = []
+            for leaf_type in self.fn.var_types[var].leaves():
+                key = self.fresh(f"{var}#")
+                self.state[key] = self.zeros(leaf_type)
+                keys.append(key)
+            coll.var_keys[var] = keys
+        self.open.append(coll)
+        return coll
+
+    def deposit(self, coll: _Collector, mask: Any, env: Dict[str, List[Any]]) -> None:
+        if coll.fresh:
+            coll.fresh = False
+            self.state[coll.mask_key] = mask
+            for var, keys in coll.var_keys.items():
+                for key, leaf in zip(keys, env[var]):
+                    self.state[key] = leaf
+            return
+        self.state[coll.mask_key] = self.state[coll.mask_key] | mask
+        for var, keys in coll.var_keys.items():
+            for key, leaf in zip(keys, env[var]):
+                if leaf is not self.state[key]:  # the same value on every path: kept
+                    self.state[key] = self.select(mask, leaf, self.state[key])
+
+    def take(self, coll: _Collector) -> Any:
+        env = {var: [self.state[k] for k in keys] for var, keys in coll.var_keys.items()}
+        return self.state[coll.mask_key], env
+
+    def drop(self, coll: _Collector) -> None:
+        self.open.remove(coll)
+        del self.state[coll.mask_key]
+        for keys in coll.var_keys.values():
+            for key in keys:
+                del self.state[key]
+
+    # -- paths -------------------------------------------------------------------------------
+    def path(self, name: str, mask: Any, env: Dict[str, List[Any]],
+             targets: Dict[str, _Collector], active: FrozenSet[str]) -> None:
+        """Trace block ``name`` for the lanes of ``mask`` and go on until they
+        reach a block of ``targets`` (deposited there) or return."""
+        if name in self.shape.headers and name not in active:
+            self.loop(name, mask, env, targets, active)
+            return
+        block = self.blocks[name]
+        env = dict(env)
+        values: Dict[str, Any] = {}
+
+        def read(var: str) -> Any:
+            if var in values:
+                return values[var]
+            return pattern_unflatten(self.fn.var_types[var].tensors, env[var])
+
+        for op in block.instructions:
+            if isinstance(op, PrimOp):
+                value = op.function(*[read(v) for v in op.vars_in])
+            elif isinstance(op, CopyOp):
+                value = pattern_map(read, op.vars_in)
+            else:
+                raise _Unsupported(type(op).__name__)
+            for var, part in bind_pattern(op.vars_out, value, name, op):
+                values[var] = part
+        term = block.terminator
+        if isinstance(term, ReturnOp):
+            value = pattern_map(read, term.vars)
+            for i, (leaf, leaf_type) in enumerate(zip(pattern_leaves(as_pattern(value)),
+                                                      self.fn.return_type.leaves())):
+                key = f"out#{i}"
+                self.state[key] = self.select(mask, self.norm(leaf, leaf_type),
+                                              self.state[key])
+            return
+        for var in sorted(set(values) & self.shape.live_out[name]):
+            env[var] = self.leaves_of(var, values[var])
+        if isinstance(term, GotoOp):
+            self.route(term.target, mask, env, targets, active)
+            return
+        if not isinstance(term, BranchOp):
+            raise _Unsupported(type(term).__name__)
+        cond = jnp.broadcast_to(jnp.asarray(read(term.cond), bool), (self.batch,))
+        join = _join(self.shape, name, targets)
+        inner = dict(targets)
+        coll = None
+        if join != _EXIT and join not in targets:
+            coll = self.collector(join)
+            inner[join] = coll
+        self.route(term.true_target, mask & cond, env, inner, active)
+        self.route(term.false_target, mask & ~cond, env, inner, active)
+        if coll is not None:
+            joined_mask, joined_env = self.take(coll)
+            self.drop(coll)
+            self.path(join, joined_mask, joined_env, targets, active)
+
+    def route(self, target: str, mask: Any, env: Dict[str, List[Any]],
+              targets: Dict[str, _Collector], active: FrozenSet[str]) -> None:
+        if target in targets:
+            self.deposit(targets[target], mask, env)
+        else:
+            self.path(target, mask, env, targets, active)
+
+    def loop(self, head: str, mask: Any, env: Dict[str, List[Any]],
+             targets: Dict[str, _Collector], active: FrozenSet[str]) -> None:
+        body_blocks = self.shape.loop_body[head]
+        again = self.collector(head)
+        self.deposit(again, mask, env)
+        exits: Dict[str, _Collector] = {}
+        for b in sorted(body_blocks):
+            for s in self.shape.succ[b]:
+                if s not in body_blocks and s not in targets and s not in exits:
+                    exits[s] = self.collector(s)
+        inner = dict(targets)
+        inner[head] = again
+        inner.update(exits)
+        keys = sorted(self.state)
+
+        def cond(vals: Any) -> Any:
+            return jnp.any(vals[keys.index(again.mask_key)])
+
+        def body(vals: Any) -> Any:
+            saved = self.state
+            self.state = dict(zip(keys, vals))
+            it_mask, it_env = self.take(again)
+            self.state[again.mask_key] = jnp.zeros((self.batch,), bool)
+            # Collectors opened outside the body gather lanes over all
+            # iterations; `again` restarts empty at each.
+            for coll in self.open:
+                coll.fresh = False
+            again.fresh = True
+            self.path(head, it_mask, it_env, inner, active | {head})
+            out = [self.state[k] for k in keys]
+            self.state = saved
+            return out
+
+        vals = lax.while_loop(cond, body, [self.state[k] for k in keys])
+        self.state = dict(zip(keys, vals))
+        self.drop(again)
+        for target, coll in exits.items():
+            exit_mask, exit_env = self.take(coll)
+            self.drop(coll)
+            self.path(target, exit_mask, exit_env, targets, active)
+
+
+class JaxProgram:
+    """A call-free typed program as one ``jax.jit`` function (traced and
+    compiled once per batch size, on the first call with it).
+
+    ``steps`` is 0: the loop count stays inside XLA.
+    """
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.function = fn = program.main_function
+        self.shape = _shape(fn)
+        self.steps = 0
+        self._jitted = jax.jit(self._trace)
+
+    def _trace(self, *args: Any) -> Any:
+        fn = self.function
+        leaves = [leaf for a in args for leaf in pattern_leaves(as_pattern(a))]
+        batch = leaves[0].shape[0] if leaves else 1
+        tracer = _Tracer(fn, self.shape, batch)
+        env = {param: tracer.leaves_of(param, arg) for param, arg in zip(fn.params, args)}
+        for i, leaf_type in enumerate(fn.return_type.leaves()):
+            tracer.state[f"out#{i}"] = tracer.zeros(leaf_type)
+        tracer.path(fn.entry.name, jnp.ones((batch,), bool), env, {}, frozenset())
+        return tuple(tracer.state[f"out#{i}"] for i in range(len(fn.return_type.leaves())))
+
+    def run(self, args: Sequence[Any]) -> Any:
+        """main's value per thread (NumPy arrays) for a batch of arguments."""
+        from autobatch.arguments import batch_size
+        fn = self.function
+        if len(args) != len(fn.params):
+            raise ProgramError(f"function {fn.name!r} takes {len(fn.params)} argument(s) "
+                               f"{fn.params}, got {len(args)}")
+        types = [fn.var_types[p] for p in fn.params]
+        batch = batch_size(args, types)
+        inputs = []
+        for arg, typ in zip(args, types):
+            leaves = []
+            for leaf, leaf_type in zip(pattern_leaves(as_pattern(arg)), typ.leaves()):
+                if getattr(leaf, "shape", None) == (batch,) + leaf_type.shape \
+                        and getattr(leaf, "dtype", None) == leaf_type.dtype:
+                    leaves.append(leaf)  # jit takes it as it is
+                    continue
+                array = jnp.asarray(leaf, dtype=leaf_type.dtype)
+                if array.ndim == len(leaf_type.shape):
+                    array = array[None]
+                leaves.append(jnp.broadcast_to(array, (batch,) + leaf_type.shape))
+            inputs.append(pattern_unflatten(typ.tensors, leaves))
+        if batch == 0:
+            outs = [np.zeros((0,) + t.shape, t.dtype) for t in fn.return_type.leaves()]
+        else:
+            outs = [np.asarray(o) for o in self._jitted(*inputs)]
+        return pattern_unflatten(fn.return_type.tensors, outs)
+
+
+class JaxBackend:
+    """Runs programs without calls as one XLA loop compiled by JAX.
+
+    Not a VM backend: recursion and calls need the batched VM (NumPy,
+    TensorFlow).  During type inference primops run on NumPy placeholders.
+    """
+
+    name = "jax"
+    #: The pipeline runs programs on :meth:`compile`'s result, not on the VM.
+    compiles_programs = True
+
+    def type_of(self, value: Any, batch_size: int) -> TensorType:
+        from autobatch.backends.numpy import NumpyBackend
+        return NumpyBackend().type_of(np.asarray(value) if hasattr(value, "__jax_array__")
+                                      or type(value).__module__.startswith("jax")
+                                      else value, batch_size)
+
+    def placeholder(self, tensor_type: TensorType, batch_size: int) -> np.ndarray:
+        return np.zeros((batch_size,) + tensor_type.shape, dtype=tensor_type.dtype)
+
+    def compile(self, program: Program) -> JaxProgram:
+        """The jitted form of a typed program; ProgramError for one with calls."""
+        fn = program.main_function
+        for block in fn.blocks:
+            for op in block.instructions:
+                if isinstance(op, FunctionCallOp):
+                    raise ProgramError(
+                        f"the JAX backend runs programs without calls (one XLA loop); "
+                        f"{fn.name!r} calls {op.function!r} (block {block.name!r}): run "
+                        f"it with NumpyBackend() or TensorFlowBackend('xla')")
+        try:
+            return JaxProgram(program)
+        except _Unsupported as exc:
+            raise ProgramError(f"the JAX backend cannot run {fn.name!r}: {exc}") from exc
+
+    def _config(self) -> Any:
+        return (type(self),)
+
+    def __repr__(self) -> str:
+        return "JaxBackend()"
