@@ -74,15 +74,18 @@ import numpy as np
 
 from autobatch.instructions import TensorType
 
-__all__ = ["Backend", "MAX_CHAIN"]
+__all__ = ["Abilities", "Backend", "MAX_CHAIN"]
 
 #: Most blocks one VM step runs through by jump threading (a backend that
 #: keeps spare stack frames for a step's calls sizes them by it).
 MAX_CHAIN = 16
 
 
-class Backend(abc.ABC):
-    """What the executors need from an array library (see the module doc)."""
+class Abilities(abc.ABC):
+    """What every backend declares, whether it runs the VM (:class:`Backend`)
+    or compiles whole programs itself (``compiles_programs``: the JAX
+    backend): its name, its optional abilities, and the two type hooks type
+    inference uses."""
 
     #: A short name used in cache keys and messages (``"numpy"``).
     name: str = "abstract"
@@ -109,6 +112,31 @@ class Backend(abc.ABC):
         ``inert_rows``, ``take_rows``, ``put_rows`` and ``is_storage``."""
         return []
 
+    # -- types -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def type_of(self, value: Any, batch_size: int) -> TensorType:
+        """The per-thread type of one array a primop returned for
+        ``batch_size`` threads.  A Python scalar gives a *weak* type (it takes
+        the dtype of what it meets); an array without the batch dimension
+        (0-d) a strong scalar type.  Raise TypeError where the leading
+        dimension is neither absent nor ``batch_size``."""
+
+    @abc.abstractmethod
+    def placeholder(self, tensor_type: TensorType, batch_size: int) -> Any:
+        """A value of ``tensor_type`` for ``batch_size`` threads to run primops
+        on during type inference (zeros)."""
+
+    def run_on_dummies(self, function: Callable[..., Any], inputs: Sequence[Any]) -> Any:
+        """``function(*inputs)`` on :meth:`placeholder` values (type inference
+        runs every primop so, to learn its outputs' types).  A backend whose
+        surrounding context changes what operators mean (TensorFlow's TF1
+        graphs) runs it as the batched run will."""
+        return function(*inputs)
+
+
+class Backend(Abilities):
+    """What the VM needs from an array library (see the module doc)."""
+
     # -- storage ------------------------------------------------------------------------
     @abc.abstractmethod
     def fill(self, tensor_type: TensorType, batch_size: int, value: Any = 0) -> Any:
@@ -133,27 +161,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def to_numpy(self, value: Any) -> Any:
         """A result array as the backend hands it to the user."""
-
-    # -- types -----------------------------------------------------------------------------
-    @abc.abstractmethod
-    def type_of(self, value: Any, batch_size: int) -> TensorType:
-        """The per-thread type of one array a primop returned for
-        ``batch_size`` threads.  A Python scalar gives a *weak* type (it takes
-        the dtype of what it meets); an array without the batch dimension
-        (0-d) a strong scalar type.  Raise TypeError where the leading
-        dimension is neither absent nor ``batch_size``."""
-
-    @abc.abstractmethod
-    def placeholder(self, tensor_type: TensorType, batch_size: int) -> Any:
-        """A value of ``tensor_type`` for ``batch_size`` threads to run primops
-        on during type inference (zeros)."""
-
-    def run_on_dummies(self, function: Callable[..., Any], inputs: Sequence[Any]) -> Any:
-        """``function(*inputs)`` on :meth:`placeholder` values (type inference
-        runs every primop so, to learn its outputs' types).  A backend whose
-        surrounding context changes what operators mean (TensorFlow's TF1
-        graphs) runs it as the batched run will."""
-        return function(*inputs)
 
     # -- threads -------------------------------------------------------------------------
     @abc.abstractmethod

@@ -47,6 +47,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
+from autobatch.backends.base import Abilities  # noqa: E402
 from autobatch.errors import ProgramError  # noqa: E402
 from autobatch.fused import _EXIT, _join, _shape, _Shape, _Unsupported  # noqa: E402
 from autobatch.instructions import (  # noqa: E402
@@ -306,7 +307,7 @@ class JaxProgram:
         return pattern_unflatten(fn.return_type.tensors, outs)
 
 
-class JaxBackend:
+class JaxBackend(Abilities):
     """Runs programs without calls as one XLA loop compiled by JAX.
 
     Not a VM backend: recursion and calls need the batched VM (NumPy,
@@ -340,9 +341,6 @@ class JaxBackend:
             return JaxProgram(program)
         except _Unsupported as exc:
             raise ProgramError(f"the JAX backend cannot run {fn.name!r}: {exc}") from exc
-
-    def _config(self) -> Any:
-        return (type(self),)
 
     def __repr__(self) -> str:
         return "JaxBackend()"
