@@ -7,8 +7,11 @@ Each backend must (1) implement the protocol's operations with the meaning
 base class's attributes and methods (a backend that declares compaction or
 phases provides what they need), and (3) run every program of
 :mod:`autobatch.examples` to the plain-Python results, raising
-StackOverflowError where a thread needs too many pending calls.  A new
-backend (JAX, say) is added to BACKENDS and must pass all of it.
+StackOverflowError where a thread needs too many pending calls.  A new VM
+backend is added to BACKENDS and must pass all of it.  The JAX backend is
+not a VM backend (one XLA loop, programs without calls): it must declare
+what the pipeline reads and run every call-free example to the same
+results, and refuse the others with a ProgramError naming the call.
 """
 import numpy as np
 import pytest
@@ -192,3 +195,38 @@ def test_every_example_matches_plain_python(backend, case):
 def test_stack_overflow_raises(backend):
     with pytest.raises(StackOverflowError, match="max_stack_depth=4"):
         execute(examples.fibonacci(), [np.array([2, 9, 3])], backend, 4)
+
+
+# -- the JAX backend: not a VM backend (no calls), same results or a named error --------------
+
+@pytest.fixture(scope="module")
+def jax_backend():
+    from conftest import need
+    need("jax")
+    from autobatch.backends.jax import JaxBackend
+    return JaxBackend()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_jax_runs_every_call_free_example_and_names_the_call_otherwise(jax_backend, case):
+    import autobatch.pipeline as pipeline
+    from autobatch.errors import ProgramError
+    _, program, args, want = case
+    has_calls = any(fn.callees() for fn in program.functions)
+    sig = pipeline.argument_types(args, jax_backend)
+    compiled = pipeline.compile_program(program, sig, jax_backend)
+    if has_calls:
+        with pytest.raises(ProgramError, match="without calls"):
+            jax_backend.compile(compiled.program)
+        return
+    got = jax_backend.compile(compiled.program).run(args)
+    pairs = zip(got, want) if isinstance(want, tuple) else [(got, want)]
+    for g, w in pairs:
+        g = np.asarray(g)
+        assert g.shape == w.shape and np.array_equal(g, w), (g, w)
+
+
+def test_jax_declares_what_the_pipeline_reads(jax_backend):
+    assert jax_backend.compiles_programs is True
+    assert jax_backend.cache_key() == type(jax_backend)().cache_key()
+    assert jax_backend.run_on_dummies(lambda x: x + 1, [np.ones(2)]).tolist() == [2.0, 2.0]
