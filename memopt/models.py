@@ -22,7 +22,9 @@ first entry is the loss.
   per-pixel loss), ``"densenet"`` (dense blocks: every layer reads the concat
   of all earlier ones), ``"bert"`` (a BERT-like encoder: matmul attention,
   GELU feed-forward, dropout when ``dropout > 0``) and ``"gpt"`` (a GPT-like
-  decoder: causal attention, next-token loss).  Every model has a backward pass and an optimizer when
+  decoder: causal attention, next-token loss); in both IRs ``"lstm"``, ``"gru"``,
+  ``"ctr"``, ``"vgg"``, ``"gpt_einsum"`` and, legacy only, ``"amp_bf16"`` (see
+  :data:`EXTRA_MODEL_NAMES`).  Every model has a backward pass and an optimizer when
   ``train=True``.
 
 Legacy-IR caveats measured on Paddle 3.3.1: ``paddle.static.nn.cond`` fails
@@ -54,6 +56,12 @@ DEFAULT_BATCH = {
     "densenet": 4,
     "bert": 4,
     "gpt": 4,
+    "lstm": 8,
+    "gru": 8,
+    "ctr": 16,
+    "vgg": 8,
+    "gpt_einsum": 4,
+    "amp_bf16": 4,
 }
 
 #: Models built in both IRs.
@@ -61,6 +69,12 @@ MODEL_NAMES = ("mlp", "cnn", "resnet50", "mobilenet_v2", "transformer", "while_l
                "nested_cond")
 #: Models built only in PIR (they use ops Paddle 3.3.1's legacy IR refuses).
 PIR_ONLY = ("unet", "densenet", "bert", "gpt")
+#: Further real-world shapes, for the tests and benchmarks that name them:
+#: recurrent (``"lstm"``, ``"gru"`` with per-row ``sequence_length``), a
+#: sparse-embedding CTR model with ``paddle.static.auc``, a VGG-style CNN, a
+#: GPT-style decoder built from ops the legacy IR accepts (``"gpt_einsum"``)
+#: and the Transformer under bf16 AMP (``"amp_bf16"``, legacy only).
+EXTRA_MODEL_NAMES = ("lstm", "gru", "ctr", "vgg", "gpt_einsum", "amp_bf16")
 IRS = ("legacy", "pir")
 
 
@@ -503,6 +517,126 @@ def _gpt(ir, batch, opts):
     return feed, [loss, logits]
 
 
+def _recurrent(cell_name):
+    """A one-layer ``paddle.nn.LSTM`` / ``GRU`` over ``[B, seq_len, features]``,
+    its last step through a linear head.  The GRU also reads each row's
+    ``sequence_length`` (fed, 1..seq_len), so its padded steps are masked."""
+    def make(ir, batch, opts):
+        import paddle
+
+        seq, feat, hidden, classes = (opts.setdefault("seq_len", 12),
+                                      opts.setdefault("features", 16),
+                                      opts.setdefault("hidden", 32),
+                                      opts.setdefault("classes", 4))
+        x = paddle.static.data("x", [-1, seq, feat], "float32")
+        y = paddle.static.data("label", [-1, 1], "int64")
+        if cell_name == "gru":
+            lens = paddle.static.data("lens", [-1], "int64")
+            out, _ = paddle.nn.GRU(feat, hidden)(x, sequence_length=lens)
+        else:
+            out, _ = paddle.nn.LSTM(feat, hidden)(x)
+        logits = paddle.nn.Linear(hidden, classes)(out[:, -1, :])
+
+        def feed(rng):
+            data = {"x": rng.standard_normal((batch, seq, feat)).astype("float32"),
+                    "label": _labels(rng, batch, classes)}
+            if cell_name == "gru":
+                data["lens"] = rng.integers(1, seq + 1, size=(batch,)).astype("int64")
+            return data
+
+        return feed, [_cross_entropy(logits, y), logits]
+
+    return make
+
+
+def _ctr(ir, batch, opts):
+    """A click-through-rate model: sparse embeddings of ``fields`` ids per row
+    (``Embedding(sparse=True)``), a ReLU MLP, two classes, and the running
+    AUC (``paddle.static.auc``, fetched third)."""
+    import paddle
+
+    vocab, fields, d, hidden = (opts.setdefault("vocab", 1000), opts.setdefault("fields", 8),
+                                opts.setdefault("embed", 16), opts.setdefault("hidden", 64))
+    ids = paddle.static.data("ids", [-1, fields], "int64")
+    y = paddle.static.data("label", [-1, 1], "int64")
+    emb = paddle.nn.Embedding(vocab, d, sparse=True)(ids)
+    h = paddle.reshape(emb, [-1, fields * d])
+    for width in (fields * d, hidden):
+        h = paddle.nn.functional.relu(paddle.nn.Linear(width, hidden)(h))
+    logits = paddle.nn.Linear(hidden, 2)(h)
+    auc = paddle.static.auc(paddle.nn.functional.softmax(logits), y)[0]
+
+    def feed(rng):
+        return {"ids": rng.integers(0, vocab, size=(batch, fields)).astype("int64"),
+                "label": _labels(rng, batch, 2)}
+
+    return feed, [_cross_entropy(logits, y), logits, auc]
+
+
+def _vgg(ir, batch, opts):
+    """A VGG-style CNN: blocks of two 3x3 convolutions with ReLU and a 2x2
+    max-pool (channels doubling), no batch norm, a two-layer ReLU head."""
+    import paddle
+
+    nn = paddle.nn
+    size, classes, width = (opts.setdefault("image_size", 32), opts.setdefault("classes", 10),
+                            opts.setdefault("width", 16))
+    x = paddle.static.data("image", [-1, 3, size, size], "float32")
+    y = paddle.static.data("label", [-1, 1], "int64")
+    layers, c_in = [], 3
+    for c in (width, 2 * width, 4 * width):
+        layers += [nn.Conv2D(c_in, c, 3, padding=1), nn.ReLU(),
+                   nn.Conv2D(c, c, 3, padding=1), nn.ReLU(), nn.MaxPool2D(2)]
+        c_in = c
+    feat = nn.Sequential(*layers, nn.Flatten())(x)
+    h = paddle.nn.functional.relu(nn.Linear(c_in * (size // 8) ** 2, 128)(feat))
+    logits = nn.Linear(128, classes)(h)
+
+    def feed(rng):
+        return {"image": rng.standard_normal((batch, 3, size, size)).astype("float32"),
+                "label": _labels(rng, batch, classes)}
+
+    return feed, [_cross_entropy(logits, y), logits]
+
+
+def _gpt_einsum(ir, batch, opts):
+    """A GPT-style decoder the legacy IR can build too: token + position
+    embeddings, pre-norm blocks of causal multi-head attention (``einsum``, a constant upper-triangular
+    -1e4 mask, softmax) and a ReLU feed-forward, a final layer norm and a
+    language-model head; the loss is next-token cross entropy at every
+    position."""
+    import paddle
+
+    nn = paddle.nn
+    vocab, seq, d, heads, ff, layers = (
+        opts.setdefault("vocab", 200), opts.setdefault("seq_len", 16),
+        opts.setdefault("d_model", 32), opts.setdefault("heads", 4),
+        opts.setdefault("d_ff", 128), opts.setdefault("layers", 2))
+    dh = d // heads
+    tokens = paddle.static.data("tokens", [-1, seq], "int64")
+    target = paddle.static.data("target", [-1, seq, 1], "int64")
+    mask = paddle.assign(np.triu(np.full((seq, seq), -1e4, "float32"), 1))
+    pos = paddle.create_parameter([seq, d], "float32")
+    h = nn.Embedding(vocab, d)(tokens) + pos
+    for _ in range(layers):
+        a = nn.LayerNorm(d)(h)
+        q, k, v = (nn.Linear(d, d)(a).reshape([-1, seq, heads, dh]) for _ in range(3))
+        scores = paddle.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / dh ** 0.5) + mask
+        attn = paddle.nn.functional.softmax(scores, axis=-1)
+        ctx = paddle.einsum("bhqk,bkhd->bqhd", attn, v).reshape([-1, seq, d])
+        h = h + nn.Linear(d, d)(ctx)
+        inner = paddle.nn.functional.relu(nn.Linear(d, ff)(nn.LayerNorm(d)(h)))
+        h = h + nn.Linear(ff, d)(inner)
+    logits = nn.Linear(d, vocab)(nn.LayerNorm(d)(h))
+    loss = paddle.mean(paddle.nn.functional.cross_entropy(logits, target))
+
+    def feed(rng):
+        toks = rng.integers(0, vocab, size=(batch, seq + 1)).astype("int64")
+        return {"tokens": toks[:, :-1], "target": toks[:, 1:, None]}
+
+    return feed, [loss, logits]
+
+
 _BUILDERS = {
     "mlp": _mlp,
     "cnn": _cnn,
@@ -515,7 +649,16 @@ _BUILDERS = {
     "densenet": _densenet,
     "bert": _bert,
     "gpt": _gpt,
+    "lstm": _recurrent("lstm"),
+    "gru": _recurrent("gru"),
+    "ctr": _ctr,
+    "vgg": _vgg,
+    "gpt_einsum": _gpt_einsum,
+    "amp_bf16": _transformer,
 }
+#: Models trained under AMP: name -> the dtype of ``paddle.static.amp.decorate``
+#: (level O1, no loss scaling); legacy IR only (see :func:`build`).
+_AMP = {"amp_bf16": "bfloat16"}
 
 
 def build(name: str, ir: str = "legacy", batch_size: Optional[int] = None,
@@ -525,7 +668,7 @@ def build(name: str, ir: str = "legacy", batch_size: Optional[int] = None,
 
     Parameters
     ----------
-    name : one of :data:`MODEL_NAMES` or :data:`PIR_ONLY`.
+    name : one of :data:`MODEL_NAMES`, :data:`PIR_ONLY` or :data:`EXTRA_MODEL_NAMES`.
     ir : ``"legacy"`` or ``"pir"``.
     batch_size : rows the feed gives per step (the program itself keeps the
         batch dimension symbolic, ``-1``); default :data:`DEFAULT_BATCH`.
@@ -543,11 +686,14 @@ def build(name: str, ir: str = "legacy", batch_size: Optional[int] = None,
     """
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}: expected one of "
-                         f"{MODEL_NAMES + PIR_ONLY}")
+                         f"{MODEL_NAMES + PIR_ONLY + EXTRA_MODEL_NAMES}")
     if ir not in IRS:
         raise ValueError(f"ir must be one of {IRS}, got {ir!r}")
     if ir == "legacy" and name in PIR_ONLY:
         raise ValueError(f"model {name!r} is built in PIR only (ir='pir')")
+    if name in _AMP and ir != "legacy" and train:
+        raise ValueError(f"model {name!r} trains in the legacy IR only: Paddle 3.3.1's AMP "
+                         "decorator fails in PIR (check_finite_and_unscale_ gets no scale)")
     import paddle
 
     paddle.enable_static()
@@ -558,7 +704,11 @@ def build(name: str, ir: str = "legacy", batch_size: Optional[int] = None,
         with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
             feed, fetch_list = _BUILDERS[name](ir, batch, opts)
             if train:
-                _optimizer(optimizer).minimize(fetch_list[0])
+                opt = _optimizer(optimizer)
+                if name in _AMP:
+                    opt = paddle.static.amp.decorate(opt, level="O1", dtype=_AMP[name],
+                                                     use_dynamic_loss_scaling=False)
+                opt.minimize(fetch_list[0])
     return BuiltModel(name=name, ir=ir, main=main, startup=startup, feed=feed,
                       fetch_list=list(fetch_list), batch_size=batch, options=opts,
                       seed=seed)

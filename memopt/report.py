@@ -2,7 +2,10 @@
 
 A :class:`Report` is plain data: one :class:`Reuse` per variable that took
 over another's memory, and a summary.  ``str(report)`` is the text
-``print_log=True`` prints; :meth:`Report.to_json` the same as JSON.
+``print_log=True`` prints: the summary first, then the reuses grouped by the
+memory they share (largest first), at most :data:`SHOWN_GROUPS` lines and a
+count of the rest; :meth:`Report.to_json` holds everything, every reuse
+included.
 
 Sizes are bytes.  A size that grows with the batch (a ``-1`` dimension) is
 kept symbolic (:class:`memopt.graph.Size`, ``c * B**k``) in the reuse lines
@@ -45,6 +48,10 @@ from .graph import Size, as_size
 
 #: Reference batch size for the estimates, when the caller gives none.
 REFERENCE_BATCH = 32
+
+#: Lines of reuses (one per memory shared) ``str(report)`` (print_log)
+#: shows, and variables named per line; the rest are counted.
+SHOWN_GROUPS, SHOWN_PER_GROUP = 12, 4
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2,
           "g": 1000 ** 3, "gb": 1000 ** 3, "t": 1000 ** 4, "tb": 1000 ** 4,
@@ -158,6 +165,10 @@ class Holder:
     members: Tuple[str, ...] = ()
 
 
+def _bytes_at(size, batch_size: int) -> int:
+    return size.at(batch_size) if isinstance(size, Size) else int(size)
+
+
 def _size_json(size):
     if isinstance(size, Size):
         return {"coefficient": size.coefficient, "power": size.power}
@@ -225,8 +236,50 @@ class Report:
         lines.append(f"  time: {self.seconds * 1000:.1f} ms")
         return lines
 
+    def reuse_groups(self) -> List[List[Reuse]]:
+        """The reuses grouped by the memory they share (block and name in the
+        rewritten program), the largest memory first (at :attr:`batch_size`),
+        ties by name; within a group in report order."""
+        groups: Dict[Tuple[int, str], List[Reuse]] = {}
+        for r in self.reuses:
+            groups.setdefault((r.block, r.renamed_to), []).append(r)
+
+        def key(item):
+            (block, name), members = item
+            biggest = max(_bytes_at(r.size, self.batch_size) for r in members)
+            return -biggest, block, name
+
+        return [members for _, members in sorted(groups.items(), key=key)]
+
+    def reuse_lines(self, limit: Optional[int] = SHOWN_GROUPS) -> List[str]:
+        """The reuse part of ``str(report)``: one line per memory shared, the
+        largest first -- the name it has in the rewritten program, its size,
+        then each variable now living there with how it got there -- at most
+        ``limit`` lines (None: all) and ``... and N more`` for the rest."""
+        if not self.reuses:
+            return []
+        groups = self.reuse_groups()
+        lines = [f"  reuses ({len(self.reuses)} variables in {len(groups)} shared memories, "
+                 f"largest first; shape, dtype and size of each in report.to_json()):"]
+        shown = groups if limit is None else groups[:limit]
+        for members in shown:
+            first = members[0]
+            block = f" (block {first.block})" if first.block else ""
+            biggest = max(members, key=lambda r: _bytes_at(r.size, self.batch_size))
+            names = [f"{r.var} ({r.how}{' at ' + r.op if r.op else ''})"
+                     for r in members[:SHOWN_PER_GROUP]]
+            if len(members) > SHOWN_PER_GROUP:
+                names.append(f"+{len(members) - SHOWN_PER_GROUP} more")
+            lines.append(f"    {first.renamed_to}{block} {format_size(biggest.size)} <- "
+                         + ", ".join(names))
+        rest = groups[len(shown):]
+        if rest:
+            lines.append(f"    ... and {sum(len(m) for m in rest)} more in {len(rest)} "
+                         "shared memories (report.to_json() lists every reuse)")
+        return lines
+
     def __str__(self) -> str:
-        return "\n".join([r.line() for r in self.reuses] + self.summary_lines())
+        return "\n".join(self.summary_lines() + self.reuse_lines())
 
     def to_dict(self) -> dict:
         return {

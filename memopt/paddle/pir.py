@@ -70,6 +70,7 @@ PIR is wired in :mod:`memopt.api`.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -636,16 +637,11 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
     """
     import paddle
 
+    _init_pir_context()
     try:
         translated, by_name = paddle.pir.translate_to_pir_with_param_map(program.desc)
-    except SystemError as exc:
-        if "data pointer is null" not in str(exc):
-            raise
-        # PIR is not initialised yet in a process started with
-        # FLAGS_enable_pir_api=0 (DESIGN.md): initialise it once and retry
-        with paddle.pir_utils.IrGuard():
-            pass
-        translated, by_name = paddle.pir.translate_to_pir_with_param_map(program.desc)
+    except Exception as exc:  # Paddle's translator raises SystemError, ValueError...
+        raise untranslatable(program, exc) from None
     value_names: dict = {}
     last_value: dict = {}
     for name in sorted(by_name):
@@ -659,6 +655,67 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
         if name in last_value:
             fetch_values.append(last_value[name])
     return convert(translated, fetch_values, value_names)
+
+
+#: How Paddle 3.3.1's translator names the op it refuses: ``[op:rnn_grad]``
+#: (a translation rule failed) or ``Op auc should have corresponding OpInfo``
+#: (no PIR op of that type).
+_REFUSED_OP = (re.compile(r"\[op:([\w.]+)\]"), re.compile(r"\bOp ([\w.]+) should have corresponding OpInfo"))
+
+
+def untranslatable(program, exc: BaseException):
+    """The :class:`~memopt.errors.UnsupportedProgramError` for a legacy
+    ``program`` Paddle's translator to PIR refused with ``exc``: it names the
+    op (its type and first position in the program, when the message says
+    which) and the ways around."""
+    from ..errors import UnsupportedProgramError
+
+    text = str(exc)
+    reason = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    op_type = next((m.group(1) for rx in _REFUSED_OP for m in [rx.search(text)] if m), None)
+    where = ""
+    if op_type is not None:
+        for b, block in enumerate(program.blocks):
+            hit = next((i for i, op in enumerate(block.ops) if op.type == op_type), None)
+            if hit is not None:
+                where = f" (first at op {hit} of block {b})"
+                break
+        culprit = f"op {op_type!r}{where}"
+    else:
+        culprit = "one of its ops"
+    forward = op_type.endswith("_grad") if op_type else False
+    ways = ["build the program in PIR (Paddle 3's default static mode, "
+            "FLAGS_enable_pir_api=1), where it is read without translation"]
+    if forward:
+        ways.append("analyse the forward program (before minimize(), or "
+                    "clone(for_test=True)) if only its memory matters")
+    elif op_type is not None:
+        ways.append(f"leave {op_type!r} out of the program you analyse (e.g. compute the "
+                    "metric in a separate program)")
+    return UnsupportedProgramError(
+        f"memopt reads a legacy program through Paddle's translation to PIR, which "
+        f"refused {culprit}: {reason}. Ways around: " + "; or ".join(ways) + ".")
+
+
+_pir_context_ready = False
+
+
+def _init_pir_context() -> None:
+    """Make sure PIR is initialised in this process, once.
+
+    In a process started with ``FLAGS_enable_pir_api=0`` nothing has set
+    up PIR's context, and ``paddle.pir.translate_to_pir_with_param_map``
+    fails ("input data pointer is null") until something has; a
+    ``translate_to_pir`` of an empty ``ProgramDesc`` does it (measured on
+    Paddle 3.3.1) and changes nothing the user holds.
+    """
+    global _pir_context_ready
+    if not _pir_context_ready:
+        import paddle
+        from paddle.base import core
+
+        paddle.pir.translate_to_pir(core.ProgramDesc())
+        _pir_context_ready = True
 
 
 def program_to_graph(program, fetch_list: Iterable = ()) -> Graph:

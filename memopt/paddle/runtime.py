@@ -74,15 +74,9 @@ def read_program(program: Any, fetch_list: Iterable = (),
         # analysed as its translation to PIR, where a variable written again
         # (memory_optimize's renames) is a new value ``name#k``: the legacy
         # executor keeps one buffer per variable, so the versions are one
-        try:
-            pg = pir_adapter.convert_legacy(program, fetch_list)
-        except RuntimeError as exc:  # Paddle's translator refuses some ops
-            reason = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
-            raise UnsupportedProgramError(
-                f"memopt.analyze reads a legacy program through Paddle's translation to "
-                f"PIR, which refused this one ({reason}); legacy while/conditional "
-                "training programs do not translate. Build the program in PIR (Paddle 3's "
-                "default static mode) to analyse it") from None
+        # Paddle's translator refuses some ops: UnsupportedProgramError
+        # naming the op (pir_adapter.untranslatable)
+        pg = pir_adapter.convert_legacy(program, fetch_list)
         inplace = pir_inplace.executor_inplace(pg, (), runtime.device) if runtime.inplace else []
         return ExecutedProgram(pg.graph, ir, inplace, versions(pg.graph), pg)
     raise UnsupportedProgramError(

@@ -305,5 +305,5 @@ def test_untranslatable_legacy_program_is_a_clear_error(paddle):
     from memopt.errors import UnsupportedProgramError
 
     model = models.build("while_loop", "legacy")
-    with model.guard(), pytest.raises(UnsupportedProgramError, match="Build the program in PIR"):
+    with model.guard(), pytest.raises(UnsupportedProgramError, match="build the program in PIR"):
         analyze(model.main, 8, fetch_list=[model.loss])

@@ -42,10 +42,14 @@ def test_text():
     report = sample()
     text = str(report)
     lines = text.splitlines()
-    assert lines[0] == ("relu_0.tmp_0 [-1, 128] float32 512 B*B -> fc_0.tmp_1 "
-                        "(in-place at relu)")
-    assert lines[1] == ("fc_1.b_0@GRAD (block 2) [128] float32 512 B -> relu_0.tmp_0 "
-                        "(rename, now 'fc_0.tmp_1')")
+    assert lines[0].startswith("memopt: ")          # the summary first
+    assert report.reuses[0].line() == ("relu_0.tmp_0 [-1, 128] float32 512 B*B -> fc_0.tmp_1 "
+                                       "(in-place at relu)")
+    assert report.reuses[1].line() == ("fc_1.b_0@GRAD (block 2) [128] float32 512 B -> "
+                                       "relu_0.tmp_0 (rename, now 'fc_0.tmp_1')")
+    # then one line per memory shared, the larger first
+    assert lines[-2:] == ["    fc_0.tmp_1 512 B*B <- relu_0.tmp_0 (in-place at relu)",
+                          "    fc_0.tmp_1 (block 2) 512 B <- fc_1.b_0@GRAD (rename)"]
     assert "merged variables: 2 (1 in place)" in text
     assert "distinct temporaries: 512 B + 1.0 KiB*B -> 512 B*B" in text
     assert "estimated peak at batch 32" in text and "40.0 KiB -> 20.0 KiB" in text
