@@ -129,7 +129,9 @@ def test_print_log(paddle, capsys):
     assert out.strip() == str(report)
     assert f"merged variables: {report.merged_count}" in out
     first = report.reuses[0]
-    assert f"{first.var} " in out and f"-> {first.takes}" in out
+    # summary first, then one line per shared memory naming each variable
+    assert out.startswith("memopt: ") and f"{first.var} ({first.how}" in out
+    assert f"    {first.renamed_to} " in out
     quiet = optimize(models.build("mlp", "legacy"))
     assert capsys.readouterr().out == ""
     assert quiet.merged_count >= 0
