@@ -114,6 +114,9 @@ class Holder:
     category : ``"input"``, ``"activation"``, ``"gradient"`` or ``"optimizer"``.
     op : type of the op that allocates it; ``position`` its flat position.
     start, end : first and last op positions at which it holds memory.
+    label : how the user knows ``name`` (:attr:`memopt.graph.Var.display`:
+        for a PIR value the ``name=`` given in Python or the op that makes
+        it and where, with ``%N`` beside it); the name itself otherwise.
     """
 
     name: str
@@ -124,6 +127,11 @@ class Holder:
     position: int
     start: int
     end: int
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.name)
 
     def bytes(self, batch_size: int) -> int:
         return self.size.at(batch_size)
@@ -367,7 +375,7 @@ class Analysis:
             "breakdown_at_peak": self.breakdown(pos, b),
             "inplace_ops": len(self.inplace),
             "held_at_peak": [
-                {"name": h.name, "bytes": h.bytes(b), "size": str(h.size),
+                {"name": h.name, "label": h.label, "bytes": h.bytes(b), "size": str(h.size),
                  "category": h.category, "op": h.op, "position": h.position,
                  "shared_with": list(h.names[1:])}
                 for h in self.held_at(pos, b)[:top]],
@@ -394,7 +402,7 @@ class Analysis:
         ]
         for h in self.held_at(pos, b)[:top]:
             shared = f" (+{len(h.names) - 1} in place)" if len(h.names) > 1 else ""
-            lines.append(f"    {h.name:<24} {format_bytes(h.bytes(b)):>11}  {h.category:<10} "
+            lines.append(f"    {h.label:<24} {format_bytes(h.bytes(b)):>11}  {h.category:<10} "
                          f"made by {h.op} at op {h.position}{shared}")
         if self.grows_with_batch():
             curve = self.peak_curve(sorted({1, b, 2 * b, 4 * b}))
@@ -703,7 +711,8 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
         holders.append(Holder(
             name=owner, names=tuple(nm for _, _, nm in spans), size=size,
             category=_category(var_of[owner], op.role if op else "forward"),
-            op=op.type if op else "-", position=pos, start=start, end=end))
+            op=op.type if op else "-", position=pos, start=start, end=end,
+            label=var_of[owner].display))
     holders.sort(key=lambda h: (h.start, h.name))
     return Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
                     holders=holders, persistable=persistable,

@@ -164,6 +164,10 @@ class Var:
         ``"step_scopes"``, ``"reader"``...) is never given or taken memory.
     persistable : parameters and optimizer state; they outlive every run.
     is_feed / is_fetch / is_data : fed, fetched, or declared as a data input.
+    label : how the user knows the variable when ``name`` is not that (a PIR
+        value: the ``name=`` given in Python, or the op that makes it and
+        where, with ``name`` beside it); empty when the name says it all.
+        :attr:`display` is what messages print.
     """
 
     name: str
@@ -174,6 +178,12 @@ class Var:
     is_feed: bool = False
     is_fetch: bool = False
     is_data: bool = False
+    label: str = ""
+
+    @property
+    def display(self) -> str:
+        """The variable as messages name it: :attr:`label`, else the name."""
+        return self.label or self.name
 
     @property
     def size(self) -> Size:

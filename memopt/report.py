@@ -36,6 +36,10 @@ seconds : wall time memory_optimize took.
 notes : anything else worth saying (empty usually).
 released : the variables release_memory frees right after their last use
     (empty for memory_optimize, and with the garbage collector on).
+labels : name -> how the user knows it, where the name is not that (PIR
+    values: ``'my_sum' (%7)`` from a ``name=`` in Python, else the op that
+    makes it and where, ``pd_op.add at op 6, model.py:12 (%7)``); the text
+    prints labels, the other fields keep names.
 """
 from __future__ import annotations
 
@@ -139,13 +143,17 @@ class Reuse:
     how: str = "rename"
     op: str = ""
 
-    def line(self) -> str:
+    def line(self, labels: Optional[Dict[str, str]] = None) -> str:
+        """One line: the variable, its shape, dtype and size, the memory it
+        took and how; names as ``labels`` maps them (see Report.labels)."""
+        lab = (labels or {}).get
         shape = "[" + ", ".join(str(d) for d in self.shape) + "]"
         where = f" at {self.op}" if self.op else ""
         block = f" (block {self.block})" if self.block else ""
         name = "" if self.renamed_to == self.takes else f", now {self.renamed_to!r}"
-        return (f"{self.var}{block} {shape} {self.dtype} {format_size(self.size)} -> "
-                f"{self.takes} ({self.how}{where}{name})")
+        return (f"{lab(self.var, self.var)}{block} {shape} {self.dtype} "
+                f"{format_size(self.size)} -> {lab(self.takes, self.takes)} "
+                f"({self.how}{where}{name})")
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -200,6 +208,11 @@ class Report:
     recomputed: List[str] = field(default_factory=list)
     added_compute_percent: float = 0.0
     budget: Optional[int] = None
+    labels: Dict[str, str] = field(default_factory=dict)
+
+    def label(self, name: str) -> str:
+        """How the text names variable ``name`` (see :attr:`labels`)."""
+        return self.labels.get(name, name)
 
     @property
     def merged_count(self) -> int:
@@ -223,14 +236,15 @@ class Report:
             lines.append("  largest holders at the peak:")
             for h in self.top_holders:
                 shared = f" (shared by {len(h.members)})" if len(h.members) > 1 else ""
-                lines.append(f"    {h.name}: {format_bytes(h.bytes)}{shared}")
+                lines.append(f"    {self.label(h.name)}: {format_bytes(h.bytes)}{shared}")
         if self.not_merged:
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.not_merged.items()))
             lines.append(f"  left alone: {reasons}")
         if self.release:
             lines.append(f"  memory release: {self.release}")
         if self.released:
-            shown = ", ".join(self.released[:5]) + (", ..." if len(self.released) > 5 else "")
+            shown = (", ".join(self.label(n) for n in self.released[:5])
+                     + (", ..." if len(self.released) > 5 else ""))
             lines.append(f"  released: {len(self.released)} ({shown})")
         lines.extend(f"  note: {n}" for n in self.notes)
         lines.append(f"  time: {self.seconds * 1000:.1f} ms")
@@ -266,12 +280,12 @@ class Report:
             first = members[0]
             block = f" (block {first.block})" if first.block else ""
             biggest = max(members, key=lambda r: _bytes_at(r.size, self.batch_size))
-            names = [f"{r.var} ({r.how}{' at ' + r.op if r.op else ''})"
+            names = [f"{self.label(r.var)} ({r.how}{' at ' + r.op if r.op else ''})"
                      for r in members[:SHOWN_PER_GROUP]]
             if len(members) > SHOWN_PER_GROUP:
                 names.append(f"+{len(members) - SHOWN_PER_GROUP} more")
-            lines.append(f"    {first.renamed_to}{block} {format_size(biggest.size)} <- "
-                         + ", ".join(names))
+            lines.append(f"    {self.label(first.renamed_to)}{block} "
+                         f"{format_size(biggest.size)} <- " + ", ".join(names))
         rest = groups[len(shown):]
         if rest:
             lines.append(f"    ... and {sum(len(m) for m in rest)} more in {len(rest)} "
@@ -305,6 +319,7 @@ class Report:
             "recomputed": list(self.recomputed),
             "added_compute_percent": self.added_compute_percent,
             "budget": self.budget,
+            "labels": dict(sorted(self.labels.items())),
         }
 
     def to_json(self, indent: Optional[int] = 2) -> str:

@@ -174,8 +174,8 @@ def pir_report(graph, before, after, reuses, reasons, changed: int, options: Opt
     left alone)."""
     temps = _temporaries_of(graph)
     shared = {r.var for r in reuses}
-    holders = [Holder(h.name, h.bytes(batch_size), tuple(h.names))
-               for h in after.held_at()[:5]]
+    held = after.held_at()[:5]
+    holders = [Holder(h.name, h.bytes(batch_size), tuple(h.names)) for h in held]
     notes = [f"{len(before.inplace)} ops of the top-level block already run in place "
              "by Paddle's executor (its in-place pass); memopt changed "
              f"{changed} op{'s' if changed != 1 else ''} to in-place variants"]
@@ -187,7 +187,20 @@ def pir_report(graph, before, after, reuses, reasons, changed: int, options: Opt
         batch_size=batch_size, persistable_bytes=before.persistable_bytes(batch_size),
         peak_before=before.total_peak(batch_size), peak_after=after.total_peak(batch_size),
         top_holders=holders, release=_pir_release_text(gc), not_merged=dict(reasons),
-        seconds=seconds, notes=notes)
+        seconds=seconds, notes=notes, labels=_labels(graph, reuses, held))
+
+
+def _labels(graph, reuses, held) -> dict:
+    """name -> how the user knows it (:attr:`memopt.graph.Var.display`), for
+    the values the report names: the reuses' from ``graph`` (the program as
+    it was), the holders' (``held``, analysis Holders) from the program as
+    rewritten; names that say it all are left out."""
+    display = {var.name: var.display for _, var in graph.all_vars()}
+    out = {h.name: h.label for h in held if h.label != h.name}
+    for name in sorted({n for r in reuses for n in (r.var, r.takes, r.renamed_to)}):
+        if display.get(name, name) != name:
+            out[name] = display[name]
+    return dict(sorted(out.items()))
 
 
 def pir_release_report(graph, analysis, kept: List[str], gc: bool, runtime: str,

@@ -617,11 +617,132 @@ def convert(program, fetch_list: Iterable = (), value_names: Optional[dict] = No
             "build the program in Paddle's static mode with PIR on (the default)")
     result = _Converter(program, list(fetch_list), value_names).run()
     result.program = program
+    if not value_names:  # (a translated legacy program's ops are not the user's)
+        label_values(result)
     fetched = [nm for _, var in result.graph.all_vars() if var.is_fetch
                for nm in [var.name]]
     result.graph.fetch_names = tuple(dict.fromkeys((*result.graph.fetch_names, *fetched)))
     mark_in_flight(result.graph)
     return result
+
+
+# -- how a user knows a value ---------------------------------------------------
+
+_FRAME_LINE = re.compile(r'", line (\d+)')
+#: ``name="..."`` in a line of Python.
+_NAME_ARG = re.compile(r"""\bname\s*=\s*(['"])([^'"]+)\1""")
+
+
+def _paddle_dir() -> str:
+    import os
+
+    import paddle
+
+    return os.path.dirname(os.path.abspath(paddle.__file__)) + os.sep
+
+
+def _user_frame(op, paddle_dir: str) -> Optional[tuple]:
+    """``(file, line, code)`` of the innermost frame of ``op``'s call stack
+    (``op.callstack``: the Python that built it, as ``File "f", line n, in
+    g`` / code pairs, outermost first) outside Paddle's own package -- the
+    line that called Paddle -- or None (no call stack kept, e.g. most
+    backward ops)."""
+    try:
+        stack = list(op.callstack or ())
+    except Exception:  # pragma: no cover - ops without one
+        return None
+    for k in range(len(stack) - 1, -1, -1):
+        entry = str(stack[k])
+        if not entry.lstrip().startswith('File "'):
+            continue
+        path = entry.split('"', 2)[1]
+        if path.startswith(paddle_dir):
+            continue
+        m = _FRAME_LINE.search(entry)
+        code = str(stack[k + 1]).strip() if k + 1 < len(stack) else ""
+        return path, int(m.group(1)) if m else 0, code
+    return None
+
+
+def _op_places(pir_block, where: str, out: dict) -> None:
+    """``op.id()`` -> where the op is: ``"op 6"`` (index in the top-level
+    block) or ``"op 2 in pd_op.while at op 40"``."""
+    for k, op in enumerate(pir_block.ops):
+        place = f"op {k}" + where
+        out[op.id()] = place
+        for sub in op.blocks():
+            _op_places(sub, f" in {op.name()} at {place}", out)
+
+
+def label_values(result: PirGraph) -> None:
+    """Set :attr:`memopt.graph.Var.label` of every ``%N`` value of
+    ``result`` to how the user knows it:
+
+    - ``'my_sum' (%7)`` when the Python line that built the value's op passed
+      ``name="my_sum"`` and this op makes what that line returns (the last of
+      the ops built in a row from the same call; PIR keeps no ``name=``
+      itself, but every op keeps the call stack that built it);
+    - ``pd_op.add at op 6, model.py:12 (%7)`` otherwise: the op that makes it
+      (and which output, when it has several), its position in the program
+      (``print(program)`` order), and the line of Python that built it when
+      Paddle kept one.
+    """
+    import os
+
+    if result.program is None:
+        return
+    paddle_dir = _paddle_dir()
+    places: dict = {}
+    _op_places(result.program.global_block(), "", places)
+    frames: dict = {}   # op id -> user frame
+    last_of_run: set = set()  # ops that end a run of ops built by one call
+
+    def scan(pir_block) -> None:
+        previous = None
+        for op in pir_block.ops:
+            frame = _user_frame(op, paddle_dir)
+            frames[op.id()] = frame
+            if previous is not None and (frame is None or frame != frames[previous.id()]):
+                last_of_run.add(previous.id())
+            previous = op
+            for sub in op.blocks():
+                scan(sub)
+        if previous is not None:
+            last_of_run.add(previous.id())
+
+    scan(result.program.global_block())
+    for _, var in result.graph.all_vars():
+        name = var.name
+        value = result.values.get(name)
+        if not name.startswith("%") or value is None or name.startswith(("%arg_", "%stack_",
+                                                                        "%inlet_", "%outlet_")):
+            continue
+        op = value.get_defining_op()
+        if op is None:
+            continue
+        frame = frames.get(op.id())
+        if frame is not None and op.id() in last_of_run and op.num_results() == 1:
+            m = _NAME_ARG.search(frame[2])
+            if m:
+                var.label = f"{m.group(2)!r} ({name})"
+                continue
+        text = f"{op.name()} at {places.get(op.id(), '?')}"
+        if op.num_results() > 1:
+            slots = _output_names(op)
+            index = next((k for k, r in enumerate(op.results()) if r.id == value.id), None)
+            if index is not None:
+                text += f", output {slots[index] if index < len(slots) else index}"
+        if frame is not None:
+            text += f", {os.path.basename(frame[0])}:{frame[1]}"
+        var.label = f"{text} ({name})"
+
+
+def label(result: PirGraph, name: str) -> str:
+    """How messages name value ``name`` of ``result`` (see :func:`label_values`)."""
+    for block in result.graph.blocks:
+        if name in block.vars:
+            return block.vars[name].display
+    return name
 
 
 def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
@@ -752,3 +873,17 @@ def value_name(value) -> str:
         return converter.printed[value.id]
     except KeyError:
         raise ValueError("the Value belongs to no program") from None
+
+
+def value_label(value) -> str:
+    """How messages name ``value``: its :func:`label` in its own program
+    (``'my_sum' (%7)``, ``pd_op.add at op 6, model.py:12 (%7)``)."""
+    op = value.get_defining_op()
+    block = op.get_parent_block() if op is not None else None
+    while block is not None and block.parent_op is not None \
+            and block.parent_op.name() != "builtin.module":
+        block = block.parent_op.get_parent_block()
+    if block is None:
+        raise ValueError("the Value belongs to no program")
+    pg = convert(block.program)
+    return label(pg, pg.name(value))

@@ -168,9 +168,9 @@ def _overwritten_error(value, found):
 
     op, names = found
     try:
-        from .pir import value_name
+        from .pir import value_label
 
-        name = value_name(value)
+        name = value_label(value)  # as the user knows it: 'my_sum' (%7), ...
     except Exception:
         name = names.split(",")[0] if names else "the Value"
     return MergedVariableError(
