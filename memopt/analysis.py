@@ -31,11 +31,15 @@ while it runs one step:
   pass (PIR stacks) is held from the push to the pop, once per loop
   iteration (:attr:`RuntimeModel.loop_iterations`);
 - persistable variables (parameters, optimizer state) are counted apart: they
-  are allocated before the step and outlive it.
+  are allocated before the step and outlive it;
+- what kernels allocate beyond the program's types, where known
+  (:mod:`memopt.paddle.kernel_memory`): the real size of outputs typed
+  empty (``rnn``'s ``reserve``), and an op's scratch memory held while it
+  runs (``attrs["workspace"]``, category ``"workspace"``; ``rnn_grad``).
 
-Not modelled: kernels' temporary workspaces (e.g. convolution buffers), and
-which branch of an ``if`` runs (values saved in either branch are counted:
-an upper bound).  ``scripts/bench_analysis.py`` measures the error against
+Not modelled: other kernels' temporary workspaces (e.g. convolution
+buffers, which land on top when the GC is off), and which branch of an
+``if`` runs (values saved in either branch are counted: an upper bound).  ``scripts/bench_analysis.py`` measures the error against
 Paddle's allocator (within 10% on the benchmark models).
 
 Sizes are symbolic in the batch (a ``-1`` dimension is ``B``), so the live
@@ -67,7 +71,7 @@ log = logging.getLogger(__name__)
 __all__ = ["RuntimeModel", "Holder", "Analysis", "from_graph", "versions", "executor_order"]
 
 #: Categories of memory, in report order.
-CATEGORIES = ("parameter", "input", "activation", "gradient", "optimizer")
+CATEGORIES = ("parameter", "input", "activation", "gradient", "optimizer", "workspace")
 
 
 @dataclass(frozen=True)
@@ -713,6 +717,14 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
             category=_category(var_of[owner], op.role if op else "forward"),
             op=op.type if op else "-", position=pos, start=start, end=end,
             label=var_of[owner].display))
+    # a kernel's scratch memory (``attrs["workspace"]``, filled by the
+    # adapters where known): held while the op runs
+    for pos, (_, op) in enumerate(positions):
+        workspace = op.attrs.get("workspace") if op.attrs else None
+        if workspace is not None and workspace.coefficient:
+            holders.append(Holder(
+                name=f"workspace of {op.type} at op {pos}", names=(), size=workspace,
+                category="workspace", op=op.type, position=pos, start=pos, end=pos))
     holders.sort(key=lambda h: (h.start, h.name))
     return Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
                     holders=holders, persistable=persistable,

@@ -259,6 +259,9 @@ class OpFacts:
         communication) may still read or write after it returns, until the
         end of the step: never shared, given away, written in place or
         released (:mod:`memopt.paddle.distributed`).
+    workspace : bytes the kernel holds while the op runs beyond its outputs
+        (scratch memory, symbolic in the batch: ``rnn_grad``'s gate
+        gradients); None: none known.
     """
 
     inplace: Optional[Tuple[str, str]] = None
@@ -277,6 +280,7 @@ class OpFacts:
     view: bool = False
     variant: Optional[InplaceVariant] = None
     in_flight: Tuple[str, ...] = ()
+    workspace: Optional["Size"] = None
 
 
 @dataclass

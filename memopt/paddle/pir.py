@@ -96,6 +96,7 @@ COMBINE_OP, SPLIT_OP, SLICE_OP = "builtin.combine", "builtin.split", "builtin.sl
 PARAMETER_OP, DATA_OPS = "builtin.parameter", ("pd_op.data", "pd_op.feed")
 FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
 STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
+RNN_OP, RNN_GRAD_OP = "pd_op.rnn", "pd_op.rnn_grad"
 #: What a legacy ``share_buffer`` (a memopt release among others) translates to.
 SHARE_DATA_OP = "pd_op.share_data_"
 #: Ops that make constants; those right before the first gradient op that
@@ -409,6 +410,8 @@ class _Converter:
         else:
             facts.overwrites = self._overwritten(pir_op)
         facts.no_need_buffer = tuple(self._no_need_buffer(pir_op))
+        if name in (RNN_OP, RNN_GRAD_OP):
+            self._rnn_memory(pir_op, block, facts)
         if name == POP_OP:
             stack = self._stack_index(pir_op.operand_source(0))
             held = self.pushed.get(stack, [])
@@ -426,6 +429,36 @@ class _Converter:
                                     attrs={"pir_id": pir_op.id()}, facts=facts))
         if name == PUSH_OP:
             self._walk_push(pir_op, block, reads[1:])
+
+    def _rnn_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
+        """What the rnn kernels allocate beyond PIR's types
+        (:mod:`memopt.paddle.kernel_memory`): the real shapes of ``rnn``'s
+        ``reserve`` and ``dropout_state_out``; ``rnn_grad``'s workspace."""
+        from . import kernel_memory
+
+        op_attrs = pir_op.attrs()
+        mode = str(op_attrs.get("mode", ""))
+        names = list(pir_op.get_input_names() if pir_op.name() == RNN_GRAD_OP
+                     else pir_op.get_output_names())
+        if "out" not in names:
+            return
+        k = names.index("out")
+        out = (pir_op.operand_source(k) if pir_op.name() == RNN_GRAD_OP
+               else pir_op.result(k))
+        if not out.initialized() or not out.is_dense_tensor_type():
+            return
+        shape, dtype = tuple(int(d) for d in out.shape), _dtype_name(out)
+        if pir_op.name() == RNN_GRAD_OP:
+            facts.workspace = kernel_memory.rnn_grad_workspace(mode, shape, dtype)
+            return
+        real = kernel_memory.rnn_outputs(mode, int(op_attrs.get("num_layers", 1)),
+                                         bool(op_attrs.get("is_test", False)), shape, dtype)
+        for slot, (real_shape, real_dtype) in real.items():
+            value = pir_op.result(names.index(slot)) if slot in names else None
+            nm = self.result.name_of.get(value.id) if value is not None else None
+            var = block.vars.get(nm) if nm is not None else None
+            if var is not None and var.is_dense:
+                var.shape, var.dtype = real_shape, real_dtype
 
     def _stack_index(self, value) -> int:
         """k of ``%inlet_k`` / ``%outlet_k`` / ``%stack_k``."""

@@ -177,6 +177,15 @@ def _deletable(value) -> bool:
         return True
 
 
+def _no_need_buffer(op, value) -> bool:
+    """Whether ``op`` reads only ``value``'s shape (False where Paddle has no
+    yaml info for the op)."""
+    try:
+        return bool(op.is_no_need_buffer(value))
+    except Exception:
+        return False
+
+
 def _numel_fits(value_in, value_out, relaxed: bool) -> bool:
     """The element-count test of Paddle's in-place pass (``-1`` allowed in
     dimension 0 of a tensor of rank 2 or more only, unless relaxed)."""
@@ -200,7 +209,9 @@ def executor_inplace(pg: PirGraph, fetch_list=(), device: str = "cpu",
     rewrites ops of the program's top-level block to their in-place variants
     where the input dies at the op; this predicts its choices by its rules
     (Paddle's ``inplace_pass.cc``): the variant must be registered, the input
-    must be a deletable dense tensor whose last use in the block is this op,
+    must be a deletable dense tensor whose last use in the block is this op
+    (a later use of its shape alone, a no-need-buffer operand such as ``x``
+    of ``add_grad``, does not count),
     not fed, fetched, persistable, used inside a control-flow region or
     already reused; dtypes and element counts must match.  Ops inside
     ``if``/``while`` regions are never rewritten by the executor.
@@ -229,7 +240,10 @@ def executor_inplace(pg: PirGraph, fetch_list=(), device: str = "cpu",
     def scan(block) -> None:
         for op in block.ops:
             for v in op.operands_source():
-                if v.initialized() and v.id not in skip and _deletable(v):
+                # a use of the shape alone (no-need-buffer) does not keep the
+                # buffer: Paddle's pass skips it, as its GC does
+                if v.initialized() and v.id not in skip and _deletable(v) \
+                        and not _no_need_buffer(op, v):
                     last_op[v.id] = op.id()
             for v in op.results():
                 if _deletable(v):

@@ -52,7 +52,7 @@ def test_timeline_peak_and_holders_by_hand():
     assert [(h.name, h.bytes(2)) for h in held] == [("c", 64), ("x", 32), ("b", 32), ("s", 4)]
     assert held[0].op == "scale" and held[0].position == 3
     assert an.breakdown(None, 2) == {"parameter": 64, "input": 32, "activation": 100,
-                                     "gradient": 0, "optimizer": 0}
+                                     "gradient": 0, "optimizer": 0, "workspace": 0}
     assert an.peak_formula(2) == "64 B*B + 4 B"
 
 

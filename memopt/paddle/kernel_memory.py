@@ -1,0 +1,58 @@
+"""Memory Paddle's CPU kernels allocate that PIR's types do not show.
+
+PIR types some outputs as empty (shape ``[0]``) because their size is known
+only inside the kernel, and some kernels allocate scratch memory for the
+length of one op.  Both are real allocations the allocator sees; the facts
+here come from Paddle 3.3.1's CPU kernels and were checked against
+``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)``
+(``scripts/bench_analysis.py``, the ``lstm`` and ``gru`` rows).
+
+``pd_op.rnn`` (``paddle.nn.LSTM`` / ``GRU`` / ``SimpleRNN``), when training
+(``is_test`` false):
+
+- ``reserve`` keeps every step's gates, cell states and hidden states for
+  the backward pass: a ``[rows, T * B * directions * H]`` tensor of the
+  output's dtype (the output is ``[T, B, directions * H]``), with
+  ``rows = (num_layers - 1) + per_layer * num_layers`` and ``per_layer`` 6
+  for LSTM (4 gates, cell, cell activation), 4 for GRU (3 gates, reset
+  output), 1 for a simple RNN;
+- ``dropout_state_out`` is filled with ones of the output's shape, one byte
+  per element (uint8), whether dropout is on or not.
+
+``pd_op.rnn_grad`` allocates the gradient of one layer's gates,
+``[T * directions, B, H * gates]`` of the output's dtype (gates: 4 LSTM, 3
+GRU, 1 simple RNN), for as long as the op runs: its *workspace*.
+
+Sizes keep the batch dimension symbolic (``-1``), as everywhere in memopt.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+from ..graph import Size, size_of
+
+#: gates per RNN cell, by the rnn op's ``mode`` attribute
+GATES = {"LSTM": 4, "GRU": 3, "RNN_RELU": 1, "RNN_TANH": 1}
+#: rows of ``reserve`` per layer: gates plus the states kept for backward
+_RESERVE_ROWS = {"LSTM": 6, "GRU": 4, "RNN_RELU": 1, "RNN_TANH": 1}
+
+
+def rnn_outputs(mode: str, num_layers: int, is_test: bool, out_shape: tuple,
+                dtype: str) -> Dict[str, Tuple[tuple, str]]:
+    """``{output slot: (shape, dtype)}`` for the outputs of ``pd_op.rnn``
+    whose PIR type is empty: ``reserve`` and ``dropout_state_out`` (nothing
+    when ``is_test``, or for an unknown ``mode``).  ``out_shape`` is the
+    op's ``out`` shape ``[T, B, directions * H]`` (``-1`` for the batch)."""
+    if is_test or mode not in _RESERVE_ROWS or len(out_shape) != 3:
+        return {}
+    rows = (num_layers - 1) + _RESERVE_ROWS[mode] * num_layers
+    return {"reserve": ((rows, *out_shape), dtype),
+            "dropout_state_out": (tuple(out_shape), "uint8")}
+
+
+def rnn_grad_workspace(mode: str, out_shape: tuple, dtype: str) -> Optional[Size]:
+    """Bytes ``pd_op.rnn_grad`` holds while it runs (one layer's gate
+    gradients), given the forward ``out`` shape; None for an unknown mode."""
+    if mode not in GATES or len(out_shape) != 3:
+        return None
+    return size_of((GATES[mode], *out_shape), dtype)
