@@ -187,7 +187,7 @@ def looped_blocks(graph: Graph) -> set:
 
 
 def inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals,
-                   level: int = 0) -> List[Tuple[str, str, int]]:
+                  level: int = 0, allowed=None) -> List[Tuple[str, str, int]]:
     """``(input, output, position)`` for every op that can run in place on a
     dying candidate input of the output's dtype and shape -- at level 1, of
     any shape whose size is the input's for every batch size (``reshape2``,
@@ -195,9 +195,10 @@ def inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals,
     tensor instead of copying it into a second one).
 
     Skipped: an op that also writes its input or also reads its output
-    (renaming would make it write, or read, one name twice), and an input
+    (renaming would make it write, or read, one name twice), an input
     no earlier op of its block wrote (a value carried in from outside or
-    from the previous loop iteration: there is nothing to take over yet).
+    from the previous loop iteration: there is nothing to take over yet),
+    and a pair ``allowed(src, dst, op)`` refuses (see memopt.any_order).
     """
     looped = looped_blocks(graph)
     pairs = []
@@ -210,8 +211,9 @@ def inplace_pairs(graph: Graph, live, candidates: Dict[str, int], intervals,
                    if p is not None and p[0] in before]
         before.update(op.writes)
         for src, dst in options:
-            if can_run_in_place(graph, live, candidates, intervals, level, looped,
-                                 pos, block_idx, op, src, dst):
+            if (allowed is None or allowed(src, dst, op)) and can_run_in_place(
+                    graph, live, candidates, intervals, level, looped,
+                    pos, block_idx, op, src, dst):
                 pairs.append((src, dst, pos))
                 break
     return pairs

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 from typing import Dict, List
 
+from .any_order import single_reader_rule
 from .candidates import (classify, dims_only_substitutions, inplace_pairs, persistable_sizes,
                          reason_counts, substitute, temporaries)
 from .graph import Graph, as_size
@@ -60,9 +61,10 @@ def plan_memory(graph: Graph, options: Options, gc: bool) -> Plan:
     ----------
     graph : the program model (from an adapter).
     options : resolved options (level, skip_opt_set, skip_grads).
-    gc : plan for Paddle's garbage collector on (in-place reuse and the
-        optimizer schedule only) or off (also dims-only substitutions and
-        whole-buffer renaming).
+    gc : plan for Paddle's garbage collector on (dims-only substitutions
+        and in-place reuse over an input the op alone reads, nothing else:
+        memopt.any_order) or off (also any in-place reuse, the optimizer
+        schedule and whole-buffer renaming).
 
     Returns
     -------
@@ -82,7 +84,10 @@ def plan_memory(graph: Graph, options: Options, gc: bool) -> Plan:
     before = temporaries(original, intervals)
     plan = Plan(gc=gc, level=options.level, before=before, substitutions=substitutions)
     graph = substituted
-    order = schedule_optimizer_ops(graph)
+    # with GC on, only what holds in every order the multi-thread executor
+    # may pick (memopt.any_order): no moved ops, in place only over an input
+    # the op alone reads
+    order = None if gc else schedule_optimizer_ops(graph)
     if order is not None:
         plan.order = order
         plan.moved = sum(1 for k, i in enumerate(order) if i != k and
@@ -102,7 +107,8 @@ def plan_memory(graph: Graph, options: Options, gc: bool) -> Plan:
     plan.buffers = temporaries(graph, intervals) if changed else before
 
     # in-place chains: union of (input, output) pairs, head = the first input
-    pairs = inplace_pairs(graph, live, candidates, intervals, options.level)
+    pairs = inplace_pairs(graph, live, candidates, intervals, options.level,
+                          single_reader_rule(graph) if gc else None)
     plan.inplace = pairs
     head: Dict[str, str] = {}
     for src, dst, _ in pairs:

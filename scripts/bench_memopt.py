@@ -61,6 +61,10 @@ BENCH_MODELS = {
                          "layers": 2}),
     "while_loop": (256, {"hidden": 256, "steps": 4}),
     "nested_cond": (256, {"hidden": 256}),
+    "vgg": (16, {"image_size": 32, "width": 32}),
+    "gpt": (16, {"seq_len": 64, "d_model": 128, "heads": 4, "d_ff": 512, "layers": 2,
+                 "vocab": 1000}),
+    "amp_bf16": (16, {"seq_len": 64, "d_model": 128, "heads": 4, "d_ff": 512, "layers": 2}),
 }
 
 

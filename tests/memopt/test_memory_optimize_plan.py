@@ -262,8 +262,10 @@ def test_optimizer_ops_move_up_to_their_gradient():
     # sgd(w2) right after the op that writes dw2 (and last reads w2)
     assert order == [0, 1, 2, 3, 4, 7, 5, 6], types
     verify_order(g, order)
-    plan = plan_memory(g, ALL, gc=True)
+    plan = plan_memory(g, ALL, gc=False)
     assert plan.order == order and plan.moved == 1
+    # with GC on the multi-thread executor picks its own order: ops stay put
+    assert plan_memory(g, ALL, gc=True).order is None
 
 
 def test_verify_order_rejects_broken_dependencies():
@@ -297,9 +299,10 @@ def test_straight_line_liveness_matches_the_core():
         assert all(fast[n].half_open == core[n].half_open for n in core)
 
 
-def test_gc_plan_that_would_raise_the_peak_is_dropped():
+def test_gc_on_never_moves_ops():
     """An optimizer op writing a big temporary, hoisted to the top, would keep
-    it alive through the peak: with GC on the plan is dropped instead."""
+    it alive through the peak; with GC on ops never move (memopt.any_order),
+    so the plan cannot raise the estimate."""
     g = chain(4)
     b = g.global_block
     b.add_var(Var("big", (-1, 1024)))
@@ -309,9 +312,8 @@ def test_gc_plan_that_would_raise_the_peak_is_dropped():
     b.ops[-1] = Op("mean", ("t3", "big"), ("loss",), facts=OpFacts(loss=True))
     assert schedule_optimizer_ops(g) is not None
     plan = plan_memory(g, ALL, gc=True)
-    assert plan.order is None and plan.renames == {}
+    assert plan.order is None and plan.renames == {} and plan.moved == 0
     assert plan.estimates[1] == plan.estimates[0]
-    assert plan.notes == ["no change: the plan would have raised the estimated peak"]
 
 
 def test_substitutions_are_checked():
