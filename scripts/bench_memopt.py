@@ -1,17 +1,22 @@
 """Benchmark memory_optimize on real Paddle training programs (CPU).
 
-For every model and configuration, ``--runs`` fresh Python processes each
-build the program, (optionally) run memopt.memory_optimize on it and train
-``--steps`` steps while Paddle's allocator records its peak
-(``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)``).  The
-table gives the median peak and its spread over the runs (the executor runs
-ops on several threads, so peaks vary a little), the peak through the first
-step as a multiple of base-gc-on's (that step runs op by op in program order
-while the executor builds its instruction list: the same in every run, so it
-shows the plan without the threads' noise), ``ru_maxrss``, the median
-step time, the median memory_optimize time (wall and CPU, over ``--repeat``
-fresh builds) and whether the fetched values and every parameter are
-bit-identical to the unoptimized run.
+For every model and configuration, ``--runs`` fresh Python processes
+(``--gc-on-runs``, default 10, for the GC-on configurations) each build the
+program, (optionally) run memopt.memory_optimize on it and train ``--steps``
+steps under Paddle's default executor (multi-thread) while Paddle's
+allocator records its peak
+(``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)``: the
+largest number of bytes allocated at once on the CPU, parameters and
+optimizer state included, over the whole run).  The table gives the median
+peak over the processes, the largest, and their spread (the executor runs
+ops on several threads in an order that differs from run to run, and so
+does the peak), the median and largest as multiples of base-gc-on's, the
+peak through the first step as a multiple of base-gc-on's (that step runs
+op by op in program order while the executor builds its instruction list:
+the same in every run, so it shows the plan without the threads' noise),
+``ru_maxrss``, the median step time, the median memory_optimize time (wall
+and CPU, over ``--repeat`` fresh builds) and whether the fetched values and
+every parameter are bit-identical to the unoptimized run.
 
 Configurations (GC = Paddle's eager-deletion garbage collector,
 ``FLAGS_eager_delete_tensor_gb`` 0 = on, -1 = off):
@@ -29,13 +34,16 @@ Configurations (GC = Paddle's eager-deletion garbage collector,
 memory_optimize runs with ``skip_grads=False`` (gradients take part) and the
 fetched logits in ``skip_opt_set``.  Targets (from the issue): GC off, level
 1 peak <= 1.10x base-gc-on (memory_optimize alone, and with release_memory);
-GC on never above base-gc-on and at or below
-pir-inplace; memory_optimize on ResNet-50 under 0.15 s.
+GC on never above base-gc-on -- neither the median nor the largest peak
+over the fresh processes -- and at or below pir-inplace; memory_optimize on
+ResNet-50 under 0.15 s.
 
 Usage::
 
     python scripts/bench_memopt.py                  # all models, all configs
     python scripts/bench_memopt.py --models mlp,cnn --steps 3 --repeat 5
+    python scripts/bench_memopt.py --models vgg,gpt,amp_bf16 \
+        --configs base-gc-on,L0-gc-on,L1-gc-on --gc-on-runs 10
 """
 from __future__ import annotations
 
@@ -174,6 +182,8 @@ def run_config(model: str, config: str, steps: int, repeat: int, runs: int,
     merged = dict(good[0])
     merged["peak"] = int(_bench.median(r["peak"] for r in good))
     merged["peaks"] = [r["peak"] for r in good]
+    merged["max_peak"] = max(merged["peaks"])
+    merged["first_peaks"] = [r["first_peak"] for r in good]
     merged["first_peak"] = int(_bench.median(r["first_peak"] for r in good))
     merged["maxrss"] = max(r["maxrss"] for r in good)
     merged["step"] = _bench.median(r["step"] for r in good)
@@ -203,17 +213,21 @@ def mib(n: float) -> str:
 
 def table(results: list) -> str:
     rows: list = []
-    out = _bench.Table(["model", "config", "peak MiB", "spread MiB", "x base-gc-on", "step 1 x",
-                        "ru_maxrss MiB", "step s", "optimize s (CPU s)", "merged",
-                        "bit-identical"], "llrrrrrrrrl", out=rows.append)
+    out = _bench.Table(["model", "config", "runs", "peak MiB median", "max", "spread MiB",
+                        "median x base", "max x base", "step 1 x", "ru_maxrss MiB", "step s",
+                        "optimize s (CPU s)", "merged", "bit-identical"],
+                       "llrrrrrrrrrrrl", out=rows.append)
     by_key = {(r["model"], r["config"]): r for r in results}
     for r in results:
         if "error" in r:
             out.row(r["model"], r["config"], f"error: {r['error'][-120:]!r}",
-                    *[""] * 8)
+                    *[""] * 11)
             continue
         base = by_key.get((r["model"], "base-gc-on"))
         ratio = f"{r['peak'] / base['peak']:.3f}" if base and "peak" in base else ""
+        top = r.get("max_peak", r["peak"])
+        top_ratio = (f"{top / base.get('max_peak', base['peak']):.3f}"
+                     if base and "peak" in base else "")
         first = (f"{r['first_peak'] / base['first_peak']:.3f}"
                  if base and "first_peak" in base else "")
         same = ""
@@ -225,8 +239,8 @@ def table(results: list) -> str:
                if r.get("optimize") is not None else "")
         peaks = r.get("peaks", [r["peak"]])
         spread = mib(max(peaks) - min(peaks))
-        out.row(r["model"], r["config"], mib(r["peak"]), spread, ratio, first,
-                mib(r["maxrss"]), f"{r['step']:.3f}", opt, r["merged"], same)
+        out.row(r["model"], r["config"], len(peaks), mib(r["peak"]), mib(top), spread, ratio,
+                top_ratio, first, mib(r["maxrss"]), f"{r['step']:.3f}", opt, r["merged"], same)
     return "\n".join(rows)
 
 
@@ -255,9 +269,13 @@ def verdicts(results: list) -> list:
             r = by_key.get((model, cfg))
             if r is None:
                 continue
-            # a peak counts as not above another within their run-to-run spread
-            ok_base = r["peak"] <= base["peak"] + _tolerance(r, base)
-            text = f"{model}: {cfg} {mib(r['peak'])} MiB vs base {mib(base['peak'])}"
+            # over >= 10 fresh processes: neither the median nor the largest
+            # peak above the unoptimized program's
+            top, base_top = r.get("max_peak", r["peak"]), base.get("max_peak", base["peak"])
+            ok_base = r["peak"] <= base["peak"] and top <= base_top
+            text = (f"{model}: {cfg} median {mib(r['peak'])} / max {mib(top)} MiB over "
+                    f"{len(r.get('peaks', [1]))} processes vs base {mib(base['peak'])} / "
+                    f"{mib(base_top)} over {len(base.get('peaks', [1]))}")
             if pir:
                 text += f", PIR in-place {mib(pir['peak'])}"
                 ok_pir = r["peak"] <= pir["peak"] + _tolerance(r, pir)
@@ -294,6 +312,8 @@ def main(argv=None) -> int:
                         help="fresh builds memory_optimize is timed on (median)")
     parser.add_argument("--runs", type=int, default=3,
                         help="fresh processes per configuration (median peak)")
+    parser.add_argument("--gc-on-runs", type=int, default=10,
+                        help="fresh processes per GC-on configuration (median and max peak)")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "CONFIG"))
     parser.add_argument("--npz")
     parser.add_argument("--json", help="also write the raw results here")
@@ -306,8 +326,10 @@ def main(argv=None) -> int:
         for model in args.models.split(","):
             for config in args.configs.split(","):
                 start = time.time()
+                runs = (max(args.runs, args.gc_on_runs)
+                        if config.endswith("gc-on") else args.runs)
                 results.append(run_config(model, config, args.steps, args.repeat,
-                                          args.runs, tmp))
+                                          runs, tmp))
                 print(f"# {model} {config}: {time.time() - start:.1f} s", file=sys.stderr)
         print(table(results))
         print()
