@@ -35,7 +35,8 @@ while it runs one step:
 - what kernels allocate beyond the program's types, where known
   (:mod:`memopt.paddle.kernel_memory`): the real size of outputs typed
   empty (``rnn``'s ``reserve``), and an op's scratch memory held while it
-  runs (``attrs["workspace"]``, category ``"workspace"``; ``rnn_grad``).
+  runs (``OpFacts.workspace``, category ``"workspace"``; ``rnn_grad``,
+  ``add_grad``).
 
 Not modelled: other kernels' temporary workspaces (e.g. convolution
 buffers, which land on top when the GC is off), and which branch of an
@@ -717,10 +718,10 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
             category=_category(var_of[owner], op.role if op else "forward"),
             op=op.type if op else "-", position=pos, start=start, end=end,
             label=var_of[owner].display))
-    # a kernel's scratch memory (``attrs["workspace"]``, filled by the
+    # a kernel's scratch memory (``op.facts.workspace``, filled by the
     # adapters where known): held while the op runs
     for pos, (_, op) in enumerate(positions):
-        workspace = op.attrs.get("workspace") if op.attrs else None
+        workspace = op.facts.workspace
         if workspace is not None and workspace.coefficient:
             holders.append(Holder(
                 name=f"workspace of {op.type} at op {pos}", names=(), size=workspace,

@@ -23,6 +23,10 @@ here come from Paddle 3.3.1's CPU kernels and were checked against
 ``[T * directions, B, H * gates]`` of the output's dtype (gates: 4 LSTM, 3
 GRU, 1 simple RNN), for as long as the op runs: its *workspace*.
 
+``pd_op.add_grad`` where ``y`` is broadcast (a bias) and its gradient is
+wanted reduces ``out_grad`` through a temporary of ``out_grad``'s size
+(Paddle's general broadcast path on CPU): its workspace.
+
 Sizes keep the batch dimension symbolic (``-1``), as everywhere in memopt.
 """
 from __future__ import annotations
@@ -56,3 +60,13 @@ def rnn_grad_workspace(mode: str, out_shape: tuple, dtype: str) -> Optional[Size
     if mode not in GATES or len(out_shape) != 3:
         return None
     return size_of((GATES[mode], *out_shape), dtype)
+
+
+def add_grad_workspace(y_shape: tuple, out_grad_shape: tuple, dtype: str,
+                       y_grad_wanted: bool) -> Optional[Size]:
+    """Bytes ``pd_op.add_grad`` holds while it runs: a temporary of
+    ``out_grad``'s size when ``y`` is broadcast and its gradient is wanted;
+    None otherwise."""
+    if not y_grad_wanted or tuple(y_shape) == tuple(out_grad_shape):
+        return None
+    return size_of(tuple(out_grad_shape), dtype)

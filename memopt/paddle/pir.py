@@ -97,6 +97,7 @@ PARAMETER_OP, DATA_OPS = "builtin.parameter", ("pd_op.data", "pd_op.feed")
 FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
 STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
 RNN_OP, RNN_GRAD_OP = "pd_op.rnn", "pd_op.rnn_grad"
+ADD_GRAD_OP = "pd_op.add_grad"
 #: What a legacy ``share_buffer`` (a memopt release among others) translates to.
 SHARE_DATA_OP = "pd_op.share_data_"
 #: Ops that make constants; those right before the first gradient op that
@@ -412,6 +413,8 @@ class _Converter:
         facts.no_need_buffer = tuple(self._no_need_buffer(pir_op))
         if name in (RNN_OP, RNN_GRAD_OP):
             self._rnn_memory(pir_op, block, facts)
+        if name == ADD_GRAD_OP:
+            self._add_grad_memory(pir_op, facts)
         if name == POP_OP:
             stack = self._stack_index(pir_op.operand_source(0))
             held = self.pushed.get(stack, [])
@@ -459,6 +462,25 @@ class _Converter:
             var = block.vars.get(nm) if nm is not None else None
             if var is not None and var.is_dense:
                 var.shape, var.dtype = real_shape, real_dtype
+
+    def _add_grad_memory(self, pir_op, facts: OpFacts) -> None:
+        """``add_grad``'s workspace (:mod:`memopt.paddle.kernel_memory`)."""
+        from . import kernel_memory
+
+        if pir_op.num_operands() < 3 or pir_op.num_results() < 2:
+            return
+        y, out_grad = pir_op.operand_source(1), pir_op.operand_source(2)
+        y_grad = pir_op.result(1)
+        if not (y.initialized() and out_grad.initialized()
+                and out_grad.is_dense_tensor_type() and y.is_dense_tensor_type()):
+            return
+        wanted = y_grad.initialized() and y_grad.is_dense_tensor_type() \
+            and not y_grad.use_empty()
+        workspace = kernel_memory.add_grad_workspace(
+            tuple(int(d) for d in y.shape), tuple(int(d) for d in out_grad.shape),
+            _dtype_name(out_grad), wanted)
+        if workspace is not None:
+            facts.workspace = workspace
 
     def _stack_index(self, value) -> int:
         """k of ``%inlet_k`` / ``%outlet_k`` / ``%stack_k``."""

@@ -104,3 +104,14 @@ def test_workspace_counts_only_while_its_op_runs(paddle):
     ws = [h for h in an.holders if h.category == "workspace"]
     assert len(ws) == 1 and ws[0].start == ws[0].end and ws[0].op == "pd_op.rnn_grad"
     assert an.breakdown(ws[0].start)["workspace"] == ws[0].bytes(8)
+
+
+def test_add_grad_broadcast_workspace(paddle):
+    """add_grad reduces a broadcast y's gradient through a temporary of
+    out_grad's size; none when y is not broadcast or its gradient unused."""
+    assert kernel_memory.add_grad_workspace((8,), (-1, 8), "float32", True) == Size(32, 1)
+    assert kernel_memory.add_grad_workspace((-1, 8), (-1, 8), "float32", True) is None
+    assert kernel_memory.add_grad_workspace((8,), (-1, 8), "float32", False) is None
+    pg = convert(models.build("mlp", "pir", 8).main)          # Linear: a bias add
+    grads = [op for _, op in pg.graph.walk_ops() if op.type == "pd_op.add_grad"]
+    assert grads and all(op.attrs.get("workspace") for op in grads)
