@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from memopt import models
-from memopt.analysis import RuntimeModel, analyze
+from memopt import analyze
+from memopt.analysis import RuntimeModel
 from memopt.graph import Size
 from memopt.paddle import kernel_memory
 from memopt.paddle.pir import convert

@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from memopt import models
-from memopt.analysis import analyze
+from memopt import analyze
 from memopt.errors import UnsupportedProgramError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
