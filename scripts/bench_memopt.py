@@ -244,6 +244,12 @@ def table(results: list) -> str:
     return "\n".join(rows)
 
 
+#: Bytes below which two peaks are not told apart: identical processes of
+#: the unoptimized GPT-style program differ by up to 4,004 bytes in their
+#: lowest peaks (scalar tensors freed in another order), measured 2026-11-24.
+RESOLUTION = 4096
+
+
 def _tolerance(a: dict, b: dict) -> int:
     """The larger run-to-run spread of two measured configurations."""
     spread = [max(r.get("peaks", [r["peak"]])) - min(r.get("peaks", [r["peak"]]))
@@ -270,9 +276,10 @@ def verdicts(results: list) -> list:
             if r is None:
                 continue
             # over >= 10 fresh processes: neither the median nor the largest
-            # peak above the unoptimized program's
+            # peak above the unoptimized program's (beyond RESOLUTION)
             top, base_top = r.get("max_peak", r["peak"]), base.get("max_peak", base["peak"])
-            ok_base = r["peak"] <= base["peak"] and top <= base_top
+            ok_base = (r["peak"] <= base["peak"] + RESOLUTION
+                       and top <= base_top + RESOLUTION)
             text = (f"{model}: {cfg} median {mib(r['peak'])} / max {mib(top)} MiB over "
                     f"{len(r.get('peaks', [1]))} processes vs base {mib(base['peak'])} / "
                     f"{mib(base_top)} over {len(base.get('peaks', [1]))}")
