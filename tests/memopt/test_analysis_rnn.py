@@ -87,7 +87,7 @@ def test_rnn_outputs_get_their_real_sizes(paddle):
         assert Size(rows * block.coefficient, 1).coefficient in sizes
         assert T * H in sizes                        # dropout state, uint8
         grad = next(op for _, op in pg.graph.walk_ops() if op.type == "pd_op.rnn_grad")
-        assert grad.attrs["workspace"] == Size(gates * block.coefficient, 1)
+        assert grad.facts.workspace == Size(gates * block.coefficient, 1)
 
 
 def test_kernel_memory_rules():
@@ -119,4 +119,4 @@ def test_add_grad_broadcast_workspace(paddle):
     assert kernel_memory.add_grad_workspace((8,), (-1, 8), "float32", False) is None
     pg = convert(models.build("mlp", "pir", 8).main)          # Linear: a bias add
     grads = [op for _, op in pg.graph.walk_ops() if op.type == "pd_op.add_grad"]
-    assert grads and all(op.attrs.get("workspace") for op in grads)
+    assert grads and all(op.facts.workspace for op in grads)

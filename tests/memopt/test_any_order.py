@@ -3,7 +3,7 @@ every order Paddle's multi-thread executor may run the ops in
 (memopt.any_order): no op moves, and an op runs in place only over an input
 it alone reads."""
 from memopt.any_order import single_reader_rule
-from memopt.graph import Graph, Op, Var
+from memopt.graph import Graph, Op, OpFacts, Var
 from memopt.plan import Options
 from memopt.planner import plan_memory
 from memopt.verify import check_plan
@@ -22,9 +22,9 @@ def diamond():
         b.add_var(Var(name, (-1, 8) if name != "loss" else (), is_data=name == "x"))
     b.add_op(Op("relu", ("x",), ("t0",)))
     b.add_op(Op("scale", ("t0",), ("u",)))
-    b.add_op(Op("relu", ("t0",), ("t1",), attrs={"inplace": ("t0", "t1")}))
+    b.add_op(Op("relu", ("t0",), ("t1",), facts=OpFacts(inplace=("t0", "t1"))))
     b.add_op(Op("elementwise_add", ("t1", "u"), ("s",)))
-    b.add_op(Op("mean", ("s",), ("loss",), attrs={"loss": True}))
+    b.add_op(Op("mean", ("s",), ("loss",), facts=OpFacts(loss=True)))
     return g
 
 
