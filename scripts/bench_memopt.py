@@ -42,7 +42,7 @@ Usage::
 
     python scripts/bench_memopt.py                  # all models, all configs
     python scripts/bench_memopt.py --models mlp,cnn --steps 3 --repeat 5
-    python scripts/bench_memopt.py --models vgg,gpt,amp_bf16 \
+    python scripts/bench_memopt.py --models vgg,gpt_einsum,amp_bf16 \
         --configs base-gc-on,L0-gc-on,L1-gc-on --gc-on-runs 10
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ BENCH_MODELS = {
     "while_loop": (256, {"hidden": 256, "steps": 4}),
     "nested_cond": (256, {"hidden": 256}),
     "vgg": (16, {"image_size": 32, "width": 32}),
-    "gpt": (16, {"seq_len": 64, "d_model": 128, "heads": 4, "d_ff": 512, "layers": 2,
+    "gpt_einsum": (16, {"seq_len": 64, "d_model": 128, "heads": 4, "d_ff": 512, "layers": 2,
                  "vocab": 1000}),
     "amp_bf16": (16, {"seq_len": 64, "d_model": 128, "heads": 4, "d_ff": 512, "layers": 2}),
 }

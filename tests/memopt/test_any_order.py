@@ -61,7 +61,7 @@ def test_rule_counts_every_reader_and_writer():
 import pytest  # noqa: E402
 
 
-@pytest.mark.parametrize("name, level", [("vgg", 0), ("gpt", 0), ("amp_bf16", 1)])
+@pytest.mark.parametrize("name, level", [("vgg", 0), ("gpt_einsum", 0), ("amp_bf16", 1)])
 def test_real_programs_gc_on(paddle, name, level):
     """On real legacy training programs with GC on: no op moves, every
     in-place reuse takes over an input that only its op reads (a grad op's
