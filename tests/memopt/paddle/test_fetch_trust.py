@@ -314,8 +314,14 @@ def test_issue_repro_clone_for_test_never_returns_softmax(paddle):
         feed = {"x": np.random.rand(2, 5, 8).astype("float32"), "y": np.zeros((10, 1), "int64")}
         a = exe.run(before, feed=feed, fetch_list=[logits])[0]
         assert not np.allclose(a.sum(1), 1.0)
-        with pytest.raises(MergedVariableError, match=re.escape(logits.name)):
-            exe.run(test, feed=feed, fetch_list=[logits])
+        # the right values or a named error: with GC on memopt.any_order no
+        # longer lets the softmax write over logits (the loss reads them too)
+        try:
+            got = exe.run(test, feed=feed, fetch_list=[logits])[0]
+        except MergedVariableError as exc:
+            assert logits.name in str(exc)
+        else:
+            assert np.array_equal(a, got)
         # the user's Variable still knows its name, shape and dtype
         assert logits.name.startswith("reshape2") and list(logits.shape) == [-1, 4]
 
