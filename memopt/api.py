@@ -422,11 +422,11 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         pg = pir.convert(program, sorted(options.fetch_list))
         pir_rewrite.check_user_names(pg, options)
         before = _pir_analysis(pg, batch, model).total_peak(batch)
-        recomputed, added = [], 0.0
+        recomputed, added, applied = [], 0.0, None
         if limit is not None:
             chosen = pir_budget.plan_recompute(pg, batch, limit, model)
             if chosen.k:
-                pir_recompute.apply_plan(pg, chosen.plan)
+                applied = pir_recompute.apply_plan(pg, chosen.plan)
                 recomputed, added = list(chosen.plan.dropped), chosen.plan.added_percent
                 shown = ", ".join(recomputed[:8]) + (", ..." if len(recomputed) > 8 else "")
                 notes.append(
@@ -438,7 +438,14 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             else:
                 notes.append(f"recompute: none needed: the predicted peak "
                              f"{format_bytes(chosen.peak)} fits the budget {format_bytes(limit)}")
-        report = _pir_optimize(program, lower, batch)
+        try:
+            # the in-place rewrite is all or nothing itself; if it fails the
+            # recomputation goes too, so the call changes nothing
+            report = _pir_optimize(program, lower, batch)
+        except BaseException:
+            if applied is not None:
+                applied.undo()
+            raise
         if options.level == 2:
             choice = pir_schedule.plan_order(program, batch, model)
             if choice.order is not None:

@@ -152,11 +152,39 @@ def predictor(batch: int, runtime, inplace_pairs: list):
     return predict
 
 
-def apply_plan(pg: PirGraph, plan: RecomputePlan) -> Dict[str, object]:
+class AppliedRecompute:
+    """What :func:`apply_plan` did to a program, and how to take it back.
+
+    ``clones`` maps each recomputed name to its clone Value.  :meth:`undo`
+    points every redirected use back at the original value and erases every
+    op the plan added, leaving the block as it was read; memory_optimize
+    calls it when a later step of the same call fails, so the call changes
+    the program all at once or not at all."""
+
+    def __init__(self, block, original_ops, redirected, clones):
+        self.clones: Dict[str, object] = clones
+        self._block = block
+        self._known = {op.id() for op in original_ops}
+        self._redirected = redirected
+
+    def undo(self) -> None:
+        from paddle import pir
+
+        pir.set_insertion_point_to_block_end(self._block)
+        for user, k, old in reversed(self._redirected):
+            user.operand(k).set_source(old)
+        for op in reversed(list(self._block.ops)):
+            if op.id() not in self._known:
+                op.erase()
+        self._redirected = []
+
+
+def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
     """Clone the plan's ops into ``pg.program`` and point the backward
     part's uses of the dropped values at the clones; all or nothing (on any
-    failure the new ops are removed and every use put back).  Returns
-    ``{recomputed name: the clone Value}``.
+    failure the new ops are removed and every use put back).  Returns the
+    :class:`AppliedRecompute` (``.clones``: ``{recomputed name: the clone
+    Value}``; ``.undo()`` takes it all back).
 
     A clone's :attr:`~memopt.recompute.Clone.dep` becomes a few tiny ops
     right before it: ``s = shape64(input) + 0 * shape64(trigger)[0]`` (int64)
@@ -239,15 +267,9 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> Dict[str, object]:
         _sink_glue(block)
         verify_defined_before_use(block)
     except Exception:
-        pir.set_insertion_point_to_block_end(block)
-        for user, k, old in reversed(redirected):
-            user.operand(k).set_source(old)
-        known = {op.id() for op in ops}
-        for op in reversed(list(block.ops)):
-            if op.id() not in known:
-                op.erase()
+        AppliedRecompute(block, ops, redirected, clones).undo()
         raise
-    return clones
+    return AppliedRecompute(block, ops, redirected, clones)
 
 
 def _reads_data(op, value) -> bool:

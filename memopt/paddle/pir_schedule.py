@@ -119,22 +119,29 @@ def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
 def apply_order(program, order: List[int]) -> None:
     """Put the top-level ops of ``program`` in ``order`` (indices into the
     current order) with ``Operation.move_before``, then check that the block
-    holds exactly that order (PlanError otherwise)."""
+    holds exactly that order; otherwise put the ops back in their first order
+    and raise PlanError."""
     block = program.global_block()
     ops = list(block.ops)
     if sorted(order) != list(range(len(ops))):
         raise PlanError("apply_order: not a permutation of the block's ops")
     if order == list(range(len(ops))):
         return
-    anchor = ops[order[-1]]
-    # the anchor must end up last: every other op moves right before it
-    for i in order[:-1]:
-        ops[i].move_before(anchor)
+    _move_into(ops, order)
     got = [op.id() for op in block.ops]
     want = [ops[i].id() for i in order]
     if got != want:
+        _move_into(ops, list(range(len(ops))))
         raise PlanError("apply_order: the block's ops are not in the planned order after "
-                        "the moves")
+                        "the moves (the program's own order is restored)")
+
+
+def _move_into(ops: list, order: List[int]) -> None:
+    """Move ``ops`` (a block's ops as read) into ``order``: the last one of
+    ``order`` stays, every other moves right before it, in turn."""
+    anchor = ops[order[-1]]
+    for i in order[:-1]:
+        ops[i].move_before(anchor)
 
 
 class OrderChoice:

@@ -108,3 +108,29 @@ def test_max_batch_size_with_recompute(paddle):
     more = analysis.max_batch_size(budget, recompute=True)
     assert plain >= model.batch_size - 1
     assert more > plain
+
+
+def test_a_later_failure_takes_the_recomputation_back(paddle, monkeypatch):
+    """All or nothing across the whole call: when the in-place rewrite that
+    follows the recomputation fails (fault injected into its apply step),
+    the recomputation is undone too and the program is exactly as it was."""
+    import memopt
+    from memopt.errors import PlanError
+    from memopt.paddle import pir_rewrite
+    from memopt.paddle.pir_budget import MARGIN
+
+    model = models.build("unet", "pir")
+    before = str(model.main)
+    budget = int(_predicted_default(model) * 0.8 / (1 - MARGIN))
+
+    def fail(*args, **kwargs):
+        raise PlanError("injected: the in-place rewrite failed")
+
+    monkeypatch.setattr(pir_rewrite, "apply_inplace", fail)
+    with pytest.raises(PlanError, match="injected"):
+        memopt.memory_optimize(model.main, budget=budget, batch_size=model.batch_size,
+                               skip_opt_set=model.fetch_list, level=1)
+    assert str(model.main) == before
+    monkeypatch.undo()
+    _same(models.run_steps(models.build("unet", "pir"), steps=1),
+          models.run_steps(model, steps=1))
