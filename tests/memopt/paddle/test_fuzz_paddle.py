@@ -1,23 +1,6 @@
-"""Fuzzing memory_optimize on random legacy Paddle programs run by Paddle's executor.
-
-:func:`recipes` draws a *recipe*: plain data (nested tuples) saying which
-real Paddle ops to chain -- elementwise (``elementwise_add``/``sub``/``mul``),
-matrix products (``matmul_v2`` appended with ``LayerHelper``, as
-``paddle.matmul`` no longer builds legacy programs; ``static.nn.fc``, whose
-``mul`` op has a parameter), ``concat``/``split``, ``reshape2`` round trips,
-reductions (``reduce_mean``/``reduce_max`` with a broadcast subtract),
-activations, ``while`` loops (``static.nn.while_loop``) and
-``conditional_block`` branches (two blocks and ``select_input``), optionally
-with a backward pass and an SGD step.  :func:`build` turns a recipe into a
-legacy ``Program``, the same names every time, so a recipe is built once as
-the reference and once per configuration.
-
-Property: for every recipe, every level (0, 1) and both runtime modes of
-Paddle's garbage collector (off: renaming; on: in place only), the program
-after ``memory_optimize`` fetches bit-identical values (``np.array_equal``)
-and ends with bit-identical parameters, over two steps.
-
-CI runs :data:`CI_EXAMPLES` recipes; ``scripts/fuzz_paddle.py`` runs more.
+"""Fuzzing memory_optimize on random legacy Paddle programs run by Paddle's
+executor: the recipes, how they are built and the property checked are
+described in ``tests/fuzz_recipes.py`` (shared with ``scripts/fuzz_paddle.py``).
 """
 from __future__ import annotations
 
