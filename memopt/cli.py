@@ -3,7 +3,7 @@
 ::
 
     memopt analyze  MODEL [--batch-size N] [--budget 16GiB] [--top K] [--json]
-    memopt optimize MODEL [--level 0|1] [--skip NAME ...] [--fetch NAME ...] [--keep-grads]
+    memopt optimize MODEL [--level 0|1|2] [--budget 512MiB -b N] [--skip NAME ...] [--fetch NAME ...] [--keep-grads]
                     [--release] -o OUT [--json]
     memopt estimate MODEL -b N [--dp D] [--tp T] [--pp P] [--sharding-stage S] [--json]
     memopt plan     PROBLEM.csv [--exact] [--time-limit S] [-o OUT.csv] [--json]
@@ -277,7 +277,8 @@ def cmd_optimize(args, progress: Progress) -> int:
         with progress.step("optimizing"):
             report = memory_optimize(loaded.program, skip_opt_set=skip,
                                      skip_grads=not args.keep_grads, level=args.level,
-                                     fetch_list=fetch)
+                                     fetch_list=fetch, budget=args.budget,
+                                     batch_size=args.batch_size)
         if args.release:
             with progress.step("releasing"):
                 released = release_memory(loaded.program, skip_opt_set=skip,
@@ -434,8 +435,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run memopt.memory_optimize on a saved program and write "
             "the rewritten program (legacy: .pdmodel; PIR: .json).")
     p.add_argument("model", metavar="MODEL")
-    p.add_argument("--level", type=int, choices=(0, 1), default=0,
-                   help="0: share only same shape and dtype; 1: any provably large enough")
+    p.add_argument("--level", type=int, choices=(0, 1, 2), default=0,
+                   help="0: share only same shape and dtype; 1: any provably large enough; "
+                        "2: level 1 and a memory-aware op order (PIR)")
+    p.add_argument("--budget", metavar="BYTES", default=None,
+                   help="recompute forward values so one training step fits this allocator "
+                        "peak, e.g. 512MiB (PIR; needs --batch-size)")
+    p.add_argument("-b", "--batch-size", type=int, default=None, metavar="N",
+                   help="the batch size --budget is for")
     p.add_argument("--skip", nargs="+", action="extend", metavar="NAME", default=[],
                    help="variables never to merge (repeatable)")
     p.add_argument("--fetch", nargs="+", action="extend", metavar="NAME", default=[],

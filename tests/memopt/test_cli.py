@@ -81,6 +81,33 @@ def test_optimize_writes_a_loadable_program(saved, tmp_path, ir, ext):
     assert count(loaded.program) == count(original.program)
 
 
+def test_optimize_level2_and_budget_on_a_saved_pir_program(saved, tmp_path):
+    from memopt.paddle.modelio import load_model
+
+    out = tmp_path / "l2.json"
+    result = run_cli("optimize", saved / "mlp_pir.json", "--level", "2", "-o", out,
+                     "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["program_type"] == "pir" and doc["level"] == 2
+    assert any(note.startswith("level 2") for note in doc["notes"]), doc["notes"]
+    assert load_model(str(out)).ir == "pir"
+
+    out = tmp_path / "budget.json"
+    result = run_cli("optimize", saved / "mlp_pir.json", "--budget", "1GiB", "-b", "8",
+                     "-o", out, "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["budget"] == 1 << 30 and doc["peak_after"] <= doc["budget"]
+    assert load_model(str(out)).ir == "pir"
+    # a budget without the batch it is for is a one-line user error
+    one_line_error(run_cli("optimize", saved / "mlp_pir.json", "--budget", "1GiB", "-o", out,
+                           "--quiet"), "batch_size")
+    # and one nothing can fit names the smallest that can
+    one_line_error(run_cli("optimize", saved / "mlp_pir.json", "--budget", "1KiB", "-b", "8",
+                           "-o", out, "--quiet"), "smallest budget", "unchanged")
+
+
 def test_optimize_release_with_gc_off(saved, tmp_path):
     from memopt.paddle.modelio import load_model
 
