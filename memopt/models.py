@@ -769,6 +769,31 @@ def run_steps(model: BuiltModel, steps: int = 3, *, data_seed: int = 1,
     return RunResult(fetches=fetched, params=params)
 
 
+def step_peaks(model: BuiltModel, steps: int, *, data_seed: int = 0) -> tuple:
+    """Run the startup program, then ``steps`` training steps in a fresh scope,
+    reading Paddle's allocator (``host_memory_stat_*('Allocated', 0)``).
+
+    Returns ``(peaks, base)``: each step's allocator peak in bytes above
+    ``base``, the memory allocated after the startup program (parameters and
+    optimizer state).  Feeds come from ``numpy.random.default_rng(data_seed)``.
+    """
+    import paddle
+    from paddle.base import core
+
+    rng = np.random.default_rng(data_seed)
+    peaks = []
+    with paddle.static.scope_guard(paddle.static.Scope()), ir_guard(model.ir):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        model.initialize(exe)
+        base = core.host_memory_stat_current_value("Allocated", 0)
+        for _ in range(steps):
+            feed = model.feed(rng)
+            core.host_memory_stat_reset_peak_value("Allocated", 0)
+            exe.run(model.main, feed=feed, fetch_list=model.fetch_list)
+            peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
+    return peaks, base
+
+
 @contextlib.contextmanager
 def flags(**values):
     """Set Paddle flags (``FLAGS_`` names without the prefix) for a block and

@@ -76,26 +76,11 @@ FLAG_SETS = {
 }
 
 
-def _run_steps(model, ir: str):
+def _run_steps(model):
     """Median allocator peak over steps 2.. minus memory after startup."""
-    import numpy as np
-    import paddle
-    from paddle.base import core
-
     from memopt import models
 
-    scope = paddle.static.Scope()
-    rng = np.random.default_rng(0)
-    peaks = []
-    with paddle.static.scope_guard(scope), models.ir_guard(ir):
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        model.initialize(exe)
-        base = core.host_memory_stat_current_value("Allocated", 0)
-        for _ in range(STEPS):
-            feed = model.feed(rng)
-            core.host_memory_stat_reset_peak_value("Allocated", 0)
-            exe.run(model.main, feed=feed, fetch_list=model.fetch_list)
-            peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
+    peaks, base = models.step_peaks(model, STEPS)
     return float(_bench.median(peaks[1:])), min(peaks[1:]), max(peaks[1:]), base
 
 
@@ -117,7 +102,7 @@ def measure_optimize(name: str, optimize: bool) -> dict:
     runtime = runtime_model("pir")
     runtime = dataclasses.replace(runtime, loop_iterations=model.options.get("steps", 1))
     predicted = api.analyze(model.main, batch, runtime=runtime).peak()
-    measured, low, high, _ = _run_steps(model, "pir")
+    measured, low, high, _ = _run_steps(model)
     return {"model": name, "batch": batch, "optimized": optimize, "rewritten": rewritten,
             "predicted": predicted, "measured": measured, "min": low, "max": high}
 
@@ -148,7 +133,7 @@ def measure_legacy(name: str, mode: str) -> dict:
         runtime = dataclasses.replace(runtime, loop_iterations=model.options.get("steps", 1))
         predicted = api.analyze(model.main, batch, fetch_list=model.fetch_list,
                                      runtime=runtime).peak()
-    measured, low, high, _ = _run_steps(model, "legacy")
+    measured, low, high, _ = _run_steps(model)
     return {"model": name, "batch": batch, "mode": mode, "predicted": predicted,
             "measured": measured, "min": low, "max": high}
 
@@ -170,7 +155,6 @@ def legacy_table(names) -> None:
 def measure(name: str, ir: str, batch: int) -> dict:
     """One configuration, in this process (run by the parent in a fresh one)."""
     from memopt import api, models
-    from memopt.paddle.flags import runtime_model
 
     options, _ = CONFIGS[name]
     model = models.build(name, ir=ir, batch_size=batch, **options)
@@ -178,7 +162,7 @@ def measure(name: str, ir: str, batch: int) -> dict:
     with models.ir_guard(ir):
         result = api.analyze(model.main, batch, fetch_list=model.fetch_list)
     seconds = time.perf_counter() - start
-    measured, low, high, base = _run_steps(model, ir)
+    measured, low, high, base = _run_steps(model)
     return {"model": name, "ir": ir, "batch": batch, "predicted": result.peak(),
             "measured": measured, "min": low, "max": high,
             "persistable_predicted": result.persistable_bytes(), "persistable_measured": base,

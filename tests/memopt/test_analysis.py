@@ -225,22 +225,9 @@ def _measured_peak(paddle, model, steps=6):
     a busy machine; the lowest is its least-overlapped schedule.  (The
     bench, scripts/bench_analysis.py, reports the median in fresh
     processes.)"""
-    from paddle.base import core
-
     from memopt import models
 
-    scope = paddle.static.Scope()
-    rng = np.random.default_rng(0)
-    peaks = []
-    with paddle.static.scope_guard(scope), models.ir_guard(model.ir):
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        model.initialize(exe)
-        base = core.host_memory_stat_current_value("Allocated", 0)
-        for _ in range(steps):
-            feed = model.feed(rng)
-            core.host_memory_stat_reset_peak_value("Allocated", 0)
-            exe.run(model.main, feed=feed, fetch_list=model.fetch_list)
-            peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
+    peaks, _ = models.step_peaks(model, steps)
     return float(min(peaks[1:]))
 
 

@@ -14,7 +14,6 @@ Each prediction must be within 10% of the allocator's peak (minus what is
 allocated after the startup program); ``scripts/bench_analysis.py`` has the
 full table.
 """
-import numpy as np
 import pytest
 
 from memopt import models
@@ -33,20 +32,9 @@ def _measured(paddle, model, steps=6):
     a busy machine, and the lowest is its least-overlapped schedule, the one
     the analysis models (scripts/bench_analysis.py reports the median in
     fresh processes)."""
-    from paddle.base import core
+    from memopt import models
 
-    scope = paddle.static.Scope()
-    rng = np.random.default_rng(0)
-    peaks = []
-    with paddle.static.scope_guard(scope), model.guard():
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        model.initialize(exe)
-        base = core.host_memory_stat_current_value("Allocated", 0)
-        for _ in range(steps):
-            feed = model.feed(rng)
-            core.host_memory_stat_reset_peak_value("Allocated", 0)
-            exe.run(model.main, feed=feed, fetch_list=model.fetch_list)
-            peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
+    peaks, _ = models.step_peaks(model, steps)
     return float(min(peaks[1:]))
 
 
