@@ -209,16 +209,10 @@ def _join(shape: _Shape, name: str, targets: Dict[str, Any]) -> str:
         succ[b] = out or (_EXIT,)
         nodes.append(b)
         todo.extend(s for s in succ[b] if s != _EXIT)
-    everything = set(nodes) | {_EXIT}
-    pdom = {b: set(everything) for b in nodes}
-    pdom[_EXIT] = {_EXIT}
-    changed = True
-    while changed:
-        changed = False
-        for b in nodes:
-            new = set.intersection(*(pdom[s] for s in succ[b])) | {b}
-            if new != pdom[b]:
-                pdom[b], changed = new, True
+    # post-dominators: dominators of the reversed graph, entered at _EXIT
+    reversed_preds: Dict[str, Set[str]] = {b: set(succ[b]) for b in nodes}
+    reversed_preds[_EXIT] = set()
+    pdom = _dominators(nodes + [_EXIT], reversed_preds, _EXIT)
     strict = pdom[name] - {name}
     if not strict:
         return _EXIT
