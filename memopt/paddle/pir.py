@@ -906,6 +906,19 @@ def program_to_graph(program, fetch_list: Iterable = ()) -> Graph:
     return convert(program, fetch_list).graph
 
 
+def _owning_program(value):
+    """The program whose top-level block (through any nesting of sub-blocks)
+    holds the op that defines ``value``; ValueError for a free value."""
+    op = value.get_defining_op()
+    block = op.get_parent_block() if op is not None else None
+    while block is not None and block.parent_op is not None \
+            and block.parent_op.name() != "builtin.module":
+        block = block.parent_op.get_parent_block()
+    if block is None:
+        raise ValueError("the Value belongs to no program")
+    return block.program
+
+
 def value_name(value) -> str:
     """The name :func:`program_to_graph` gives ``value`` (a parameter's or
     data's name, ``%N`` otherwise), found from the value's own program."""
@@ -916,14 +929,9 @@ def value_name(value) -> str:
         name = op.attrs().get("name")
         if name:
             return str(name)
-    block = op.get_parent_block() if op is not None else None
-    while block is not None and block.parent_op is not None \
-            and block.parent_op.name() != "builtin.module":
-        block = block.parent_op.get_parent_block()
-    if block is None:
-        raise ValueError("the Value belongs to no program")
-    converter = _Converter(block.program)
-    converter._number(block.program.global_block())
+    program = _owning_program(value)
+    converter = _Converter(program)
+    converter._number(program.global_block())
     try:
         return converter.printed[value.id]
     except KeyError:
@@ -933,12 +941,5 @@ def value_name(value) -> str:
 def value_label(value) -> str:
     """How messages name ``value``: its :func:`label` in its own program
     (``'my_sum' (%7)``, ``pd_op.add at op 6, model.py:12 (%7)``)."""
-    op = value.get_defining_op()
-    block = op.get_parent_block() if op is not None else None
-    while block is not None and block.parent_op is not None \
-            and block.parent_op.name() != "builtin.module":
-        block = block.parent_op.get_parent_block()
-    if block is None:
-        raise ValueError("the Value belongs to no program")
-    pg = convert(block.program)
+    pg = convert(_owning_program(value))
     return label(pg, pg.name(value))
