@@ -50,7 +50,9 @@ class RunConfig:
         opt = "unoptimized" if self.level is None else f"L{self.level}"
         if self.release:
             opt += " + release"
-        return f"{self.mode} {opt} GC {'on' if self.gc else 'off'}"
+        shape = "" if (self.features, self.hidden, self.layers) == (256, 512, 3) else \
+            f" [MLP {self.features}-" + "-".join([str(self.hidden)] * self.layers) + "-1]"
+        return f"{self.mode} {opt} GC {'on' if self.gc else 'off'}{shape}"
 
 
 def _strategy_for(mode: str, nranks: int):
@@ -101,9 +103,10 @@ def run_rank(config_json: str, out_dir: str) -> None:
             memopt.release_memory(main)
     strategy = _strategy_for(config.mode, nranks)
     global_batch = config.batch * strategy.dp * strategy.gradient_merge_steps
-    as_built = main.clone()  # estimated after the run, from the program alone
+    as_built = main.clone()  # also estimated as fleet built it (with the stream syncs)
     removed = fleet_models.strip_stream_syncs(main)
     fleet_models.one_ring(main)
+    as_run = main.clone()  # the program this machine runs: estimated after the run
     exe = paddle.static.Executor(paddle.CPUPlace())
     scope = paddle.static.Scope()
     losses = []
@@ -125,6 +128,7 @@ def run_rank(config_json: str, out_dir: str) -> None:
     # of the measured peak.  The program runs translated to PIR
     # (FLAGS_enable_pir_in_executor): PIR's runtime model.
     runtime = runtime_model("pir")
+    est_built = None
     if config.level is None:
         # before launch: the one-device program and the strategy
         with paddle.utils.unique_name.guard(), contextlib.redirect_stdout(None):
@@ -132,15 +136,22 @@ def run_rank(config_json: str, out_dir: str) -> None:
         est = memopt.estimate(single, strategy, global_batch, fetch_list=[single_loss],
                               runtime=runtime)
     else:
-        # a rank program memopt rewrote: estimated as it is
-        est = memopt.estimate(as_built, strategy, global_batch,
-                              fetch_list=[as_built.global_block().var(loss.name)],
+        # a rank program memopt rewrote: estimated as it is -- as it runs
+        # here (the stream syncs, which have no CPU kernel, removed) and as
+        # fleet built it (with them)
+        est = memopt.estimate(as_run, strategy, global_batch,
+                              fetch_list=[as_run.global_block().var(loss.name)],
                               runtime=runtime)
+        est_built = memopt.estimate(as_built, strategy, global_batch,
+                                    fetch_list=[as_built.global_block().var(loss.name)],
+                                    runtime=runtime).total
+    # ranks differ under sharding (owners of whole parameters): this rank's
+    mine = est.per_rank[rank] if est.per_rank else est.total
     arrays = {f"param:{name}": value for name, value in params}
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), losses=np.stack(losses), **arrays)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "peak": peak, "peak_step1": peak_step1, "estimate": est.total,
-                   "estimate_json": est.to_json(), "syncs_removed": removed,
+        json.dump({"rank": rank, "peak": peak, "peak_step1": peak_step1, "estimate": mine,
+                   "estimate_as_built": est_built, "estimate_json": est.to_json(), "syncs_removed": removed,
                    "config": asdict(config)}, f)
 
 
