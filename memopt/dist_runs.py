@@ -110,18 +110,22 @@ def run_rank(config_json: str, out_dir: str) -> None:
     exe = paddle.static.Executor(paddle.CPUPlace())
     scope = paddle.static.Scope()
     losses = []
+    core = paddle.base.core
+    step_peaks = []  # each step's own peak (the allocator's peak reset before it)
     with paddle.static.scope_guard(scope):
         exe.run(startup)
+        startup_peak = int(core.host_memory_stat_peak_value("Allocated", 0))
         steps = config.steps * (2 if config.mode == "gm" else 1)
         for step in range(steps):
+            core.host_memory_stat_reset_peak_value("Allocated", 0)
             value, = exe.run(main, feed=fleet_models.feed(rank, step, config.batch,
                                                           config.features),
                              fetch_list=[loss])
+            step_peaks.append(int(core.host_memory_stat_peak_value("Allocated", 0)))
             losses.append(np.asarray(value))
-            if step == 0:
-                peak_step1 = int(paddle.base.core.host_memory_stat_peak_value("Allocated", 0))
-        # the training steps' peak, before the copies read back below
-        peak = int(paddle.base.core.host_memory_stat_peak_value("Allocated", 0))
+        # the run's peak, before the copies read back below
+        peak = max(startup_peak, *step_peaks)
+        peak_step1 = max(startup_peak, step_peaks[0])
         params = fleet_models.parameters(main, scope)
     # The estimate needs nothing the run made: computed here, after the
     # measurement, so that its own allocations (program translation) stay out
@@ -150,7 +154,8 @@ def run_rank(config_json: str, out_dir: str) -> None:
     arrays = {f"param:{name}": value for name, value in params}
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), losses=np.stack(losses), **arrays)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "peak": peak, "peak_step1": peak_step1, "estimate": mine,
+        json.dump({"rank": rank, "peak": peak, "peak_step1": peak_step1,
+                   "step_peaks": step_peaks, "estimate": mine,
                    "estimate_as_built": est_built, "estimate_json": est.to_json(), "syncs_removed": removed,
                    "config": asdict(config)}, f)
 

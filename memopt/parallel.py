@@ -284,8 +284,10 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
     # Sharding as fleet does it: whole parameters to owners
     # (fleet_sharding_owners); a rank keeps the optimizer state of the
     # parameters it owns (state no parameter claims: on every rank), and
-    # receives the others each step into temporaries (rank_view: the
-    # executor treats them as temporaries, e.g. may alias them in place).
+    # receives the others each step into temporaries (rank_view, stage 1 --
+    # what fleet's static sharding builds and the bench runs: the executor
+    # treats them as temporaries, e.g. may alias them in place; stages 2-3
+    # keep the arithmetic above with the owners' optimizer state).
     names = [name for name, _ in facts.param_order]
     owners = fleet_sharding_owners([size for _, size in facts.param_order], s.dp)
     unclaimed = facts.optimizer_state - sum(facts.state_of.get(n, 0) for n in names)
@@ -294,7 +296,7 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
         owned = frozenset(n for n, o in zip(names, owners) if o == rank)
         state = unclaimed + sum(facts.state_of.get(n, 0) for n in owned)
         grads, rest = grads_at_peak, rest_at_peak
-        if facts.rank_view is not None:
+        if facts.rank_view is not None and s.sharding_stage == 1:
             view = facts.rank_view(owned)
             grads, rest = view.step_peak(micro)
             # the parameters it does not own are temporaries there, counted
@@ -308,7 +310,7 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
             best = comps
     formula["optimizer state"] = ("O_r / (tp*pp): the state of the parameters rank r owns "
                                   "(fleet's rule: whole parameters, in order)")
-    if facts.rank_view is not None:
+    if facts.rank_view is not None and s.sharding_stage == 1:
         formula["activations"] += (" (rank r's program: the parameters others own "
                                    "are broadcast temporaries)")
     return RankEstimate(s, batch_size, micro, best, formula, False, per_rank)

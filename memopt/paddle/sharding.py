@@ -17,9 +17,10 @@ temporary).
 
 :func:`rank_view` builds that program's memory-relevant shape from a legacy
 one-device program: the non-owned parameters as temporaries written by a
-``fill_constant`` at the start, their optimizer ops and state removed.  The
-collectives (in-place ``broadcast`` / ``reduce`` on CPU) are left out: they
-allocate nothing here.  Paddle is imported inside.
+``fill_constant`` at the start, their optimizer ops and state removed, each
+such op replaced by an in-place ``reduce`` of its gradient (the gradient
+lives as long as before: fleet reduces it to its owner).  The broadcasts
+(in place on CPU) are left out: they allocate nothing here.  Paddle is imported inside.
 """
 from __future__ import annotations
 
@@ -61,7 +62,16 @@ def rank_view(program, owned: Iterable[str]):
     for index in reversed(range(len(block.ops))):
         op = block.ops[index]
         if "Param" in op.input_names and set(op.input("Param")) & set(others):
+            grads = [g for g in op.input("Grad")] if "Grad" in op.input_names else []
+            role = op.attr("op_role") if op.has_attr("op_role") else None
             block._remove_op(index)
+            # the gradient still goes to its owner: fleet's in-place reduce
+            # reads it (keeps it alive as long as the update would have)
+            for grad in grads:
+                block._insert_op(index, type="reduce", inputs={"x": [grad]},
+                                 outputs={"out": [grad]},
+                                 attrs={"ring_id": 0, "root_id": 0, "reduce_type": 0,
+                                        **({"op_role": role} if role is not None else {})})
     for name in state:
         block._remove_var(name)
     for name in others:

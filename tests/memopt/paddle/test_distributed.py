@@ -157,3 +157,18 @@ def test_two_ranks_bit_identical_after_memory_optimize():
     assert not np.array_equal(base[0]["losses"], base[1]["losses"])
     for name, value in opt[0]["params"].items():
         assert np.array_equal(value, opt[1]["params"][name]), name
+
+
+def test_sequential_run_flag_selects_program_order(paddle):
+    """FLAGS_new_executor_sequential_run (the two-rank runs set it): the
+    executor runs the ops in program order, the runtime model follows."""
+    from memopt.paddle.flags import runtime_model
+
+    old = paddle.get_flags(["FLAGS_new_executor_sequential_run"])
+    try:
+        paddle.set_flags({"FLAGS_new_executor_sequential_run": True})
+        assert runtime_model("pir").schedule == "program"
+        paddle.set_flags({"FLAGS_new_executor_sequential_run": False})
+        assert runtime_model("pir").schedule == "dataflow"
+    finally:
+        paddle.set_flags(old)
