@@ -12,7 +12,9 @@ non-persistable peak, split at the peak into gradients ``Ag(b)`` and the rest
 ``Aa(b)`` -- activations, inputs, temporaries -- by :func:`memopt.analyze`)::
 
     parameters   = P / M                  (/ dp with sharding stage 3)
-    optimizer    = O / M                  (/ dp with sharding stage >= 1)
+    optimizer    = O / M                  (sharding stage >= 1: O_r / M, the
+                   state of the parameters rank r owns by fleet's rule,
+                   :func:`fleet_sharding_owners`; every rank reported)
     grad. merge  = 2 * G / M  if gradient_merge_steps > 1 (/ dp with stage >= 2):
                    the persistable accumulators, and the update step's
                    fresh zeroed accumulators (fleet's update runs in a
@@ -32,6 +34,12 @@ non-persistable peak, split at the peak into gradients ``Ag(b)`` and the rest
 
 ``micro-batches = batch_size / (dp * micro_batch_size)``;
 ``micro_batch_size`` defaults to ``batch_size / (dp * gradient_merge_steps)``.
+
+Sharding stage 1 of a legacy program: each rank's gradients and the rest
+come from the analysis of that rank's program as fleet's sharding writes it
+(``ProgramFacts.rank_view``: the parameters others own become temporaries
+broadcast each step, which the executor treats differently, e.g. a
+``reshape`` of one is not a copy).
 
 When the program is already one rank's program (it contains communication
 ops: fleet or auto-parallel already rewrote it), nothing is divided again:
@@ -237,9 +245,14 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
     model = s.tp * s.pp
     micro_batches = max(1, batch_size // (s.dp * micro))
     in_flight = min(s.pp, micro_batches)
-    div_p = model * (s.dp if s.sharding_stage >= 3 else 1)
+    # a legacy program is sharded by fleet's static sharding, which has no
+    # stage setting: stages 2 and 3 build the stage-1 program (measured: the
+    # same ops, the same peaks), so only the optimizer state is divided
+    fleet_static = facts.rank_view is not None and s.sharding_stage >= 1 and s.dp > 1
+    stage = 1 if fleet_static else s.sharding_stage
+    div_p = model * (s.dp if stage >= 3 else 1)
     div_o = model * (s.dp if s.sharding_stage >= 1 else 1)
-    div_g = model * (s.dp if s.sharding_stage >= 2 else 1)
+    div_g = model * (s.dp if stage >= 2 else 1)
     factor = in_flight / model
     act_formula = "Aa(b) / (tp*pp)" + (f" * {in_flight} in flight" if in_flight > 1 else "")
     if s.recompute:
@@ -254,9 +267,10 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
         comm += 2 * facts.boundary(micro)
         comm_formula.append("2 * boundary(b) send/recv")
 
-    def components(optimizer: float, grads: float, rest: float) -> dict:
+    def components(optimizer: float, grads: float, rest: float,
+                   parameters: Optional[float] = None) -> dict:
         comps = {
-            "parameters": facts.parameters / div_p,
+            "parameters": facts.parameters / div_p if parameters is None else parameters,
             "optimizer state": optimizer,
             "other persistable": facts.other_persistable / model,
             "gradient merge": 2 * facts.gradient_bytes / div_g
@@ -268,13 +282,13 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
         return {k: int(round(v)) for k, v in comps.items()}
 
     formula = {
-        "parameters": "P / (tp*pp)" + (" / dp (stage 3)" if s.sharding_stage >= 3 else ""),
+        "parameters": "P / (tp*pp)" + (" / dp (stage 3)" if stage >= 3 else ""),
         "optimizer state": "O / (tp*pp)" + (" / dp (sharded)" if s.sharding_stage >= 1 else ""),
         "other persistable": "/ (tp*pp)",
-        "gradient merge": ("2 * G / (tp*pp)" + (" / dp" if s.sharding_stage >= 2 else "")
+        "gradient merge": ("2 * G / (tp*pp)" + (" / dp" if stage >= 2 else "")
                            + " (accumulators + the update's zeroed copies)")
         if s.gradient_merge_steps > 1 else "0 (no gradient merge)",
-        "gradients": "Ag(b) / (tp*pp)" + (" / dp (stage >= 2)" if s.sharding_stage >= 2 else ""),
+        "gradients": "Ag(b) / (tp*pp)" + (" / dp (stage >= 2)" if stage >= 2 else ""),
         "activations": act_formula,
         "communication buffers": " + ".join(comm_formula) or "0 (in-place collectives)",
     }
@@ -284,10 +298,11 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
     # Sharding as fleet does it: whole parameters to owners
     # (fleet_sharding_owners); a rank keeps the optimizer state of the
     # parameters it owns (state no parameter claims: on every rank), and
-    # receives the others each step into temporaries (rank_view, stage 1 --
-    # what fleet's static sharding builds and the bench runs: the executor
-    # treats them as temporaries, e.g. may alias them in place; stages 2-3
-    # keep the arithmetic above with the owners' optimizer state).
+    # receives the others each step into temporaries (rank_view: what fleet's
+    # static sharding builds for a legacy program and the bench runs; the
+    # executor treats them as temporaries, e.g. may alias them in place).
+    # Without a rank view (PIR programs), the arithmetic above with the
+    # owners' optimizer state.
     names = [name for name, _ in facts.param_order]
     owners = fleet_sharding_owners([size for _, size in facts.param_order], s.dp)
     unclaimed = facts.optimizer_state - sum(facts.state_of.get(n, 0) for n in names)
@@ -295,22 +310,26 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
     for rank in range(s.dp):
         owned = frozenset(n for n, o in zip(names, owners) if o == rank)
         state = unclaimed + sum(facts.state_of.get(n, 0) for n in owned)
-        grads, rest = grads_at_peak, rest_at_peak
-        if facts.rank_view is not None and s.sharding_stage == 1:
+        grads, rest, params = grads_at_peak, rest_at_peak, None
+        if fleet_static:
             view = facts.rank_view(owned)
             grads, rest = view.step_peak(micro)
-            # the parameters it does not own are temporaries there, counted
-            # under "parameters" here
-            rest -= facts.parameters - sum(size for n, size in facts.param_order
-                                           if n in owned)
-        comps = components(state / model, grads, rest)
+            # the parameters it owns persist; the others are temporaries
+            # there, in ``rest`` while they are live (with the GC on, not
+            # after their last use)
+            params = sum(size for n, size in facts.param_order if n in owned) / model
+        comps = components(state / model, grads, rest, params)
         total = sum(comps.values())
         per_rank.append(total)
         if best is None or total > sum(best.values()):
             best = comps
     formula["optimizer state"] = ("O_r / (tp*pp): the state of the parameters rank r owns "
                                   "(fleet's rule: whole parameters, in order)")
-    if facts.rank_view is not None and s.sharding_stage == 1:
-        formula["activations"] += (" (rank r's program: the parameters others own "
-                                   "are broadcast temporaries)")
+    if fleet_static:
+        formula["parameters"] = "P_r / (tp*pp): the parameters rank r owns"
+        if s.sharding_stage > 1:
+            formula["gradients"] = (f"Ag(b) / (tp*pp): fleet's static sharding has no stage "
+                                    f"{s.sharding_stage}, it builds stage 1")
+        formula["activations"] += (" (rank r's program: with the parameters others own, "
+                                   "broadcast into temporaries, while live)")
     return RankEstimate(s, batch_size, micro, best, formula, False, per_rank)

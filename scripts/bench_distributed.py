@@ -152,6 +152,9 @@ def main(argv=None) -> int:
         else:
             peaks = [run0["peak"] for run0 in records]
         highs = [max(run[r]["peak"] for run in runs) for r in range(len(records))]
+        lows = [min(run[r]["step_peaks"][k] for run in runs
+                    for k in range(len(run[r]["step_peaks"]))
+                    if config.mode != "gm" or k % 2 == 1) for r in range(len(records))]
         ratios = [e / p for e, p in zip(estimates, peaks)]
         if any(abs(r - 1) > 0.10 for r in ratios):
             off.append(config.label)
@@ -160,7 +163,8 @@ def main(argv=None) -> int:
         first_ratios = [e / p for e, p in zip(estimates, first)]
         measured = " / ".join(mib(p) for p in peaks)
         if config.gc:
-            measured += (f" (median step of {len(runs)} runs; worst step "
+            measured += (f" (median step of {len(runs)} runs; lowest step "
+                         + " / ".join(mib(x) for x in lows) + "; worst step "
                          + " / ".join(mib(h) for h in highs) + ")")
         lines.append(f"| {config.label} | {same} | {measured} | "
                      f"{' / '.join(mib(e) for e in estimates)} | {span(ratios)} | "

@@ -73,8 +73,8 @@ def test_sharding_per_rank_from_owners_and_rank_views():
     # rank 0 owns a (12 MiB of state), rank 1 owns b (4 MiB)
     assert est.per_rank[0] - est.per_rank[1] == 8 * MiB
     assert est.components["optimizer state"] == 12 * MiB and est.total == est.per_rank[0]
-    # a rank view: the parameters others own are temporaries there,
-    # counted under "parameters", not twice
+    # a rank view: the parameters others own are temporaries there, in the
+    # view's step peak (not counted twice)
     seen = []
 
     def view(owned):
@@ -86,6 +86,10 @@ def test_sharding_per_rank_from_owners_and_rank_views():
     viewed = estimate_rank(f, Strategy(dp=2, sharding_stage=1), 32)
     assert seen == [frozenset({"a"}), frozenset({"b"})]
     assert viewed.per_rank == est.per_rank
+    assert viewed.components["parameters"] == 6 * MiB   # rank 0 owns a
+    # fleet's static sharding (the rank views) has no stage 2: stage 1's program
+    stage2 = estimate_rank(f, Strategy(dp=2, sharding_stage=2), 32)
+    assert stage2.per_rank == viewed.per_rank and "no stage 2" in str(stage2)
     assert "each rank" in str(viewed) and json.loads(viewed.dumps())["per_rank"] == est.per_rank
 
 
