@@ -570,6 +570,15 @@ def _parameter_order(program) -> list:
         return []
 
 
+def _first_reads(program) -> list:
+    """Variable names in the order a legacy program's ops first read them
+    ([] for other programs)."""
+    try:
+        return [n for op in program.global_block().ops for n in op.input_arg_names]
+    except Exception:
+        return []
+
+
 def program_facts(program, *, fetch_list: Iterable = (), runtime=None,
                   analysis=None, is_view: bool = False) -> ProgramFacts:
     """:class:`ProgramFacts` of a Paddle program (PIR or legacy).
@@ -623,7 +632,11 @@ def program_facts(program, *, fetch_list: Iterable = (), runtime=None,
         name = unversioned(var.name)
         if var.persistable and name not in size_of:
             size_of[name] = var.size.at(1)
-    order = [n for n in _parameter_order(program) if n in size_of] or sorted(params & set(size_of))
+    # fleet pairs parameters with gradients in creation order; the order the
+    # ops first read them is that order for a program built in this process
+    # and for one read back from a file (whose variables come sorted by name)
+    order = [n for n in dict.fromkeys(_first_reads(program)) if n in params and n in size_of]
+    order += [n for n in _parameter_order(program) if n in size_of and n not in order]
     state_of: dict = {}
     for name, nbytes in size_of.items():
         if name in params or any(mark in name for mark in _OTHER_MARKS):
@@ -634,7 +647,7 @@ def program_facts(program, *, fetch_list: Iterable = (), runtime=None,
     rank_view = None
     if not comm and not is_view and paddle_runtime.is_program(program) == "legacy":
         def rank_view(owned):
-            view = sharding.rank_view(program, owned)
+            view = sharding.rank_view(program, owned, order)
             return program_facts(view, fetch_list=fetch_list, runtime=runtime, is_view=True)
     return ProgramFacts(parameters=sizes["parameters"], optimizer_state=sizes["optimizer"],
                         other_persistable=sizes["other"], gradient_bytes=gradient_bytes,

@@ -49,13 +49,15 @@ def state_owner(name: str, params: Iterable[str]) -> str:
     return best
 
 
-def rank_view(program, owned: Iterable[str]):
+def rank_view(program, owned: Iterable[str], params: Iterable[str]):
     """A clone of the legacy ``program`` as fleet's sharding leaves it for
-    the rank owning ``owned`` (see the module docstring)."""
+    the rank owning ``owned`` of the parameters ``params`` (names; a program
+    read back from a file lists no Parameter objects, so the caller says
+    which variables are parameters; see the module docstring)."""
     owned = set(owned)
     view = program.clone()
     block = view.global_block()
-    params = [p.name for p in block.all_parameters()]
+    params = [p for p in params if block.has_var(p)]
     others = [p for p in params if p not in owned]
     state = {v.name for v in block.vars.values()
              if v.persistable and state_owner(v.name, params) in others}
