@@ -28,7 +28,7 @@ from .analysis import Analysis, RuntimeModel, from_graph
 from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
-from .paddle import distributed, flags, legacy, merge_record, pir, pir_rewrite
+from .paddle import distributed, flags, legacy, merge_record, pir, pir_rewrite, sharding
 from .paddle import runtime as paddle_runtime
 from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
@@ -561,8 +561,26 @@ def _parameter_names(program) -> set:
         return set()
 
 
+def _parameter_order(program) -> list:
+    """Parameter names in the program's order (legacy: creation order, the
+    order ``append_backward`` pairs them with gradients); [] when unknown."""
+    try:
+        return [p.name for p in program.global_block().all_parameters()]
+    except Exception:
+        return []
+
+
+def _first_reads(program) -> list:
+    """Variable names in the order a legacy program's ops first read them
+    ([] for other programs)."""
+    try:
+        return [n for op in program.global_block().ops for n in op.input_arg_names]
+    except Exception:
+        return []
+
+
 def program_facts(program, *, fetch_list: Iterable = (), runtime=None,
-                  analysis=None) -> ProgramFacts:
+                  analysis=None, is_view: bool = False) -> ProgramFacts:
     """:class:`ProgramFacts` of a Paddle program (PIR or legacy).
 
     A persistable variable is a parameter when the program lists it as one;
@@ -607,10 +625,36 @@ def program_facts(program, *, fetch_list: Iterable = (), runtime=None,
         return max(acts, default=0)
 
     comm = distributed.communication_ops(analysis.graph)
+    # parameters in the program's order with their bytes, and each one's
+    # optimizer state: what fleet's sharding assigns to owners
+    size_of: dict = {}
+    for _, var in analysis.graph.all_vars():
+        name = unversioned(var.name)
+        if var.persistable and name not in size_of:
+            size_of[name] = var.size.at(1)
+    # fleet pairs parameters with gradients in creation order; the order the
+    # ops first read them is that order for a program built in this process
+    # and for one read back from a file (whose variables come sorted by name)
+    order = [n for n in dict.fromkeys(_first_reads(program)) if n in params and n in size_of]
+    order += [n for n in _parameter_order(program) if n in size_of and n not in order]
+    state_of: dict = {}
+    for name, nbytes in size_of.items():
+        if name in params or any(mark in name for mark in _OTHER_MARKS):
+            continue
+        owner = sharding.state_owner(name, order)
+        if owner:
+            state_of[owner] = state_of.get(owner, 0) + nbytes
+    rank_view = None
+    if not comm and not is_view and paddle_runtime.is_program(program) == "legacy":
+        def rank_view(owned):
+            view = sharding.rank_view(program, owned, order)
+            return program_facts(view, fetch_list=fetch_list, runtime=runtime, is_view=True)
     return ProgramFacts(parameters=sizes["parameters"], optimizer_state=sizes["optimizer"],
                         other_persistable=sizes["other"], gradient_bytes=gradient_bytes,
                         step_peak=step_peak, boundary=boundary,
-                        distributed=bool(comm), communication_ops=comm)
+                        distributed=bool(comm), communication_ops=comm,
+                        param_order=tuple((n, size_of[n]) for n in order),
+                        state_of=state_of, rank_view=rank_view)
 
 
 def estimate(program=None, strategy: Optional[Strategy] = None, batch_size: int = 1, *,

@@ -50,7 +50,9 @@ class RunConfig:
         opt = "unoptimized" if self.level is None else f"L{self.level}"
         if self.release:
             opt += " + release"
-        return f"{self.mode} {opt} GC {'on' if self.gc else 'off'}"
+        shape = "" if (self.features, self.hidden, self.layers) == (256, 512, 3) else \
+            f" [MLP {self.features}-" + "-".join([str(self.hidden)] * self.layers) + "-1]"
+        return f"{self.mode} {opt} GC {'on' if self.gc else 'off'}{shape}"
 
 
 def _strategy_for(mode: str, nranks: int):
@@ -101,30 +103,36 @@ def run_rank(config_json: str, out_dir: str) -> None:
             memopt.release_memory(main)
     strategy = _strategy_for(config.mode, nranks)
     global_batch = config.batch * strategy.dp * strategy.gradient_merge_steps
-    as_built = main.clone()  # estimated after the run, from the program alone
+    as_built = main.clone()  # also estimated as fleet built it (with the stream syncs)
     removed = fleet_models.strip_stream_syncs(main)
     fleet_models.one_ring(main)
+    as_run = main.clone()  # the program this machine runs: estimated after the run
     exe = paddle.static.Executor(paddle.CPUPlace())
     scope = paddle.static.Scope()
     losses = []
+    core = paddle.base.core
+    step_peaks = []  # each step's own peak (the allocator's peak reset before it)
     with paddle.static.scope_guard(scope):
         exe.run(startup)
+        startup_peak = int(core.host_memory_stat_peak_value("Allocated", 0))
         steps = config.steps * (2 if config.mode == "gm" else 1)
         for step in range(steps):
+            core.host_memory_stat_reset_peak_value("Allocated", 0)
             value, = exe.run(main, feed=fleet_models.feed(rank, step, config.batch,
                                                           config.features),
                              fetch_list=[loss])
+            step_peaks.append(int(core.host_memory_stat_peak_value("Allocated", 0)))
             losses.append(np.asarray(value))
-            if step == 0:
-                peak_step1 = int(paddle.base.core.host_memory_stat_peak_value("Allocated", 0))
-        # the training steps' peak, before the copies read back below
-        peak = int(paddle.base.core.host_memory_stat_peak_value("Allocated", 0))
+        # the run's peak, before the copies read back below
+        peak = max(startup_peak, *step_peaks)
+        peak_step1 = max(startup_peak, step_peaks[0])
         params = fleet_models.parameters(main, scope)
     # The estimate needs nothing the run made: computed here, after the
     # measurement, so that its own allocations (program translation) stay out
     # of the measured peak.  The program runs translated to PIR
     # (FLAGS_enable_pir_in_executor): PIR's runtime model.
     runtime = runtime_model("pir")
+    est_built = None
     if config.level is None:
         # before launch: the one-device program and the strategy
         with paddle.utils.unique_name.guard(), contextlib.redirect_stdout(None):
@@ -132,15 +140,23 @@ def run_rank(config_json: str, out_dir: str) -> None:
         est = memopt.estimate(single, strategy, global_batch, fetch_list=[single_loss],
                               runtime=runtime)
     else:
-        # a rank program memopt rewrote: estimated as it is
-        est = memopt.estimate(as_built, strategy, global_batch,
-                              fetch_list=[as_built.global_block().var(loss.name)],
+        # a rank program memopt rewrote: estimated as it is -- as it runs
+        # here (the stream syncs, which have no CPU kernel, removed) and as
+        # fleet built it (with them)
+        est = memopt.estimate(as_run, strategy, global_batch,
+                              fetch_list=[as_run.global_block().var(loss.name)],
                               runtime=runtime)
+        est_built = memopt.estimate(as_built, strategy, global_batch,
+                                    fetch_list=[as_built.global_block().var(loss.name)],
+                                    runtime=runtime).total
+    # ranks differ under sharding (owners of whole parameters): this rank's
+    mine = est.per_rank[rank] if est.per_rank else est.total
     arrays = {f"param:{name}": value for name, value in params}
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), losses=np.stack(losses), **arrays)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "peak": peak, "peak_step1": peak_step1, "estimate": est.total,
-                   "estimate_json": est.to_json(), "syncs_removed": removed,
+        json.dump({"rank": rank, "peak": peak, "peak_step1": peak_step1,
+                   "step_peaks": step_peaks, "estimate": mine,
+                   "estimate_as_built": est_built, "estimate_json": est.to_json(), "syncs_removed": removed,
                    "config": asdict(config)}, f)
 
 

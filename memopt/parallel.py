@@ -12,9 +12,14 @@ non-persistable peak, split at the peak into gradients ``Ag(b)`` and the rest
 ``Aa(b)`` -- activations, inputs, temporaries -- by :func:`memopt.analyze`)::
 
     parameters   = P / M                  (/ dp with sharding stage 3)
-    optimizer    = O / M                  (/ dp with sharding stage >= 1)
-    grad. merge  = G / M  if gradient_merge_steps > 1 (/ dp with stage >= 2):
-                   the persistable accumulators
+    optimizer    = O / M                  (sharding stage >= 1: O_r / M, the
+                   state of the parameters rank r owns by fleet's rule,
+                   :func:`fleet_sharding_owners`; every rank reported)
+    grad. merge  = 2 * G / M  if gradient_merge_steps > 1 (/ dp with stage >= 2):
+                   the persistable accumulators, and the update step's
+                   fresh zeroed accumulators (fleet's update runs in a
+                   ``conditional_block``; its ``fill_constant`` ops make new
+                   buffers there, measured: one more G in the update step)
     gradients    = Ag(b) / M              (/ dp with stage >= 2)
     activations  = Aa(b) / M * in_flight, in_flight = min(pp, micro-batches)
                    (1F1B: the first stage holds that many micro-batches);
@@ -30,6 +35,12 @@ non-persistable peak, split at the peak into gradients ``Ag(b)`` and the rest
 ``micro-batches = batch_size / (dp * micro_batch_size)``;
 ``micro_batch_size`` defaults to ``batch_size / (dp * gradient_merge_steps)``.
 
+Sharding stage 1 of a legacy program: each rank's gradients and the rest
+come from the analysis of that rank's program as fleet's sharding writes it
+(``ProgramFacts.rank_view``: the parameters others own become temporaries
+broadcast each step, which the executor treats differently, e.g. a
+``reshape`` of one is not a copy).
+
 When the program is already one rank's program (it contains communication
 ops: fleet or auto-parallel already rewrote it), nothing is divided again:
 the estimate is the program's own analysis at the micro-batch.
@@ -42,11 +53,33 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .report import format_bytes
 
-__all__ = ["Strategy", "ProgramFacts", "RankEstimate", "estimate_rank"]
+__all__ = ["Strategy", "ProgramFacts", "RankEstimate", "estimate_rank", "fleet_sharding_owners"]
+
+
+def fleet_sharding_owners(sizes, ranks: int) -> List[int]:
+    """The rank that owns each parameter under fleet's static sharding.
+
+    ``sizes`` are the parameters' bytes in the program's parameter order.
+    Paddle 3.3.1's rule (``fleet/meta_optimizers/sharding/shard.py``,
+    ``Shard._split_params``): walk the parameters in order, accumulating
+    their sizes; move to the next rank when the bytes already assigned
+    exceed ``total * (rank + 1) / ranks``.  Whole parameters, so the ranks'
+    shares differ (the bench MLP: 1.50 MiB of parameters on rank 0, 1.01 MiB
+    on rank 1).
+    """
+    total = float(sum(sizes))
+    owners, rank, accumulated = [], 0, 0.0
+    for size in sizes:
+        if accumulated > total * (rank + 1) / ranks:
+            rank += 1
+        owners.append(rank)
+        accumulated += size
+    return owners
+
 
 
 @dataclass(frozen=True)
@@ -131,6 +164,15 @@ class ProgramFacts:
     boundary: Callable[[int], int] = lambda b: 0
     distributed: bool = False
     communication_ops: Dict[str, int] = field(default_factory=dict)
+    #: ``((parameter name, bytes), ...)`` in the program's parameter order
+    #: (the order fleet's sharding assigns owners in); empty when unknown.
+    param_order: Tuple[Tuple[str, int], ...] = ()
+    #: parameter name -> bytes of its optimizer state (velocity, moments).
+    state_of: Dict[str, int] = field(default_factory=dict)
+    #: ``owned -> ProgramFacts`` of the program as fleet's sharding rewrites
+    #: it for the rank owning ``owned`` (the other parameters become
+    #: temporaries broadcast each step); None when the adapter cannot build it.
+    rank_view: Optional[Callable[[frozenset], "ProgramFacts"]] = None
 
 
 @dataclass
@@ -143,6 +185,9 @@ class RankEstimate:
     components: Dict[str, int]
     formula: Dict[str, str]
     distributed_program: bool = False
+    #: each rank's total when ranks differ (sharding: owners of whole
+    #: parameters); empty when every rank is the same.
+    per_rank: List[int] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -153,7 +198,7 @@ class RankEstimate:
                 "micro_batch_size": self.micro_batch_size,
                 "distributed_program": self.distributed_program,
                 "components": dict(self.components), "formula": dict(self.formula),
-                "peak_per_rank": self.total}
+                "peak_per_rank": self.total, "per_rank": list(self.per_rank)}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=True)
@@ -170,6 +215,10 @@ class RankEstimate:
         for key, value in self.components.items():
             lines.append(f"  {key:<{width}}  {format_bytes(value):>11}   {self.formula[key]}")
         lines.append(f"  {'peak per rank':<{width}}  {format_bytes(self.total):>11}")
+        if self.per_rank:
+            lines.append(f"  {'each rank':<{width}}  " + ", ".join(
+                f"{r}: {format_bytes(v)}" for r, v in enumerate(self.per_rank))
+                + "  (sharding: owners of whole parameters; the worst rank above)")
         return "\n".join(lines)
 
 
@@ -196,13 +245,18 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
     model = s.tp * s.pp
     micro_batches = max(1, batch_size // (s.dp * micro))
     in_flight = min(s.pp, micro_batches)
-    div_p = model * (s.dp if s.sharding_stage >= 3 else 1)
+    # a legacy program is sharded by fleet's static sharding, which has no
+    # stage setting: stages 2 and 3 build the stage-1 program (measured: the
+    # same ops, the same peaks), so only the optimizer state is divided
+    fleet_static = facts.rank_view is not None and s.sharding_stage >= 1 and s.dp > 1
+    stage = 1 if fleet_static else s.sharding_stage
+    div_p = model * (s.dp if stage >= 3 else 1)
     div_o = model * (s.dp if s.sharding_stage >= 1 else 1)
-    div_g = model * (s.dp if s.sharding_stage >= 2 else 1)
-    act = rest_at_peak / model * in_flight
+    div_g = model * (s.dp if stage >= 2 else 1)
+    factor = in_flight / model
     act_formula = "Aa(b) / (tp*pp)" + (f" * {in_flight} in flight" if in_flight > 1 else "")
     if s.recompute:
-        act *= min(1.0, 2.0 / s.recompute_segments)
+        factor *= min(1.0, 2.0 / s.recompute_segments)
         act_formula += f" * min(1, 2/{s.recompute_segments}) (recompute)"
     comm = 0.0
     comm_formula = []
@@ -212,24 +266,70 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
     if s.pp > 1:
         comm += 2 * facts.boundary(micro)
         comm_formula.append("2 * boundary(b) send/recv")
-    comps = {
-        "parameters": facts.parameters / div_p,
-        "optimizer state": facts.optimizer_state / div_o,
-        "other persistable": facts.other_persistable / model,
-        "gradient merge": facts.gradient_bytes / div_g if s.gradient_merge_steps > 1 else 0,
-        "gradients": grads_at_peak / div_g,
-        "activations": act,
-        "communication buffers": comm,
-    }
-    comps = {k: int(round(v)) for k, v in comps.items()}
+
+    def components(optimizer: float, grads: float, rest: float,
+                   parameters: Optional[float] = None) -> dict:
+        comps = {
+            "parameters": facts.parameters / div_p if parameters is None else parameters,
+            "optimizer state": optimizer,
+            "other persistable": facts.other_persistable / model,
+            "gradient merge": 2 * facts.gradient_bytes / div_g
+            if s.gradient_merge_steps > 1 else 0,
+            "gradients": grads / div_g,
+            "activations": max(0.0, rest) * factor,
+            "communication buffers": comm,
+        }
+        return {k: int(round(v)) for k, v in comps.items()}
+
     formula = {
-        "parameters": "P / (tp*pp)" + (" / dp (stage 3)" if s.sharding_stage >= 3 else ""),
+        "parameters": "P / (tp*pp)" + (" / dp (stage 3)" if stage >= 3 else ""),
         "optimizer state": "O / (tp*pp)" + (" / dp (sharded)" if s.sharding_stage >= 1 else ""),
         "other persistable": "/ (tp*pp)",
-        "gradient merge": ("G / (tp*pp)" + (" / dp" if s.sharding_stage >= 2 else ""))
+        "gradient merge": ("2 * G / (tp*pp)" + (" / dp" if stage >= 2 else "")
+                           + " (accumulators + the update's zeroed copies)")
         if s.gradient_merge_steps > 1 else "0 (no gradient merge)",
-        "gradients": "Ag(b) / (tp*pp)" + (" / dp (stage >= 2)" if s.sharding_stage >= 2 else ""),
+        "gradients": "Ag(b) / (tp*pp)" + (" / dp (stage >= 2)" if stage >= 2 else ""),
         "activations": act_formula,
         "communication buffers": " + ".join(comm_formula) or "0 (in-place collectives)",
     }
-    return RankEstimate(s, batch_size, micro, comps, formula, False)
+    if not (s.sharding_stage >= 1 and s.dp > 1 and facts.param_order):
+        comps = components(facts.optimizer_state / div_o, grads_at_peak, rest_at_peak)
+        return RankEstimate(s, batch_size, micro, comps, formula, False)
+    # Sharding as fleet does it: whole parameters to owners
+    # (fleet_sharding_owners); a rank keeps the optimizer state of the
+    # parameters it owns (state no parameter claims: on every rank), and
+    # receives the others each step into temporaries (rank_view: what fleet's
+    # static sharding builds for a legacy program and the bench runs; the
+    # executor treats them as temporaries, e.g. may alias them in place).
+    # Without a rank view (PIR programs), the arithmetic above with the
+    # owners' optimizer state.
+    names = [name for name, _ in facts.param_order]
+    owners = fleet_sharding_owners([size for _, size in facts.param_order], s.dp)
+    unclaimed = facts.optimizer_state - sum(facts.state_of.get(n, 0) for n in names)
+    per_rank, best = [], None
+    for rank in range(s.dp):
+        owned = frozenset(n for n, o in zip(names, owners) if o == rank)
+        state = unclaimed + sum(facts.state_of.get(n, 0) for n in owned)
+        grads, rest, params = grads_at_peak, rest_at_peak, None
+        if fleet_static:
+            view = facts.rank_view(owned)
+            grads, rest = view.step_peak(micro)
+            # the parameters it owns persist; the others are temporaries
+            # there, in ``rest`` while they are live (with the GC on, not
+            # after their last use)
+            params = sum(size for n, size in facts.param_order if n in owned) / model
+        comps = components(state / model, grads, rest, params)
+        total = sum(comps.values())
+        per_rank.append(total)
+        if best is None or total > sum(best.values()):
+            best = comps
+    formula["optimizer state"] = ("O_r / (tp*pp): the state of the parameters rank r owns "
+                                  "(fleet's rule: whole parameters, in order)")
+    if fleet_static:
+        formula["parameters"] = "P_r / (tp*pp): the parameters rank r owns"
+        if s.sharding_stage > 1:
+            formula["gradients"] = (f"Ag(b) / (tp*pp): fleet's static sharding has no stage "
+                                    f"{s.sharding_stage}, it builds stage 1")
+        formula["activations"] += (" (rank r's program: with the parameters others own, "
+                                   "broadcast into temporaries, while live)")
+    return RankEstimate(s, batch_size, micro, best, formula, False, per_rank)

@@ -12,9 +12,12 @@ of ``nranks``:
 ``"dp_fused"`` data parallel with fused gradients (``coalesce_tensor`` +
               one ``all_reduce`` + ``depend``).
 ``"gm"``      data parallel with gradient merge (``k_steps=2``).
-``"sharding1"`` / ``"sharding2"``  fleet's sharding meta optimizer, stage 1/2
-              (it writes ``main_sharding_N`` / ``start_sharding_N`` text
-              files into the current directory).
+``"sharding1"`` / ``"sharding2"``  fleet's sharding meta optimizer with
+              ``sharding_configs["stage"]`` 1/2 (it writes ``main_sharding_N``
+              / ``start_sharding_N`` text files into the current directory).
+              Paddle 3.3.1's static sharding has no stage setting: both
+              build the same program (optimizer state sharded, parameters
+              broadcast from their owners, gradients reduced to them).
 
 What Paddle 3.3.1 on a CPU build does with them (measured here, gloo):
 

@@ -10,7 +10,7 @@ from memopt.candidates import R_COMM
 from memopt.plan import Options
 from memopt.planner import plan_memory
 from memopt.paddle import distributed
-from memopt.parallel import ProgramFacts, Strategy, estimate_rank
+from memopt.parallel import ProgramFacts, Strategy, estimate_rank, fleet_sharding_owners
 from memopt.release import plan_releases
 
 MiB = 1 << 20
@@ -52,8 +52,45 @@ def test_sharding_stages(stage, p, o, g):
 def test_gradient_merge_adds_accumulators_and_shrinks_the_micro_batch():
     est = estimate_rank(facts(), Strategy(dp=2, gradient_merge_steps=4), 64)
     assert est.micro_batch_size == 8
-    assert est.components["gradient merge"] == 8 * MiB
+    assert est.components["gradient merge"] == 2 * 8 * MiB
     assert est.components["activations"] == 8 * MiB
+
+
+def test_fleet_sharding_owners_whole_parameters_in_order():
+    # the bench MLP's parameters (bytes): fc_0.w, fc_0.b, fc_1.w, fc_1.b, ...
+    sizes = [512 * 1024, 2048, MiB, 2048, MiB, 2048, 2048, 4]
+    assert fleet_sharding_owners(sizes, 2) == [0, 0, 0, 1, 1, 1, 1, 1]
+    # strictly more than the share before moving on: rank 3 owns nothing
+    assert fleet_sharding_owners([1, 1, 1, 1], 4) == [0, 0, 1, 2]
+    assert fleet_sharding_owners([10], 2) == [0]           # rank 1 owns nothing
+
+
+def test_sharding_per_rank_from_owners_and_rank_views():
+    f = facts()
+    f.param_order = (("a", 6 * MiB), ("b", 2 * MiB))
+    f.state_of = {"a": 12 * MiB, "b": 4 * MiB}
+    est = estimate_rank(f, Strategy(dp=2, sharding_stage=1), 32)
+    # rank 0 owns a (12 MiB of state), rank 1 owns b (4 MiB)
+    assert est.per_rank[0] - est.per_rank[1] == 8 * MiB
+    assert est.components["optimizer state"] == 12 * MiB and est.total == est.per_rank[0]
+    # a rank view: the parameters others own are temporaries there, in the
+    # view's step peak (not counted twice)
+    seen = []
+
+    def view(owned):
+        seen.append(owned)
+        other = 8 * MiB - sum(size for n, size in f.param_order if n in owned)
+        return ProgramFacts(0, 0, 0, 0, step_peak=lambda b: (4 * MiB, b * MiB + other))
+
+    f.rank_view = view
+    viewed = estimate_rank(f, Strategy(dp=2, sharding_stage=1), 32)
+    assert seen == [frozenset({"a"}), frozenset({"b"})]
+    assert viewed.per_rank == est.per_rank
+    assert viewed.components["parameters"] == 6 * MiB   # rank 0 owns a
+    # fleet's static sharding (the rank views) has no stage 2: stage 1's program
+    stage2 = estimate_rank(f, Strategy(dp=2, sharding_stage=2), 32)
+    assert stage2.per_rank == viewed.per_rank and "no stage 2" in str(stage2)
+    assert "each rank" in str(viewed) and json.loads(viewed.dumps())["per_rank"] == est.per_rank
 
 
 def test_tensor_and_pipeline_parallel_and_recompute():
