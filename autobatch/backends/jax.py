@@ -36,7 +36,7 @@ the call and those backends.  Results come back as NumPy arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Sequence
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -68,6 +68,11 @@ class _Collector:
     #: No lane has arrived yet in the code being traced: the first deposit
     #: stores its values as they are (lanes outside a mask are never read).
     fresh: bool = True
+    #: The masks deposited so far while the collector is local to the code
+    #: being traced (their union is formed when it is taken, so that the two
+    #: sides of a branch give back the branch's own mask); None once the
+    #: mask lives in the state (a loop carries it).
+    pending: Optional[List[Any]] = field(default_factory=list)
 
 
 class _Tracer:
@@ -87,6 +92,9 @@ class _Tracer:
         self.state: Dict[str, Any] = {}
         self.count = 0
         self.open: List[_Collector] = []
+        #: id(mask) -> (its sibling, their parent) for the two sides of a branch.
+        self.siblings: Dict[int, Tuple[Any, Any]] = {}
+        self._alive: List[Any] = []  # keeps the ids of `siblings` unique
 
     def fresh(self, prefix: str) -> str:
         self.count += 1
@@ -103,16 +111,52 @@ class _Tracer:
 
     @staticmethod
     def select(mask: Any, a: Any, b: Any) -> Any:
+        if a is b:
+            return a
         return jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - 1)), a, b)
 
     def leaves_of(self, var: str, value: Any) -> List[Any]:
         types = self.fn.var_types[var].leaves()
         return [self.norm(v, t) for v, t in zip(pattern_leaves(as_pattern(value)), types)]
 
+    # -- masks -------------------------------------------------------------------------------
+    def split(self, mask: Any, cond: Any) -> Tuple[Any, Any]:
+        """The lanes of ``mask`` where ``cond`` holds, and the others."""
+        true, false = mask & cond, mask & ~cond
+        self.siblings[id(true)] = (false, mask)
+        self.siblings[id(false)] = (true, mask)
+        self._alive.extend((true, false))
+        return true, false
+
+    def union(self, masks: List[Any]) -> Any:
+        """The lanes of any of ``masks``; the two sides of a branch give back
+        the branch's mask (no operation)."""
+        masks = list(masks)
+        merged = True
+        while merged and len(masks) > 1:
+            merged = False
+            for i, m in enumerate(masks):
+                pair = self.siblings.get(id(m))
+                if pair is None:
+                    continue
+                for j, other in enumerate(masks):
+                    if j != i and other is pair[0]:
+                        masks = [x for k, x in enumerate(masks) if k not in (i, j)]
+                        masks.append(pair[1])
+                        merged = True
+                        break
+                if merged:
+                    break
+        if not masks:
+            return jnp.zeros((self.batch,), bool)
+        out = masks[0]
+        for m in masks[1:]:
+            out = out | m
+        return out
+
     # -- collectors -------------------------------------------------------------------------
     def collector(self, block: str) -> _Collector:
         coll = _Collector(self.fresh("mask"))
-        self.state[coll.mask_key] = jnp.zeros((self.batch,), bool)
         for var in sorted(self.shape.live_in[block]):
             keys = []
             for leaf_type in self.fn.var_types[var].leaves():
@@ -123,41 +167,41 @@ class _Tracer:
         self.open.append(coll)
         return coll
 
+    def materialize(self) -> None:
+        """Put every open collector's mask in the state (before a loop)."""
+        for coll in self.open:
+            if coll.pending is not None:
+                self.state[coll.mask_key] = self.union(coll.pending)
+                coll.pending = None
+
     def deposit(self, coll: _Collector, mask: Any, env: Dict[str, List[Any]]) -> None:
-        if coll.fresh:
-            coll.fresh = False
-            self.state[coll.mask_key] = mask
-            for var, keys in coll.var_keys.items():
-                for key, leaf in zip(keys, env[var]):
-                    self.state[key] = leaf
-            return
-        self.state[coll.mask_key] = self.state[coll.mask_key] | mask
+        if coll.pending is not None:
+            coll.pending.append(mask)
+        else:
+            self.state[coll.mask_key] = self.state[coll.mask_key] | mask
+        fresh, coll.fresh = coll.fresh, False
         for var, keys in coll.var_keys.items():
             for key, leaf in zip(keys, env[var]):
-                if leaf is not self.state[key]:  # the same value on every path: kept
-                    self.state[key] = self.select(mask, leaf, self.state[key])
+                self.state[key] = leaf if fresh else self.select(mask, leaf, self.state[key])
 
     def take(self, coll: _Collector) -> Any:
         env = {var: [self.state[k] for k in keys] for var, keys in coll.var_keys.items()}
-        return self.state[coll.mask_key], env
+        mask = self.union(coll.pending) if coll.pending is not None \
+            else self.state[coll.mask_key]
+        return mask, env
 
     def drop(self, coll: _Collector) -> None:
         self.open.remove(coll)
-        del self.state[coll.mask_key]
+        self.state.pop(coll.mask_key, None)
         for keys in coll.var_keys.values():
             for key in keys:
                 del self.state[key]
 
-    # -- paths -------------------------------------------------------------------------------
-    def path(self, name: str, mask: Any, env: Dict[str, List[Any]],
-             targets: Dict[str, _Collector], active: FrozenSet[str]) -> None:
-        """Trace block ``name`` for the lanes of ``mask`` and go on until they
-        reach a block of ``targets`` (deposited there) or return."""
-        if name in self.shape.headers and name not in active:
-            self.loop(name, mask, env, targets, active)
-            return
+    # -- blocks ------------------------------------------------------------------------------
+    def run_block(self, name: str, env: Dict[str, List[Any]]) -> Tuple[Any, Dict[str, Any]]:
+        """Block ``name``'s instructions on ``env``: a reader of the values
+        after them, and the env with the variables live after it updated."""
         block = self.blocks[name]
-        env = dict(env)
         values: Dict[str, Any] = {}
 
         def read(var: str) -> Any:
@@ -174,7 +218,25 @@ class _Tracer:
                 raise _Unsupported(type(op).__name__)
             for var, part in bind_pattern(op.vars_out, value, name, op):
                 values[var] = part
-        term = block.terminator
+        after = dict(env)
+        if not isinstance(block.terminator, ReturnOp):
+            for var in sorted(set(values) & self.shape.live_out[name]):
+                after[var] = self.leaves_of(var, values[var])
+        return read, after
+
+    def condition(self, read: Any, var: str) -> Any:
+        return jnp.broadcast_to(jnp.asarray(read(var), bool), (self.batch,))
+
+    # -- paths -------------------------------------------------------------------------------
+    def path(self, name: str, mask: Any, env: Dict[str, List[Any]],
+             targets: Dict[str, _Collector], active: FrozenSet[str]) -> None:
+        """Trace block ``name`` for the lanes of ``mask`` and go on until they
+        reach a block of ``targets`` (deposited there) or return."""
+        if name in self.shape.headers and name not in active:
+            self.loop(name, mask, env, targets, active)
+            return
+        read, env = self.run_block(name, env)
+        term = self.blocks[name].terminator
         if isinstance(term, ReturnOp):
             value = pattern_map(read, term.vars)
             for i, (leaf, leaf_type) in enumerate(zip(pattern_leaves(as_pattern(value)),
@@ -183,22 +245,20 @@ class _Tracer:
                 self.state[key] = self.select(mask, self.norm(leaf, leaf_type),
                                               self.state[key])
             return
-        for var in sorted(set(values) & self.shape.live_out[name]):
-            env[var] = self.leaves_of(var, values[var])
         if isinstance(term, GotoOp):
             self.route(term.target, mask, env, targets, active)
             return
         if not isinstance(term, BranchOp):
             raise _Unsupported(type(term).__name__)
-        cond = jnp.broadcast_to(jnp.asarray(read(term.cond), bool), (self.batch,))
+        true, false = self.split(mask, self.condition(read, term.cond))
         join = _join(self.shape, name, targets)
         inner = dict(targets)
         coll = None
         if join != _EXIT and join not in targets:
             coll = self.collector(join)
             inner[join] = coll
-        self.route(term.true_target, mask & cond, env, inner, active)
-        self.route(term.false_target, mask & ~cond, env, inner, active)
+        self.route(term.true_target, true, env, inner, active)
+        self.route(term.false_target, false, env, inner, active)
         if coll is not None:
             joined_mask, joined_env = self.take(coll)
             self.drop(coll)
@@ -213,40 +273,88 @@ class _Tracer:
 
     def loop(self, head: str, mask: Any, env: Dict[str, List[Any]],
              targets: Dict[str, _Collector], active: FrozenSet[str]) -> None:
+        """One ``lax.while_loop`` for the loop at ``head``, as ``vmap`` makes
+        of a ``while_loop``: it carries the variables live at ``head`` for
+        every lane and the mask of the lanes still in the loop; a lane that
+        leaves keeps its values frozen.  Lanes that leave by the head's own
+        branch (the loop condition) need nothing more: after the loop the
+        head is run once more on the frozen values to send them on.  Lanes
+        that leave from inside (break, return) are kept in collectors."""
         body_blocks = self.shape.loop_body[head]
-        again = self.collector(head)
-        self.deposit(again, mask, env)
+        term = self.blocks[head].terminator
+        head_exit, stay_true = None, True
+        if isinstance(term, BranchOp):
+            inside = (term.true_target in body_blocks, term.false_target in body_blocks)
+            if inside[0] != inside[1]:
+                stay_true = inside[0]
+                head_exit = term.false_target if stay_true else term.true_target
         exits: Dict[str, _Collector] = {}
         for b in sorted(body_blocks):
             for s in self.shape.succ[b]:
-                if s not in body_blocks and s not in targets and s not in exits:
-                    exits[s] = self.collector(s)
+                if s in body_blocks or s in targets or s in exits:
+                    continue
+                if s == head_exit and b == head:
+                    continue  # by the frozen values
+                exits[s] = self.collector(s)
         inner = dict(targets)
-        inner[head] = again
         inner.update(exits)
+        carried = sorted(self.shape.live_in[head])
+        self.materialize()
         keys = sorted(self.state)
+        counts = [len(env[v]) for v in carried]
+
+        def unpack(vals: List[Any]) -> Tuple[Dict[str, Any], Dict[str, List[Any]], Any]:
+            state = dict(zip(keys, vals[:len(keys)]))
+            rest = vals[len(keys):-1]
+            carried_env, i = {}, 0
+            for var, n in zip(carried, counts):
+                carried_env[var] = list(rest[i:i + n])
+                i += n
+            return state, carried_env, vals[-1]
 
         def cond(vals: Any) -> Any:
-            return jnp.any(vals[keys.index(again.mask_key)])
+            return jnp.any(vals[-1])
 
         def body(vals: Any) -> Any:
             saved = self.state
-            self.state = dict(zip(keys, vals))
-            it_mask, it_env = self.take(again)
-            self.state[again.mask_key] = jnp.zeros((self.batch,), bool)
+            self.state, values, lanes = unpack(vals)
             # Collectors opened outside the body gather lanes over all
-            # iterations; `again` restarts empty at each.
+            # iterations; `again` (the lanes back at the head) restarts at each.
             for coll in self.open:
                 coll.fresh = False
-            again.fresh = True
-            self.path(head, it_mask, it_env, inner, active | {head})
-            out = [self.state[k] for k in keys]
+            again = self.collector(head)
+            inner[head] = again
+            it_env = dict(env)
+            it_env.update(values)
+            if head_exit is None:
+                self.path(head, lanes, it_env, inner, active | {head})
+            else:
+                read, after = self.run_block(head, it_env)
+                true, false = self.split(lanes, self.condition(read, term.cond))
+                stay, target = (true, term.true_target) if stay_true \
+                    else (false, term.false_target)
+                self.route(target, stay, after, inner, active | {head})
+            back, back_env = self.take(again)
+            self.drop(again)
+            new_values = [self.select(back, new, old) for var in carried
+                          for new, old in zip(back_env[var], values[var])]
+            out = [self.state[k] for k in keys] + new_values + [back]
             self.state = saved
             return out
 
-        vals = lax.while_loop(cond, body, [self.state[k] for k in keys])
-        self.state = dict(zip(keys, vals))
-        self.drop(again)
+        init = [self.state[k] for k in keys] + [leaf for v in carried for leaf in env[v]] \
+            + [mask]
+        self.state, final_values, _ = unpack(lax.while_loop(cond, body, init))
+        if head_exit is not None:
+            final_env = dict(env)
+            final_env.update(final_values)
+            read, after = self.run_block(head, final_env)
+            true, false = self.split(mask, self.condition(read, term.cond))
+            left = false if stay_true else true
+            if head_exit in exits:
+                self.deposit(exits[head_exit], left, after)
+            else:
+                self.route(head_exit, left, after, targets, active)
         for target, coll in exits.items():
             exit_mask, exit_env = self.take(coll)
             self.drop(coll)
