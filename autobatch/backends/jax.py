@@ -84,7 +84,7 @@ class _Tracer:
     opened outside it.
     """
 
-    def __init__(self, fn: Function, shape: _Shape, batch: int) -> None:
+    def __init__(self, fn: Function, shape: _Shape, batch: int, unroll: int = 1) -> None:
         self.fn = fn
         self.shape = shape
         self.blocks = {b.name: b for b in fn.blocks}
@@ -95,6 +95,8 @@ class _Tracer:
         #: id(mask) -> (its sibling, their parent) for the two sides of a branch.
         self.siblings: Dict[int, Tuple[Any, Any]] = {}
         self._alive: List[Any] = []  # keeps the ids of `siblings` unique
+        #: Iterations of an innermost loop per ``lax.while_loop`` trip.
+        self.unroll = unroll
 
     def fresh(self, prefix: str) -> str:
         self.count += 1
@@ -315,7 +317,7 @@ class _Tracer:
         def cond(vals: Any) -> Any:
             return jnp.any(vals[-1])
 
-        def body(vals: Any) -> Any:
+        def step(vals: Any) -> Any:
             saved = self.state
             self.state, values, lanes = unpack(vals)
             # Collectors opened outside the body gather lanes over all
@@ -341,6 +343,14 @@ class _Tracer:
             out = [self.state[k] for k in keys] + new_values + [back]
             self.state = saved
             return out
+
+        unroll = self.unroll if not any(h != head and h in body_blocks
+                                        for h in self.shape.headers) else 1
+
+        def body(vals: Any) -> Any:
+            for _ in range(unroll):
+                vals = step(vals)
+            return vals
 
         init = [self.state[k] for k in keys] + [leaf for v in carried for leaf in env[v]] \
             + [mask]
