@@ -44,6 +44,29 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
+
+def _synchronous_cpu_dispatch() -> None:
+    """Run jitted calls in the calling thread on CPU (JAX's
+    ``jax_cpu_enable_async_dispatch=False``) where this import comes before
+    JAX made its CPU client and the user did not choose (environment
+    variable ``JAX_CPU_ENABLE_ASYNC_DISPATCH``).  A run's results are
+    converted to NumPy at once, so asynchronous dispatch buys nothing here
+    and costs two thread hand-offs per call (tens of microseconds, the whole
+    run time of a small batch)."""
+    import os
+    if "JAX_CPU_ENABLE_ASYNC_DISPATCH" in os.environ:
+        return
+    try:
+        from jax._src import xla_bridge
+        if xla_bridge.backends_are_initialized():
+            return
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+    except (ImportError, AttributeError):  # another JAX: keep its default
+        pass
+
+
+_synchronous_cpu_dispatch()
+
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
@@ -301,8 +324,20 @@ class _Tracer:
         inner = dict(targets)
         inner.update(exits)
         carried = sorted(self.shape.live_in[head])
-        self.materialize()
-        keys = sorted(self.state)
+        # A simple loop (left by its condition only; no return, break or inner
+        # loop) touches nothing but its own variables: it carries no state,
+        # nor a mask of the lanes still in it (those that entered it and whose
+        # condition holds, as in vmap's while_loop).
+        simple = head_exit is not None and not any(
+            (s not in body_blocks and not (b == head and s == head_exit))
+            or isinstance(self.blocks[b].terminator, ReturnOp)
+            or (b != head and b in self.shape.headers)
+            for b in body_blocks for s in self.shape.succ[b])
+        if simple:
+            keys: List[str] = []
+        else:
+            self.materialize()
+            keys = sorted(self.state)
         counts = [len(env[v]) for v in carried]
 
         def unpack(vals: List[Any]) -> Tuple[Dict[str, Any], Dict[str, List[Any]], Any]:
@@ -314,19 +349,29 @@ class _Tracer:
                 i += n
             return state, carried_env, vals[-1]
 
+        def staying(vals: Any) -> Any:
+            """A simple loop's lanes still in it: ``vals[-1]`` holds the
+            lanes that entered it; a lane that left has values frozen where
+            the head sends it out (its condition is the same every time)."""
+            _, values, entered = unpack(vals)
+            read, _ = self.run_block(head, values)
+            true, false = self.split(entered, self.condition(read, term.cond))
+            return true if stay_true else false
+
         def cond(vals: Any) -> Any:
-            return jnp.any(vals[-1])
+            return jnp.any(staying(vals) if simple else vals[-1])
 
         def step(vals: Any) -> Any:
             saved = self.state
             self.state, values, lanes = unpack(vals)
             # Collectors opened outside the body gather lanes over all
             # iterations; `again` (the lanes back at the head) restarts at each.
-            for coll in self.open:
-                coll.fresh = False
+            if not simple:
+                for coll in self.open:
+                    coll.fresh = False
             again = self.collector(head)
             inner[head] = again
-            it_env = dict(env)
+            it_env = {} if simple else dict(env)
             it_env.update(values)
             if head_exit is None:
                 self.path(head, lanes, it_env, inner, active | {head})
@@ -340,7 +385,7 @@ class _Tracer:
             self.drop(again)
             new_values = [self.select(back, new, old) for var in carried
                           for new, old in zip(back_env[var], values[var])]
-            out = [self.state[k] for k in keys] + new_values + [back]
+            out = [self.state[k] for k in keys] + new_values + [lanes if simple else back]
             self.state = saved
             return out
 
@@ -354,7 +399,9 @@ class _Tracer:
 
         init = [self.state[k] for k in keys] + [leaf for v in carried for leaf in env[v]] \
             + [mask]
-        self.state, final_values, _ = unpack(lax.while_loop(cond, body, init))
+        vals = lax.while_loop(cond, body, init)
+        state, final_values, _ = unpack(vals)
+        self.state.update(state)
         if head_exit is not None:
             final_env = dict(env)
             final_env.update(final_values)
@@ -378,28 +425,70 @@ class JaxProgram:
     ``steps`` is 0: the loop count stays inside XLA.
     """
 
-    def __init__(self, program: Program) -> None:
+    def __init__(self, program: Program, unroll: int = 1) -> None:
         self.program = program
+        self.unroll = unroll
         self.function = fn = program.main_function
         self.shape = _shape(fn)
         self.steps = 0
         self._jitted = jax.jit(self._trace)
+        types = [fn.var_types[p] for p in fn.params]
+        #: Per parameter, its leaves' (dtype, shape) when it is a tuple of
+        #: leaves, else None: the fast path of :meth:`run`.
+        self._flat_types = [[(t.dtype, t.shape) for t in typ.leaves()]
+                            if isinstance(typ.tensors, tuple) and all(
+                                not isinstance(x, tuple) for x in typ.tensors)
+                            else None for typ in types]
+        self._single = [(typ.tensors.dtype, typ.tensors.shape)
+                        if not isinstance(typ.tensors, tuple) else None for typ in types]
 
     def _trace(self, *args: Any) -> Any:
         fn = self.function
         leaves = [leaf for a in args for leaf in pattern_leaves(as_pattern(a))]
         batch = leaves[0].shape[0] if leaves else 1
-        tracer = _Tracer(fn, self.shape, batch)
+        tracer = _Tracer(fn, self.shape, batch, self.unroll)
         env = {param: tracer.leaves_of(param, arg) for param, arg in zip(fn.params, args)}
         for i, leaf_type in enumerate(fn.return_type.leaves()):
             tracer.state[f"out#{i}"] = tracer.zeros(leaf_type)
         tracer.path(fn.entry.name, jnp.ones((batch,), bool), env, {}, frozenset())
         return tuple(tracer.state[f"out#{i}"] for i in range(len(fn.return_type.leaves())))
 
+    def _fast_inputs(self, args: Sequence[Any]) -> Optional[List[Any]]:
+        """``args`` as they go to the jitted function where every leaf is
+        already an array of its type with one batch size (no conversion, no
+        broadcast); None otherwise (the general path)."""
+        if len(args) != len(self._single):
+            return None
+        batch = None
+        inputs: List[Any] = []
+        for arg, single, flat in zip(args, self._single, self._flat_types):
+            if single is not None:
+                leaves, types = (arg,), (single,)
+            elif flat is not None and type(arg) in (tuple, list) and len(arg) == len(flat):
+                leaves, types = arg, flat
+            else:
+                return None
+            for leaf, (dtype, shape) in zip(leaves, types):
+                if type(leaf) is not np.ndarray or leaf.dtype != dtype \
+                        or leaf.shape[1:] != shape or leaf.ndim != len(shape) + 1:
+                    return None
+                if batch is None:
+                    batch = leaf.shape[0]
+                elif leaf.shape[0] != batch:
+                    return None
+            inputs.append(leaves if single is None else arg)
+        if not batch:
+            return None
+        return [tuple(x) if type(x) is list else x for x in inputs]
+
     def run(self, args: Sequence[Any]) -> Any:
         """main's value per thread (NumPy arrays) for a batch of arguments."""
-        from autobatch.arguments import batch_size
         fn = self.function
+        fast = self._fast_inputs(args)
+        if fast is not None:
+            outs = [np.asarray(o) for o in self._jitted(*fast)]
+            return pattern_unflatten(fn.return_type.tensors, outs)
+        from autobatch.arguments import batch_size
         if len(args) != len(fn.params):
             raise ProgramError(f"function {fn.name!r} takes {len(fn.params)} argument(s) "
                                f"{fn.params}, got {len(args)}")
@@ -436,6 +525,17 @@ class JaxBackend(Abilities):
     #: The pipeline runs programs on :meth:`compile`'s result, not on the VM.
     compiles_programs = True
 
+    def __init__(self, unroll: int = 1) -> None:
+        if not isinstance(unroll, int) or unroll < 1:
+            raise ValueError(f"JaxBackend(unroll=...) takes a positive int, got {unroll!r}")
+        #: Iterations of an innermost loop traced into one trip of its
+        #: ``lax.while_loop`` (a trip's fixed cost shared; at most
+        #: ``unroll - 1`` iterations run on no lane at the end).
+        self.unroll = unroll
+
+    def cache_key(self) -> Tuple[Any, ...]:
+        return (type(self), self.unroll)
+
     def type_of(self, value: Any, batch_size: int) -> TensorType:
         from autobatch.backends.numpy import NumpyBackend
         return NumpyBackend().type_of(np.asarray(value) if hasattr(value, "__jax_array__")
@@ -456,9 +556,9 @@ class JaxBackend(Abilities):
                         f"{fn.name!r} calls {op.function!r} (block {block.name!r}): run "
                         f"it with NumpyBackend() or TensorFlowBackend('xla')")
         try:
-            return JaxProgram(program)
+            return JaxProgram(program, self.unroll)
         except _Unsupported as exc:
             raise ProgramError(f"the JAX backend cannot run {fn.name!r}: {exc}") from exc
 
     def __repr__(self) -> str:
-        return "JaxBackend()"
+        return "JaxBackend()" if self.unroll == 1 else f"JaxBackend(unroll={self.unroll})"

@@ -101,3 +101,30 @@ def test_random_call_free_programs_match_the_reference(backend, seed, batch):
     rng = np.random.default_rng(seed)
     args = [rng.integers(0, 1000, batch), rng.integers(0, 1000, batch)]
     _check(program, args, backend)
+
+
+def test_loops_left_by_their_condition_and_by_break_to_the_same_block(backend):
+    """A ``while`` left by its condition (frozen lanes, the head rerun after
+    the loop) and by ``break`` (a collector) into one exit block, nested in
+    an outer loop, with a value no iteration writes (``limit``)."""
+    from autobatch.dsl import ProgramBuilder
+    ab = ProgramBuilder()
+    with ab.function("f", params=["n", "limit"]):
+        ab.primop(lambda n: n * 0, "total")
+        ab.primop(lambda n: n * 0, "outer")
+        with ab.while_(lambda outer: outer < 3):
+            ab.primop(lambda n, outer: n + outer, "m")
+            with ab.while_(lambda m: m > 1):
+                ab.primop(lambda m: m // 2 + (m % 3), "m")
+                ab.primop(lambda total: total + 1, "total")
+                ab.primop(lambda total, limit: total > limit, "over")
+                with ab.if_("over"):
+                    ab.break_()
+            ab.primop(lambda total, m: total + m, "total")
+            ab.primop(lambda outer: outer + 1, "outer")
+        ab.return_(("total", "outer"))
+    program = ab.program(main="f")
+    rng = np.random.default_rng(3)
+    n = rng.integers(0, 200, 64)
+    limit = rng.integers(0, 30, 64)
+    _check(program, [n, limit], backend)
