@@ -128,3 +128,23 @@ def test_loops_left_by_their_condition_and_by_break_to_the_same_block(backend):
     n = rng.integers(0, 200, 64)
     limit = rng.integers(0, 30, 64)
     _check(program, [n, limit], backend)
+
+
+def test_unrolled_loops_and_the_argument_fast_path(backend):
+    from autobatch.backends.jax import JaxBackend
+    unrolled = JaxBackend(unroll=3)
+    assert unrolled.cache_key() != backend.cache_key()
+    with pytest.raises(ValueError, match="unroll"):
+        JaxBackend(unroll=0)
+    rng = np.random.default_rng(5)
+    n = rng.integers(1, 300, 50)
+    _check(examples.collatz(), [n], unrolled)
+    a, b = rng.integers(0, 1000, 30), rng.integers(0, 1000, 30)
+    want = reference.run_batch(examples.gcd_pairs(), [(a, b)], max_stack_depth=4)
+    # a list of arrays (fast path); a JAX array and a broadcast scalar (general path)
+    import jax.numpy as jnp
+    for args in ([[a, b]], [(jnp.asarray(a), b)], [(a, np.int64(7))]):
+        got = _run(examples.gcd_pairs(), args, unrolled)
+        ref = reference.run_batch(examples.gcd_pairs(), args, max_stack_depth=4)
+        assert _same(got, ref)
+    assert _same(_run(examples.gcd_pairs(), [(a, b)], unrolled), want)
