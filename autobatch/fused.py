@@ -88,26 +88,6 @@ def _mask(cond: Any, n: int) -> np.ndarray:
     return mask if mask.shape == (n,) else np.broadcast_to(mask, (n,))
 
 
-def _split(group: dict, mask: np.ndarray, keys_true: Sequence[str],
-           keys_false: Sequence[str]) -> Tuple[Optional[dict], Optional[dict]]:
-    """The lanes of ``group`` where ``mask`` holds, and the others (None for
-    no lane); the whole group object where one side is empty.  Rows are
-    gathered by index (``take``), which is cheaper than boolean indexing
-    once there are several arrays to cut the same way."""
-    count = np.count_nonzero(mask)
-    if count == mask.shape[0]:
-        return group, None
-    if not count:
-        return None, group
-    rows = mask.nonzero()[0]
-    others = (~mask).nonzero()[0]
-    true = {k: group[k].take(rows, axis=0) for k in keys_true}
-    false = {k: group[k].take(others, axis=0) for k in keys_false}
-    true["#"] = group["#"].take(rows)
-    false["#"] = group["#"].take(others)
-    return true, false
-
-
 def _merge(groups: List[dict], keys: Sequence[str]) -> Optional[dict]:
     """One group of every lane of ``groups`` (None for none)."""
     if not groups:
@@ -231,7 +211,7 @@ class _Emitter:
         self.blocks = {b.name: b for b in fn.blocks}
         self.lines: List[str] = []
         self.namespace: Dict[str, Any] = {"np": np, "_norm": _norm, "_mask": _mask,
-                                          "_split": _split, "_merge": _merge,
+                                          "_merge": _merge,
                                           "_nd": np.ndarray, "_bool": np.dtype(bool),
                                           "_count": np.count_nonzero}
         self.count = 0
@@ -414,9 +394,11 @@ class _Emitter:
 
     def emit_split(self, gt: str, gf: str, mask: str, live_t: FrozenSet[str],
                    live_f: FrozenSet[str]) -> None:
-        """``gt, gf = _split(g, mask, ...)`` written out (no call, dict
-        literals): the groups of the lanes where ``mask`` holds and of the
-        others, None for an empty side, ``g`` itself for a full one."""
+        """``gt, gf``: the groups of the lanes of ``g`` where ``mask`` holds
+        and of the others (None for an empty side, ``g`` itself for a full
+        one), written out in the generated code (no call; dict literals;
+        rows gathered by index with ``take``, cheaper than boolean indexing
+        once several arrays are cut the same way)."""
         count, rows, others = self.fresh("k"), self.fresh("r"), self.fresh("o")
         self.emit(f"{count} = _count({mask})")
         self.emit(f"if {count} == {mask}.shape[0]:")

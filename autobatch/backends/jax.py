@@ -12,9 +12,13 @@ traced:
   nearest post-dominator, as in :mod:`autobatch.fused`), where each
   variable takes, lane by lane, the value of the side the lane took;
 - a loop is one ``lax.while_loop`` that runs while any lane is still in
-  it; lanes that leave (by the loop condition, a break or a return) keep
-  their values in per-exit collectors, and the code after the loop runs on
-  those lanes;
+  it.  It carries the variables live at its head; a lane that leaves keeps
+  its values frozen.  Lanes that leave by the loop condition need nothing
+  more (the head runs once more after the loop to send them on); a loop
+  left only that way carries nothing else, as ``vmap`` makes of a
+  ``while_loop`` (the lanes still in it: those that entered and whose
+  condition holds).  Lanes that leave by a break or a return go to per-exit
+  collectors, and such a loop carries the mask of the lanes still in it;
 - a return writes the lanes of its mask into the result.
 
 That is what ``vmap`` makes of ``lax.while_loop`` / ``lax.cond``: every
