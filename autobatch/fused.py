@@ -88,23 +88,6 @@ def _mask(cond: Any, n: int) -> np.ndarray:
     return mask if mask.shape == (n,) else np.broadcast_to(mask, (n,))
 
 
-def _split(group: dict, mask: np.ndarray, keys_true: Sequence[str],
-           keys_false: Sequence[str]) -> Tuple[Optional[dict], Optional[dict]]:
-    """The lanes of ``group`` where ``mask`` holds, and the others (None for
-    no lane); the whole group object where one side is empty."""
-    count = np.count_nonzero(mask)
-    if count == mask.shape[0]:
-        return group, None
-    if not count:
-        return None, group
-    other = ~mask
-    true = {k: group[k][mask] for k in keys_true}
-    false = {k: group[k][other] for k in keys_false}
-    true["#"] = group["#"][mask]
-    false["#"] = group["#"][other]
-    return true, false
-
-
 def _merge(groups: List[dict], keys: Sequence[str]) -> Optional[dict]:
     """One group of every lane of ``groups`` (None for none)."""
     if not groups:
@@ -228,7 +211,9 @@ class _Emitter:
         self.blocks = {b.name: b for b in fn.blocks}
         self.lines: List[str] = []
         self.namespace: Dict[str, Any] = {"np": np, "_norm": _norm, "_mask": _mask,
-                                          "_split": _split, "_merge": _merge}
+                                          "_merge": _merge,
+                                          "_nd": np.ndarray, "_bool": np.dtype(bool),
+                                          "_count": np.count_nonzero}
         self.count = 0
         self.indent = 1
 
@@ -324,8 +309,13 @@ class _Emitter:
         out = []
         for leaf, typ in zip(pattern_leaves(values[var]), self.vtype(var).leaves()):
             name = self.fresh("t")
-            self.emit(f"{name} = _norm({leaf}, {self.constant(typ.dtype)}, "
-                      f"{typ.shape!r}, g['#'].shape[0])")
+            dtype = self.constant(typ.dtype)
+            call = f"_norm({leaf}, {dtype}, {typ.shape!r}, g['#'].shape[0])"
+            if typ.shape:
+                self.emit(f"{name} = {call}")
+            else:  # the common case checked inline (no call)
+                self.emit(f"{name} = {leaf} if {leaf}.__class__ is _nd and {leaf}.dtype is "
+                          f"{dtype} and {leaf}.shape == g['#'].shape else {call}")
             out.append(name)
         return out
 
@@ -363,7 +353,8 @@ class _Emitter:
         cond = self.as_expr(self.read(values, term.cond))
         self.flush(values, dirty, self.shape.live_out[name])
         mask = self.fresh("m")
-        self.emit(f"{mask} = _mask({cond}, g['#'].shape[0])")
+        self.emit(f"{mask} = {cond} if {cond}.__class__ is _nd and {cond}.dtype is _bool "
+                  f"and {cond}.shape == g['#'].shape else _mask({cond}, g['#'].shape[0])")
         join = self.join(name, targets)
         t, f = term.true_target, term.false_target
         if join != _EXIT and join not in targets and self.select_arms(name, t, f, join):
@@ -381,8 +372,7 @@ class _Emitter:
               active: FrozenSet[str]) -> None:
         live = self.shape.live_in
         gt, gf = self.fresh("gt"), self.fresh("gf")
-        self.emit(f"{gt}, {gf} = _split(g, {mask}, {self.group_keys(live[t])}, "
-                  f"{self.group_keys(live[f])})")
+        self.emit_split(gt, gf, mask, live[t], live[f])
         inner = dict(targets)
         merged = None
         if join != _EXIT and join not in targets:
@@ -401,6 +391,30 @@ class _Emitter:
             self.indent += 1
             self.path(join, targets, active)
             self.indent -= 1
+
+    def emit_split(self, gt: str, gf: str, mask: str, live_t: FrozenSet[str],
+                   live_f: FrozenSet[str]) -> None:
+        """``gt, gf``: the groups of the lanes of ``g`` where ``mask`` holds
+        and of the others (None for an empty side, ``g`` itself for a full
+        one), written out in the generated code (no call; dict literals;
+        rows gathered by index with ``take``, cheaper than boolean indexing
+        once several arrays are cut the same way)."""
+        count, rows, others = self.fresh("k"), self.fresh("r"), self.fresh("o")
+        self.emit(f"{count} = _count({mask})")
+        self.emit(f"if {count} == {mask}.shape[0]:")
+        self.emit(f"    {gt}, {gf} = g, None")
+        self.emit(f"elif not {count}:")
+        self.emit(f"    {gt}, {gf} = None, g")
+        self.emit("else:")
+        self.indent += 1
+        self.emit(f"{rows} = {mask}.nonzero()[0]")
+        self.emit(f"{others} = (~{mask}).nonzero()[0]")
+        for side, live, index in ((gt, live_t, rows), (gf, live_f, others)):
+            keys = [k for v in sorted(live) for k in self.keys(v)]
+            items = [f"'#': g['#'].take({index})"] + [
+                f"{k!r}: g[{k!r}].take({index}, axis=0)" for k in keys]
+            self.emit(f"{side} = {{{', '.join(items)}}}")
+        self.indent -= 1
 
     def loop(self, head: str, targets: Dict[str, str], active: FrozenSet[str]) -> None:
         body = self.shape.loop_body[head]
@@ -458,8 +472,6 @@ class _Emitter:
     def select(self, name: str, mask: str, t: str, f: str, join: str,
                targets: Dict[str, str], active: FrozenSet[str]) -> None:
         live_join = self.shape.live_in[join]
-        merged = self.fresh("J")
-        self.emit(f"{merged} = []")
         self.emit("try:")
         self.indent += 1
         sides: Dict[str, Tuple[Dict[str, Any], Set[str]]] = {}
@@ -485,29 +497,30 @@ class _Emitter:
                 stores.append((key, name_))
         for key, value in stores:
             self.emit(f"g[{key!r}] = {value}")
-        self.emit(f"{merged}.append(g)")
+        if not stores:
+            self.emit("pass")
         self.indent -= 1
+        # A primop raised on some lane: run each arm on its own lanes (an
+        # error of a lane that takes the arm propagates from here).
         self.emit("except Exception:")
         self.indent += 1
-        self.emit(f"{merged}.clear()")
+        merged = self.fresh("J")
+        self.emit(f"{merged} = []")
         inner = dict(targets)
         inner[join] = merged
         live = self.shape.live_in
         gt, gf = self.fresh("gt"), self.fresh("gf")
-        self.emit(f"{gt}, {gf} = _split(g, {mask}, {self.group_keys(live[t])}, "
-                  f"{self.group_keys(live[f])})")
+        self.emit_split(gt, gf, mask, live[t], live[f])
         for side, target in ((gt, t), (gf, f)):
             self.emit(f"if {side} is not None:")
             self.indent += 1
             self.emit(f"g = {side}")
             self.route(target, inner, active)
             self.indent -= 1
-        self.indent -= 1
+        # every lane of the group reaches the join (the arms are straight-line)
         self.emit(f"g = _merge({merged}, {self.group_keys(live_join)})")
-        self.emit("if g is not None:")
-        self.indent += 1
-        self.path(join, targets, active)
         self.indent -= 1
+        self.path(join, targets, active)
 
 
 def _paths(pattern: Any, prefix: Tuple[int, ...]) -> List[Tuple[int, ...]]:

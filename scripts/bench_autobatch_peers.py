@@ -15,13 +15,16 @@ Peers, side by side:
 
 - autobatch NumPy: the engine the pipeline picks on the NumPy backend (the
   fused loop for call-free programs, the VM otherwise); autobatch JAX: the
-  JAX backend (call-free programs: Collatz, gcd), in this process.  "First
-  call" types, allocates, lowers, fuses or jits, and runs, from scratch;
-  "best ours" is the faster of the two.
+  JAX backend (call-free programs: Collatz, gcd), in this process (JAX's
+  runtime started before any timing; the backend's import makes its CPU
+  client dispatch synchronously, see :mod:`autobatch.backends.jax`; NumPy in,
+  NumPy out).  "First call" types, allocates, lowers, fuses or jits, and
+  runs, from scratch; "best ours" is the faster of the two.
 - JAX: ``jax.jit(jax.vmap(f))`` with ``lax.while_loop`` / ``lax.cond``
-  (64-bit), in its own venv (``python3 -m venv .jax-venv &&
-  .jax-venv/bin/pip install "jax[cpu]"``), run in a subprocess; "first call"
-  is tracing + compiling + the first run.  JAX cannot batch recursion
+  (64-bit, JAX's defaults otherwise), in its own venv (``python3 -m venv
+  .jax-venv && .jax-venv/bin/pip install "jax[cpu]"``), run in a subprocess
+  on device arrays made before timing; "first call" is tracing + compiling +
+  the first run.  JAX cannot batch recursion
   (no fib); its NUTS-shaped program is the same computation written as one
   while loop over leaf steps (the tree recursion flattened by hand), which
   vmap runs for every lane until the slowest lane stops.
@@ -393,6 +396,10 @@ def main() -> None:
     if not args.no_jax:
         from autobatch.backends.jax import JaxBackend
         jax_backend = JaxBackend()
+        # JAX's runtime starts once per process, before any first call is
+        # timed (the JAX worker's jnp.asarray of its inputs does the same).
+        import jax.numpy as jnp
+        jnp.zeros(1).block_until_ready()
     only = set(args.only.split(",")) if args.only else None
     start = time.perf_counter()
     for work in workloads(args.quick, args.seed):

@@ -101,3 +101,50 @@ def test_random_call_free_programs_match_the_reference(backend, seed, batch):
     rng = np.random.default_rng(seed)
     args = [rng.integers(0, 1000, batch), rng.integers(0, 1000, batch)]
     _check(program, args, backend)
+
+
+def test_loops_left_by_their_condition_and_by_break_to_the_same_block(backend):
+    """A ``while`` left by its condition (frozen lanes, the head rerun after
+    the loop) and by ``break`` (a collector) into one exit block, nested in
+    an outer loop, with a value no iteration writes (``limit``)."""
+    from autobatch.dsl import ProgramBuilder
+    ab = ProgramBuilder()
+    with ab.function("f", params=["n", "limit"]):
+        ab.primop(lambda n: n * 0, "total")
+        ab.primop(lambda n: n * 0, "outer")
+        with ab.while_(lambda outer: outer < 3):
+            ab.primop(lambda n, outer: n + outer, "m")
+            with ab.while_(lambda m: m > 1):
+                ab.primop(lambda m: m // 2 + (m % 3), "m")
+                ab.primop(lambda total: total + 1, "total")
+                ab.primop(lambda total, limit: total > limit, "over")
+                with ab.if_("over"):
+                    ab.break_()
+            ab.primop(lambda total, m: total + m, "total")
+            ab.primop(lambda outer: outer + 1, "outer")
+        ab.return_(("total", "outer"))
+    program = ab.program(main="f")
+    rng = np.random.default_rng(3)
+    n = rng.integers(0, 200, 64)
+    limit = rng.integers(0, 30, 64)
+    _check(program, [n, limit], backend)
+
+
+def test_unrolled_loops_and_the_argument_fast_path(backend):
+    from autobatch.backends.jax import JaxBackend
+    unrolled = JaxBackend(unroll=3)
+    assert unrolled.cache_key() != backend.cache_key()
+    with pytest.raises(ValueError, match="unroll"):
+        JaxBackend(unroll=0)
+    rng = np.random.default_rng(5)
+    n = rng.integers(1, 300, 50)
+    _check(examples.collatz(), [n], unrolled)
+    a, b = rng.integers(0, 1000, 30), rng.integers(0, 1000, 30)
+    want = reference.run_batch(examples.gcd_pairs(), [(a, b)], max_stack_depth=4)
+    # a list of arrays (fast path); a JAX array and a broadcast scalar (general path)
+    import jax.numpy as jnp
+    for args in ([[a, b]], [(jnp.asarray(a), b)], [(a, np.int64(7))]):
+        got = _run(examples.gcd_pairs(), args, unrolled)
+        ref = reference.run_batch(examples.gcd_pairs(), args, max_stack_depth=4)
+        assert _same(got, ref)
+    assert _same(_run(examples.gcd_pairs(), [(a, b)], unrolled), want)
