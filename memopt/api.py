@@ -169,7 +169,10 @@ def _legacy_optimize(program, options: Options) -> Report:
     legacy.check_user_names(program, options)
     graph = _legacy_graph(program, options)
     runtime = flags.read_flags()
-    plan = plan_memory(graph, options, runtime.gc)
+    # run translated to PIR with the GC on, an op reading one variable for
+    # its dims and for its data fails: no dims-only substitutions there
+    plan = plan_memory(graph, options, runtime.gc,
+                       substitutions=not (runtime.gc and runtime.pir_executor))
     check_plan(graph, plan)
     homes = {}
     for block_idx, mapping in plan.renames.items():
@@ -212,6 +215,15 @@ def _legacy_release(program, options: Options) -> Report:
     plan = plan_releases(graph, options.skip_opt_set | options.fetch_list)
     released: List[str] = []
     ops = 0
+    if not runtime.gc and plan.after and runtime.pir_executor:
+        raise UnsupportedProgramError(
+            "release_memory cannot free variables of a legacy program that Paddle runs "
+            "translated to PIR (FLAGS_enable_pir_in_executor=1): the translation turns each "
+            "release (a share_buffer) into pd_op.share_data_, whose result is the variable "
+            "it reads, so every released variable would alias one memory; nothing was "
+            "changed. Run the program with FLAGS_enable_pir_in_executor=0 (the legacy "
+            "executor), or with the garbage collector on (FLAGS_eager_delete_tensor_gb=0: "
+            "the executor frees each temporary itself), or build it in PIR")
     if not runtime.gc and plan.after:
         verify_releases(graph, plan.after)
         # each released name moves to a fresh memopt@buf_<k> (the record in

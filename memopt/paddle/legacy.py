@@ -734,7 +734,26 @@ def _fetch_hook(program, fetch_list):
     """The :mod:`memopt.paddle.fetch_guard` hook: name merged variables."""
     if is_legacy_program(program):
         check_fetch(program, fetch_list)
+        _check_released_executor(program)
     return fetch_list
+
+
+def _check_released_executor(program) -> None:
+    """UnsupportedProgramError, before Paddle fails obscurely, for a program
+    release_memory rewrote run with ``FLAGS_enable_pir_in_executor=1``: the
+    translation makes every release (``share_buffer``) a
+    ``pd_op.share_data_`` whose result is the variable it reads."""
+    if RELEASED_VAR not in program.global_block().vars:
+        return
+    from . import flags
+
+    if flags.read_flags().pir_executor:
+        raise UnsupportedProgramError(
+            "this program was rewritten by memopt.release_memory and cannot run translated "
+            "to PIR (FLAGS_enable_pir_in_executor=1): the translation makes each release a "
+            "pd_op.share_data_ whose result is the variable it reads. Run it with "
+            "FLAGS_enable_pir_in_executor=0, or rebuild it and skip release_memory (turn the "
+            "garbage collector on: FLAGS_eager_delete_tensor_gb=0)")
 
 
 def install_fetch_guard() -> None:
