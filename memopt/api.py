@@ -180,6 +180,9 @@ def _legacy_optimize(program, options: Options) -> Report:
             homes[old] = homes[new] = block_idx
     buffer_of = merge_record.apply_merges(program, plan.groups, homes, legacy.rewrite,
                                           plan.order, plan.substitutions)
+    merge_record.mark_substituted(program, plan.substitutions)
+    if plan.substitutions:
+        legacy.install_fetch_guard()
     if buffer_of:
         legacy.install_fetch_guard()
         plan.reuses = [dataclasses.replace(r, renamed_to=buffer_of.get(r.var, r.renamed_to))
@@ -370,10 +373,15 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     """
     options = resolve_options(skip_opt_set, skip_grads, level, print_log, fetch_list)
     program = _default_program(program)
+    is_pir = pir.is_pir_program(program)
+    if is_pir:  # read from .json: the marks of an earlier rewrite are in its record
+        pir_rewrite.restore_marks(program)
     if budget is not None or options.level == 2:
         report = _level2_or_budget(program, options, budget, batch_size)
     else:
         report = _dispatch(program, options, release=False)
+    if is_pir:  # the marks, kept where Paddle's .json keeps them
+        pir_rewrite.write_record(program)
     if options.print_log:
         print(report)
     return report
