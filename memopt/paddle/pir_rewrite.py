@@ -314,7 +314,10 @@ def overwritten_by(value):
     restored = False
     for op in users:
         for _, operand in dict(core.pir.get_op_inplace_info(op)).items():
-            if operand >= op.num_operands() or op.operand_source(operand).id != vid:
+            if operand >= op.num_operands():
+                continue
+            source = op.operand_source(operand)
+            if not source.initialized() or source.id != vid:
                 continue
             if not op.has_attr(MARK_ATTR) and not restored:
                 # a program read from .json: its marks are in the record
