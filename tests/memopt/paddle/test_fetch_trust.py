@@ -438,6 +438,9 @@ def pir_values(program):
             continue
         for r in range(op.num_results()):
             v = op.result(r)
+            if v.initialized() and any(u.name() == "builtin.shadow_output"
+                                       for u in v.all_used_ops()):
+                continue  # memopt's record (pir_rewrite.write_record), no user value
             if v.initialized() and v.is_dense_tensor_type() and not v.persistable:
                 out.append((k, r))
     return out
