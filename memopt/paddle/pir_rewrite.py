@@ -303,7 +303,9 @@ def record_rewrite(program, replaced: dict) -> None:
 def overwritten_by(value):
     """``(op, names)`` of an op memory_optimize made in place that writes
     over ``value`` (read from the ops using it: survives ``clone()``), or
-    None."""
+    None.  Where an in-place op using ``value`` carries no mark, the marks
+    of ``value``'s program are first restored from its record
+    (:func:`restore_marks`: a program read from ``.json``)."""
     from paddle.base import core
 
     try:
@@ -313,7 +315,11 @@ def overwritten_by(value):
     vid = value.id
     restored = False
     for op in users:
-        for _, operand in dict(core.pir.get_op_inplace_info(op)).items():
+        try:
+            pairs = dict(core.pir.get_op_inplace_info(op))
+        except Exception:  # an op Paddle has no in-place facts for
+            continue
+        for _, operand in pairs.items():
             if operand >= op.num_operands():
                 continue
             source = op.operand_source(operand)
