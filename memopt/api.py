@@ -169,7 +169,10 @@ def _legacy_optimize(program, options: Options) -> Report:
     legacy.check_user_names(program, options)
     graph = _legacy_graph(program, options)
     runtime = flags.read_flags()
-    plan = plan_memory(graph, options, runtime.gc)
+    # run translated to PIR with the GC on, an op reading one variable for
+    # its dims and for its data fails: no dims-only substitutions there
+    plan = plan_memory(graph, options, runtime.gc,
+                       substitutions=not (runtime.gc and runtime.pir_executor))
     check_plan(graph, plan)
     homes = {}
     for block_idx, mapping in plan.renames.items():
@@ -177,6 +180,9 @@ def _legacy_optimize(program, options: Options) -> Report:
             homes[old] = homes[new] = block_idx
     buffer_of = merge_record.apply_merges(program, plan.groups, homes, legacy.rewrite,
                                           plan.order, plan.substitutions)
+    merge_record.mark_substituted(program, plan.substitutions)
+    if plan.substitutions:
+        legacy.install_fetch_guard()
     if buffer_of:
         legacy.install_fetch_guard()
         plan.reuses = [dataclasses.replace(r, renamed_to=buffer_of.get(r.var, r.renamed_to))
@@ -212,6 +218,15 @@ def _legacy_release(program, options: Options) -> Report:
     plan = plan_releases(graph, options.skip_opt_set | options.fetch_list)
     released: List[str] = []
     ops = 0
+    if not runtime.gc and plan.after and runtime.pir_executor:
+        raise UnsupportedProgramError(
+            "release_memory cannot free variables of a legacy program that Paddle runs "
+            "translated to PIR (FLAGS_enable_pir_in_executor=1): the translation turns each "
+            "release (a share_buffer) into pd_op.share_data_, whose result is the variable "
+            "it reads, so every released variable would alias one memory; nothing was "
+            "changed. Run the program with FLAGS_enable_pir_in_executor=0 (the legacy "
+            "executor), or with the garbage collector on (FLAGS_eager_delete_tensor_gb=0: "
+            "the executor frees each temporary itself), or build it in PIR")
     if not runtime.gc and plan.after:
         verify_releases(graph, plan.after)
         # each released name moves to a fresh memopt@buf_<k> (the record in
@@ -358,10 +373,15 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     """
     options = resolve_options(skip_opt_set, skip_grads, level, print_log, fetch_list)
     program = _default_program(program)
+    is_pir = pir.is_pir_program(program)
+    if is_pir:  # read from .json: the marks of an earlier rewrite are in its record
+        pir_rewrite.restore_marks(program)
     if budget is not None or options.level == 2:
         report = _level2_or_budget(program, options, budget, batch_size)
     else:
         report = _dispatch(program, options, release=False)
+    if is_pir:  # the marks, kept where Paddle's .json keeps them
+        pir_rewrite.write_record(program)
     if options.print_log:
         print(report)
     return report

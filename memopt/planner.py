@@ -54,7 +54,7 @@ __all__ = ["plan_memory"]
 log = logging.getLogger(__name__)
 
 
-def plan_memory(graph: Graph, options: Options, gc: bool) -> Plan:
+def plan_memory(graph: Graph, options: Options, gc: bool, substitutions: bool = True) -> Plan:
     """Plan memory sharing for ``graph`` (see the module docstring).
 
     Parameters
@@ -65,6 +65,11 @@ def plan_memory(graph: Graph, options: Options, gc: bool) -> Plan:
         and in-place reuse over an input the op alone reads, nothing else:
         memopt.any_order) or off (also any in-place reuse, the optimizer
         schedule and whole-buffer renaming).
+    substitutions : make dims-only substitutions (False: none; the plan for
+        a legacy program Paddle will run translated to PIR with its GC on,
+        whose collector frees a variable that one op reads both for its
+        dims and for its data before that op runs: "Tensor holds no
+        memory", measured on Paddle 3.3.1).
 
     Returns
     -------
@@ -75,7 +80,7 @@ def plan_memory(graph: Graph, options: Options, gc: bool) -> Plan:
     # dims-only reads: with GC off they let a variable's memory be taken
     # over after its last real use; with GC on (Paddle frees such a variable
     # early itself) they let an op run in place on it (a conv's bias add)
-    substitutions = dims_only_substitutions(graph)
+    substitutions = dims_only_substitutions(graph) if substitutions else []
     substituted = substitute(graph, substitutions) if substitutions else graph
     # with GC on Paddle frees a variable read for its dims only after its
     # last real use: the reference the estimates compare with

@@ -11,7 +11,10 @@ pass through unchanged.
 
 Save hooks ``hook(fetch_vars)`` (raise to refuse) run before Paddle's PIR
 ``save_inference_model`` writes a model: a check that must happen while the
-program still carries what a saved file cannot.
+program still carries what a saved file cannot.  Serialize hooks
+``hook(program)`` run, during that save, on the pruned program Paddle is
+about to write (``paddle.core.serialize_pir_program``), to put back in it
+what the pruning dropped.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ Hook = Callable[[object, object], object]
 
 _HOOKS: List[Hook] = []
 _SAVE_HOOKS: List[Callable[[object], None]] = []
+_SERIALIZE_HOOKS: List[Callable[[object], None]] = []
 
 
 def add_hook(hook: Hook) -> None:
@@ -57,6 +61,13 @@ def _wrap() -> None:
     Executor.run = run
 
 
+def add_serialize_hook(hook: Callable[[object], None]) -> None:
+    """Register ``hook(program)`` (once) to run on the program PIR
+    ``save_inference_model`` writes, right before it is written."""
+    if hook not in _SERIALIZE_HOOKS:
+        _SERIALIZE_HOOKS.append(hook)
+
+
 def add_save_hook(hook: Callable[[object], None]) -> None:
     """Register ``hook(fetch_vars)`` (once) to run before every PIR
     ``save_inference_model`` (``paddle.static.io.save_inference_model_pir``,
@@ -73,7 +84,21 @@ def add_save_hook(hook: Callable[[object], None]) -> None:
     def save(path_prefix, feed_vars, fetch_vars, executor, **kwargs):
         for check in list(_SAVE_HOOKS):
             check(fetch_vars)
-        return original(path_prefix, feed_vars, fetch_vars, executor, **kwargs)
+        import paddle
+
+        core = paddle.core
+        serialize = core.serialize_pir_program
+
+        def serialize_with_hooks(program, *args, **kw):
+            for hook in list(_SERIALIZE_HOOKS):
+                hook(program)
+            return serialize(program, *args, **kw)
+
+        core.serialize_pir_program = serialize_with_hooks
+        try:
+            return original(path_prefix, feed_vars, fetch_vars, executor, **kwargs)
+        finally:
+            core.serialize_pir_program = serialize
 
     save.__memopt_hooks__ = True
     save.__memopt_original__ = original

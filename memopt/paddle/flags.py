@@ -21,19 +21,26 @@ __all__ = ["RuntimeFlags", "read_flags", "runtime_model"]
 GC_FLAG = "FLAGS_eager_delete_tensor_gb"
 INPLACE_FLAG = "FLAGS_pir_apply_inplace_pass"
 SEQUENTIAL_FLAG = "FLAGS_new_executor_sequential_run"
+#: On: the executor runs a legacy program translated to PIR (the default
+#: only while PIR is the static-mode IR; ``OldIrGuard`` and a process
+#: started with ``FLAGS_enable_pir_api=0`` turn it off).
+PIR_EXECUTOR_FLAG = "FLAGS_enable_pir_in_executor"
 
 
 @dataclass(frozen=True)
 class RuntimeFlags:
     """The flags as read: ``gc_value`` is ``FLAGS_eager_delete_tensor_gb``
     (GB; ``gc`` is ``gc_value >= 0``), ``inplace`` the PIR executor's
-    in-place pass."""
+    in-place pass, ``pir_executor`` ``FLAGS_enable_pir_in_executor`` (a
+    legacy program run now is translated to PIR first)."""
 
     gc_value: float = 0.0
     inplace: bool = True
     #: ``FLAGS_new_executor_sequential_run``: the executor runs the ops in
     #: program order on one thread (memopt's "program" schedule).
     sequential: bool = False
+    #: ``FLAGS_enable_pir_in_executor``: a legacy program runs translated to PIR.
+    pir_executor: bool = False
 
     @property
     def gc(self) -> bool:
@@ -55,12 +62,14 @@ def read_flags() -> RuntimeFlags:
     """The current values of Paddle's memory flags."""
     import paddle
 
-    flags = paddle.get_flags([GC_FLAG, INPLACE_FLAG])
+    flags = paddle.get_flags([GC_FLAG, INPLACE_FLAG, PIR_EXECUTOR_FLAG])
     try:
         sequential = bool(paddle.get_flags([SEQUENTIAL_FLAG])[SEQUENTIAL_FLAG])
     except Exception:  # pragma: no cover - a Paddle without the flag
         sequential = False
-    return RuntimeFlags(float(flags[GC_FLAG]), bool(flags[INPLACE_FLAG]), sequential)
+    return RuntimeFlags(float(flags[GC_FLAG]), bool(flags[INPLACE_FLAG]),
+                        sequential=sequential,
+                        pir_executor=bool(flags[PIR_EXECUTOR_FLAG]))
 
 
 def runtime_model(ir: str = "pir", device: str = "cpu") -> RuntimeModel:

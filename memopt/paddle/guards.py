@@ -6,8 +6,10 @@ release_memory renamed away, or of a Value an in-place op of theirs writes
 over, raises :class:`memopt.errors.MergedVariableError` -- in any process,
 for programs loaded from files too (the record travels in the program).
 memopt's own calls put it in; ``memopt.install_fetch_guard()`` does it in a
-process that only loads rewritten programs.  Without it such a fetch still
-fails (legacy: Paddle's own error naming the variable), only less helpfully.
+process that only loads rewritten programs.  Without it a legacy fetch
+still fails (Paddle's own error naming the variable), only less helpfully;
+a PIR fetch of an overwritten Value does not fail (Paddle's executor checks
+nothing a saved program could carry: see :mod:`memopt.paddle.pir_rewrite`).
 Imports Paddle.
 """
 from __future__ import annotations

@@ -734,7 +734,43 @@ def _fetch_hook(program, fetch_list):
     """The :mod:`memopt.paddle.fetch_guard` hook: name merged variables."""
     if is_legacy_program(program):
         check_fetch(program, fetch_list)
+        _check_pir_executor(program)
     return fetch_list
+
+
+def _check_pir_executor(program) -> None:
+    """UnsupportedProgramError, before Paddle fails obscurely, for a program
+    memopt rewrote in a way Paddle's translation to PIR
+    (``FLAGS_enable_pir_in_executor=1``) cannot run: releases
+    (``share_buffer`` becomes a ``pd_op.share_data_`` whose result is the
+    variable it reads) and, with the GC on, dims-only substitutions (PIR's
+    collector frees the variable before the op reads it)."""
+    from .merge_record import SUBSTITUTED_VAR
+
+    names = program.global_block().vars
+    released, substituted = RELEASED_VAR in names, SUBSTITUTED_VAR in names
+    if not (released or substituted):
+        return
+    from . import flags
+
+    runtime = flags.read_flags()
+    if not runtime.pir_executor:
+        return
+    if substituted and runtime.gc:
+        raise UnsupportedProgramError(
+            "this program was rewritten by memopt.memory_optimize for the legacy executor "
+            "and cannot run translated to PIR with the garbage collector on "
+            "(FLAGS_enable_pir_in_executor=1, FLAGS_eager_delete_tensor_gb>=0): some grad "
+            "ops read one variable for its dims and for its data, which PIR's collector "
+            "frees before the op runs. Run it with FLAGS_enable_pir_in_executor=0, or "
+            "rebuild it and call memory_optimize with FLAGS_enable_pir_in_executor=1 set")
+    if released:
+        raise UnsupportedProgramError(
+            "this program was rewritten by memopt.release_memory and cannot run translated "
+            "to PIR (FLAGS_enable_pir_in_executor=1): the translation makes each release a "
+            "pd_op.share_data_ whose result is the variable it reads. Run it with "
+            "FLAGS_enable_pir_in_executor=0, or rebuild it and skip release_memory (turn the "
+            "garbage collector on: FLAGS_eager_delete_tensor_gb=0)")
 
 
 def install_fetch_guard() -> None:

@@ -39,14 +39,22 @@ from typing import Dict, Iterable, List, Mapping, Tuple
 
 from ..errors import GraphError, MergedVariableError
 
-__all__ = ["BUFFER_PREFIX", "RECORD_ATTR", "fresh_names", "record_of", "check_fetch",
-           "apply_merges", "rename_released"]
+__all__ = ["BUFFER_PREFIX", "RECORD_ATTR", "SUBSTITUTED_VAR", "fresh_names", "record_of",
+           "check_fetch", "apply_merges", "rename_released", "mark_substituted"]
 
 #: Prefix of the names shared or released memory lives under.
 BUFFER_PREFIX = "memopt@buf_"
 
 #: The VarDesc string attribute holding a buffer's record (JSON).
 RECORD_ATTR = "memopt_record"
+
+#: Declared (no op uses it) in block 0 of a legacy program whose grad ops'
+#: dims-only reads memory_optimize redirected to another operand; its
+#: :data:`RECORD_ATTR` says how many.  Such a program fails translated to
+#: PIR with the GC on (PIR's collector frees a variable one op reads both
+#: for its dims and its data before the op runs), so the fetch guard
+#: refuses that run by name of the flag.
+SUBSTITUTED_VAR = "memopt@substituted"
 
 _SUFFIX = re.compile(re.escape(BUFFER_PREFIX) + r"(\d+)$")
 
@@ -234,6 +242,20 @@ def apply_merges(program, groups: List[List[str]], homes: Mapping[str, int], rew
         for m in mapping:
             _detach(pblock, m)
     return buffer_of
+
+
+def mark_substituted(program, substitutions) -> None:
+    """Declare :data:`SUBSTITUTED_VAR` in block 0 of ``program`` (once),
+    recording the ``substitutions`` :func:`apply_merges` made."""
+    if not substitutions:
+        return
+    block = program.global_block()
+    count = len(substitutions)
+    if block.has_var(SUBSTITUTED_VAR):
+        count += int(_read(block.var(SUBSTITUTED_VAR).desc).get("substituted", 0))
+    else:
+        block.create_var(name=SUBSTITUTED_VAR, shape=[1], dtype="float32", persistable=False)
+    block.var(SUBSTITUTED_VAR).desc._set_attr(RECORD_ATTR, json.dumps({"substituted": count}))
 
 
 def rename_released(program, names: Iterable[str], rewrite):

@@ -21,9 +21,29 @@ record on the Python object: every op this rewrite makes in place carries
 the string attribute :data:`MARK_ATTR` (the overwritten operands' names),
 which ``Program.clone()`` keeps, so a clone refuses the same fetches
 (:func:`overwritten_by`).  Paddle's JSON serializer keeps only the
-attributes an op's YAML declares, so a saved ``.json`` program loses the
-mark: :func:`check_save` refuses, at save time, an inference model whose
-fetch targets an in-place op writes over.
+attributes an op's YAML declares (and ``stop_gradient`` / ``persistable``),
+so a saved ``.json`` program loses the mark.  The marks therefore also
+travel as a *record* Paddle's writer and reader keep
+(:func:`write_record`): a one-byte ``pd_op.full`` constant fed to a
+``builtin.shadow_output`` whose declared ``output_name`` is
+:data:`RECORD_PREFIX` followed by JSON ``[[path, op name, mark], ...]``
+(``path`` the op's position: its index in the top-level block, then, for
+an op in a region, the region's block index and its index there, joined
+by ``.``).  Measured on Paddle 3.3.1: it survives ``clone()``,
+``paddle.static.save`` / the ``.json`` reader, another process, and the
+executor runs it (1 byte held in the scope).  :func:`restore_marks` puts
+the marks back on the ops, checking each op's name at its position; the
+fetch guard calls it, so a reloaded program refuses the same fetches.
+``save_inference_model`` prunes the record op with everything its fetch
+targets do not need: while it writes, the record of the pruned program is
+written again (:func:`record_for_save`).  :func:`check_save` refuses an
+inference model whose fetch targets an in-place op writes over.
+
+Where memopt is not imported, nothing refuses such a fetch: a PIR Value has
+no name the executor checks; ``Executor.run`` appends a ``pd_op.fetch`` of
+the Value, which reads the variable the in-place op wrote.  No attribute,
+op or type Paddle keeps in the ``.json`` makes Paddle's fetch check
+anything, so there the record is read only by memopt.
 """
 from __future__ import annotations
 
@@ -43,6 +63,9 @@ __all__ = [
     "resolve_fetch_list",
     "install_fetch_guard",
     "record_rewrite",
+    "write_record",
+    "restore_marks",
+    "RECORD_PREFIX",
 ]
 
 #: Ops whose result may be a view of an operand: never overwrite such a result
@@ -61,6 +84,140 @@ RECORD_ATTR = "_memopt_pir_rewrites"
 #: The op attribute marking an op memory_optimize made in place: the names
 #: of the operands it writes over, comma-separated.
 MARK_ATTR = "memopt_inplace"
+
+
+#: How the ``output_name`` of the record's ``builtin.shadow_output`` begins.
+RECORD_PREFIX = "memopt@inplace:"
+
+
+def _walk(block, path=()):
+    """``(path, op)`` of every op of ``block`` and of its ops' regions, in
+    text order; ``path`` is (index, block index, index, ...)."""
+    for k, op in enumerate(block.ops):
+        yield path + (k,), op
+        if op.num_regions():
+            for b, sub in enumerate(op.blocks()):
+                yield from _walk(sub, path + (k, b))
+
+
+def _path_text(path) -> str:
+    return ".".join(str(i) for i in path)
+
+
+def _record_ops(program) -> list:
+    """The ``builtin.shadow_output`` ops of the top-level block carrying a
+    record (normally one, the last op memory_optimize added)."""
+    return [op for op in program.global_block().ops
+            if op.name() == "builtin.shadow_output"
+            and str(op.attrs().get("output_name", "")).startswith(RECORD_PREFIX)]
+
+
+def _entries(program) -> list:
+    """``[[path, op name, mark], ...]`` of the ops carrying :data:`MARK_ATTR`."""
+    return [[_path_text(path), op.name(), op.attrs()[MARK_ATTR]]
+            for path, op in _walk(program.global_block()) if op.has_attr(MARK_ATTR)]
+
+
+def _encode(entries) -> str:
+    import json
+
+    return RECORD_PREFIX + json.dumps(entries, separators=(",", ":"))
+
+
+def _remove_record(program) -> None:
+    for op in _record_ops(program):
+        source = op.operand_source(0) if op.num_operands() else None
+        op.erase()
+        if source is not None and source.initialized():
+            producer = source.get_defining_op()
+            if producer is not None and producer.name() == "pd_op.full" \
+                    and not source.all_used_ops():
+                producer.erase()
+
+
+def write_record(program) -> bool:
+    """(Re)write the record of ``program``'s marked ops at the end of its
+    top-level block: a one-byte ``pd_op.full`` fed to a
+    ``builtin.shadow_output`` named :data:`RECORD_PREFIX` + JSON.  Any
+    older record is removed first; a program without marks gets none.
+    Returns whether the program changed."""
+    import paddle
+
+    entries = _entries(program)
+    old = _record_ops(program)
+    if len(old) == 1 and entries and \
+            old[0].attrs().get("output_name") == _encode(entries):
+        return False
+    if not old and not entries:
+        return False
+    _remove_record(program)
+    if not entries:
+        return True
+    block = program.global_block()
+    with paddle.static.program_guard(program):
+        paddle.pir.set_insertion_point_to_block_end(block)
+        try:
+            constant = paddle.full([1], 0, "uint8")
+            paddle.base.libpaddle.pir.append_shadow_output(
+                program, constant, _encode(entries), len(block.ops))
+        finally:
+            paddle.pir.reset_insertion_point_to_end()
+    return True
+
+
+def _decode(text: str):
+    import json
+
+    try:
+        value = json.loads(text[len(RECORD_PREFIX):])
+    except ValueError:
+        return None
+    if not isinstance(value, list):
+        return None
+    out = []
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 3
+                and all(isinstance(x, str) for x in item)):
+            return None
+        out.append(item)
+    return out
+
+
+def restore_marks(program) -> int:
+    """Put :data:`MARK_ATTR` back on the ops ``program``'s record names (a
+    program read from ``.json`` lost the attribute).  Each op is found at
+    its recorded position and checked by name; where the program changed
+    so that the position no longer holds that op, every op of that name
+    that carries no mark is marked (refusing too much, never too little).
+    Returns the number of marks set."""
+    records = _record_ops(program)
+    if not records:
+        return 0
+    at = None
+    set_count = 0
+    for rec in records:
+        entries = _decode(str(rec.attrs().get("output_name", "")))
+        if entries is None:
+            log.warning("memopt: unreadable in-place record %r",
+                        rec.attrs().get("output_name"))
+            continue
+        for path, name, mark in entries:
+            if at is None:
+                at = {_path_text(p): op for p, op in _walk(program.global_block())}
+            op = at.get(path)
+            if op is not None and op.name() == name:
+                if not op.has_attr(MARK_ATTR):
+                    op.set_str_attr(MARK_ATTR, mark)
+                    set_count += 1
+                continue
+            log.warning("memopt: the in-place record names %s at %s, which the program no "
+                        "longer has there: every %s is treated as made in place", name, path,
+                        name)
+            for other in at.values():
+                if other.name() == name and not other.has_attr(MARK_ATTR):
+                    other.set_str_attr(MARK_ATTR, mark)
+                    set_count += 1
+    return set_count
 
 
 def state_inplace_facts(pg: PirGraph, device: str = "cpu") -> None:
@@ -146,7 +303,9 @@ def record_rewrite(program, replaced: dict) -> None:
 def overwritten_by(value):
     """``(op, names)`` of an op memory_optimize made in place that writes
     over ``value`` (read from the ops using it: survives ``clone()``), or
-    None."""
+    None.  Where an in-place op using ``value`` carries no mark, the marks
+    of ``value``'s program are first restored from its record
+    (:func:`restore_marks`: a program read from ``.json``)."""
     from paddle.base import core
 
     try:
@@ -154,11 +313,28 @@ def overwritten_by(value):
     except Exception:  # not a Value of a live program
         return None
     vid = value.id
+    restored = False
     for op in users:
-        if not op.has_attr(MARK_ATTR):
+        try:
+            pairs = dict(core.pir.get_op_inplace_info(op))
+        except Exception:  # an op Paddle has no in-place facts for
             continue
-        for _, operand in dict(core.pir.get_op_inplace_info(op)).items():
-            if operand < op.num_operands() and op.operand_source(operand).id == vid:
+        for _, operand in pairs.items():
+            if operand >= op.num_operands():
+                continue
+            source = op.operand_source(operand)
+            if not source.initialized() or source.id != vid:
+                continue
+            if not op.has_attr(MARK_ATTR) and not restored:
+                # a program read from .json: its marks are in the record
+                restored = True
+                try:
+                    from .pir import _owning_program
+
+                    restore_marks(_owning_program(value))
+                except ValueError:
+                    pass
+            if op.has_attr(MARK_ATTR):
                 return op, op.attrs()[MARK_ATTR]
     return None
 
@@ -214,6 +390,15 @@ def check_save(fetch_vars) -> None:
                 raise _overwritten_error(item, found)
 
 
+def record_for_save(program) -> None:
+    """The record of the program ``save_inference_model`` writes: its
+    pruning keeps the marked ops its targets need and drops the record op,
+    so the record is written again for what is left (positions of the
+    pruned program)."""
+    if is_pir_program(program):
+        write_record(program)
+
+
 def _fetch_hook(program, fetch_list):
     """The fetch guard's hook (:mod:`memopt.paddle.fetch_guard`)."""
     if is_pir_program(program):
@@ -228,8 +413,9 @@ def install_fetch_guard() -> None:
     from .fetch_guard import add_hook
 
     add_hook(_fetch_hook)
-    from .fetch_guard import add_save_hook
+    from .fetch_guard import add_save_hook, add_serialize_hook
 
+    add_serialize_hook(record_for_save)
     add_save_hook(check_save)
 
 

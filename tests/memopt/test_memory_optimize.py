@@ -248,8 +248,8 @@ def test_program_unchanged_when_plan_fails_check(paddle, monkeypatch):
     before = serialized(model.main)
     real = api.plan_memory
 
-    def corrupt(graph, options, gc):
-        plan = real(graph, options, gc)
+    def corrupt(graph, options, gc, **kw):
+        plan = real(graph, options, gc, **kw)
         # merge the input of the first matmul into its output: both live there
         op = graph.blocks[0].ops[0]
         plan.renames.setdefault(0, {})[op.writes[0]] = op.reads[0]
