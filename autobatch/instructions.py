@@ -69,6 +69,8 @@ __all__ = [
     "PrimOp",
     "prim_op",
     "single_type",
+    "BroadcastOutputs",
+    "broadcast_op",
     "push_op",
     "pop_op",
     "FunctionCallOp",
@@ -86,6 +88,7 @@ __all__ = [
     "FunctionFlow",
     "function_flow",
     "call_graph",
+    "drop_repushes",
     "reachable",
     "check_defined",
 ]
@@ -467,6 +470,60 @@ def pop_op(vars: Sequence[str]) -> "PopOp":
     return PopOp(_names(pattern_leaves(as_pattern(vars))))
 
 
+
+class BroadcastOutputs:
+    """A primop function whose outputs are broadcast to their variables' shapes.
+
+    Type inference gives a variable written with shapes that broadcast
+    together (``()``, ``(1, 3, 1)``, ``(5, 3, 2)``) their broadcast shape, as
+    TFP does; where one write has a smaller shape, the writing primop is
+    wrapped in this so that the value stored (and any temporary) has the
+    variable's shape.  ``have``/``want`` are patterns of :class:`TensorType`
+    matching ``function``'s result.  Works on NumPy, TensorFlow and JAX arrays
+    (indexing with ``None`` and a product with ones, which changes no value).
+    """
+
+    def __init__(self, function: Callable[..., Any], have: Any, want: Any) -> None:
+        self.function = function
+        self.have = have
+        self.want = want
+        self.__name__ = f"broadcast({describe_function(function)})"
+
+    def __call__(self, *args: Any) -> Any:
+        return _broadcast_pattern(self.function(*args), self.have, self.want)
+
+
+def broadcast_leaf(value: Any, have: Tuple[int, ...], want: Tuple[int, ...]) -> Any:
+    """``value`` (batch dimension first, per-thread shape ``have``) with each
+    thread's part broadcast to ``want``.  A constant (no batch dimension) is
+    left as it is: the executors broadcast constants to every thread."""
+    if tuple(have) == tuple(want) or np.ndim(value) == 0:
+        return value
+    extra = len(want) - len(have)
+    if extra > 0:
+        value = value[(slice(None),) + (None,) * extra]
+    dtype = _as_dtype(value.dtype)
+    if dtype == np.bool_:
+        return value | np.zeros((1,) + tuple(want), dtype)
+    return value * np.ones((1,) + tuple(want), dtype)
+
+
+def _broadcast_pattern(value: Any, have: Any, want: Any) -> Any:
+    if isinstance(have, tuple):
+        return tuple(_broadcast_pattern(v, h, w) for v, h, w in zip(value, have, want))
+    return broadcast_leaf(value, have.shape, want.shape)
+
+
+def broadcast_op(vars_in: Pattern, vars_out: Pattern, have: Any, want: Any) -> PrimOp:
+    """``vars_out = vars_in`` with each part broadcast from ``have`` to ``want``
+    (patterns of TensorType shaped like ``vars_in``)."""
+    names = _names(pattern_leaves(as_pattern(vars_in)))
+    pattern = as_pattern(vars_in)
+
+    def pack(*values: Any) -> Any:
+        return pattern_unflatten(pattern, values)
+    return PrimOp(names, vars_out, BroadcastOutputs(pack, have, want), name="broadcast")
+
 # -- terminators -----------------------------------------------------------------
 
 class _Terminator:
@@ -780,6 +837,26 @@ def function_flow(fn: Function) -> FunctionFlow:
         nodes.append(FlowNode(term.reads, (), succ))
     liveness = analyze(nodes, live_at_exit=(), entry=0)
     return FunctionFlow(fn, nodes, positions, block_start, liveness)
+
+
+def drop_repushes(block: Block) -> None:
+    """Remove from each ``push`` of a lowered ``block`` the variables popped
+    earlier in the block and not written since: their frame slot still holds
+    the value (TFP's pop+push fusion; see :mod:`autobatch.stack_optimization`)."""
+    intact: Set[str] = set()
+    kept = []
+    for op in block.instructions:
+        if isinstance(op, PushOp):
+            rest = tuple(v for v in op.vars if v not in intact)
+            if rest:
+                kept.append(PushOp(rest))
+            continue
+        if isinstance(op, PopOp):
+            intact.update(op.vars)
+        else:
+            intact.difference_update(op.writes)
+        kept.append(op)
+    block.instructions = kept
 
 
 def call_graph(program: Program) -> Dict[str, List[str]]:
