@@ -85,6 +85,8 @@ __all__ = [
     "Block",
     "Function",
     "Program",
+    "ControlFlowGraph",
+    "halt_op",
     "FunctionFlow",
     "function_flow",
     "call_graph",
@@ -363,6 +365,10 @@ class PrimOp(_Assignment):
         self.vars_in = _names(self.vars_in)
         self.vars_out = as_pattern(self.vars_out)
 
+    def replace(self, vars_out: Pattern = None) -> "PrimOp":
+        """TFP's: a copy writing ``vars_out``."""
+        return replace(self, vars_out=as_pattern(vars_out))
+
     def __str__(self) -> str:
         label = self.name or describe_function(self.function)
         return f"{format_pattern(self.vars_out)} = primop({', '.join(self.vars_in)}): {label}"
@@ -378,6 +384,10 @@ class FunctionCallOp(_Assignment):
 
     def __post_init__(self) -> None:
         self.vars_in = _names(self.vars_in)
+
+    def replace(self, vars_out: Pattern = None) -> "FunctionCallOp":
+        """TFP's: a copy writing ``vars_out``."""
+        return replace(self, vars_out=as_pattern(vars_out))
 
     def __str__(self) -> str:
         return (f"{format_pattern(self.vars_out)} = call {self.function}"
@@ -616,13 +626,44 @@ Terminator = Union[GotoOp, BranchOp, ReturnOp, PushGotoOp, IndirectGotoOp]
 
 # -- blocks, functions, programs ---------------------------------------------------
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class Block:
-    """Straight-line ``instructions`` then one ``terminator``."""
+    """Straight-line ``instructions`` then one ``terminator``.
+
+    ``Block(name, instructions, terminator)``, or TFP's positional order
+    ``Block(instructions=None, terminator=None, name=None)`` (a first
+    positional argument that is not a string).  A TFP-style block may be
+    unnamed and its terminator may name blocks by object (``GotoOp(block)``):
+    the :class:`Function` holding it names it (``block_<k>``) and turns
+    such references into names.
+    """
 
     name: str
-    instructions: List[Any] = field(default_factory=list)
-    terminator: Optional[Any] = None
+    instructions: List[Any]
+    terminator: Optional[Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        order = ("name", "instructions", "terminator") if args and isinstance(args[0], str) \
+            else ("instructions", "terminator", "name")
+        if len(args) > 3:
+            raise TypeError(f"Block takes at most 3 positional arguments, got {len(args)}")
+        values = dict(zip(order, args))
+        for key, value in kwargs.items():
+            if key not in order or key in values:
+                raise TypeError(f"Block got an unexpected or repeated argument {key!r}")
+            values[key] = value
+        self.name = values.get("name")
+        instructions = values.get("instructions")
+        self.instructions = list(instructions) if instructions is not None else []
+        self.terminator = values.get("terminator")
+
+    def assign_instructions(self, instructions: Sequence[Any]) -> None:
+        """TFP's: set the instructions; a last one that is a terminator
+        (goto, branch, return...) becomes the terminator."""
+        instructions = list(instructions)
+        if instructions and isinstance(instructions[-1], _Terminator):
+            self.terminator = instructions.pop()
+        self.instructions = instructions
 
     def tail_call(self) -> Optional[FunctionCallOp]:
         """The block's last instruction if it is a call whose value the block
@@ -644,7 +685,7 @@ class Block:
         return self.format()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class Function:
     """A function: ``params`` (variable names) and ``blocks`` (entry first).
 
@@ -664,8 +705,53 @@ class Function:
     return_type: Optional[Type] = None
     var_alloc: Dict[str, VariableAllocation] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self.params = _names(self.params)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        tfp = (args and not isinstance(args[0], str)) or "graph" in kwargs \
+            or "vars_in" in kwargs
+        if tfp:
+            # TFP: Function(graph, vars_in, vars_out, type_inference, name=None)
+            names = ("graph", "vars_in", "vars_out", "type_inference", "name")
+            values = dict(zip(names, args))
+            values.update(kwargs)
+            self.name = values.get("name")
+            self.params = _names(values.get("vars_in") or ())
+            self.vars_out = as_pattern(values.get("vars_out"))
+            self.type_inference = values.get("type_inference")
+            self.var_types, self.return_type, self.var_alloc = {}, None, {}
+            self.blocks = []
+            self.graph = values.get("graph")
+            return
+        names = ("name", "params", "blocks", "type_inference", "var_types", "return_type",
+                 "var_alloc")
+        values = dict(zip(names, args))
+        values.update(kwargs)
+        self.name = values["name"]
+        self.params = _names(values["params"])
+        self.blocks = list(values["blocks"])
+        self.type_inference = values.get("type_inference")
+        self.var_types = dict(values.get("var_types") or {})
+        self.return_type = values.get("return_type")
+        self.var_alloc = dict(values.get("var_alloc") or {})
+        self.vars_out = None
+
+    # -- TFP's view --------------------------------------------------------------------
+    @property
+    def vars_in(self) -> Tuple[str, ...]:
+        """TFP's name for :attr:`params`."""
+        return self.params
+
+    @property
+    def graph(self) -> "ControlFlowGraph":
+        """TFP's view of :attr:`blocks`; assigning one (TFP builds recursive
+        functions first and gives them their graph later) sets the blocks."""
+        return ControlFlowGraph(self.blocks)
+
+    @graph.setter
+    def graph(self, graph: Any) -> None:
+        if graph is None:
+            self.blocks = []
+        else:
+            self.blocks = list(graph.blocks if isinstance(graph, ControlFlowGraph) else graph)
 
     @property
     def entry(self) -> Block:
@@ -710,7 +796,7 @@ class Function:
         return self.format()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class Program:
     """Functions plus the name of the entry point.
 
@@ -723,8 +809,34 @@ class Program:
     main: str
     pc_alloc: Optional[VariableAllocation] = None
 
-    def __post_init__(self) -> None:
-        self.functions = tuple(self.functions)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        first = args[0] if args else kwargs.get("graph", kwargs.get("functions"))
+        if "graph" in kwargs or isinstance(first, ControlFlowGraph) or (
+                isinstance(first, (list, tuple)) and first
+                and all(isinstance(b, Block) for b in first)):
+            # TFP: Program(graph, functions, var_defs, vars_in, vars_out, var_alloc=None);
+            # the graph is the entry point, a function named "main".
+            names = ("graph", "functions", "var_defs", "vars_in", "vars_out", "var_alloc")
+            values = dict(zip(names, args))
+            values.update(kwargs)
+            functions = list(values.get("functions") or ())
+            taken = {fn.name for fn in functions}
+            main_name = "main"
+            while main_name in taken:
+                main_name += "_"
+            main = Function(values["graph"], values.get("vars_in") or (),
+                            values.get("vars_out"), None, name=main_name)
+            self.functions, self.main, self.pc_alloc = (main, *functions), main_name, None
+        else:
+            names = ("functions", "main", "pc_alloc")
+            values = dict(zip(names, args))
+            values.update(kwargs)
+            self.functions = tuple(values["functions"])
+            self.main = values["main"]
+            self.pc_alloc = values.get("pc_alloc")
+        _resolve_references(self.functions)
+        if isinstance(self.main, Function):
+            self.main = self.main.name
 
     def function(self, name: str) -> Function:
         for fn in self.functions:
@@ -789,6 +901,82 @@ class Program:
 
     def __str__(self) -> str:
         return self.format()
+
+
+def _resolve_references(functions: Sequence[Function]) -> None:
+    """Turn TFP-style references into autobatch's names, in place: unnamed
+    functions and blocks get names (``function_<k>``, ``block_<k>``), a call
+    of a Function object calls its name, a jump to a Block object jumps to
+    its name, and TFP's halt (``GotoOp(None)``, :func:`halt_op`) returns the
+    function's ``vars_out``.  Programs written with names are left as they are."""
+    taken = {fn.name for fn in functions if fn.name is not None}
+    for k, fn in enumerate(functions):
+        if fn.name is None:
+            name = f"function_{k}"
+            while name in taken:
+                name += "_"
+            fn.name = name
+            taken.add(name)
+    for fn in functions:
+        used = {b.name for b in fn.blocks if b.name is not None}
+        for k, block in enumerate(fn.blocks):
+            if block.name is None:
+                name = f"block_{k}"
+                while name in used:
+                    name += "_"
+                block.name = name
+                used.add(name)
+        for block in fn.blocks:
+            for op in block.instructions:
+                if isinstance(op, FunctionCallOp) and isinstance(op.function, Function):
+                    op.function = op.function.name
+            term = block.terminator
+            if isinstance(term, GotoOp):
+                if term.target is None:
+                    if fn.vars_out is None:
+                        raise ProgramError(f"function {fn.name!r}, block {block.name!r} "
+                                           f"halts, but the function has no vars_out to "
+                                           f"return")
+                    block.terminator = ReturnOp(fn.vars_out)
+                elif isinstance(term.target, Block):
+                    term.target = term.target.name
+            elif isinstance(term, BranchOp):
+                if isinstance(term.true_target, Block):
+                    term.true_target = term.true_target.name
+                if isinstance(term.false_target, Block):
+                    term.false_target = term.false_target.name
+
+
+class ControlFlowGraph:
+    """TFP's ``ControlFlowGraph``: a list of blocks, the first the entry."""
+
+    def __init__(self, blocks: Sequence[Block]) -> None:
+        self._blocks = list(blocks)
+
+    @property
+    def blocks(self) -> List[Block]:
+        return self._blocks
+
+    def block(self, index: int) -> Block:
+        return self._blocks[index]
+
+    def block_index(self, block: Block) -> int:
+        for i, candidate in enumerate(self._blocks):
+            if candidate is block:
+                return i
+        raise ValueError(f"block {block.name!r} is not in this graph")
+
+    def exit_index(self) -> int:
+        return len(self._blocks)
+
+    def enter_block(self) -> Block:
+        return self._blocks[0]
+
+
+def halt_op() -> GotoOp:
+    """TFP's ``halt_op``: the end of a function built TFP's way (it returns
+    the function's ``vars_out``)."""
+    return GotoOp(None)
 
 
 # -- flow facts the passes share -----------------------------------------------------
