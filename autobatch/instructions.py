@@ -60,6 +60,9 @@ __all__ = [
     "Pattern",
     "pattern_leaves",
     "pattern_map",
+    "is_namedtuple",
+    "rebuild",
+    "tuple_expr",
     "pattern_unflatten",
     "bind_pattern",
     "as_pattern",
@@ -111,10 +114,35 @@ def pattern_leaves(pattern: Any) -> List[Any]:
     return [pattern]
 
 
+def is_namedtuple(value: Any) -> bool:
+    """Whether ``value`` is a namedtuple (a tuple with ``_fields``)."""
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def rebuild(like: Any, parts: Iterator[Any]) -> Tuple[Any, ...]:
+    """A tuple of ``parts`` of the kind of ``like``: the same namedtuple class
+    where ``like`` is a namedtuple (namedtuples are values as in TFP: their
+    class travels in patterns and types), else a plain tuple."""
+    if is_namedtuple(like):
+        return type(like)(*parts)
+    return tuple(parts)
+
+
+def tuple_expr(pattern: Any, inner: Sequence[str], constant: Callable[[Any], str]) -> str:
+    """Python source building ``pattern``'s kind of tuple from the source
+    texts ``inner``: ``(a, b)``, or ``<class>(a, b)`` for a namedtuple, the
+    class named by ``constant(cls)`` (generated code)."""
+    joined = ", ".join(inner)
+    if is_namedtuple(pattern):
+        return f"{constant(type(pattern))}({joined})"
+    return f"({joined},)" if len(inner) == 1 else f"({joined})"
+
+
 def pattern_map(fn: Callable[[Any], Any], pattern: Any) -> Any:
-    """``pattern`` with every leaf replaced by ``fn(leaf)``."""
+    """``pattern`` with every leaf replaced by ``fn(leaf)`` (namedtuples keep
+    their class)."""
     if isinstance(pattern, tuple):
-        return tuple(pattern_map(fn, part) for part in pattern)
+        return rebuild(pattern, (pattern_map(fn, part) for part in pattern))
     return fn(pattern)
 
 
@@ -152,7 +180,9 @@ def bind_pattern(pattern: Any, value: Any, where: str = "",
 def as_pattern(value: Any) -> Any:
     """``value`` with every list turned into a tuple (so that patterns treat
     user values given as lists as structure)."""
-    if isinstance(value, (tuple, list)):
+    if isinstance(value, tuple):
+        return rebuild(value, (as_pattern(v) for v in value))
+    if isinstance(value, list):
         return tuple(as_pattern(v) for v in value)
     return value
 
@@ -160,8 +190,8 @@ def as_pattern(value: Any) -> Any:
 def format_pattern(pattern: Any) -> str:
     """``a`` or ``(a, (b, c))``."""
     if isinstance(pattern, tuple):
-        inner = ", ".join(format_pattern(p) for p in pattern)
-        return f"({inner},)" if len(pattern) == 1 else f"({inner})"
+        return tuple_expr(pattern, [format_pattern(p) for p in pattern],
+                          lambda cls: cls.__name__)
     return str(pattern)
 
 
@@ -249,6 +279,21 @@ class Type:
 
     def strong(self) -> "Type":
         return Type(pattern_map(TensorType.strong, self.tensors))
+
+    def _key(self) -> Any:
+        # A namedtuple equals a plain tuple of the same parts; their Types must
+        # not be equal (a primop reads fields by name).
+        def kinds(p: Any) -> Any:
+            if isinstance(p, tuple):
+                return (type(p) if is_namedtuple(p) else tuple, tuple(kinds(q) for q in p))
+            return None
+        return self.tensors, kinds(self.tensors)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Type) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     def __str__(self) -> str:
         return format_pattern(pattern_map(str, self.tensors))

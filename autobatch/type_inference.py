@@ -35,7 +35,7 @@ from autobatch.errors import ProgramError, TypeInferenceError
 from autobatch.instructions import (
     Block, BroadcastOutputs, broadcast_op, BranchOp, CopyOp, FunctionCallOp, Function, PrimOp, Program, ReturnOp, TensorType,
     Type, as_pattern, bind_pattern, call_graph, check_defined, function_flow, pattern_map,
-    numpy_type_of, pattern_leaves, pattern_unflatten, reachable,
+    is_namedtuple, numpy_type_of, pattern_leaves, pattern_unflatten, reachable, rebuild,
 )
 
 __all__ = ["infer_types", "merge_types", "as_type", "type_of_value"]
@@ -87,7 +87,10 @@ def merge_types(a: Optional[Type], b: Optional[Type], what: str) -> Optional[Typ
             if not (isinstance(x, tuple) and isinstance(y, tuple)) or len(x) != len(y):
                 raise TypeInferenceError(f"{what} is {Type(x)} in one place and {Type(y)} "
                                          f"in another (different tuple structure)")
-            return tuple(merge(p, q) for p, q in zip(x, y))
+            if is_namedtuple(x) and is_namedtuple(y) and type(x) is not type(y):
+                raise TypeInferenceError(f"{what} is a {type(x).__name__} in one place and "
+                                         f"a {type(y).__name__} in another")
+            return rebuild(x if is_namedtuple(x) else y, (merge(p, q) for p, q in zip(x, y)))
         return _merge_leaf(x, y, what)
 
     return Type(merge(a.tensors, b.tensors))
@@ -104,7 +107,7 @@ def as_type(value: Any) -> Type:
             return as_type(value[0])
         return Type(tuple(as_type(v).tensors for v in value))
     if isinstance(value, tuple):
-        return Type(tuple(as_type(v).tensors for v in value))
+        return Type(rebuild(value, (as_type(v).tensors for v in value)))
     if isinstance(value, TensorType):
         return Type(value)
     raise TypeError(f"expected a Type, TensorType or list of them, got {value!r}")

@@ -63,7 +63,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.ops import resource_variable_ops
 
 from autobatch.backends.base import MAX_CHAIN, Backend, dummies_for
-from autobatch.instructions import TensorType
+from autobatch.instructions import TensorType, rebuild
 
 __all__ = ["TensorFlowBackend", "MODES", "SELECTIONS"]
 
@@ -1015,7 +1015,7 @@ class TensorFlowBackend(Backend):
     @staticmethod
     def _as_tensor(value: Any) -> Any:
         if isinstance(value, (tuple, list)):
-            return tuple(TensorFlowBackend._as_tensor(v) for v in value)
+            return rebuild(value, (TensorFlowBackend._as_tensor(v) for v in value))
         if tf.is_tensor(value):
             return value
         return tf.constant(np.asarray(value))
