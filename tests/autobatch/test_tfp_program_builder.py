@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from autobatch import allocation_strategy, dsl, lowering, stack_optimization
-from autobatch import type_inference
+from autobatch import instructions as inst, type_inference
 from autobatch import virtual_machine as vm
 from autobatch.backends.numpy import NumpyBackend
 from autobatch.errors import ProgramError
@@ -133,3 +133,35 @@ def test_an_instruction_bound_twice_is_refused():
         ab.return_(ab.var.m)
     with pytest.raises(ProgramError, match="never defined"):
         ab.program(main)
+
+
+def nested_pattern_program():
+    """Unnamed locals bound through nested patterns, a declared nested return type."""
+    ab = dsl.ProgramBuilder()
+    i64 = inst.TensorType(np.int64, ())
+
+    with ab.function("nested", type_inference=lambda _: ((i64, i64), i64, (i64, i64))) as f:
+        ab.param("unused")
+        one, three, five = ab.locals_(3)
+        ab((one, (five, three))).pattern = ab.primop(lambda: (1, (2, 3)))
+        ab(((ab.var.four, five), ab.var.six)).pattern = ab.primop(lambda: ((4, 5), 6))
+        ab.return_(((one, three), ab.var.four, (five, ab.var.six)))
+    return ab.program(main=f)
+
+
+def test_nested_patterns_and_constants_broadcast_to_the_batch():
+    got = run_like_tfp(nested_pattern_program(), [np.array([7, 7, 7])], NumpyBackend())
+    flat = [np.asarray(v).tolist() for v in inst.pattern_leaves(got)]
+    assert flat == [[1] * 3, [3] * 3, [4] * 3, [5] * 3, [6] * 3]
+
+
+def test_tfp_pipeline_with_tensors_and_the_default_tensorflow_backend(tf):
+    from autobatch.backends.tf import TensorFlowBackend
+    backend = TensorFlowBackend()
+    n = tf.constant([5, 6, 8, 9], dtype=tf.int32)
+    got = run_like_tfp(fibonacci_program(), [n], backend)
+    assert got.numpy().tolist() == [8, 13, 34, 55]
+    got = run_like_tfp(even_odd_program(), [n], backend)
+    assert np.asarray(got).tolist() == [False, True, True, False]
+    got = run_like_tfp(nested_pattern_program(), [tf.constant([1, 1], tf.int64)], backend)
+    assert [np.asarray(v).tolist() for v in inst.pattern_leaves(got)][2] == [4, 4]
