@@ -60,6 +60,9 @@ __all__ = [
     "Pattern",
     "pattern_leaves",
     "pattern_map",
+    "pattern_flatten",
+    "pattern_traverse",
+    "pattern_zip",
     "is_namedtuple",
     "rebuild",
     "tuple_expr",
@@ -144,6 +147,27 @@ def pattern_map(fn: Callable[[Any], Any], pattern: Any) -> Any:
     if isinstance(pattern, tuple):
         return rebuild(pattern, (pattern_map(fn, part) for part in pattern))
     return fn(pattern)
+
+
+def pattern_flatten(pattern: Any) -> List[Any]:
+    """TFP's name for :func:`pattern_leaves`."""
+    return pattern_leaves(as_pattern(pattern))
+
+
+def pattern_traverse(pattern: Any) -> Iterator[Any]:
+    """TFP's: the leaves of ``pattern`` one by one (lists are structure)."""
+    return iter(pattern_leaves(as_pattern(pattern)))
+
+
+def pattern_zip(pattern1: Any, pattern2: Any) -> List[Tuple[Any, Any]]:
+    """TFP's: pairs of corresponding leaves of two patterns of one structure
+    (lists are structure); ValueError where the structures differ."""
+    p1, p2 = as_pattern(pattern1), as_pattern(pattern2)
+    if isinstance(p1, tuple) or isinstance(p2, tuple):
+        if not (isinstance(p1, tuple) and isinstance(p2, tuple)) or len(p1) != len(p2):
+            raise ValueError(f"patterns of different structure: {p1!r} and {p2!r}")
+        return [pair for a, b in zip(p1, p2) for pair in pattern_zip(a, b)]
+    return [(p1, p2)]
 
 
 def pattern_unflatten(pattern: Any, leaves: Sequence[Any]) -> Any:
@@ -266,8 +290,9 @@ class Type:
         # TFP writes patterns with lists too: they are structure, as tuples.
         object.__setattr__(self, "tensors", as_pattern(self.tensors))
         for leaf in pattern_leaves(self.tensors):
-            if not isinstance(leaf, TensorType):
-                raise TypeError(f"Type leaves must be TensorType, got {leaf!r}")
+            if not isinstance(leaf, TensorType) and leaf is not None:
+                raise TypeError(f"Type leaves must be TensorType (or None: not known yet, "
+                                f"as TFP's Type(None)), got {leaf!r}")
 
     def leaves(self) -> List[TensorType]:
         """The tensor types, in pattern order (one per stored array)."""
@@ -893,6 +918,17 @@ class Program:
     @property
     def main_function(self) -> Function:
         return self.function(self.main)
+
+    @property
+    def var_defs(self) -> Dict[str, Type]:
+        """TFP's view of the inferred types: ``{variable: Type}`` over every
+        function (main's first; where two functions use one name, the first
+        listed wins).  Empty before type inference."""
+        out: Dict[str, Type] = {}
+        for fn in sorted(self.functions, key=lambda f: f.name != self.main):
+            for var, typ in fn.var_types.items():
+                out.setdefault(var, typ)
+        return out
 
     def replace_functions(self, functions: Sequence[Function], **changes: Any) -> "Program":
         """A copy with new functions (same order) and other fields changed."""

@@ -10,6 +10,7 @@ from autobatch import virtual_machine as vm
 from autobatch.backends.numpy import MaskedNumpyBackend, NumpyBackend
 from autobatch.dsl import ProgramBuilder
 from autobatch.errors import TypeInferenceError
+from autobatch import instructions as inst
 from autobatch.instructions import TensorType, Type
 from autobatch.type_inference import infer_types, merge_types
 
@@ -123,3 +124,31 @@ def test_frontend_variable_with_broadcast_shapes():
     got = spread(x)
     assert got.shape == (3, 2, 3)
     np.testing.assert_array_equal(got, np.broadcast_to(x[:, None, None], (3, 2, 3)))
+
+
+def _zeros_of(shape):
+    """A primop (TFP style: a 1-tuple result) writing zeros of ``shape``,
+    batch dimension included, of its input's dtype."""
+    def op(ans):
+        return (np.zeros(shape, dtype=np.asarray(ans).dtype),)
+    return op
+
+
+def shape_sequence_program(shapes):
+    """TFP's IR objects: one block writing ``ans`` with each shape in turn."""
+    ops = [inst.prim_op(["ans"], ["ans"], _zeros_of(shape)) for shape in shapes]
+    block = inst.Block(ops, inst.halt_op())
+    return inst.Program(inst.ControlFlowGraph([block]), [], {"ans": inst.Type(None)},
+                        ["ans"], ["ans"])
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float64])
+def test_shape_sequence_gives_the_broadcast_of_all_shapes(dtype):
+    shapes = [(1, 1, 3, 1), (1, 1, 1, 2), (1, 1, 3, 2), (1, 5, 1, 1)]
+    start = np.zeros([1], dtype=dtype)
+    program = shape_sequence_program(shapes)
+    typed = infer_types(program, [start], NumpyBackend())
+    assert typed.var_defs["ans"].tensors.dtype == dtype
+    assert typed.var_defs["ans"].tensors.shape == (5, 3, 2)
+    (out,) = vm.execute(program, [start], NumpyBackend())
+    assert out.shape == (1, 5, 3, 2) and out.dtype == dtype and not out.any()
