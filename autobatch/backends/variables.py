@@ -18,9 +18,12 @@ them directly.  autobatch's VM stores its registers and stacks itself (see
   ``max_stack_depth`` frames per thread and a per-thread stack index.
   ``push(mask)`` saves ``current`` for the masked threads (a duplicating
   push: ``current`` is unchanged); ``pop(mask)`` restores the saved value
-  for them.  A push beyond ``max_stack_depth`` raises
-  :class:`~autobatch.errors.StackOverflowError`, a pop of an empty stack
-  ValueError (where the index is known eagerly).
+  for them.  As in TFP, ``max_stack_depth`` counts the current value: a
+  thread holds at most ``max_stack_depth - 1`` saved values.  A push
+  beyond raises :class:`VariableStackOverflow` (a
+  :class:`~autobatch.errors.StackOverflowError` and, as TFP's, a
+  ValueError), a pop of an empty stack ValueError (where the stack index
+  is known eagerly; inside a graph the checks are skipped).
 
 The array work is the backend's (``_var_where``, ``_var_stack_read``,
 ``_var_stack_write``, ``_var_step``, ``_var_any``), so one set of classes
@@ -32,7 +35,12 @@ from typing import Any, NamedTuple
 
 from autobatch.errors import NullVariableError, ProgramError, StackOverflowError
 
-__all__ = ["NullVariable", "TemporaryVariable", "RegisterVariable", "FullVariable"]
+__all__ = ["NullVariable", "TemporaryVariable", "RegisterVariable", "FullVariable",
+           "VariableStackOverflow"]
+
+
+class VariableStackOverflow(StackOverflowError, ValueError):
+    """A push past ``max_stack_depth`` (TFP raises ValueError there)."""
 
 
 class NullVariable(NamedTuple):
@@ -115,8 +123,8 @@ class FullVariable(NamedTuple):
         b = self.backend
         depth = b._var_depth(self.stack)
         index = b._var_step(self.index, mask, 1)
-        if b._var_any(index, lambda i: i > depth):
-            raise StackOverflowError(self.name, depth)
+        if b._var_any(index, lambda i: i >= depth):
+            raise VariableStackOverflow(self.name, depth)
         stack = b._var_stack_write(self.stack, self.index, mask, self.current)
         return self._replace(stack=stack, index=index)
 

@@ -68,3 +68,52 @@ def test_fuse_pop_push_on_a_lowered_program():
         blocks = [block]
     stack_optimization.fuse_pop_push(Lowered)
     assert [str(op) for op in block.instructions][-1] == "push y"
+
+
+# -- model-based: a FULL variable against a list of stacks per thread ------------------------
+
+from hypothesis import given, settings, strategies as st   # noqa: E402
+
+BATCH, DEPTH = 3, 3
+masks = st.lists(st.booleans(), min_size=BATCH, max_size=BATCH)
+ops = st.lists(st.one_of(
+    st.tuples(st.just("update"), st.lists(st.integers(-9, 9), min_size=BATCH,
+                                          max_size=BATCH), masks),
+    st.tuples(st.just("push"), masks),
+    st.tuples(st.just("pop"), masks)), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops)
+def test_full_variable_agrees_with_a_model_of_stacks(sequence):
+    backend = NumpyBackend()
+    var = backend.create_variable("v", FULL, inst.TensorType(np.int64, ()), DEPTH, BATCH)
+    model = [[0] for _ in range(BATCH)]        # each thread: saved values then current
+    for op in sequence:
+        if op[0] == "update":
+            values, mask = op[1], op[2]
+            var = var.update(np.array(values), np.array(mask))
+            for stack, v, m in zip(model, values, mask):
+                if m:
+                    stack[-1] = v
+        elif op[0] == "push":
+            mask = op[1]
+            if any(m and len(s) >= DEPTH for s, m in zip(model, mask)):
+                with pytest.raises(ValueError):
+                    var.push(np.array(mask))
+                continue
+            var = var.push(np.array(mask))
+            for stack, m in zip(model, mask):
+                if m:
+                    stack.append(stack[-1])        # a duplicating push
+        else:
+            mask = op[1]
+            if any(m and len(s) <= 1 for s, m in zip(model, mask)):
+                with pytest.raises(ValueError):
+                    var.pop(np.array(mask))
+                continue
+            var = var.pop(np.array(mask))
+            for stack, m in zip(model, mask):
+                if m:
+                    stack.pop()
+        assert var.read().tolist() == [s[-1] for s in model]
