@@ -988,8 +988,11 @@ def _resolve_references(functions: Sequence[Function]) -> None:
     """Turn TFP-style references into autobatch's names, in place: unnamed
     functions and blocks get names (``function_<k>``, ``block_<k>``), a call
     of a Function object calls its name, a jump to a Block object jumps to
-    its name, and TFP's halt (``GotoOp(None)``, :func:`halt_op`) returns the
-    function's ``vars_out``.  Programs written with names are left as they are."""
+    its name, TFP's halt (``GotoOp(None)``, :func:`halt_op`) returns the
+    function's ``vars_out``, and the ``PopOp`` s TFP writes in function
+    bodies ("done with x") are dropped (variables here are local to their
+    function: a pop restores nothing).  Programs written with names are left
+    as they are."""
     taken = {fn.name for fn in functions if fn.name is not None}
     for k, fn in enumerate(functions):
         if fn.name is None:
@@ -1008,6 +1011,11 @@ def _resolve_references(functions: Sequence[Function]) -> None:
                 block.name = name
                 used.add(name)
         for block in fn.blocks:
+            if fn.vars_out is not None:
+                # TFP marks "done with x" by PopOp in function bodies; with
+                # variables local to their function it restores nothing.
+                block.instructions = [op for op in block.instructions
+                                      if not isinstance(op, PopOp)]
             for op in block.instructions:
                 if isinstance(op, FunctionCallOp) and isinstance(op.function, Function):
                     op.function = op.function.name

@@ -90,3 +90,59 @@ def test_a_halt_without_vars_out_is_named():
                       name="g")
     with pytest.raises(ValueError, match="'g'.*vars_out"):
         inst.Program([g], main="g")
+
+
+def is_even_ir():
+    """Mutual recursion in TFP's objects: two unnamed functions declared
+    before their graphs, "done with" PopOps in their bodies."""
+    def pred_type(types):
+        return inst.TensorType(np.bool_, types[0].shape)
+
+    is_odd = inst.Function(None, ["n"], "ans", pred_type)
+    is_even = inst.Function(None, ["n"], "ans", pred_type)
+
+    def body(other, base):
+        enter, finish, recur = inst.Block(), inst.Block(), inst.Block()
+        enter.assign_instructions([inst.prim_op(["n"], "cond", lambda n: n < 1),
+                                   inst.BranchOp("cond", finish, recur)])
+        finish.assign_instructions([inst.PopOp(["n", "cond"]),
+                                    inst.prim_op([], "ans", lambda: base), inst.halt_op()])
+        recur.assign_instructions([inst.PopOp(["cond"]),
+                                   inst.prim_op(["n"], "nm1", lambda n: n - 1),
+                                   inst.PopOp(["n"]),
+                                   inst.FunctionCallOp(other, ["nm1"], "ans"),
+                                   inst.PopOp(["nm1"]), inst.halt_op()])
+        return inst.ControlFlowGraph([enter, finish, recur])
+
+    is_even.graph = body(is_odd, True)
+    is_odd.graph = body(is_even, False)
+    main = inst.ControlFlowGraph([inst.Block([inst.FunctionCallOp(is_even, ["n1"], "ans")],
+                                             inst.halt_op())])
+    untyped = {v: inst.Type(None) for v in ["n", "n1", "cond", "nm1", "ans"]}
+    return inst.Program(main, [is_even, is_odd], untyped, ["n1"], "ans")
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float64])
+def test_mutual_recursion_with_done_with_pops(dtype):
+    n = np.array([5, 6, 0, 3], dtype=dtype)
+    typed = type_inference.infer_types(is_even_ir(), [n], NumpyBackend())
+    assert typed.var_defs["ans"] == inst.single_type(np.bool_, ())
+    assert typed.var_defs["n1"].tensors.dtype == dtype
+    lowered = lowering.lower_function_calls(allocation_strategy.optimize(typed))
+    got = vm.execute(lowered, [n], int(n.max()) + 3, NumpyBackend())
+    assert got.tolist() == [False, True, True, False]
+
+
+def test_product_types_and_patterns_in_one_block():
+    block = inst.Block([
+        inst.prim_op(["inp"], "many", lambda x: (x + 1, (x + 2, x + 3))),
+        inst.prim_op(["many"], ["one", "two"], lambda x: x),
+    ], inst.halt_op())
+    program = inst.Program(inst.ControlFlowGraph([block]), [], {}, ["inp"], "two")
+    inp = np.array([4, 5], dtype=np.int64)
+    typed = type_inference.infer_types(program, [inp], NumpyBackend())
+    leaf = inst.TensorType(np.int64, ())
+    assert typed.var_defs["many"] == inst.Type((leaf, (leaf, leaf)))
+    assert typed.var_defs["two"] == inst.Type((leaf, leaf))
+    got = vm.execute(program, [inp], 15, NumpyBackend())
+    assert [g.tolist() for g in got] == [[6, 7], [7, 8]]
