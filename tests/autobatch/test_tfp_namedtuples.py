@@ -89,3 +89,32 @@ def test_types_keep_the_class():
     with pytest.raises(TypeError, match="Point.*Pair"):
         merge_types(point, Type(Pair(i, i)), "p")
     assert str(point) == "Point(int64[], int64[])"
+
+
+Rec = collections.namedtuple("Rec", ["a", "b"])
+
+
+def bump(rec):
+    """A plain helper (a primop): namedtuple in, namedtuple out."""
+    return Rec(rec.a + 1, rec.b * 2)
+
+
+def twice(rec):
+    first = bump(rec)
+    return bump(first)
+
+
+def outer(rec):
+    once = twice(rec)
+    return twice(once)
+
+
+def test_namedtuples_conserved_through_primops_calls_and_declared_types():
+    ctx = autobatch.Context()
+    same = lambda types: types[0]          # a namedtuple of TensorTypes
+    ctx.batch_uncurried(twice, same)
+    batched = ctx.batch_uncurried(outer, same)
+    got = batched(Rec(np.array([1, 2, 3]), np.array([1.0, 0.5, -1.0])),
+                  max_stack_depth=15, backend=autobatch.NumpyBackend())
+    assert type(got) is Rec
+    assert got.a.tolist() == [5, 6, 7] and got.b.tolist() == [16.0, 8.0, -16.0]
