@@ -276,8 +276,9 @@ class Backend(Abilities):
         return function
 
     # -- TFP's backend helpers ------------------------------------------------------------
-    def full_mask(self, size: int) -> Any:
-        """A boolean array of ``size`` True values (TFP's ``full_mask``)."""
+    def full_mask(self, size: int, name: Optional[str] = None) -> Any:
+        """A boolean array of ``size`` True values (TFP's ``full_mask``;
+        ``name`` is accepted for TFP's signature)."""
         return self.fill(TensorType(np.bool_, ()), size, True)
 
     def merge_dtypes(self, dt1: Any, dt2: Any) -> Any:

@@ -108,7 +108,8 @@ class RegisterVariable(NamedTuple):
 class FullVariable(NamedTuple):
     """A FULL variable: ``current`` (one row per thread), ``stack``
     (``[max_stack_depth, batch, ...]``) and ``index`` (each thread's number
-    of saved values); ``name`` appears in a stack overflow's message."""
+    of saved values); ``name`` appears in a stack overflow's message.  The
+    methods take TFP's optional ``name`` argument (an op name; unused)."""
 
     backend: Any
     current: Any
@@ -116,10 +117,10 @@ class FullVariable(NamedTuple):
     index: Any
     name: str = "variable"
 
-    def update(self, value: Any, mask: Any) -> "FullVariable":
+    def update(self, value: Any, mask: Any, name: Any = None) -> "FullVariable":
         return self._replace(current=self.backend._var_where(mask, value, self.current))
 
-    def push(self, mask: Any) -> "FullVariable":
+    def push(self, mask: Any, name: Any = None) -> "FullVariable":
         b = self.backend
         depth = b._var_depth(self.stack)
         index = b._var_step(self.index, mask, 1)
@@ -128,7 +129,7 @@ class FullVariable(NamedTuple):
         stack = b._var_stack_write(self.stack, self.index, mask, self.current)
         return self._replace(stack=stack, index=index)
 
-    def pop(self, mask: Any) -> "FullVariable":
+    def pop(self, mask: Any, name: Any = None) -> "FullVariable":
         b = self.backend
         index = b._var_step(self.index, mask, -1)
         if b._var_any(index, lambda i: i < 0):
@@ -136,5 +137,5 @@ class FullVariable(NamedTuple):
         top = b._var_stack_read(self.stack, index)
         return self._replace(current=b._var_where(mask, top, self.current), index=index)
 
-    def read(self) -> Any:
+    def read(self, name: Any = None) -> Any:
         return self.current

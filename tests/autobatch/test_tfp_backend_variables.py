@@ -117,3 +117,26 @@ def test_full_variable_agrees_with_a_model_of_stacks(sequence):
                 if m:
                     stack.pop()
         assert var.read().tolist() == [s[-1] for s in model]
+
+
+def _params(fn):
+    import inspect
+    return list(inspect.signature(fn).parameters)[1:]          # without self
+
+
+@pytest.mark.parametrize("method, names", [
+    ("create_variable", ["name", "alloc", "type_", "max_stack_depth", "batch_size"]),
+    ("full_mask", ["size", "name"]),
+    ("merge_dtypes", ["dt1", "dt2"]),
+    ("merge_shapes", ["s1", "s2"]),
+])
+def test_backend_methods_take_tfps_parameter_names(method, names):
+    assert _params(getattr(NumpyBackend, method)) == names
+
+
+def test_full_variable_methods_take_tfps_parameters():
+    from autobatch.backends.variables import FullVariable
+    assert _params(FullVariable.update) == ["value", "mask", "name"]
+    assert _params(FullVariable.push) == ["mask", "name"]
+    assert _params(FullVariable.pop) == ["mask", "name"]
+    assert _params(FullVariable.read) == ["name"]
