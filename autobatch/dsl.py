@@ -24,6 +24,31 @@ forward declarations.  Control flow: :meth:`~ProgramBuilder.if_` /
 :meth:`~ProgramBuilder.continue_`, and :meth:`~ProgramBuilder.return_`.
 Code after a ``return_``/``break_`` is unreachable and dropped.  A function
 whose end can be reached without a ``return_`` is an error.
+
+TFP's style works too (``tfp.experimental.auto_batching.dsl``)::
+
+    ab = ProgramBuilder()
+    with ab.function(type_inference=lambda types: [types[0]]) as fib:
+        n = ab.param("n")                              # a fresh variable, "n_1"
+        ab.var.cond = ab.primop(lambda n: n > 1)       # lambda names: ab.var names
+        with ab.if_(ab.var.cond):
+            ab.var.nm1 = ab.primop(lambda n: n - 1)
+            ab.var.fibm1 = ab.call(fib, [ab.var.nm1])
+            ab.var.nm2 = ab.primop(lambda n: n - 2)
+            ab.var.fibm2 = ab.call(fib, [ab.var.nm2])
+            ab.var.ans = ab.primop(lambda fibm1, fibm2: fibm1 + fibm2)
+        with ab.else_():
+            ab.var.ans = ab.const(1)
+        ab.return_(ab.var.ans)
+    program = ab.program(main=fib)
+
+``param``, ``local``, ``locals_``, ``var`` (``ab.var.x = op`` binds ``op``'s
+output; reading ``ab.var.x`` gives the variable), pattern assignment
+(``ab((a, b)).pattern = ab.primop(lambda: (1, 2))``), ``declare_function`` /
+``define_function`` for mutual recursion.  Variables made by ``param``,
+``local`` and ``var`` get unique names (``n_1``); a primop's lambda
+parameter names the variable ``ab.var.<name>`` (or ``param(name)``) made, or
+else a variable of that very name.
 """
 from __future__ import annotations
 
@@ -43,9 +68,12 @@ __all__ = ["ProgramBuilder", "FunctionHandle"]
 
 @dataclass(frozen=True)
 class FunctionHandle:
-    """What :meth:`ProgramBuilder.function` yields: a name to call."""
+    """What :meth:`ProgramBuilder.function` and
+    :meth:`ProgramBuilder.declare_function` give: a name to call (TFP gives
+    its ``Function`` object; here functions are called by name)."""
 
     name: str
+    type_inference: Optional[Callable] = field(default=None, compare=False)
 
 
 @dataclass
@@ -70,6 +98,8 @@ class _FunctionState:
     counter: int = 0
     loops: List[_Loop] = field(default_factory=list)
     pending_if: Optional[_PendingIf] = None
+    #: TFP-style user names -> unique variable names (``n`` -> ``n_1``).
+    locals: Dict[str, str] = field(default_factory=dict)
 
 
 def _input_names(function: Callable, where: str) -> Tuple[str, ...]:
@@ -99,16 +129,50 @@ class ProgramBuilder:
     def __init__(self) -> None:
         self._functions: List[Function] = []
         self._state: Optional[_FunctionState] = None
+        self._declared: Dict[str, FunctionHandle] = {}
+        self._varcount = 0
+        self._magic_vars = _MagicVars(self)
 
     # -- functions -------------------------------------------------------------
-    @contextlib.contextmanager
-    def function(self, name: str, params: Sequence[str] = (),
-                 type_inference: Optional[Callable] = None) -> Iterator[FunctionHandle]:
-        """Define function ``name`` with parameters ``params`` (variable names).
+    def declare_function(self, name: Optional[str] = None,
+                         type_inference: Optional[Callable] = None) -> FunctionHandle:
+        """Declare a function to define later with :meth:`define_function`
+        (TFP's forward declaration, for mutual recursion; calling by name
+        needs none).  A missing ``name`` gets a fresh one."""
+        if name is None:
+            name = f"function_{len(self._functions) + len(self._declared) + 1}"
+            while name in self._declared or any(f.name == name for f in self._functions):
+                name += "_"
+        handle = FunctionHandle(name, type_inference)
+        self._declared[name] = handle
+        return handle
 
-        ``type_inference`` (optional) maps the list of parameter Types to the
-        return Type; see :class:`~autobatch.instructions.Function`.
+    @contextlib.contextmanager
+    def define_function(self, function: Union[str, FunctionHandle],
+                        params: Sequence[str] = ()) -> Iterator[FunctionHandle]:
+        """Define a function declared by :meth:`declare_function`; its
+        parameters come from :meth:`param` calls in the body (or ``params``)."""
+        handle = function if isinstance(function, FunctionHandle) else \
+            self._declared.get(function, FunctionHandle(function))
+        with self.function(handle.name, params, handle.type_inference) as defined:
+            yield defined
+
+    @contextlib.contextmanager
+    def function(self, name: Optional[str] = None, params: Sequence[str] = (),
+                 type_inference: Optional[Callable] = None) -> Iterator[FunctionHandle]:
+        """Define function ``name`` with parameters ``params`` (variable names;
+        or declare them in the body with :meth:`param`, as in TFP).
+
+        ``type_inference`` (optional) maps the list of parameter types to the
+        return type; see :class:`~autobatch.instructions.Function`.  A missing
+        ``name`` gets a fresh one.
         """
+        if name is None or name in self._declared:
+            declared = self._declared.get(name) if name is not None else None
+            if declared is None:
+                declared = self.declare_function(None, type_inference)
+            name = declared.name
+            type_inference = type_inference or declared.type_inference
         if self._state is not None:
             raise ProgramError(f"function {name!r} is defined inside function "
                                f"{self._state.name!r}; define functions one after another")
@@ -119,7 +183,7 @@ class ProgramBuilder:
         self._state = state
         self._enter(self._new_block("entry"))
         try:
-            yield FunctionHandle(name)
+            yield FunctionHandle(name, type_inference)
         except BaseException:
             self._state = None
             raise
@@ -131,38 +195,107 @@ class ProgramBuilder:
         if self._state is not None:
             raise ProgramError(f"program() called inside function {self._state.name!r}")
         main_name = main.name if isinstance(main, FunctionHandle) else main
+        undefined = sorted(set(self._declared) - {fn.name for fn in self._functions})
+        called = {op.function for fn in self._functions for b in fn.blocks
+                  for op in b.instructions if isinstance(op, FunctionCallOp)}
+        if set(undefined) & (called | {main_name}):
+            raise ProgramError(f"function(s) {sorted(set(undefined) & (called | {main_name}))} "
+                               f"declared and called but never defined; define them "
+                               f"with define_function")
         return Program(functions=tuple(self._functions), main=main_name).validate()
 
     # -- straight-line code -------------------------------------------------------
-    def primop(self, function: Callable, vars_out: Pattern,
-               vars_in: Optional[Sequence[str]] = None, name: Optional[str] = None) -> Pattern:
+    def primop(self, function: Callable, vars_out: Optional[Pattern] = None,
+               vars_in: Optional[Sequence[str]] = None, name: Optional[str] = None) -> Any:
         """Emit ``vars_out = function(*vars_in)``.
 
         ``vars_in`` defaults to the parameter names of ``function``, so
-        ``primop(lambda n: n - 1, "m")`` reads variable ``n``.  ``vars_out`` is a
-        name or a nested tuple of names (to take a tuple result apart).
-        Returns ``vars_out``.
+        ``primop(lambda n: n - 1, "m")`` reads variable ``n`` (or the
+        variable ``ab.var.n`` / ``param("n")`` made).  ``vars_out`` is a name
+        or a nested tuple of names (to take a tuple result apart); returns
+        ``vars_out``.  Without ``vars_out`` (TFP's style) the instruction is
+        returned, to be bound by ``ab.var.x = ...`` or
+        ``ab(pattern).pattern = ...``.  The order of the two optional
+        arguments is autobatch's (TFP's is ``vars_in, vars_out``): pass them
+        by keyword to write code that runs on both.
         """
         state = self._require("primop")
         if vars_in is None:
-            vars_in = _input_names(function, f"function {state.name!r}")
-        self._emit(PrimOp(tuple(vars_in) if not isinstance(vars_in, str) else (vars_in,),
-                          vars_out, function, name))
-        return vars_out
+            vars_in = tuple(state.locals.get(v, v) for v in
+                            _input_names(function, f"function {state.name!r}"))
+        op = PrimOp(tuple(vars_in) if not isinstance(vars_in, str) else (vars_in,),
+                    _str_pattern(vars_out) if vars_out is not None else (), function, name)
+        self._emit(op)
+        return op if vars_out is None else vars_out
 
-    def const(self, value: Any, var: str) -> str:
-        """Emit ``var = value`` (a constant; scalars are broadcast to every thread)."""
-        self.primop(lambda: value, var, vars_in=(), name=repr(value))
-        return var
+    def const(self, value: Any, vars_out: Optional[Pattern] = None) -> Any:
+        """Emit ``vars_out = value`` (a constant; scalars are broadcast to every
+        thread).  Without ``vars_out``, returns the instruction (TFP's style)."""
+        return self.primop(lambda: value, vars_out, vars_in=(), name=repr(value))
 
     def call(self, function: Union[str, FunctionHandle], vars_in: Sequence[str],
-             vars_out: Pattern) -> Pattern:
-        """Emit ``vars_out = function(*vars_in)``; ``function`` is a name or handle."""
+             vars_out: Optional[Pattern] = None) -> Any:
+        """Emit ``vars_out = function(*vars_in)``; ``function`` is a name or
+        handle.  Without ``vars_out``, returns the instruction (TFP's style)."""
         self._require("call")
         name = function.name if isinstance(function, FunctionHandle) else function
-        vars_in = (vars_in,) if isinstance(vars_in, str) else tuple(vars_in)
-        self._emit(FunctionCallOp(name, vars_in, vars_out))
-        return vars_out
+        vars_in = (vars_in,) if isinstance(vars_in, str) else tuple(str(v) for v in vars_in)
+        op = FunctionCallOp(name, vars_in, _str_pattern(vars_out) if vars_out is not None
+                            else ())
+        self._emit(op)
+        return op if vars_out is None else vars_out
+
+    # -- TFP's variables ------------------------------------------------------------
+    @property
+    def var(self) -> "_MagicVars":
+        """TFP's variable scope: ``ab.var.x = op`` binds ``op``'s output to the
+        variable ``x`` (made on first use), ``ab.var.x`` is its name."""
+        return self._magic_vars
+
+    def __call__(self, pattern: Pattern) -> "_MagicPattern":
+        """TFP's pattern assignment: ``ab((a, b)).pattern = op`` binds ``op``'s
+        output to the pattern ``(a, b)``."""
+        return _MagicPattern(self, pattern)
+
+    def local(self, name: Optional[str] = None, define: bool = True) -> str:
+        """A fresh variable of the function being built (``name_k``, or
+        ``var_k``); the first one made for ``name`` is what ``ab.var.<name>``
+        and a lambda parameter ``name`` refer to.  ``define`` is accepted for
+        TFP's signature (reads before writes are caught when the program is
+        checked)."""
+        state = self._require("local")
+        self._varcount += 1
+        var = f"{name if name is not None else 'var'}_{self._varcount}"
+        if name is not None and name not in state.locals:
+            state.locals[name] = var
+        return var
+
+    def locals_(self, count: int, name: Optional[str] = None) -> List[str]:
+        """``count`` fresh variables (see :meth:`local`)."""
+        return [self.local(name) for _ in range(count)]
+
+    def param(self, name: Optional[str] = None) -> str:
+        """A fresh variable (see :meth:`local`) that is also the next
+        parameter of the function being built."""
+        state = self._require("param")
+        var = self.local(name)
+        state.params = state.params + (var,)
+        return var
+
+    def _bind_last(self, op: Any, pattern: Pattern) -> None:
+        """Give the instruction ``op`` (the last emitted) the outputs ``pattern``."""
+        state = self._require("var")
+        if op is None:
+            return
+        if not hasattr(op, "vars_out") or op.vars_out not in ((), [], None):
+            raise ProgramError(f"function {state.name!r}: outputs should be given either "
+                               f"as vars_out or through ab.var / ab(pattern), not both "
+                               f"({op})")
+        block = state.current
+        if block is None or not block.instructions or block.instructions[-1] is not op:
+            raise ProgramError(f"function {state.name!r}: bind an instruction's outputs "
+                               f"right after emitting it ({op})")
+        op.vars_out = _str_pattern(pattern)
 
     # -- control flow ---------------------------------------------------------------
     def return_(self, vars: Pattern) -> None:
@@ -171,9 +304,12 @@ class ProgramBuilder:
         self._terminate(ReturnOp(vars))
 
     @contextlib.contextmanager
-    def if_(self, cond: str) -> Iterator[None]:
+    def if_(self, cond: str, then_name: Optional[str] = None,
+            else_name: Optional[str] = None,
+            continue_name: Optional[str] = None) -> Iterator[None]:
         """Run the body where variable ``cond`` is true; may be followed by
-        :meth:`else_`."""
+        :meth:`else_`.  The block names TFP takes are accepted and not used
+        (blocks are named ``ifK.then`` ...)."""
         state = self._require("if_")
         k = self._next_id()
         then = self._new_block(f"if{k}.then")
@@ -187,7 +323,8 @@ class ProgramBuilder:
         state.pending_if = _PendingIf(branch, join)
 
     @contextlib.contextmanager
-    def else_(self) -> Iterator[None]:
+    def else_(self, else_name: Optional[str] = None,
+              continue_name: Optional[str] = None) -> Iterator[None]:
         """The body run where the condition of the ``if_`` just closed is false."""
         state = self._require("else_")
         pending = state.pending_if
@@ -326,3 +463,46 @@ class ProgramBuilder:
         blocks = [b for b in state.blocks if b.name in reachable]
         return Function(name=state.name, params=state.params, blocks=blocks,
                         type_inference=state.type_inference)
+
+
+def _str_pattern(pattern: Any) -> Any:
+    """A pattern of variable names, lists taken as tuples (TFP writes lists)."""
+    if isinstance(pattern, (tuple, list)):
+        return tuple(_str_pattern(p) for p in pattern)
+    return str(pattern)
+
+
+class _MagicVars:
+    """``ab.var``: attribute writes bind outputs, reads give variable names."""
+
+    def __init__(self, builder: ProgramBuilder) -> None:
+        object.__setattr__(self, "_builder", builder)
+
+    def __setattr__(self, name: str, op: Any) -> None:
+        builder = self._builder
+        state = builder._require("var")
+        var = state.locals.get(name) or builder.local(name)
+        builder._bind_last(op, var)
+
+    def __getattr__(self, name: str) -> str:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        builder = self._builder
+        state = builder._require("var")
+        return state.locals.get(name) or builder.local(name, define=False)
+
+
+class _MagicPattern:
+    """``ab(pattern)``: ``.pattern = op`` binds ``op``'s outputs to ``pattern``."""
+
+    def __init__(self, builder: ProgramBuilder, pattern: Pattern) -> None:
+        self._builder = builder
+        self._pattern = pattern
+
+    @property
+    def pattern(self) -> Pattern:
+        return self._pattern
+
+    @pattern.setter
+    def pattern(self, op: Any) -> None:
+        self._builder._bind_last(op, self._pattern)

@@ -64,7 +64,7 @@ from autobatch.frontend_ast import (
     FrontendError, FunctionTranslator, ParsedFunction, closure_values, parse_function,
 )
 from autobatch.instructions import (
-    Function, Program, as_pattern, pattern_leaves, pattern_map, pattern_unflatten,
+    Function, Program, as_pattern, pattern_leaves, pattern_map, pattern_unflatten, rebuild,
 )
 from autobatch.lowering import LoweredProgram
 from autobatch.pipeline import (
@@ -145,7 +145,7 @@ def _as_argument(value: Any) -> Any:
     """Lists become arrays (a batch of values); tuples stay tuples (a
     tuple-typed argument)."""
     if isinstance(value, tuple):
-        return tuple(_as_argument(v) for v in value)
+        return rebuild(value, (_as_argument(v) for v in value))
     if isinstance(value, list):
         return np.asarray(value)
     return value

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from autobatch.instructions import is_namedtuple, rebuild
+
 __all__ = ["truth", "logical_not", "logical_and", "logical_or", "select", "range_continues"]
 
 
@@ -125,7 +127,7 @@ def select(cond: Any, x: Any, y: Any) -> Any:
         if not (isinstance(x, tuple) and isinstance(y, tuple)) or len(x) != len(y):
             raise TypeError("the two sides of a conditional expression are tuples of "
                             "different lengths (or a tuple and a value)")
-        return tuple(select(cond, a, b) for a, b in zip(x, y))
+        return rebuild(x if is_namedtuple(x) else y, (select(cond, a, b) for a, b in zip(x, y)))
     cond = truth(cond)
     if isinstance(cond, bool):
         return x if cond else y

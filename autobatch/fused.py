@@ -52,7 +52,7 @@ from autobatch.allocation_strategy import function_flow
 from autobatch.errors import ProgramError
 from autobatch.instructions import (
     BranchOp, CopyOp, Function, GotoOp, PrimOp, Program, ReturnOp, Type, as_pattern,
-    pattern_leaves, pattern_map, pattern_unflatten,
+    pattern_leaves, pattern_map, pattern_unflatten, tuple_expr,
 )
 
 __all__ = ["FusedProgram", "fuse", "MAX_LINES"]
@@ -242,11 +242,9 @@ class _Emitter:
         keys = [k for v in sorted(live) for k in self.keys(v)]
         return self.constant(tuple(keys))
 
-    @staticmethod
-    def as_expr(pattern: Any) -> str:
+    def as_expr(self, pattern: Any) -> str:
         if isinstance(pattern, tuple):
-            inner = ", ".join(_Emitter.as_expr(p) for p in pattern)
-            return f"({inner},)" if len(pattern) == 1 else f"({inner})"
+            return tuple_expr(pattern, [self.as_expr(p) for p in pattern], self.constant)
         return pattern
 
     def scalar_only(self, names: Sequence[str]) -> bool:

@@ -60,6 +60,12 @@ __all__ = [
     "Pattern",
     "pattern_leaves",
     "pattern_map",
+    "pattern_flatten",
+    "pattern_traverse",
+    "pattern_zip",
+    "is_namedtuple",
+    "rebuild",
+    "tuple_expr",
     "pattern_unflatten",
     "bind_pattern",
     "as_pattern",
@@ -69,6 +75,8 @@ __all__ = [
     "PrimOp",
     "prim_op",
     "single_type",
+    "BroadcastOutputs",
+    "broadcast_op",
     "push_op",
     "pop_op",
     "FunctionCallOp",
@@ -83,9 +91,12 @@ __all__ = [
     "Block",
     "Function",
     "Program",
+    "ControlFlowGraph",
+    "halt_op",
     "FunctionFlow",
     "function_flow",
     "call_graph",
+    "drop_repushes",
     "reachable",
     "check_defined",
 ]
@@ -106,11 +117,57 @@ def pattern_leaves(pattern: Any) -> List[Any]:
     return [pattern]
 
 
+def is_namedtuple(value: Any) -> bool:
+    """Whether ``value`` is a namedtuple (a tuple with ``_fields``)."""
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def rebuild(like: Any, parts: Iterator[Any]) -> Tuple[Any, ...]:
+    """A tuple of ``parts`` of the kind of ``like``: the same namedtuple class
+    where ``like`` is a namedtuple (namedtuples are values as in TFP: their
+    class travels in patterns and types), else a plain tuple."""
+    if is_namedtuple(like):
+        return type(like)(*parts)
+    return tuple(parts)
+
+
+def tuple_expr(pattern: Any, inner: Sequence[str], constant: Callable[[Any], str]) -> str:
+    """Python source building ``pattern``'s kind of tuple from the source
+    texts ``inner``: ``(a, b)``, or ``<class>(a, b)`` for a namedtuple, the
+    class named by ``constant(cls)`` (generated code)."""
+    joined = ", ".join(inner)
+    if is_namedtuple(pattern):
+        return f"{constant(type(pattern))}({joined})"
+    return f"({joined},)" if len(inner) == 1 else f"({joined})"
+
+
 def pattern_map(fn: Callable[[Any], Any], pattern: Any) -> Any:
-    """``pattern`` with every leaf replaced by ``fn(leaf)``."""
+    """``pattern`` with every leaf replaced by ``fn(leaf)`` (namedtuples keep
+    their class)."""
     if isinstance(pattern, tuple):
-        return tuple(pattern_map(fn, part) for part in pattern)
+        return rebuild(pattern, (pattern_map(fn, part) for part in pattern))
     return fn(pattern)
+
+
+def pattern_flatten(pattern: Any) -> List[Any]:
+    """TFP's name for :func:`pattern_leaves`."""
+    return pattern_leaves(as_pattern(pattern))
+
+
+def pattern_traverse(pattern: Any) -> Iterator[Any]:
+    """TFP's: the leaves of ``pattern`` one by one (lists are structure)."""
+    return iter(pattern_leaves(as_pattern(pattern)))
+
+
+def pattern_zip(pattern1: Any, pattern2: Any) -> List[Tuple[Any, Any]]:
+    """TFP's: pairs of corresponding leaves of two patterns of one structure
+    (lists are structure); ValueError where the structures differ."""
+    p1, p2 = as_pattern(pattern1), as_pattern(pattern2)
+    if isinstance(p1, tuple) or isinstance(p2, tuple):
+        if not (isinstance(p1, tuple) and isinstance(p2, tuple)) or len(p1) != len(p2):
+            raise ValueError(f"patterns of different structure: {p1!r} and {p2!r}")
+        return [pair for a, b in zip(p1, p2) for pair in pattern_zip(a, b)]
+    return [(p1, p2)]
 
 
 def pattern_unflatten(pattern: Any, leaves: Sequence[Any]) -> Any:
@@ -147,7 +204,9 @@ def bind_pattern(pattern: Any, value: Any, where: str = "",
 def as_pattern(value: Any) -> Any:
     """``value`` with every list turned into a tuple (so that patterns treat
     user values given as lists as structure)."""
-    if isinstance(value, (tuple, list)):
+    if isinstance(value, tuple):
+        return rebuild(value, (as_pattern(v) for v in value))
+    if isinstance(value, list):
         return tuple(as_pattern(v) for v in value)
     return value
 
@@ -155,8 +214,8 @@ def as_pattern(value: Any) -> Any:
 def format_pattern(pattern: Any) -> str:
     """``a`` or ``(a, (b, c))``."""
     if isinstance(pattern, tuple):
-        inner = ", ".join(format_pattern(p) for p in pattern)
-        return f"({inner},)" if len(pattern) == 1 else f"({inner})"
+        return tuple_expr(pattern, [format_pattern(p) for p in pattern],
+                          lambda cls: cls.__name__)
     return str(pattern)
 
 
@@ -231,8 +290,9 @@ class Type:
         # TFP writes patterns with lists too: they are structure, as tuples.
         object.__setattr__(self, "tensors", as_pattern(self.tensors))
         for leaf in pattern_leaves(self.tensors):
-            if not isinstance(leaf, TensorType):
-                raise TypeError(f"Type leaves must be TensorType, got {leaf!r}")
+            if not isinstance(leaf, TensorType) and leaf is not None:
+                raise TypeError(f"Type leaves must be TensorType (or None: not known yet, "
+                                f"as TFP's Type(None)), got {leaf!r}")
 
     def leaves(self) -> List[TensorType]:
         """The tensor types, in pattern order (one per stored array)."""
@@ -244,6 +304,21 @@ class Type:
 
     def strong(self) -> "Type":
         return Type(pattern_map(TensorType.strong, self.tensors))
+
+    def _key(self) -> Any:
+        # A namedtuple equals a plain tuple of the same parts; their Types must
+        # not be equal (a primop reads fields by name).
+        def kinds(p: Any) -> Any:
+            if isinstance(p, tuple):
+                return (type(p) if is_namedtuple(p) else tuple, tuple(kinds(q) for q in p))
+            return None
+        return self.tensors, kinds(self.tensors)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Type) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     def __str__(self) -> str:
         return format_pattern(pattern_map(str, self.tensors))
@@ -360,6 +435,10 @@ class PrimOp(_Assignment):
         self.vars_in = _names(self.vars_in)
         self.vars_out = as_pattern(self.vars_out)
 
+    def replace(self, vars_out: Pattern = None) -> "PrimOp":
+        """TFP's: a copy writing ``vars_out``."""
+        return replace(self, vars_out=as_pattern(vars_out))
+
     def __str__(self) -> str:
         label = self.name or describe_function(self.function)
         return f"{format_pattern(self.vars_out)} = primop({', '.join(self.vars_in)}): {label}"
@@ -375,6 +454,10 @@ class FunctionCallOp(_Assignment):
 
     def __post_init__(self) -> None:
         self.vars_in = _names(self.vars_in)
+
+    def replace(self, vars_out: Pattern = None) -> "FunctionCallOp":
+        """TFP's: a copy writing ``vars_out``."""
+        return replace(self, vars_out=as_pattern(vars_out))
 
     def __str__(self) -> str:
         return (f"{format_pattern(self.vars_out)} = call {self.function}"
@@ -466,6 +549,60 @@ def pop_op(vars: Sequence[str]) -> "PopOp":
     """TFP's ``PopOp(vars)``, as a function: restore ``vars`` from the stack."""
     return PopOp(_names(pattern_leaves(as_pattern(vars))))
 
+
+
+class BroadcastOutputs:
+    """A primop function whose outputs are broadcast to their variables' shapes.
+
+    Type inference gives a variable written with shapes that broadcast
+    together (``()``, ``(1, 3, 1)``, ``(5, 3, 2)``) their broadcast shape, as
+    TFP does; where one write has a smaller shape, the writing primop is
+    wrapped in this so that the value stored (and any temporary) has the
+    variable's shape.  ``have``/``want`` are patterns of :class:`TensorType`
+    matching ``function``'s result.  Works on NumPy, TensorFlow and JAX arrays
+    (indexing with ``None`` and a product with ones, which changes no value).
+    """
+
+    def __init__(self, function: Callable[..., Any], have: Any, want: Any) -> None:
+        self.function = function
+        self.have = have
+        self.want = want
+        self.__name__ = f"broadcast({describe_function(function)})"
+
+    def __call__(self, *args: Any) -> Any:
+        return _broadcast_pattern(self.function(*args), self.have, self.want)
+
+
+def broadcast_leaf(value: Any, have: Tuple[int, ...], want: Tuple[int, ...]) -> Any:
+    """``value`` (batch dimension first, per-thread shape ``have``) with each
+    thread's part broadcast to ``want``.  A constant (no batch dimension) is
+    left as it is: the executors broadcast constants to every thread."""
+    if tuple(have) == tuple(want) or np.ndim(value) == 0:
+        return value
+    extra = len(want) - len(have)
+    if extra > 0:
+        value = value[(slice(None),) + (None,) * extra]
+    dtype = _as_dtype(value.dtype)
+    if dtype == np.bool_:
+        return value | np.zeros((1,) + tuple(want), dtype)
+    return value * np.ones((1,) + tuple(want), dtype)
+
+
+def _broadcast_pattern(value: Any, have: Any, want: Any) -> Any:
+    if isinstance(have, tuple):
+        return tuple(_broadcast_pattern(v, h, w) for v, h, w in zip(value, have, want))
+    return broadcast_leaf(value, have.shape, want.shape)
+
+
+def broadcast_op(vars_in: Pattern, vars_out: Pattern, have: Any, want: Any) -> PrimOp:
+    """``vars_out = vars_in`` with each part broadcast from ``have`` to ``want``
+    (patterns of TensorType shaped like ``vars_in``)."""
+    names = _names(pattern_leaves(as_pattern(vars_in)))
+    pattern = as_pattern(vars_in)
+
+    def pack(*values: Any) -> Any:
+        return pattern_unflatten(pattern, values)
+    return PrimOp(names, vars_out, BroadcastOutputs(pack, have, want), name="broadcast")
 
 # -- terminators -----------------------------------------------------------------
 
@@ -559,13 +696,44 @@ Terminator = Union[GotoOp, BranchOp, ReturnOp, PushGotoOp, IndirectGotoOp]
 
 # -- blocks, functions, programs ---------------------------------------------------
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class Block:
-    """Straight-line ``instructions`` then one ``terminator``."""
+    """Straight-line ``instructions`` then one ``terminator``.
+
+    ``Block(name, instructions, terminator)``, or TFP's positional order
+    ``Block(instructions=None, terminator=None, name=None)`` (a first
+    positional argument that is not a string).  A TFP-style block may be
+    unnamed and its terminator may name blocks by object (``GotoOp(block)``):
+    the :class:`Function` holding it names it (``block_<k>``) and turns
+    such references into names.
+    """
 
     name: str
-    instructions: List[Any] = field(default_factory=list)
-    terminator: Optional[Any] = None
+    instructions: List[Any]
+    terminator: Optional[Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        order = ("name", "instructions", "terminator") if args and isinstance(args[0], str) \
+            else ("instructions", "terminator", "name")
+        if len(args) > 3:
+            raise TypeError(f"Block takes at most 3 positional arguments, got {len(args)}")
+        values = dict(zip(order, args))
+        for key, value in kwargs.items():
+            if key not in order or key in values:
+                raise TypeError(f"Block got an unexpected or repeated argument {key!r}")
+            values[key] = value
+        self.name = values.get("name")
+        instructions = values.get("instructions")
+        self.instructions = list(instructions) if instructions is not None else []
+        self.terminator = values.get("terminator")
+
+    def assign_instructions(self, instructions: Sequence[Any]) -> None:
+        """TFP's: set the instructions; a last one that is a terminator
+        (goto, branch, return...) becomes the terminator."""
+        instructions = list(instructions)
+        if instructions and isinstance(instructions[-1], _Terminator):
+            self.terminator = instructions.pop()
+        self.instructions = instructions
 
     def tail_call(self) -> Optional[FunctionCallOp]:
         """The block's last instruction if it is a call whose value the block
@@ -587,7 +755,7 @@ class Block:
         return self.format()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class Function:
     """A function: ``params`` (variable names) and ``blocks`` (entry first).
 
@@ -607,8 +775,53 @@ class Function:
     return_type: Optional[Type] = None
     var_alloc: Dict[str, VariableAllocation] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self.params = _names(self.params)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        tfp = (args and not isinstance(args[0], str)) or "graph" in kwargs \
+            or "vars_in" in kwargs
+        if tfp:
+            # TFP: Function(graph, vars_in, vars_out, type_inference, name=None)
+            names = ("graph", "vars_in", "vars_out", "type_inference", "name")
+            values = dict(zip(names, args))
+            values.update(kwargs)
+            self.name = values.get("name")
+            self.params = _names(values.get("vars_in") or ())
+            self.vars_out = as_pattern(values.get("vars_out"))
+            self.type_inference = values.get("type_inference")
+            self.var_types, self.return_type, self.var_alloc = {}, None, {}
+            self.blocks = []
+            self.graph = values.get("graph")
+            return
+        names = ("name", "params", "blocks", "type_inference", "var_types", "return_type",
+                 "var_alloc")
+        values = dict(zip(names, args))
+        values.update(kwargs)
+        self.name = values["name"]
+        self.params = _names(values["params"])
+        self.blocks = list(values["blocks"])
+        self.type_inference = values.get("type_inference")
+        self.var_types = dict(values.get("var_types") or {})
+        self.return_type = values.get("return_type")
+        self.var_alloc = dict(values.get("var_alloc") or {})
+        self.vars_out = None
+
+    # -- TFP's view --------------------------------------------------------------------
+    @property
+    def vars_in(self) -> Tuple[str, ...]:
+        """TFP's name for :attr:`params`."""
+        return self.params
+
+    @property
+    def graph(self) -> "ControlFlowGraph":
+        """TFP's view of :attr:`blocks`; assigning one (TFP builds recursive
+        functions first and gives them their graph later) sets the blocks."""
+        return ControlFlowGraph(self.blocks)
+
+    @graph.setter
+    def graph(self, graph: Any) -> None:
+        if graph is None:
+            self.blocks = []
+        else:
+            self.blocks = list(graph.blocks if isinstance(graph, ControlFlowGraph) else graph)
 
     @property
     def entry(self) -> Block:
@@ -653,7 +866,7 @@ class Function:
         return self.format()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class Program:
     """Functions plus the name of the entry point.
 
@@ -666,8 +879,34 @@ class Program:
     main: str
     pc_alloc: Optional[VariableAllocation] = None
 
-    def __post_init__(self) -> None:
-        self.functions = tuple(self.functions)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        first = args[0] if args else kwargs.get("graph", kwargs.get("functions"))
+        if "graph" in kwargs or isinstance(first, ControlFlowGraph) or (
+                isinstance(first, (list, tuple)) and first
+                and all(isinstance(b, Block) for b in first)):
+            # TFP: Program(graph, functions, var_defs, vars_in, vars_out, var_alloc=None);
+            # the graph is the entry point, a function named "main".
+            names = ("graph", "functions", "var_defs", "vars_in", "vars_out", "var_alloc")
+            values = dict(zip(names, args))
+            values.update(kwargs)
+            functions = list(values.get("functions") or ())
+            taken = {fn.name for fn in functions}
+            main_name = "main"
+            while main_name in taken:
+                main_name += "_"
+            main = Function(values["graph"], values.get("vars_in") or (),
+                            values.get("vars_out"), None, name=main_name)
+            self.functions, self.main, self.pc_alloc = (main, *functions), main_name, None
+        else:
+            names = ("functions", "main", "pc_alloc")
+            values = dict(zip(names, args))
+            values.update(kwargs)
+            self.functions = tuple(values["functions"])
+            self.main = values["main"]
+            self.pc_alloc = values.get("pc_alloc")
+        _resolve_references(self.functions)
+        if isinstance(self.main, Function):
+            self.main = self.main.name
 
     def function(self, name: str) -> Function:
         for fn in self.functions:
@@ -679,6 +918,17 @@ class Program:
     @property
     def main_function(self) -> Function:
         return self.function(self.main)
+
+    @property
+    def var_defs(self) -> Dict[str, Type]:
+        """TFP's view of the inferred types: ``{variable: Type}`` over every
+        function (main's first; where two functions use one name, the first
+        listed wins).  Empty before type inference."""
+        out: Dict[str, Type] = {}
+        for fn in sorted(self.functions, key=lambda f: f.name != self.main):
+            for var, typ in fn.var_types.items():
+                out.setdefault(var, typ)
+        return out
 
     def replace_functions(self, functions: Sequence[Function], **changes: Any) -> "Program":
         """A copy with new functions (same order) and other fields changed."""
@@ -734,6 +984,90 @@ class Program:
         return self.format()
 
 
+def _resolve_references(functions: Sequence[Function]) -> None:
+    """Turn TFP-style references into autobatch's names, in place: unnamed
+    functions and blocks get names (``function_<k>``, ``block_<k>``), a call
+    of a Function object calls its name, a jump to a Block object jumps to
+    its name, TFP's halt (``GotoOp(None)``, :func:`halt_op`) returns the
+    function's ``vars_out``, and the ``PopOp`` s TFP writes in function
+    bodies ("done with x") are dropped (variables here are local to their
+    function: a pop restores nothing).  Programs written with names are left
+    as they are."""
+    taken = {fn.name for fn in functions if fn.name is not None}
+    for k, fn in enumerate(functions):
+        if fn.name is None:
+            name = f"function_{k}"
+            while name in taken:
+                name += "_"
+            fn.name = name
+            taken.add(name)
+    for fn in functions:
+        used = {b.name for b in fn.blocks if b.name is not None}
+        for k, block in enumerate(fn.blocks):
+            if block.name is None:
+                name = f"block_{k}"
+                while name in used:
+                    name += "_"
+                block.name = name
+                used.add(name)
+        for block in fn.blocks:
+            if fn.vars_out is not None:
+                # TFP marks "done with x" by PopOp in function bodies; with
+                # variables local to their function it restores nothing.
+                block.instructions = [op for op in block.instructions
+                                      if not isinstance(op, PopOp)]
+            for op in block.instructions:
+                if isinstance(op, FunctionCallOp) and isinstance(op.function, Function):
+                    op.function = op.function.name
+            term = block.terminator
+            if isinstance(term, GotoOp):
+                if term.target is None:
+                    if fn.vars_out is None:
+                        raise ProgramError(f"function {fn.name!r}, block {block.name!r} "
+                                           f"halts, but the function has no vars_out to "
+                                           f"return")
+                    block.terminator = ReturnOp(fn.vars_out)
+                elif isinstance(term.target, Block):
+                    term.target = term.target.name
+            elif isinstance(term, BranchOp):
+                if isinstance(term.true_target, Block):
+                    term.true_target = term.true_target.name
+                if isinstance(term.false_target, Block):
+                    term.false_target = term.false_target.name
+
+
+class ControlFlowGraph:
+    """TFP's ``ControlFlowGraph``: a list of blocks, the first the entry."""
+
+    def __init__(self, blocks: Sequence[Block]) -> None:
+        self._blocks = list(blocks)
+
+    @property
+    def blocks(self) -> List[Block]:
+        return self._blocks
+
+    def block(self, index: int) -> Block:
+        return self._blocks[index]
+
+    def block_index(self, block: Block) -> int:
+        for i, candidate in enumerate(self._blocks):
+            if candidate is block:
+                return i
+        raise ValueError(f"block {block.name!r} is not in this graph")
+
+    def exit_index(self) -> int:
+        return len(self._blocks)
+
+    def enter_block(self) -> Block:
+        return self._blocks[0]
+
+
+def halt_op() -> GotoOp:
+    """TFP's ``halt_op``: the end of a function built TFP's way (it returns
+    the function's ``vars_out``)."""
+    return GotoOp(None)
+
+
 # -- flow facts the passes share -----------------------------------------------------
 # Here, beside the IR, so that every pass (type_inference, allocation_strategy,
 # lowering) imports only this module (and memopt.liveness), never another pass.
@@ -780,6 +1114,26 @@ def function_flow(fn: Function) -> FunctionFlow:
         nodes.append(FlowNode(term.reads, (), succ))
     liveness = analyze(nodes, live_at_exit=(), entry=0)
     return FunctionFlow(fn, nodes, positions, block_start, liveness)
+
+
+def drop_repushes(block: Block) -> None:
+    """Remove from each ``push`` of a lowered ``block`` the variables popped
+    earlier in the block and not written since: their frame slot still holds
+    the value (TFP's pop+push fusion; see :mod:`autobatch.stack_optimization`)."""
+    intact: Set[str] = set()
+    kept = []
+    for op in block.instructions:
+        if isinstance(op, PushOp):
+            rest = tuple(v for v in op.vars if v not in intact)
+            if rest:
+                kept.append(PushOp(rest))
+            continue
+        if isinstance(op, PopOp):
+            intact.update(op.vars)
+        else:
+            intact.difference_update(op.writes)
+        kept.append(op)
+    block.instructions = kept
 
 
 def call_graph(program: Program) -> Dict[str, List[str]]:

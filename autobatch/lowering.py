@@ -45,10 +45,10 @@ from autobatch.errors import ProgramError
 from autobatch.instructions import (
     Block, BranchOp, CopyOp, Function, FunctionCallOp, GotoOp, IndirectGotoOp, PopOp,
     PrimOp, Program, PushGotoOp, PushOp, ReturnOp, Type, VariableAllocation, call_graph,
-    function_flow, pattern_map, reachable,
+    drop_repushes, function_flow, pattern_map, reachable,
 )
 
-__all__ = ["LoweredProgram", "lower", "return_register"]
+__all__ = ["LoweredProgram", "lower", "lower_function_calls", "return_register"]
 
 
 def return_register(typ: Type) -> str:
@@ -121,7 +121,7 @@ def lower(program: Program) -> LoweredProgram:
 
     Only functions reachable from ``main`` are kept.  The steps:
     :class:`_Lowering` rewrites each function's blocks (calls, returns,
-    jumps), :func:`_drop_repushes` and :func:`_skip_empty_blocks` tidy the
+    jumps), :func:`~autobatch.instructions.drop_repushes` and :func:`_skip_empty_blocks` tidy the
     result, :func:`_live_out` computes what the VM must write back.
     """
     program.validate()
@@ -134,7 +134,7 @@ def lower(program: Program) -> LoweredProgram:
     for fn in functions:
         lowering.function(fn)
     for block in lowering.blocks:
-        _drop_repushes(block)
+        drop_repushes(block)
     main = program.main_function
     blocks, entry = _skip_empty_blocks(lowering.blocks, f"{main.name}/{main.entry.name}")
     lowered = LoweredProgram(
@@ -145,6 +145,11 @@ def lower(program: Program) -> LoweredProgram:
     lowered.live_out = _live_out(lowered, lowering.owner, lowering.continuation_of,
                                  lowering.tail_edges, main.name)
     return lowered
+
+
+def lower_function_calls(program: Program) -> LoweredProgram:
+    """TFP's name for :func:`lower`."""
+    return lower(program)
 
 
 def _qualify(fn_name: str, pattern: Any) -> Any:
@@ -326,25 +331,6 @@ def _skip_empty_blocks(blocks: List[Block], entry: str) -> Tuple[List[Block], st
         if isinstance(term, PushGotoOp):
             used.add(term.return_target)
     return [b for b in blocks if b.name in used], entry
-
-
-def _drop_repushes(block: Block) -> None:
-    """Remove from each ``push`` the variables popped earlier in the block and
-    not written since (their frame slot still holds the value)."""
-    intact: Set[str] = set()
-    kept = []
-    for op in block.instructions:
-        if isinstance(op, PushOp):
-            rest = tuple(v for v in op.vars if v not in intact)
-            if rest:
-                kept.append(PushOp(rest))
-            continue
-        if isinstance(op, PopOp):
-            intact.update(op.vars)
-        else:
-            intact.difference_update(op.writes)
-        kept.append(op)
-    block.instructions = kept
 
 
 def _live_out(lowered: LoweredProgram, owner: Dict[str, str],

@@ -33,9 +33,9 @@ import numpy as np
 
 from autobatch.errors import ProgramError, TypeInferenceError
 from autobatch.instructions import (
-    BranchOp, CopyOp, FunctionCallOp, Function, PrimOp, Program, ReturnOp, TensorType,
+    Block, BroadcastOutputs, broadcast_op, BranchOp, CopyOp, FunctionCallOp, Function, PrimOp, Program, ReturnOp, TensorType,
     Type, as_pattern, bind_pattern, call_graph, check_defined, function_flow, pattern_map,
-    numpy_type_of, pattern_unflatten, reachable,
+    is_namedtuple, numpy_type_of, pattern_leaves, pattern_unflatten, reachable, rebuild,
 )
 
 __all__ = ["infer_types", "merge_types", "as_type", "type_of_value"]
@@ -47,8 +47,15 @@ _KIND_ORDER = "biufc"  # bool < int < uint < float < complex, for weak values
 
 def _merge_leaf(a: TensorType, b: TensorType, what: str) -> TensorType:
     if a.shape != b.shape:
-        raise TypeInferenceError(f"{what} has shape {a.shape} in one place and {b.shape} "
-                                 f"in another; reshape so that they agree")
+        # As TFP: shapes that broadcast together give the broadcast shape (the
+        # variable's storage has it; smaller values are broadcast when written).
+        try:
+            shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+        except ValueError:
+            raise TypeInferenceError(f"{what} has shape {a.shape} in one place and "
+                                     f"{b.shape} in another, which do not broadcast "
+                                     f"together; reshape so that they agree") from None
+        a, b = replace(a, shape=shape), replace(b, shape=shape)
     if a == b:
         return a
     if a.weak and b.weak:
@@ -80,7 +87,10 @@ def merge_types(a: Optional[Type], b: Optional[Type], what: str) -> Optional[Typ
             if not (isinstance(x, tuple) and isinstance(y, tuple)) or len(x) != len(y):
                 raise TypeInferenceError(f"{what} is {Type(x)} in one place and {Type(y)} "
                                          f"in another (different tuple structure)")
-            return tuple(merge(p, q) for p, q in zip(x, y))
+            if is_namedtuple(x) and is_namedtuple(y) and type(x) is not type(y):
+                raise TypeInferenceError(f"{what} is a {type(x).__name__} in one place and "
+                                         f"a {type(y).__name__} in another")
+            return rebuild(x if is_namedtuple(x) else y, (merge(p, q) for p, q in zip(x, y)))
         return _merge_leaf(x, y, what)
 
     return Type(merge(a.tensors, b.tensors))
@@ -97,7 +107,7 @@ def as_type(value: Any) -> Type:
             return as_type(value[0])
         return Type(tuple(as_type(v).tensors for v in value))
     if isinstance(value, tuple):
-        return Type(tuple(as_type(v).tensors for v in value))
+        return Type(rebuild(value, (as_type(v).tensors for v in value)))
     if isinstance(value, TensorType):
         return Type(value)
     raise TypeError(f"expected a Type, TensorType or list of them, got {value!r}")
@@ -249,6 +259,25 @@ class _Inference:
         log.debug("type inference converged after %d rounds", rounds)
 
 
+def _is_type_like(value: Any) -> bool:
+    leaves = pattern_leaves(as_pattern(value))
+    return bool(leaves) and all(isinstance(v, (Type, TensorType)) for v in leaves)
+
+
+def _types_of_arguments(args: Sequence[Any], backend: Any) -> List[Any]:
+    """``args`` as types: types stay, values (TFP passes the inputs) are typed
+    by ``backend`` with the batch size of their first batched leaf."""
+    if all(_is_type_like(a) for a in args):
+        return list(args)
+    batch = 1
+    for leaf in pattern_leaves(as_pattern(list(args))):
+        shape = getattr(leaf, "shape", ())
+        if not _is_type_like(leaf) and len(shape) >= 1 and shape[0] is not None:
+            batch = int(shape[0])
+            break
+    return [a if _is_type_like(a) else type_of_value(a, backend, batch) for a in args]
+
+
 def _strong(typ: Type) -> Type:
     return typ.strong()
 
@@ -261,7 +290,9 @@ def infer_types(program: Program, arg_types: Sequence[Any], backend: Any = None)
     ----------
     program : an unlowered program.
     arg_types : the Type (or TensorType) of each of ``main``'s parameters,
-        without the batch dimension.
+        without the batch dimension; or, as TFP's ``infer_types(program,
+        inputs, backend)``, the input values themselves (batch dimension
+        first), whose types ``backend`` reads.
     backend : runs the primops on placeholders (default: NumpyBackend).
 
     Raises
@@ -272,6 +303,7 @@ def infer_types(program: Program, arg_types: Sequence[Any], backend: Any = None)
     """
     if backend is None:
         backend = _NumpyPlaceholders()
+    arg_types = _types_of_arguments(arg_types, backend)
     program.validate()
     in_use = reachable(call_graph(program), program.main)
     for fn in program.functions:
@@ -310,6 +342,80 @@ def infer_types(program: Program, arg_types: Sequence[Any], backend: Any = None)
                         f"function {fn.name!r}, block {block.name!r}: branch condition "
                         f"{term.cond!r} is {var_types[term.cond]}; it must be a boolean "
                         f"scalar per thread (bool[])")
-        functions.append(replace(fn, var_types=var_types, return_type=_strong(ret)))
+        blocks = _materialize_broadcasts(fn, inference, var_types, _strong(ret))
+        functions.append(replace(fn, blocks=blocks, var_types=var_types,
+                                 return_type=_strong(ret)))
     return program.replace_functions(functions)
 
+
+
+def _shapes(pattern: Any) -> Any:
+    return pattern_map(lambda t: t.shape, pattern)
+
+
+def _materialize_broadcasts(fn: Function, inference: "_Inference",
+                            var_types: Dict[str, Type], ret: Type) -> List[Block]:
+    """``fn``'s blocks, with every write of a smaller shape to a variable whose
+    type has the broadcast shape made explicit: the primop's function is
+    wrapped in :class:`~autobatch.instructions.BroadcastOutputs`, and an
+    argument, a call's result or a returned value of a smaller shape goes
+    through a :func:`~autobatch.instructions.broadcast_op`.  Adds the fresh
+    variables' types to ``var_types``.  Blocks without such a write are kept
+    as they are (the same objects)."""
+    env = inference.vars[fn.name]
+    counter = [0]
+
+    def fresh(var: str, typ: Type) -> str:
+        counter[0] += 1
+        name = f"{var}.bcast{counter[0]}"
+        while name in var_types:
+            counter[0] += 1
+            name = f"{var}.bcast{counter[0]}"
+        var_types[name] = typ
+        return name
+
+    def target(pattern: Any) -> Any:
+        return pattern_map(lambda v: var_types[v].tensors, pattern)
+
+    blocks = []
+    for block in fn.blocks:
+        where = f"function {fn.name!r}, block {block.name!r}"
+        out: List[Any] = []
+        changed = False
+        for op in block.instructions:
+            if isinstance(op, PrimOp):
+                have = inference.primop_type(fn, op, tuple(env[v] for v in op.reads),
+                                             where).strong().tensors
+                want = target(op.vars_out)
+                if _shapes(have) != _shapes(want):
+                    op = replace(op, function=BroadcastOutputs(op.function, have, want))
+                    changed = True
+                out.append(op)
+            elif isinstance(op, FunctionCallOp):
+                params = [t.strong() for t in inference.params[op.function]]
+                args = list(op.vars_in)
+                for i, (arg, param) in enumerate(zip(op.vars_in, params)):
+                    if _shapes(var_types[arg].tensors) != _shapes(param.tensors):
+                        args[i] = fresh(arg, param)
+                        out.append(broadcast_op(arg, args[i], var_types[arg].tensors,
+                                                param.tensors))
+                        changed = True
+                callee_ret = inference.ret[op.function].strong()
+                if _shapes(callee_ret.tensors) != _shapes(target(op.vars_out)):
+                    tmp = fresh("ret", callee_ret)
+                    out.append(replace(op, vars_in=tuple(args), vars_out=tmp))
+                    out.append(broadcast_op(tmp, op.vars_out, callee_ret.tensors,
+                                            target(op.vars_out)))
+                    changed = True
+                else:
+                    out.append(replace(op, vars_in=tuple(args)) if changed else op)
+            else:
+                out.append(op)
+        term = block.terminator
+        if isinstance(term, ReturnOp) and _shapes(target(term.vars)) != _shapes(ret.tensors):
+            tmp = fresh("ret", ret)
+            out.append(broadcast_op(term.vars, tmp, target(term.vars), ret.tensors))
+            term = ReturnOp(tmp)
+            changed = True
+        blocks.append(replace(block, instructions=out, terminator=term) if changed else block)
+    return blocks

@@ -47,7 +47,7 @@ from autobatch.errors import NullVariableError, ProgramError, StackOverflowError
 from autobatch.instructions import (
     BranchOp, CopyOp, GotoOp, IndirectGotoOp, PopOp, PrimOp, Program, PushGotoOp, PushOp,
     TensorType, VariableAllocation, as_pattern, pattern_leaves, pattern_map,
-    pattern_unflatten,
+    pattern_unflatten, tuple_expr,
 )
 from autobatch.backends.base import MAX_CHAIN
 from autobatch.lowering import LoweredProgram
@@ -136,8 +136,7 @@ class _BlockCompiler:
 
     def as_expr(self, pattern: Any) -> str:
         if isinstance(pattern, tuple):
-            inner = ", ".join(self.as_expr(p) for p in pattern)
-            return f"({inner},)" if len(pattern) == 1 else f"({inner})"
+            return tuple_expr(pattern, [self.as_expr(p) for p in pattern], self.constant)
         return pattern
 
     # -- reads and writes ---------------------------------------------------------

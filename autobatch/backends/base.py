@@ -72,9 +72,33 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from autobatch.instructions import TensorType
+from autobatch.backends import variables as _variables
+from autobatch.instructions import (
+    TensorType, Type, VariableAllocation, as_pattern, pattern_leaves, pattern_map,
+)
 
-__all__ = ["Abilities", "Backend", "MAX_CHAIN"]
+__all__ = ["Abilities", "Backend", "MAX_CHAIN", "dummies_for"]
+
+
+def dummies_for(backend: Any, inputs: Sequence[Any]) -> List[Any]:
+    """``inputs`` with every Type/TensorType leaf replaced by zeros of it
+    (its shape taken whole: TFP's types given to ``run_on_dummies`` carry
+    the batch dimension), made by ``backend.placeholder``."""
+    def dummy(leaf: Any) -> Any:
+        if not isinstance(leaf, TensorType):
+            return leaf
+        if isinstance(backend, Backend):
+            return backend._var_zeros(TensorType(leaf.dtype, ()), tuple(leaf.shape))
+        return np.zeros(tuple(leaf.shape), leaf.dtype)
+
+    out = []
+    for value in inputs:
+        if isinstance(value, Type):
+            value = value.tensors
+        if any(isinstance(leaf, TensorType) for leaf in pattern_leaves(as_pattern(value))):
+            value = pattern_map(dummy, as_pattern(value))
+        out.append(value)
+    return out
 
 #: Most blocks one VM step runs through by jump threading (a backend that
 #: keeps spare stack frames for a step's calls sizes them by it).
@@ -130,8 +154,11 @@ class Abilities(abc.ABC):
         """``function(*inputs)`` on :meth:`placeholder` values (type inference
         runs every primop so, to learn its outputs' types).  A backend whose
         surrounding context changes what operators mean (TensorFlow's TF1
-        graphs) runs it as the batched run will."""
-        return function(*inputs)
+        graphs) runs it as the batched run will.  As TFP's
+        ``run_on_dummies(primitive_callable, input_types)``, an input may be
+        a Type (or TensorType) whose shape includes the batch dimension: it
+        is replaced by zeros of that type."""
+        return function(*dummies_for(self, inputs))
 
 
 class Backend(Abilities):
@@ -249,8 +276,9 @@ class Backend(Abilities):
         return function
 
     # -- TFP's backend helpers ------------------------------------------------------------
-    def full_mask(self, size: int) -> Any:
-        """A boolean array of ``size`` True values (TFP's ``full_mask``)."""
+    def full_mask(self, size: int, name: Optional[str] = None) -> Any:
+        """A boolean array of ``size`` True values (TFP's ``full_mask``;
+        ``name`` is accepted for TFP's signature)."""
         return self.fill(TensorType(np.bool_, ()), size, True)
 
     def merge_dtypes(self, dt1: Any, dt2: Any) -> Any:
@@ -269,6 +297,61 @@ class Backend(Abilities):
         if s1 is None or s2 is None:
             return s1 if s2 is None else s2
         return tuple(np.broadcast_shapes(tuple(s1), tuple(s2)))
+
+    def create_variable(self, name: Any, alloc: Any, type_: Any, max_stack_depth: int,
+                        batch_size: int) -> Any:
+        """TFP's ``create_variable``: a new variable object (see
+        :mod:`autobatch.backends.variables`) for allocation ``alloc``,
+        zeros of ``type_`` (a TensorType, or a Type: a pattern of them gives
+        the same pattern of variables) per thread.  ``name`` names the
+        variable in a stack overflow's message."""
+        v = _variables
+        tensors = type_.tensors if isinstance(type_, Type) else type_
+        if isinstance(tensors, (tuple, list)):
+            return pattern_map(lambda t: self.create_variable(name, alloc, t, max_stack_depth,
+                                                              batch_size), tuple(tensors))
+        alloc = VariableAllocation(alloc)
+        if alloc == VariableAllocation.NULL:
+            return v.NullVariable()
+        if alloc == VariableAllocation.TEMPORARY:
+            return v.TemporaryVariable.empty()
+        tensor_type = TensorType(tensors.dtype, tuple(tensors.shape))
+        value = self._var_zeros(tensor_type, (batch_size,))
+        if alloc == VariableAllocation.REGISTER:
+            return v.RegisterVariable(self, value)
+        return v.FullVariable(self, value,
+                              self._var_zeros(tensor_type, (max_stack_depth, batch_size)),
+                              self._var_zeros(TensorType(np.int32, ()), (batch_size,)),
+                              str(name))
+
+    # The array work of the variable objects, in NumPy (TensorFlow overrides).
+    def _var_zeros(self, tensor_type: TensorType, lead: Tuple[int, ...]) -> Any:
+        return np.zeros(lead + tensor_type.shape, tensor_type.dtype)
+
+    def _var_where(self, mask: Any, new: Any, old: Any) -> Any:
+        mask = np.asarray(mask)
+        old = np.asarray(old)
+        return np.where(mask.reshape(mask.shape + (1,) * (old.ndim - mask.ndim)), new, old)
+
+    def _var_depth(self, stack: Any) -> int:
+        return int(stack.shape[0])
+
+    def _var_step(self, index: Any, mask: Any, delta: int) -> Any:
+        return index + delta * np.asarray(mask, dtype=index.dtype)
+
+    def _var_any(self, index: Any, test: Callable[[Any], Any]) -> bool:
+        return bool(np.any(test(index)))
+
+    def _var_stack_read(self, stack: Any, index: Any) -> Any:
+        rows = np.clip(index, 0, stack.shape[0] - 1)
+        return stack[rows, np.arange(stack.shape[1])]
+
+    def _var_stack_write(self, stack: Any, index: Any, mask: Any, value: Any) -> Any:
+        stack = stack.copy()
+        mask = np.asarray(mask, dtype=bool)
+        threads = np.arange(stack.shape[1])[mask]
+        stack[np.asarray(index)[mask], threads] = np.asarray(value)[mask]
+        return stack
 
     # -- whole runs ------------------------------------------------------------------------
     def run_vm(self, vm: Any, args: Sequence[Any], cache: Optional[dict] = None) -> Any:

@@ -62,8 +62,8 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 from tensorflow.python.ops import resource_variable_ops
 
-from autobatch.backends.base import MAX_CHAIN, Backend
-from autobatch.instructions import TensorType
+from autobatch.backends.base import MAX_CHAIN, Backend, dummies_for
+from autobatch.instructions import TensorType, rebuild
 
 __all__ = ["TensorFlowBackend", "MODES", "SELECTIONS"]
 
@@ -479,12 +479,44 @@ class TensorFlowBackend(Backend):
         that type inference sees what the run (traced as TF2 code, see
         :meth:`_run_in_users_graph`) computes: ``==`` on tensors is
         elementwise there, identity in TF1 graphs."""
+        inputs = dummies_for(self, inputs)
         if _legacy_graph(tf.compat.v1.get_default_graph()):
             with context.eager_mode():
                 inputs = tf.nest.map_structure(
                     lambda v: tf.ones(v.shape, v.dtype) if tf.is_tensor(v) else v, inputs)
                 return function(*inputs)
         return function(*inputs)
+
+    # -- TFP's variable objects (autobatch.backends.variables) -------------------------
+    def _var_zeros(self, tensor_type: TensorType, lead: Tuple[int, ...]) -> tf.Tensor:
+        return tf.zeros(tuple(lead) + tensor_type.shape, _tf_dtype(tensor_type.dtype))
+
+    def _var_where(self, mask: Any, new: Any, old: Any) -> tf.Tensor:
+        old = tf.convert_to_tensor(old)
+        mask = tf.convert_to_tensor(mask)
+        mask = tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones(
+            [old.shape.rank - mask.shape.rank], tf.int32)], 0))
+        return tf.where(mask, tf.cast(new, old.dtype), old)
+
+    def _var_depth(self, stack: Any) -> int:
+        return int(stack.shape[0])
+
+    def _var_step(self, index: Any, mask: Any, delta: int) -> tf.Tensor:
+        return index + delta * tf.cast(mask, index.dtype)
+
+    def _var_any(self, index: Any, test: Callable[[Any], Any]) -> bool:
+        hit = tf.reduce_any(test(index))
+        return bool(hit) if tf.executing_eagerly() else False
+
+    def _var_stack_read(self, stack: Any, index: Any) -> tf.Tensor:
+        rows = tf.clip_by_value(index, 0, stack.shape[0] - 1)
+        threads = tf.range(tf.shape(index)[0], dtype=rows.dtype)
+        return tf.gather_nd(stack, tf.stack([rows, threads], axis=1))
+
+    def _var_stack_write(self, stack: Any, index: Any, mask: Any, value: Any) -> tf.Tensor:
+        frames = tf.range(stack.shape[0], dtype=index.dtype)[:, None]
+        hit = tf.logical_and(tf.equal(frames, index[None, :]), tf.cast(mask, tf.bool)[None, :])
+        return self._var_where(hit, tf.cast(value, stack.dtype)[None], stack)
 
     def placeholder(self, tensor_type: TensorType, batch_size: int) -> tf.Tensor:
         """Ones, not zeros: TensorFlow raises on an integer division by zero
@@ -983,7 +1015,7 @@ class TensorFlowBackend(Backend):
     @staticmethod
     def _as_tensor(value: Any) -> Any:
         if isinstance(value, (tuple, list)):
-            return tuple(TensorFlowBackend._as_tensor(v) for v in value)
+            return rebuild(value, (TensorFlowBackend._as_tensor(v) for v in value))
         if tf.is_tensor(value):
             return value
         return tf.constant(np.asarray(value))

@@ -75,9 +75,13 @@ def test_conflicting_dtypes_name_the_variable():
     with pytest.raises(TypeInferenceError, match="variable 'y' of function 'f' is int64 in "
                                                  "one place and float32 in another"):
         infer_types(program, [t(np.int64)])
+    # () and (2,) broadcast together (as in TFP): y is (2,)
     program = _two_branch_program(lambda x: np.stack([x, x], axis=1))
+    assert infer_types(program, [t(np.int64)]).main_function.var_types["y"] == \
+        Type(TensorType(np.int64, (2,)))
+    program = _two_branch_program(lambda x: x[:, :2])
     with pytest.raises(TypeInferenceError, match="'y' of function 'f' has shape"):
-        infer_types(program, [t(np.int64)])
+        infer_types(program, [Type(TensorType(np.int64, (3,)))])
 
 
 def test_branch_conditions_must_be_boolean():

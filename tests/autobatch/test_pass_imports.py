@@ -11,7 +11,7 @@ import pytest
 
 import autobatch
 
-PASSES = ["type_inference", "allocation_strategy", "lowering"]
+PASSES = ["type_inference", "allocation_strategy", "lowering", "stack_optimization"]
 ALLOWED = {"autobatch.instructions", "autobatch.errors", "memopt.liveness"}
 
 

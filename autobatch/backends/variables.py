@@ -1,0 +1,141 @@
+"""TFP's variable objects: what ``Backend.create_variable`` returns.
+
+TFP's VM keeps each program variable as an immutable object with
+``read()``, ``update(value, mask)``, ``push(mask)`` and ``pop(mask)``, each
+update returning a new object; code written against TFP's backends
+(``create_variable(name, alloc, type_, max_stack_depth, batch_size)``) uses
+them directly.  autobatch's VM stores its registers and stacks itself (see
+:mod:`autobatch.backends.base`), so these classes are the public API only.
+
+- :class:`NullVariable` (NULL): holds nothing; updates, pushes and pops
+  change nothing; a read raises :class:`~autobatch.errors.NullVariableError`.
+- :class:`TemporaryVariable` (TEMPORARY): the last value written, whole
+  (``update`` ignores the mask, as TFP's: a temporary lives inside one block
+  run); no stack.
+- :class:`RegisterVariable` (REGISTER): one row per thread; ``update``
+  writes the rows where ``mask`` holds; push and pop change nothing.
+- :class:`FullVariable` (FULL): a register (``current``) plus a stack of
+  ``max_stack_depth`` frames per thread and a per-thread stack index.
+  ``push(mask)`` saves ``current`` for the masked threads (a duplicating
+  push: ``current`` is unchanged); ``pop(mask)`` restores the saved value
+  for them.  As in TFP, ``max_stack_depth`` counts the current value: a
+  thread holds at most ``max_stack_depth - 1`` saved values.  A push
+  beyond raises :class:`VariableStackOverflow` (a
+  :class:`~autobatch.errors.StackOverflowError` and, as TFP's, a
+  ValueError), a pop of an empty stack ValueError (where the stack index
+  is known eagerly; inside a graph the checks are skipped).
+
+The array work is the backend's (``_var_where``, ``_var_stack_read``,
+``_var_stack_write``, ``_var_step``, ``_var_any``), so one set of classes
+serves NumPy and TensorFlow.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from autobatch.errors import NullVariableError, ProgramError, StackOverflowError
+
+__all__ = ["NullVariable", "TemporaryVariable", "RegisterVariable", "FullVariable",
+           "VariableStackOverflow"]
+
+
+class VariableStackOverflow(StackOverflowError, ValueError):
+    """A push past ``max_stack_depth`` (TFP raises ValueError there)."""
+
+
+class NullVariable(NamedTuple):
+    """A NULL variable: nothing is stored."""
+
+    def update(self, value: Any, mask: Any) -> "NullVariable":
+        return self
+
+    def push(self, mask: Any) -> "NullVariable":
+        return self
+
+    def pop(self, mask: Any) -> "NullVariable":
+        return self
+
+    def read(self) -> Any:
+        raise NullVariableError("read of a NULL variable (the allocation said nothing "
+                                "reads it)")
+
+
+class TemporaryVariable(NamedTuple):
+    """A TEMPORARY variable: ``value`` (None before the first write)."""
+
+    value: Any = None
+
+    @staticmethod
+    def empty() -> "TemporaryVariable":
+        return TemporaryVariable(None)
+
+    def update(self, value: Any, mask: Any) -> "TemporaryVariable":
+        return TemporaryVariable(value)
+
+    def push(self, mask: Any) -> "TemporaryVariable":
+        raise ProgramError("push of a TEMPORARY variable: a temporary never lives "
+                           "across a call; allocate it REGISTER or FULL")
+
+    def pop(self, mask: Any) -> "TemporaryVariable":
+        raise ProgramError("pop of a TEMPORARY variable: a temporary never lives "
+                           "across a call; allocate it REGISTER or FULL")
+
+    def read(self) -> Any:
+        if self.value is None:
+            raise ProgramError("read of a TEMPORARY variable before it was written")
+        return self.value
+
+
+class RegisterVariable(NamedTuple):
+    """A REGISTER variable: ``value`` has one row per thread."""
+
+    backend: Any
+    value: Any
+
+    def update(self, value: Any, mask: Any) -> "RegisterVariable":
+        return self._replace(value=self.backend._var_where(mask, value, self.value))
+
+    def push(self, mask: Any) -> "RegisterVariable":
+        return self
+
+    def pop(self, mask: Any) -> "RegisterVariable":
+        return self
+
+    def read(self) -> Any:
+        return self.value
+
+
+class FullVariable(NamedTuple):
+    """A FULL variable: ``current`` (one row per thread), ``stack``
+    (``[max_stack_depth, batch, ...]``) and ``index`` (each thread's number
+    of saved values); ``name`` appears in a stack overflow's message.  The
+    methods take TFP's optional ``name`` argument (an op name; unused)."""
+
+    backend: Any
+    current: Any
+    stack: Any
+    index: Any
+    name: str = "variable"
+
+    def update(self, value: Any, mask: Any, name: Any = None) -> "FullVariable":
+        return self._replace(current=self.backend._var_where(mask, value, self.current))
+
+    def push(self, mask: Any, name: Any = None) -> "FullVariable":
+        b = self.backend
+        depth = b._var_depth(self.stack)
+        index = b._var_step(self.index, mask, 1)
+        if b._var_any(index, lambda i: i >= depth):
+            raise VariableStackOverflow(self.name, depth)
+        stack = b._var_stack_write(self.stack, self.index, mask, self.current)
+        return self._replace(stack=stack, index=index)
+
+    def pop(self, mask: Any, name: Any = None) -> "FullVariable":
+        b = self.backend
+        index = b._var_step(self.index, mask, -1)
+        if b._var_any(index, lambda i: i < 0):
+            raise ValueError("pop of an empty stack")
+        top = b._var_stack_read(self.stack, index)
+        return self._replace(current=b._var_where(mask, top, self.current), index=index)
+
+    def read(self, name: Any = None) -> Any:
+        return self.current
