@@ -47,9 +47,10 @@ def configurations(quick: bool) -> list:
     rows = []
     for gc in (True, False):
         rows.append(RunConfig(mode="single", gc=gc))
-    # GC on: unoptimized only (see NOT_RUNNABLE: a legacy program memopt
-    # rewrote in place does not run translated to PIR, which the collectives need)
-    rows.append(RunConfig(mode="dp", gc=True))
+    # GC on: memory_optimize plans for the PIR executor the collectives need
+    # (no dims-only substitutions there); release_memory is refused there
+    rows += [RunConfig(mode="dp", gc=True), RunConfig(mode="dp", level=0, gc=True),
+             RunConfig(mode="dp", level=1, gc=True)]
     rows += [RunConfig(mode="dp", gc=False), RunConfig(mode="dp", level=0, gc=False),
              RunConfig(mode="dp", level=1, gc=False)]
     for mode in ("sharding1", "gm") + (() if quick else ("sharding2",)):
