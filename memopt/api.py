@@ -434,7 +434,8 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
                     f"made again in the backward part by {len(chosen.plan.clones)} cloned "
                     f"forward ops ({shown}); added compute {added:.1f}% of the step (FLOPs "
                     f"estimate); predicted peak {format_bytes(chosen.peak)} for the budget "
-                    f"{format_bytes(limit)} (planned within {1 - pir_budget.MARGIN:.0%} of it)")
+                    f"{format_bytes(limit)} (frees taken up to {pir_budget.GC_LAG_OPS} ops late: "
+                    f"Paddle's CPU collector frees on its own thread)")
             else:
                 notes.append(f"recompute: none needed: the predicted peak "
                              f"{format_bytes(chosen.peak)} fits the budget {format_bytes(limit)}")
