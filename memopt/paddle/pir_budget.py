@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..errors import BudgetError, UnsupportedProgramError
 
-__all__ = ["GC_LAG_OPS", "guarded_peak", "recompute_choices", "largest_batch", "plan_recompute",
+__all__ = ["GC_LAG_OPS", "guarded_peak", "budget_error", "recompute_choices", "largest_batch", "plan_recompute",
            "require_flat"]
 
 #: How many ops late a free may be taken to happen when a plan is checked
@@ -87,25 +87,28 @@ def require_flat(pg) -> None:
 
 
 def plan_recompute(pg, batch: int, budget: int, runtime):
-    """The chosen :class:`memopt.recompute.Choice` for ``budget`` bytes at
-    ``batch`` (see the module docstring).
-
-    Raises
-    ------
-    BudgetError
-        No plan's guarded peak (:func:`guarded_peak`) fits ``budget``.
-    """
-    from ..report import format_bytes
-    from ..recompute import plan_for_budget
-
+    """``(fitting, choices)``: every plan of the grid (``choices``) and those
+    whose guarded peak (:func:`guarded_peak`) fits ``budget`` bytes at
+    ``batch``, best first: least added compute, then the lower peak (see
+    the module docstring).  The caller applies the first and checks the
+    rewritten program with the same model (:func:`memopt.api.memory_optimize`
+    does), going on to the next if the check fails, and raises
+    :func:`budget_error` when none is left."""
     require_flat(pg)
     _, choices = recompute_choices(pg, batch, runtime)
-    chosen = plan_for_budget(choices, int(budget))
-    if chosen is not None:
-        return chosen
-    smallest = min(c.peak for c in choices)
+    fitting = sorted((c for c in choices if c.peak <= budget),
+                     key=lambda c: (c.plan.flops, c.peak))
+    return fitting, choices
+
+
+def budget_error(choices, budget: int, batch: int, smallest: int) -> BudgetError:
+    """The :class:`BudgetError` for ``budget`` at ``batch`` given the plans
+    ``choices`` and the smallest budget that fits (the leanest plan's
+    guarded peak, on the rewritten program)."""
+    from ..report import format_bytes
+
     fits = largest_batch(choices, budget)
-    raise BudgetError(
+    return BudgetError(
         f"no plan fits the budget {format_bytes(budget)} at batch size {batch}: the smallest "
         f"budget memopt can fit at this batch is {format_bytes(smallest)} (the leanest "
         f"recomputation plan's predicted peak with Paddle's garbage collector up to "
