@@ -20,6 +20,7 @@ __all__ = ["RuntimeFlags", "read_flags", "runtime_model"]
 
 GC_FLAG = "FLAGS_eager_delete_tensor_gb"
 INPLACE_FLAG = "FLAGS_pir_apply_inplace_pass"
+SEQUENTIAL_FLAG = "FLAGS_new_executor_sequential_run"
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class RuntimeFlags:
 
     gc_value: float = 0.0
     inplace: bool = True
+    #: ``FLAGS_new_executor_sequential_run``: the executor runs the ops in
+    #: program order (measured: the allocator's peak is the program-order
+    #: model's), not as their inputs become ready
+    sequential: bool = False
 
     @property
     def gc(self) -> bool:
@@ -52,7 +57,11 @@ def read_flags() -> RuntimeFlags:
     import paddle
 
     flags = paddle.get_flags([GC_FLAG, INPLACE_FLAG])
-    return RuntimeFlags(float(flags[GC_FLAG]), bool(flags[INPLACE_FLAG]))
+    try:
+        sequential = bool(paddle.get_flags([SEQUENTIAL_FLAG])[SEQUENTIAL_FLAG])
+    except Exception:  # pragma: no cover - a Paddle without the flag
+        sequential = False
+    return RuntimeFlags(float(flags[GC_FLAG]), bool(flags[INPLACE_FLAG]), sequential)
 
 
 def runtime_model(ir: str = "pir", device: str = "cpu") -> RuntimeModel:
@@ -67,4 +76,5 @@ def runtime_model(ir: str = "pir", device: str = "cpu") -> RuntimeModel:
         flags = read_flags()
     except Exception:  # pragma: no cover - paddle missing or too old
         flags = RuntimeFlags()
-    return RuntimeModel(gc=flags.gc, inplace=flags.inplace and ir == "pir", device=device)
+    return RuntimeModel(gc=flags.gc, inplace=flags.inplace and ir == "pir", device=device,
+                        schedule="program" if flags.sequential else "dataflow")

@@ -112,7 +112,8 @@ def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
                 after[i].discard(j)
         out.append(OrderOp(after=tuple(sorted(after[i])), makes=makes,
                            reads=tuple(n for n in gop.reads if n not in shape_only),
-                           pinned=op.name() in (PARAMETER_OP, *DATA_OPS)))
+                           pinned=op.name() in (PARAMETER_OP, *DATA_OPS),
+                           optimize=gop.role == "optimize"))
     return OrderProblem(out, keep)
 
 
