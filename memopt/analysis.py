@@ -36,10 +36,9 @@ while it runs one step:
   (:mod:`memopt.paddle.kernel_memory`): the real size of outputs typed
   empty (``rnn``'s ``reserve``), and an op's scratch memory held while it
   runs (``OpFacts.workspace``, category ``"workspace"``; ``rnn_grad``,
-  ``add_grad``).
+  ``add_grad``, convolutions' im2col buffer).
 
-Not modelled: other kernels' temporary workspaces (e.g. convolution
-buffers, which land on top when the GC is off), and which branch of an
+Not modelled: other kernels' temporary workspaces, and which branch of an
 ``if`` runs (values saved in either branch are counted: an upper bound).  ``scripts/bench_analysis.py`` measures the error against
 Paddle's allocator (within 10% on the benchmark models).
 
@@ -271,6 +270,33 @@ class Analysis:
         predicted; measured 576.4 MiB above the startup's 179.7 MiB."""
         return self.persistable_bytes(batch_size) + self.peak(batch_size)
 
+    def total_peak_pending(self, window: int, batch_size: Optional[int] = None) -> int:
+        """:meth:`total_peak` when frees may run up to ``window`` ops late.
+
+        Paddle's CPU garbage collector does not free a buffer in the op
+        that last uses it: it queues the free on its own thread
+        (``InterpreterCoreEventGarbageCollector::Free``), which runs when
+        the OS gives it a core.  Until then the allocator still counts the
+        buffer.  Here every buffer freed after op ``t - k`` (``1 <= k <=
+        window``, in run order) is taken to be still held at op ``t``:
+        ``max_t live(t) + freed(t - window .. t - 1)``, plus the persistable
+        bytes.  ``window=0`` is :meth:`total_peak`."""
+        line = self.timeline(batch_size)
+        if window <= 0 or not line:
+            return self.total_peak(batch_size)
+        b = self.batch_for(batch_size)
+        freed = np.zeros(len(line) + 1, dtype=object)
+        last = len(line) - 1
+        for h in self.holders:
+            if h.end < last:
+                freed[h.end + 1] += h.bytes(b)  # its free is queued once op h.end is done
+        pending = np.cumsum(freed)
+        best = 0
+        for t, live in enumerate(line):
+            # frees queued after ops t-window .. t-1, i.e. at slots t-window+1 .. t
+            best = max(best, live + int(pending[t] - pending[max(t - window, 0)]))
+        return self.persistable_bytes(b) + best
+
     def peak_formula(self, batch_size: Optional[int] = None) -> str:
         """The live bytes at the peak position as a formula in ``B``."""
         pos = self.peak_position(batch_size)
@@ -318,7 +344,8 @@ class Analysis:
         ``recompute=True``: the largest batch at which one of the
         recomputation plans ``memory_optimize(budget=...)`` chooses from
         (:mod:`memopt.recompute`) fits -- the model's own figure; memory_optimize
-        itself plans within ``budget * (1 - memopt.paddle.pir_budget.MARGIN)``.
+        itself also leaves room for frees Paddle's collector makes late
+        (``memopt.paddle.pir_budget.GC_LAG_OPS``).
         Needs an analysis of a PIR program by :func:`memopt.analyze` (which
         sets :attr:`recompute_rules`: the adapter's op costs and which ops
         may run twice); programs with if/while regions get the figure

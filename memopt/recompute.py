@@ -51,7 +51,7 @@ from .graph import Block, Graph, Op, OpFacts
 __all__ = ["RecomputeProblem", "RecomputePlan", "Clone", "Choice", "saved_values",
            "candidates", "candidate_sets", "make_plan", "rewrite_graph", "prefix_grid",
            "evaluate_grid", "plan_for_budget", "problem_from_graph", "kept_inplace",
-           "CLONE_SUFFIX", "ORDER_OP"]
+           "CLONE_SUFFIX", "ORDER_OP", "is_copy_dep"]
 
 #: A recomputed value's name: the original's plus this suffix.
 CLONE_SUFFIX = "@RECOMPUTE"
@@ -106,6 +106,13 @@ class Clone:
     before: int
     outputs: Tuple[str, ...]
     dep: Optional[Tuple[str, str]] = None
+    #: "" for a clone every backward reader shares; ``"#k"`` for one made
+    #: for the readers of group ``k`` alone (:func:`make_plan`'s ``per_reader``)
+    tag: str = ""
+
+    def name(self, original: str) -> str:
+        """The clone's name for ``original`` (one of :attr:`outputs`)."""
+        return original + CLONE_SUFFIX + self.tag
 
 
 @dataclass
@@ -118,6 +125,9 @@ class RecomputePlan:
     clones: List[Clone] = field(default_factory=list)
     flops: int = 0
     step_flops: int = 0
+    #: backward op position -> ``{dropped name: tag}`` for the readers that
+    #: read their own group's clones (others read the shared ``""`` clones)
+    readers: Dict[int, Dict[str, str]] = field(default_factory=dict)
 
     @property
     def added_percent(self) -> float:
@@ -243,15 +253,29 @@ def _recipe(problem: RecomputeProblem, wanted: Sequence[str], kept: set,
     return sorted(need)
 
 
-def make_plan(problem: RecomputeProblem, dropped: Sequence[str]) -> RecomputePlan:
+def make_plan(problem: RecomputeProblem, dropped: Sequence[str],
+              per_reader: Optional[int] = None) -> RecomputePlan:
     """The clones that recompute ``dropped`` (saved values) for the backward
     part, each placed right before the first backward op that needs it
     (directly or through a later clone).  PlanError if one cannot be
-    recomputed."""
+    recomputed.
+
+    ``per_reader`` (an op count ``g``): clones are shared only by backward
+    readers within ``g`` ops of a group's first reader; a later reader
+    starts a group with clones of its own, made right before it (more
+    compute, but a value read at both ends of the backward part is not
+    held across it).  Values made from parameters and feeds alone stay
+    kept in this mode (such a clone could not be held back, see
+    :attr:`Clone.dep`)."""
     ops = problem.ops
     saved = saved_values(problem)
     makers = _makers(problem)
     dropped = list(dict.fromkeys(dropped))
+    if per_reader is not None:
+        dropped = [n for n in dropped if _ordering(problem, makers[n], len(ops) - 1,
+                                                   _first_backward(ops)) is not None]
+        return _plan_per_reader(problem, dropped, set(saved) - set(dropped), saved, makers,
+                                per_reader)
     kept = set(saved) - set(dropped)
     recipe = _recipe(problem, dropped, kept, makers)
     if recipe is None:
@@ -285,12 +309,55 @@ def make_plan(problem: RecomputeProblem, dropped: Sequence[str]) -> RecomputePla
     return RecomputePlan(dropped, clones, flops, step)
 
 
+def _plan_per_reader(problem: RecomputeProblem, dropped: List[str], kept: set,
+                     saved: Dict[str, List[int]], makers: Dict[str, int],
+                     gap: int) -> RecomputePlan:
+    """:func:`make_plan` with clones grouped by reader: walking the backward
+    readers of dropped values in order, a reader within ``gap`` ops of the
+    current group's first reader joins it, else it starts a new group whose
+    clones (its recipe from the kept values) are made right before it."""
+    ops = problem.ops
+    start = _first_backward(ops)
+    wanted: Dict[int, List[str]] = {}
+    for name in dropped:
+        for k in saved[name]:
+            wanted.setdefault(k, []).append(name)
+    groups: List[Tuple[int, List[int]]] = []
+    for k in sorted(wanted):
+        if groups and k - groups[-1][0] <= gap:
+            groups[-1][1].append(k)
+        else:
+            groups.append((k, [k]))
+    clones: List[Clone] = []
+    readers: Dict[int, Dict[str, str]] = {}
+    for first, members in groups:
+        names = list(dict.fromkeys(n for k in members for n in wanted[k]))
+        recipe = _recipe(problem, names, kept, makers)
+        if recipe is None:
+            raise PlanError(f"cannot recompute {names}: an op on the way may not run twice")
+        tag = f"#{first}"
+        made = {n for i in recipe for n in ops[i].writes}
+        for i in recipe:
+            dep = None
+            if not any(n in made for n in ops[i].reads):
+                dep = _ordering(problem, i, first, start)
+                if dep is None and ops[i].reads:
+                    raise PlanError(f"op {i} of a clone group cannot be held back")
+            clones.append(Clone(i, first, tuple(ops[i].writes), dep, tag))
+        for k in members:
+            readers[k] = {n: tag for n in wanted[k]}
+    flops = sum(problem.flops[c.op] for c in clones)
+    step = 3 * sum(problem.flops[:start])
+    return RecomputePlan(dropped, clones, flops, step, readers)
+
+
 def _ordering(problem: RecomputeProblem, op: int, before: int,
               start: int) -> Optional[Tuple[str, str]]:
     """``(input, trigger)`` for a clone of ``op`` placed before ``before``
     (see :attr:`Clone.dep`): the input is a dense temporary the op reads
-    (never a parameter or a fed value: the ordering op rewrites its input's
-    dims in place, to the same dims), the trigger a dense value a backward
+    (the ordering op rewrites its input's dims in place, to the same dims)
+    or, when the op reads no temporary, a fed value (read through a copy:
+    :func:`is_copy_dep`); never a parameter; the trigger a dense value a backward
     op before ``before`` makes (one ``before`` reads if any).  None when
     there is no such pair (nothing of the backward part runs before it)."""
     ops = problem.ops
@@ -302,6 +369,11 @@ def _ordering(problem: RecomputeProblem, op: int, before: int,
                 and not var.is_feed and not var.is_data)
 
     inputs = [n for n in ops[op].reads if dense_temp(n) and n not in problem.available]
+    if not inputs:
+        # a fed value, read through a copy (see Clone.dep): never written over
+        inputs = [n for n in ops[op].reads if n in variables and variables[n].is_dense
+                  and not variables[n].persistable and (variables[n].is_feed
+                                                       or variables[n].is_data)]
     if not inputs:
         return None
     made_by = {}
@@ -317,32 +389,44 @@ def _ordering(problem: RecomputeProblem, op: int, before: int,
     return None if trigger is None else (inputs[0], trigger)
 
 
+def is_copy_dep(graph: Graph, dep: Optional[Tuple[str, str]]) -> bool:
+    """Whether the ordering op of ``dep`` (a :attr:`Clone.dep` of a plan for
+    ``graph``) copies its input (a fed value, never written over) rather
+    than viewing it in place."""
+    if dep is None:
+        return False
+    var = graph.blocks[0].vars.get(dep[0])
+    return var is not None and (var.is_feed or var.is_data)
+
+
 #: The op type of the ordering op in a rewritten graph (see :attr:`Clone.dep`).
 ORDER_OP = "memopt.after"
 
 
 def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph, List[str]]:
     """The graph with ``plan`` applied: each clone (an op reading the
-    clones of recomputed inputs) inserted right before its backward op, and
-    backward reads of recomputed values redirected to the clones.  Returns
-    the graph and its clone names.  Shape-only reads keep the original
-    value (see :func:`saved_values`)."""
+    clones of its group's recomputed inputs) inserted right before its
+    backward op, and backward reads of dropped values redirected to the
+    clones (a reader in :attr:`RecomputePlan.readers` to its group's).
+    Returns the graph and its clone names.  Shape-only reads keep the
+    original value (see :func:`saved_values`)."""
     ops = problem.ops
-    recomputed = {name for c in plan.clones for name in c.outputs}
-    rename = {name: name + CLONE_SUFFIX for name in recomputed}
     block0 = problem.graph.blocks[0]
     variables = dict(block0.vars)
-
-    for name, new in rename.items():
-        # a clone of an in-place update (batch_norm_'s statistics) makes a
-        # fresh temporary, not a persistable value
-        variables[new] = replace(block0.vars[name], name=new, is_fetch=False,
-                                 persistable=False)
+    made: Dict[str, set] = {}  # tag -> names its clones make
+    for c in plan.clones:
+        made.setdefault(c.tag, set()).update(c.outputs)
+        for name in c.outputs:
+            # a clone of an in-place update (batch_norm_'s statistics) makes a
+            # fresh temporary, not a persistable value
+            variables[c.name(name)] = replace(block0.vars[name], name=c.name(name),
+                                              is_fetch=False, persistable=False)
     before: Dict[int, List[Clone]] = {}
     for c in plan.clones:
         before.setdefault(c.before, []).append(c)
     start = _first_backward(ops)
     dropped = set(plan.dropped)
+    shared = made.get("", set())
     new_ops: List[Op] = []
     for i, op in enumerate(ops):
         for c in before.get(i, ()):
@@ -350,29 +434,35 @@ def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph
             attrs = dict(src.attrs or {})
             attrs["recompute_of"] = c.op
             facts = replace(src.facts, overwrites=())  # a clone writes fresh values
-            reads = [rename.get(n, n) for n in src.reads]
+            group = made[c.tag]
+            reads = [n + CLONE_SUFFIX + c.tag if n in group else n for n in src.reads]
             if c.dep is not None:
                 x, trigger = c.dep
                 waited = f"{x}@AFTER{len(new_ops)}"
                 variables[waited] = replace(block0.vars[x], name=waited, is_fetch=False)
+                variables[waited] = replace(variables[waited], is_feed=False, is_data=False)
+                copy = is_copy_dep(problem.graph, c.dep)
                 new_ops.append(Op(ORDER_OP, (x, trigger), (waited,), (), "backward", False,
                                   {"recompute_of": c.op},
-                                  OpFacts(overwrites=((x, waited),),
+                                  OpFacts(overwrites=() if copy else ((x, waited),),
                                           no_need_buffer=(trigger,))))
                 reads = [waited if n == x else n for n in reads]
             new_ops.append(Op(src.type, tuple(reads),
-                              tuple(rename[n] for n in src.writes), (), "backward", False,
+                              tuple(c.name(n) for n in src.writes), (), "backward", False,
                               attrs, facts))
         if i >= start:
             shape_only = set(op.facts.no_need_buffer)
-            reads = tuple(rename[n] if n in dropped and n not in shape_only else n
-                          for n in op.reads)
+            own = plan.readers.get(i, {})
+            reads = tuple(n if n in shape_only
+                          else n + CLONE_SUFFIX + own[n] if n in own
+                          else n + CLONE_SUFFIX if n in dropped and n in shared
+                          else n for n in op.reads)
             if reads != op.reads:
                 op = replace(op, reads=reads)
         new_ops.append(op)
     graph = Graph(blocks=[Block(0, -1, new_ops, variables)],
                   fetch_names=problem.graph.fetch_names)
-    return graph, sorted(rename.values())
+    return graph, sorted(c.name(n) for c in plan.clones for n in c.outputs)
 
 
 def prefix_grid(n: int, points: int = 16) -> List[int]:
@@ -455,14 +545,24 @@ def evaluate_grid(problem: RecomputeProblem, predict: Callable[[Graph, Recompute
     gives a rewritten graph's prediction (``.total_peak(batch)`` in bytes)."""
     out = []
     for label, dropped in candidate_sets(problem, points):
-        try:
-            plan = make_plan(problem, dropped)
-        except PlanError:
-            continue
-        graph, _ = rewrite_graph(problem, plan)
-        prediction = predict(graph, plan)
-        out.append(Choice(label, plan, prediction.total_peak(problem.batch_size), prediction))
+        for gap in (None, *READER_GAPS):
+            try:
+                plan = make_plan(problem, dropped, gap)
+            except PlanError:
+                continue
+            if gap is not None and not plan.clones:
+                continue
+            graph, _ = rewrite_graph(problem, plan)
+            prediction = predict(graph, plan)
+            name = label if gap is None else f"{label}, clones per reader {gap}"
+            out.append(Choice(name, plan, prediction.total_peak(problem.batch_size),
+                              prediction))
     return out
+
+
+#: Reader gaps of the per-reader clone variant tried for every set
+#: (:func:`make_plan`'s ``per_reader``).
+READER_GAPS = (8,)
 
 
 def plan_for_budget(choices: Sequence[Choice], budget: int) -> Optional[Choice]:

@@ -37,7 +37,9 @@ class RuntimeFlags:
     gc_value: float = 0.0
     inplace: bool = True
     #: ``FLAGS_new_executor_sequential_run``: the executor runs the ops in
-    #: program order on one thread (memopt's "program" schedule).
+    #: program order on one thread (memopt's "program" schedule; measured:
+    #: the allocator's peak is the program-order model's), not as their
+    #: inputs become ready.
     sequential: bool = False
     #: ``FLAGS_enable_pir_in_executor``: a legacy program runs translated to PIR.
     pir_executor: bool = False

@@ -98,6 +98,9 @@ FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
 STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
 RNN_OP, RNN_GRAD_OP = "pd_op.rnn", "pd_op.rnn_grad"
 ADD_GRAD_OP = "pd_op.add_grad"
+#: convolutions whose CPU kernels hold an im2col buffer (kernel_memory.conv_workspace)
+CONV_OPS = frozenset({"pd_op.conv2d", "pd_op.conv2d_grad", "pd_op.depthwise_conv2d",
+                      "pd_op.depthwise_conv2d_grad"})
 #: What a legacy ``share_buffer`` (a memopt release among others) translates to.
 SHARE_DATA_OP = "pd_op.share_data_"
 #: Ops that make constants; those right before the first gradient op that
@@ -415,6 +418,8 @@ class _Converter:
             self._rnn_memory(pir_op, block, facts)
         if name == ADD_GRAD_OP:
             self._add_grad_memory(pir_op, facts)
+        if name in CONV_OPS:
+            self._conv_memory(pir_op, facts)
         if name == POP_OP:
             stack = self._stack_index(pir_op.operand_source(0))
             held = self.pushed.get(stack, [])
@@ -462,6 +467,26 @@ class _Converter:
             var = block.vars.get(nm) if nm is not None else None
             if var is not None and var.is_dense:
                 var.shape, var.dtype = real_shape, real_dtype
+
+    def _conv_memory(self, pir_op, facts: OpFacts) -> None:
+        """A convolution's im2col workspace (:mod:`memopt.paddle.kernel_memory`)."""
+        from . import kernel_memory
+
+        if pir_op.num_operands() < 2:
+            return
+        x, w = pir_op.operand_source(0), pir_op.operand_source(1)
+        out = (pir_op.operand_source(2) if pir_op.name().endswith("_grad")
+               and pir_op.num_operands() > 2 else pir_op.result(0))
+        if not all(v.initialized() and v.is_dense_tensor_type() for v in (x, w, out)):
+            return
+        attrs = pir_op.attrs()
+        workspace = kernel_memory.conv_workspace(
+            tuple(int(d) for d in w.shape), tuple(int(d) for d in out.shape),
+            attrs.get("strides", [1, 1]), attrs.get("paddings", [0, 0]),
+            attrs.get("dilations", [1, 1]), str(attrs.get("padding_algorithm", "EXPLICIT")),
+            str(attrs.get("data_format", "NCHW")), _dtype_name(x))
+        if workspace is not None:
+            facts.workspace = workspace
 
     def _add_grad_memory(self, pir_op, facts: OpFacts) -> None:
         """``add_grad``'s workspace (:mod:`memopt.paddle.kernel_memory`)."""

@@ -34,7 +34,7 @@ import logging
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import PlanError
-from ..recompute import CLONE_SUFFIX, RecomputePlan, RecomputeProblem
+from ..recompute import CLONE_SUFFIX, RecomputePlan, RecomputeProblem, is_copy_dep
 from ..graph import Graph
 from .pir import COMBINE_OP, SPLIT_OP, SLICE_OP, PirGraph
 
@@ -214,7 +214,7 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
             waited = None
             if c.dep is not None:
                 x, trigger = pg.values[c.dep[0]], pg.values[c.dep[1]]
-                waited = _after(x, trigger)
+                waited = _after(x, trigger, copy=is_copy_dep(pg.graph, c.dep))
             mapping = paddle.pir.IrMapping()
             for v in src.operands_source():
                 if not v.initialized():
@@ -243,7 +243,7 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
                     continue
                 new_of[r_old.id] = r_new
                 if r_old.id in pg.name_of:
-                    clones[pg.name(r_old)] = r_new
+                    clones[pg.name(r_old) + c.tag] = r_new
                 for user in r_old.all_used_ops_in_same_block():
                     if user.name() in (SPLIT_OP, SLICE_OP) and user.get_parent_block() \
                             is not None and user in set(ops[:start]):
@@ -256,13 +256,20 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
                             if e_old.initialized():
                                 new_of[e_old.id] = e_new
                                 if e_old.id in pg.name_of:
-                                    clones[pg.name(e_old)] = e_new
+                                    clones[pg.name(e_old) + c.tag] = e_new
+        own = {ops[k] for k in plan.readers}
         for name in plan.dropped:
-            old = pg.values[name]
             new = clones.get(name)
-            if new is None:
+            if new is not None:
+                redirected.extend(_redirect_data_uses(pg.values[name], new, backward - own))
+            elif not any(name in r for r in plan.readers.values()):
                 raise PlanError(f"apply_plan: {name} has no clone")
-            redirected.extend(_redirect_data_uses(old, new, backward))
+        for k in sorted(plan.readers):
+            for name, tag in sorted(plan.readers[k].items()):
+                new = clones.get(name + tag)
+                if new is None:
+                    raise PlanError(f"apply_plan: {name} has no clone for op {k}")
+                redirected.extend(_redirect_data_uses(pg.values[name], new, {ops[k]}))
         pir.set_insertion_point_to_block_end(block)
         _sink_glue(block)
         verify_defined_before_use(block)
@@ -290,7 +297,10 @@ def _redirect_data_uses(old, new, ops: set) -> list:
     Returns ``[(op, operand index, old)]`` for the undo."""
     done = []
     for user in old.all_used_ops():
-        if user not in ops or not _reads_data(user, old):
+        if not _reads_data(user, old):
+            continue
+        if user not in ops and not (user.name() == COMBINE_OP and any(
+                u in ops for u in user.result(0).all_used_ops())):
             continue
         for k in range(user.num_operands()):
             if user.operand_source(k).is_same(old):
@@ -357,15 +367,16 @@ def _out_of_place(src, mapping):
     return new
 
 
-def _after(x, trigger):
-    """``x`` viewed through ``reshape_`` to its own dims, computed so that
-    the op waits for ``trigger`` (see :func:`apply_plan`)."""
+def _after(x, trigger, copy: bool = False):
+    """``x`` viewed through ``reshape_`` to its own dims (``copy``: through
+    the out-of-place ``reshape``, for a fed value), computed so that the op
+    waits for ``trigger`` (see :func:`apply_plan`)."""
     import paddle
 
     ops = paddle._C_ops
     dims = ops.shape64(x)
     first = ops.slice(ops.shape64(trigger), [0], [0], [1], [1], [0])
     zero = ops.scale(first, 0.0, 0.0, True)
-    waited = ops.reshape_(x, ops.add(dims, zero))
+    waited = (ops.reshape if copy else ops.reshape_)(x, ops.add(dims, zero))
     waited.set_type(x.type())
     return waited

@@ -8,9 +8,12 @@ from memopt import models
 
 
 def _predicted_default(model):
+    """The unchanged program's predicted peak as budgets are checked (frees
+    up to GC_LAG_OPS ops late)."""
     import memopt
+    from memopt.paddle.pir_budget import guarded_peak
 
-    return memopt.analyze(model.main, model.batch_size).total_peak()
+    return guarded_peak(memopt.analyze(model.main, model.batch_size), model.batch_size)
 
 
 def _same(a: models.RunResult, b: models.RunResult) -> None:
@@ -26,22 +29,22 @@ def _same(a: models.RunResult, b: models.RunResult) -> None:
                                        ("densenet", {"layers": 3})])
 def test_bit_identical_at_every_budget(paddle, name, opts):
     import memopt
-    from memopt.paddle.pir_budget import MARGIN
-
     reference = models.run_steps(models.build(name, "pir", **opts), steps=2)
     default = _predicted_default(models.build(name, "pir", **opts))
     peaks = []
-    for fraction in (1.0, 0.9, 0.8):
+    for fraction in (1.0, 0.95, 0.9):
         model = models.build(name, "pir", **opts)
-        budget = int(default * fraction / (1 - MARGIN) * 0.98)
+        budget = int(default * fraction * 0.98)
         report = memopt.memory_optimize(model.main, budget=budget, skip_opt_set=model.fetch_list,
                                         batch_size=model.batch_size)
-        assert report.peak_after <= budget * (1 - MARGIN)
+        assert report.peak_after <= budget
         assert report.budget == budget
-        peaks.append(report.peak_after)
+        # what the budget is checked against, on the rewritten program
+        peaks.append(_predicted_default(model))
+        assert peaks[-1] <= budget
         if fraction < 1.0:
             assert report.recomputed, "a budget under the default peak needs recomputation"
-            assert report.added_compute_percent > 0
+            assert report.added_compute_percent >= 0
             assert any(note.startswith("recompute (") for note in report.notes)
         _same(reference, models.run_steps(model, steps=2))
     assert peaks == sorted(peaks, reverse=True), f"peak rose as the budget fell: {peaks}"
@@ -49,12 +52,10 @@ def test_bit_identical_at_every_budget(paddle, name, opts):
 
 def test_dropout_is_never_recomputed(paddle):
     import memopt
-    from memopt.paddle.pir_budget import MARGIN
-
     model = models.build("bert", "pir", dropout=0.1)
     dropouts = sum(op.name() in ("pd_op.dropout", "pd_op.dropout_") for op in model.main.global_block().ops)
     assert dropouts > 0
-    budget = int(_predicted_default(model) * 0.8 / (1 - MARGIN))
+    budget = int(_predicted_default(model) * 0.9)
     report = memopt.memory_optimize(model.main, budget=budget, batch_size=model.batch_size,
                                     skip_opt_set=model.fetch_list)
     assert report.recomputed
@@ -117,11 +118,10 @@ def test_a_later_failure_takes_the_recomputation_back(paddle, monkeypatch):
     import memopt
     from memopt.errors import PlanError
     from memopt.paddle import pir_rewrite
-    from memopt.paddle.pir_budget import MARGIN
 
     model = models.build("unet", "pir")
     before = str(model.main)
-    budget = int(_predicted_default(model) * 0.8 / (1 - MARGIN))
+    budget = int(_predicted_default(model) * 0.9)
 
     def fail(*args, **kwargs):
         raise PlanError("injected: the in-place rewrite failed")
@@ -134,3 +134,45 @@ def test_a_later_failure_takes_the_recomputation_back(paddle, monkeypatch):
     monkeypatch.undo()
     _same(models.run_steps(models.build("unet", "pir"), steps=1),
           models.run_steps(model, steps=1))
+
+
+def test_conv_workspace_and_late_frees(paddle):
+    """The im2col buffer of a CPU convolution (one image's worth, none for a
+    plain 1x1), and the peak with frees taken late: window 0 is the plain
+    total peak, and it never falls as the window grows."""
+    import memopt
+    from memopt.paddle import kernel_memory
+
+    ws = kernel_memory.conv_workspace((16, 24, 3, 3), (-1, 16, 32, 32), [1, 1], [1, 1],
+                                      [1, 1], "EXPLICIT", "NCHW", "float32")
+    assert ws.at(1) == ws.at(64) == 24 * 9 * 32 * 32 * 4
+    assert kernel_memory.conv_workspace((16, 24, 1, 1), (-1, 16, 32, 32), [1, 1], [0, 0],
+                                        [1, 1], "EXPLICIT", "NCHW", "float32") is None
+    model = models.build("unet", "pir")
+    analysis = memopt.analyze(model.main, model.batch_size)
+    assert any(h.category == "workspace" and "conv2d" in h.op for h in analysis.holders)
+    peaks = [analysis.total_peak_pending(w) for w in (0, 1, 4, 16)]
+    assert peaks[0] == analysis.total_peak()
+    assert peaks == sorted(peaks)
+
+
+def test_clones_per_reader_and_fed_inputs_are_bit_identical(paddle):
+    """The leanest plan kind (clones per group of readers, the first
+    convolution's clone reading the image through an ordering copy) trains
+    exactly as the unchanged program, and its clones run in the backward
+    part: the rewritten program's predicted peak is the plan's."""
+    import memopt
+    from memopt import recompute as rc
+    from memopt.paddle import flags, pir, pir_budget, pir_recompute
+
+    reference = models.run_steps(models.build("unet", "pir"), steps=2)
+    model = models.build("unet", "pir")
+    pg = pir.convert(model.main)
+    runtime = flags.runtime_model("pir")
+    _, choices = pir_budget.recompute_choices(pg, model.batch_size, runtime)
+    lean = min((c for c in choices if c.plan.readers), key=lambda c: c.peak)
+    assert any(rc.is_copy_dep(pg.graph, c.dep) for c in lean.plan.clones)
+    pir_recompute.apply_plan(pg, lean.plan)
+    after = memopt.analyze(model.main, model.batch_size)
+    assert after.total_peak() <= lean.prediction.total_peak() * 1.02
+    _same(reference, models.run_steps(model, steps=2))

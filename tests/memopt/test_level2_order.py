@@ -70,3 +70,34 @@ def test_level2_on_legacy_is_level1_with_a_note(paddle):
     assert any("legacy program got level 1" in note for note in report.notes)
     with pytest.raises(ValueError, match="level"):
         memopt.memory_optimize(models.build("mlp", "pir").main, level=3)
+
+
+def test_optimizer_order_moves_updates_up_to_their_gradients():
+    """Two gradients made one after the other, their updates at the end:
+    the optimizer order applies each right after its gradient."""
+    from memopt.schedule import optimizer_up_order
+
+    ops = [OrderOp(makes={"g0": 100}), OrderOp(makes={"g1": 100}),
+           OrderOp(after=(0,), reads=("g0",), optimize=True),
+           OrderOp(after=(1,), reads=("g1",), optimize=True)]
+    problem = OrderProblem(ops)
+    order = optimizer_up_order(problem)
+    check_topological(problem, order)
+    assert order == [0, 2, 1, 3]
+    assert simulated_peak(problem, order) < simulated_peak(problem, [0, 1, 2, 3])
+
+
+def test_sequential_executor_is_modelled_in_program_order(paddle):
+    """FLAGS_new_executor_sequential_run runs the program's order: the
+    runtime model follows it (level 2 then moves optimizer updates up)."""
+    import paddle as pd
+
+    from memopt.paddle import flags
+
+    assert flags.runtime_model("pir").schedule == "dataflow"
+    old = pd.get_flags(["FLAGS_new_executor_sequential_run"])
+    pd.set_flags({"FLAGS_new_executor_sequential_run": True})
+    try:
+        assert flags.runtime_model("pir").schedule == "program"
+    finally:
+        pd.set_flags(old)

@@ -69,3 +69,14 @@ def test_budget_choice_is_cheapest_fitting_and_monotone():
     assert plan_for_budget(choices, 59) is None
     chosen = [plan_for_budget(choices, b).peak for b in range(100, 59, -1)]
     assert chosen == sorted(chosen, reverse=True)
+
+
+def test_clones_per_reader_group():
+    """per_reader: a reader far from the first gets clones of its own."""
+    problem = problem_from_graph(_graph(), 4, _Rules())
+    plan = make_plan(problem, ["a"], per_reader=0)
+    assert plan.readers == {7: {"a": "#7"}}
+    assert [(c.op, c.before, c.tag) for c in plan.clones] == [(0, 7, "#7")]
+    graph, names = rewrite_graph(problem, plan)
+    assert names == ["a" + CLONE_SUFFIX + "#7"]
+    assert graph.blocks[0].ops[-1].reads[0] == "a" + CLONE_SUFFIX + "#7"
