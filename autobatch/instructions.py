@@ -984,6 +984,20 @@ class Program:
         return self.format()
 
 
+def _name_unnamed(items, prefix: str) -> None:
+    """Give each item of ``items`` (functions or blocks) whose ``name`` is
+    None the name ``<prefix>_<its index>``, with ``_`` appended until it
+    differs from every name already taken among them."""
+    taken = {item.name for item in items if item.name is not None}
+    for k, item in enumerate(items):
+        if item.name is None:
+            name = f"{prefix}_{k}"
+            while name in taken:
+                name += "_"
+            item.name = name
+            taken.add(name)
+
+
 def _resolve_references(functions: Sequence[Function]) -> None:
     """Turn TFP-style references into autobatch's names, in place: unnamed
     functions and blocks get names (``function_<k>``, ``block_<k>``), a call
@@ -993,23 +1007,9 @@ def _resolve_references(functions: Sequence[Function]) -> None:
     bodies ("done with x") are dropped (variables here are local to their
     function: a pop restores nothing).  Programs written with names are left
     as they are."""
-    taken = {fn.name for fn in functions if fn.name is not None}
-    for k, fn in enumerate(functions):
-        if fn.name is None:
-            name = f"function_{k}"
-            while name in taken:
-                name += "_"
-            fn.name = name
-            taken.add(name)
+    _name_unnamed(functions, "function")
     for fn in functions:
-        used = {b.name for b in fn.blocks if b.name is not None}
-        for k, block in enumerate(fn.blocks):
-            if block.name is None:
-                name = f"block_{k}"
-                while name in used:
-                    name += "_"
-                block.name = name
-                used.add(name)
+        _name_unnamed(fn.blocks, "block")
         for block in fn.blocks:
             if fn.vars_out is not None:
                 # TFP marks "done with x" by PopOp in function bodies; with
