@@ -225,7 +225,8 @@ def _legacy_release(program, options: Options) -> Report:
             "release (a share_buffer) into pd_op.share_data_, whose result is the variable "
             "it reads, so every released variable would alias one memory; nothing was "
             "changed. Run the program with FLAGS_enable_pir_in_executor=0 (the legacy "
-            "executor), or with the garbage collector on (FLAGS_eager_delete_tensor_gb=0: "
+            "executor; paddle.pir_utils.OldIrGuard() turns it off: call release_memory "
+            "inside the guard the program runs in), or with the garbage collector on (FLAGS_eager_delete_tensor_gb=0: "
             "the executor frees each temporary itself), or build it in PIR")
     if not runtime.gc and plan.after:
         verify_releases(graph, plan.after)
