@@ -204,3 +204,130 @@ def same_results(a: dict, b: dict) -> bool:
     if sorted(a["params"]) != sorted(b["params"]):
         return False
     return all(np.array_equal(a["params"][k], b["params"][k]) for k in a["params"])
+
+
+# --- auto-parallel (paddle.distributed.to_static) runs ---------------------
+
+
+@dataclass(frozen=True)
+class AutoParallelConfig:
+    """One configuration of a two-rank auto-parallel run.
+
+    mode : a :data:`memopt.paddle.auto_parallel_models.MODES` entry.
+    level : None (unoptimized) or memory_optimize's level (0 or 1), applied
+        to the rank's PIR program after Paddle's parallel passes, before
+        its first step.
+    gc : Paddle's garbage collector on or off.
+    """
+
+    mode: str = "mp"
+    level: Optional[int] = None
+    gc: bool = True
+    batch: int = 8
+    steps: int = 3
+    features: int = 16
+    hidden: int = 32
+
+    @property
+    def label(self) -> str:
+        opt = "unoptimized" if self.level is None else f"L{self.level}"
+        return f"auto-parallel {self.mode} {opt} GC {'on' if self.gc else 'off'}"
+
+
+def _comm_ops(names) -> list:
+    from .paddle.distributed import is_communication
+
+    return [name for name in names if is_communication(name)]
+
+
+def run_auto_parallel_rank(config_json: str, out_dir: str) -> None:
+    """The body of one spawned auto-parallel rank: build the DistModel
+    (:mod:`memopt.paddle.auto_parallel_models`, Paddle patched for CPU
+    ranks), read its programs, run ``analyze`` / ``memory_optimize`` on them
+    and train ``steps`` steps; writes ``rank{r}.json`` / ``rank{r}.npz``."""
+    import traceback
+
+    import numpy as np
+
+    config = AutoParallelConfig(**json.loads(config_json))
+    import paddle
+    import paddle.distributed as dist
+
+    import memopt
+    from .paddle import auto_parallel_models as apm
+
+    paddle.set_flags({"FLAGS_eager_delete_tensor_gb": 0.0 if config.gc else -1.0,
+                      "FLAGS_new_executor_sequential_run": True})
+    captured = apm.install_cpu_patches()
+    dist.init_parallel_env()
+    rank = dist.get_rank()
+    dm, loader = apm.build(config.mode, features=config.features, hidden=config.hidden,
+                           batch=config.batch)
+    dm.train()  # builds and parallelises the programs, initialises the parameters
+    program = apm.main_program(dm)
+    record = {"rank": rank, "config": asdict(config),
+              "comm_ops": _comm_ops(apm.op_names(program))}
+    # the program before the reshard pass: dist_op.reshard, pd_dist types
+    before = captured["before_reshard"][0] if captured["before_reshard"] else None
+    if before is not None:
+        record["before_reshard_comm_ops"] = _comm_ops(apm.op_names(before))
+        try:
+            record["before_reshard_peak"] = memopt.analyze(before).total_peak()
+            rep = memopt.memory_optimize(before, level=1, skip_grads=False)
+            record["before_reshard_not_merged"] = dict(rep.not_merged)
+            record["before_reshard_merged"] = rep.merged_count
+            record["before_reshard_comm_ops_after"] = _comm_ops(apm.op_names(before))
+        except Exception:  # recorded: the test and the README say what failed
+            record["before_reshard_error"] = traceback.format_exc()
+    record["predicted_peak"] = memopt.analyze(program).total_peak()
+    text_before = str(program)
+    if config.level is not None:
+        rep = memopt.memory_optimize(program, level=config.level, skip_grads=False)
+        record["not_merged"] = dict(rep.not_merged)
+        record["merged"] = rep.merged_count
+        record["comm_ops_after"] = _comm_ops(apm.op_names(program))
+        record["program_changed"] = str(program) != text_before
+    core = paddle.base.core
+    core.host_memory_stat_reset_peak_value("Allocated", 0)
+    losses = []
+    for step, (x, y) in enumerate(loader):
+        if step == config.steps:
+            break
+        losses.append(np.asarray(dm(x, y)))
+    record["peak"] = int(core.host_memory_stat_peak_value("Allocated", 0))
+    params = apm.parameters(program)
+    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), losses=np.stack(losses),
+             **{f"param:{name}": value for name, value in params})
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+
+
+def launch_auto_parallel(config: AutoParallelConfig, out_dir: str, nprocs: int = 2) -> list:
+    """Start ``nprocs`` auto-parallel ranks with ``paddle.distributed.spawn``
+    (gloo); each rank's record (as :func:`launch`'s), rank order."""
+    import numpy as np
+    import paddle.distributed as dist
+
+    os.makedirs(out_dir, exist_ok=True)
+    rank_env = {"FLAGS_new_executor_sequential_run": "1"}
+    saved = {key: os.environ.get(key) for key in rank_env}
+    os.environ.update(rank_env)
+    try:
+        dist.spawn(run_auto_parallel_rank, args=(json.dumps(asdict(config)), out_dir),
+                   nprocs=nprocs, backend="gloo")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    records = []
+    for rank in range(nprocs):
+        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+            record = json.load(f)
+        data = np.load(os.path.join(out_dir, f"rank{rank}.npz"))
+        record["losses"] = data["losses"]
+        record["params"] = {k[len("param:"):]: data[k] for k in data.files
+                            if k.startswith("param:")}
+        records.append(record)
+    return records
