@@ -287,6 +287,7 @@ def run_auto_parallel_rank(config_json: str, out_dir: str) -> None:
         record["merged"] = rep.merged_count
         record["comm_ops_after"] = _comm_ops(apm.op_names(program))
         record["program_changed"] = str(program) != text_before
+        record["inplace_on_communication"] = apm.inplace_on_communication(program)
     core = paddle.base.core
     core.host_memory_stat_reset_peak_value("Allocated", 0)
     losses = []

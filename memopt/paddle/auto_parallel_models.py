@@ -169,3 +169,19 @@ def op_names(program) -> list:
 
     walk(program.global_block())
     return out
+
+
+def inplace_on_communication(program) -> list:
+    """Ops memopt made in place (``memopt_inplace`` attribute) that read or
+    write a value a communication op of ``program`` reads or writes: names,
+    program order (none expected)."""
+    from .distributed import is_communication
+
+    def values(op):
+        return [op.operand_source(i) for i in range(op.num_operands())] + list(op.results())
+
+    ops = list(program.global_block().ops)
+    comm = {id_ for op in ops if is_communication(op.name())
+            for id_ in (v.id for v in values(op) if v.initialized())}
+    return [op.name() for op in ops if op.has_attr("memopt_inplace")
+            and any(v.initialized() and v.id in comm for v in values(op))]

@@ -177,3 +177,43 @@ def test_sequential_run_flag_selects_program_order(paddle):
         assert runtime_model("pir").schedule == "dataflow"
     finally:
         paddle.set_flags(old)
+
+
+@pytest.mark.parametrize("mode", ["mp", "dp"])
+def test_auto_parallel_two_ranks_bit_identical_after_memory_optimize(mode):
+    """Real run: paddle.distributed.to_static (auto-parallel PIR) on two
+    spawned CPU ranks (gloo; Paddle patched where it wants a GPU, see
+    memopt.paddle.auto_parallel_models).  The rank's program after the
+    parallel passes holds pd_op.all_reduce (and all_gather), the one before
+    the reshard pass dist_op.reshard: memopt reads both, leaves every buffer
+    of a communication op alone, and the rewritten program trains
+    bit-identically on every rank."""
+    from conftest import need
+
+    need("paddle")
+    from memopt.dist_runs import AutoParallelConfig, launch_auto_parallel, same_results
+
+    base = launch_auto_parallel(AutoParallelConfig(mode=mode, gc=False), tempfile.mkdtemp())
+    runs = [launch_auto_parallel(AutoParallelConfig(mode=mode, level=level, gc=gc),
+                                 tempfile.mkdtemp())
+            for level, gc in ((1, False), (0, True))]
+    for rank, a in enumerate(base):
+        assert "pd_op.all_reduce" in a["comm_ops"], a["comm_ops"]
+        assert "dist_op.reshard" in a["before_reshard_comm_ops"]
+        assert "before_reshard_error" not in a, a.get("before_reshard_error")
+        assert a["before_reshard_comm_ops_after"] == a["before_reshard_comm_ops"]
+        assert a["predicted_peak"] > 0 and a["params"]
+        for opt in runs:
+            b = opt[rank]
+            assert same_results(a, b), (mode, b["config"])
+            assert b["comm_ops_after"] == b["comm_ops"]
+            assert b["inplace_on_communication"] == []
+            assert b["not_merged"].get(
+                "communication buffer (in flight until the end of the step)", 0) > 0
+    # GC off: memopt made ops in place (the rest of the program was optimized)
+    assert runs[0][0]["merged"] > 0 and runs[0][0]["program_changed"]
+    if mode == "dp":  # each rank its own half of the batch, the same parameters
+        assert not np.array_equal(base[0]["losses"], base[1]["losses"])
+    for name, value in base[0]["params"].items():
+        if mode == "dp" or not name.endswith(".dist"):  # tensor parallel: shards differ
+            assert np.array_equal(value, base[1]["params"][name]), name
