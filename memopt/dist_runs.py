@@ -213,7 +213,9 @@ def same_results(a: dict, b: dict) -> bool:
 class AutoParallelConfig:
     """One configuration of a two-rank auto-parallel run.
 
-    mode : a :data:`memopt.paddle.auto_parallel_models.MODES` entry.
+    mode : a :data:`memopt.paddle.auto_parallel_models.MODES` entry, or
+        ``"pir_dp"``: a plain PIR data-parallel program
+        (:func:`memopt.paddle.fleet_models.build_pir_dp`, ``pd_op.all_reduce_``).
     level : None (unoptimized) or memory_optimize's level (0 or 1), applied
         to the rank's PIR program after Paddle's parallel passes, before
         its first step.
@@ -231,7 +233,8 @@ class AutoParallelConfig:
     @property
     def label(self) -> str:
         opt = "unoptimized" if self.level is None else f"L{self.level}"
-        return f"auto-parallel {self.mode} {opt} GC {'on' if self.gc else 'off'}"
+        kind = "PIR" if self.mode == "pir_dp" else "auto-parallel"
+        return f"{kind} {self.mode} {opt} GC {'on' if self.gc else 'off'}"
 
 
 def _comm_ops(names) -> list:
@@ -261,10 +264,35 @@ def run_auto_parallel_rank(config_json: str, out_dir: str) -> None:
     captured = apm.install_cpu_patches()
     dist.init_parallel_env()
     rank = dist.get_rank()
-    dm, loader = apm.build(config.mode, features=config.features, hidden=config.hidden,
-                           batch=config.batch)
-    dm.train()  # builds and parallelises the programs, initialises the parameters
-    program = apm.main_program(dm)
+    if config.mode == "pir_dp":  # plain PIR data parallel, no auto-parallel
+        from .paddle import fleet_models
+
+        paddle.enable_static()
+        program, startup, loss = fleet_models.build_pir_dp(features=config.features,
+                                                           hidden=config.hidden)
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            exe.run(startup)
+
+        def step(index):
+            with paddle.static.scope_guard(scope):
+                return exe.run(program, feed=fleet_models.feed(rank, index, config.batch,
+                                                               config.features),
+                               fetch_list=[loss])[0]
+
+        batches = range(config.steps)
+    else:
+        dm, loader = apm.build(config.mode, features=config.features, hidden=config.hidden,
+                               batch=config.batch)
+        dm.train()  # builds and parallelises the programs, initialises the parameters
+        program = apm.main_program(dm)
+        scope = None
+
+        def step(batch):
+            return dm(*batch)
+
+        batches = loader
     record = {"rank": rank, "config": asdict(config),
               "comm_ops": _comm_ops(apm.op_names(program))}
     # the program before the reshard pass: dist_op.reshard, pd_dist types
@@ -291,12 +319,12 @@ def run_auto_parallel_rank(config_json: str, out_dir: str) -> None:
     core = paddle.base.core
     core.host_memory_stat_reset_peak_value("Allocated", 0)
     losses = []
-    for step, (x, y) in enumerate(loader):
-        if step == config.steps:
+    for index, batch in enumerate(batches):
+        if index == config.steps:
             break
-        losses.append(np.asarray(dm(x, y)))
+        losses.append(np.asarray(step(batch)))
     record["peak"] = int(core.host_memory_stat_peak_value("Allocated", 0))
-    params = apm.parameters(program)
+    params = apm.parameters(program, scope)
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), losses=np.stack(losses),
              **{f"param:{name}": value for name, value in params})
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

@@ -179,7 +179,7 @@ def test_sequential_run_flag_selects_program_order(paddle):
         paddle.set_flags(old)
 
 
-@pytest.mark.parametrize("mode", ["mp", "dp"])
+@pytest.mark.parametrize("mode", ["mp", "dp", "pir_dp"])
 def test_auto_parallel_two_ranks_bit_identical_after_memory_optimize(mode):
     """Real run: paddle.distributed.to_static (auto-parallel PIR) on two
     spawned CPU ranks (gloo; Paddle patched where it wants a GPU, see
@@ -187,7 +187,9 @@ def test_auto_parallel_two_ranks_bit_identical_after_memory_optimize(mode):
     parallel passes holds pd_op.all_reduce (and all_gather), the one before
     the reshard pass dist_op.reshard: memopt reads both, leaves every buffer
     of a communication op alone, and the rewritten program trains
-    bit-identically on every rank."""
+    bit-identically on every rank.  ``pir_dp``: a plain PIR data-parallel
+    program (paddle.distributed.all_reduce on each gradient:
+    pd_op.all_reduce_), the same checks."""
     from conftest import need
 
     need("paddle")
@@ -198,10 +200,13 @@ def test_auto_parallel_two_ranks_bit_identical_after_memory_optimize(mode):
                                  tempfile.mkdtemp())
             for level, gc in ((1, False), (0, True))]
     for rank, a in enumerate(base):
-        assert "pd_op.all_reduce" in a["comm_ops"], a["comm_ops"]
-        assert "dist_op.reshard" in a["before_reshard_comm_ops"]
-        assert "before_reshard_error" not in a, a.get("before_reshard_error")
-        assert a["before_reshard_comm_ops_after"] == a["before_reshard_comm_ops"]
+        if mode == "pir_dp":
+            assert a["comm_ops"] == ["pd_op.all_reduce_"] * 4, a["comm_ops"]
+        else:
+            assert "pd_op.all_reduce" in a["comm_ops"], a["comm_ops"]
+            assert "dist_op.reshard" in a["before_reshard_comm_ops"]
+            assert "before_reshard_error" not in a, a.get("before_reshard_error")
+            assert a["before_reshard_comm_ops_after"] == a["before_reshard_comm_ops"]
         assert a["predicted_peak"] > 0 and a["params"]
         for opt in runs:
             b = opt[rank]
@@ -212,8 +217,8 @@ def test_auto_parallel_two_ranks_bit_identical_after_memory_optimize(mode):
                 "communication buffer (in flight until the end of the step)", 0) > 0
     # GC off: memopt made ops in place (the rest of the program was optimized)
     assert runs[0][0]["merged"] > 0 and runs[0][0]["program_changed"]
-    if mode == "dp":  # each rank its own half of the batch, the same parameters
+    if mode != "mp":  # each rank its own data, the same parameters
         assert not np.array_equal(base[0]["losses"], base[1]["losses"])
     for name, value in base[0]["params"].items():
-        if mode == "dp" or not name.endswith(".dist"):  # tensor parallel: shards differ
+        if mode != "mp" or not name.endswith(".dist"):  # tensor parallel: shards differ
             assert np.array_equal(value, base[1]["params"][name]), name
