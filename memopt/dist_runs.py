@@ -316,6 +316,9 @@ def run_auto_parallel_rank(config_json: str, out_dir: str) -> None:
         record["comm_ops_after"] = _comm_ops(apm.op_names(program))
         record["program_changed"] = str(program) != text_before
         record["inplace_on_communication"] = apm.inplace_on_communication(program)
+        text = str(program)
+        memopt.release_memory(program)  # PIR: Paddle's collector releases; unchanged
+        record["release_changed"] = str(program) != text
     core = paddle.base.core
     core.host_memory_stat_reset_peak_value("Allocated", 0)
     losses = []

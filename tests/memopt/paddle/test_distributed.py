@@ -213,6 +213,7 @@ def test_auto_parallel_two_ranks_bit_identical_after_memory_optimize(mode):
             assert same_results(a, b), (mode, b["config"])
             assert b["comm_ops_after"] == b["comm_ops"]
             assert b["inplace_on_communication"] == []
+            assert not b["release_changed"]
             assert b["not_merged"].get(
                 "communication buffer (in flight until the end of the step)", 0) > 0
     # GC off: memopt made ops in place (the rest of the program was optimized)
