@@ -12,6 +12,12 @@ program and ``steps`` training steps, and writes a ``.npz`` per rank: the
 losses, every persistable variable after the run, the allocator's peak
 (``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)``) and the
 estimate.  Used by ``scripts/bench_distributed.py`` and the tests.
+
+:func:`launch_auto_parallel` / :func:`run_auto_parallel_rank` do the same
+for auto-parallel PIR programs (``paddle.distributed.to_static``,
+:mod:`memopt.paddle.auto_parallel_models`) and a plain PIR data-parallel
+program (:func:`memopt.paddle.fleet_models.build_pir_dp`): ``memory_optimize``
+is applied to the rank's PIR program after Paddle's parallel passes.
 """
 from __future__ import annotations
 

@@ -33,6 +33,18 @@ def build(paddle, mode):
         return fleet_models.build(mode, features=16, hidden=32, layers=2)
 
 
+def test_communication_op_names():
+    """Both IRs' names, auto-parallel's dist_op dialect included."""
+    for name in ("c_allreduce_sum", "pd_op.all_reduce_", "pd_op.all_reduce",
+                 "pd_op.all_gather", "dist_op.reshard", "pd_op.reshard", "pd_op.reshard_v2",
+                 "pd_op.c_identity", "p_send", "pd_op.p_recv", "dist_op.dtensor_to_local"):
+        assert distributed.is_communication(name), name
+    assert distributed.base_type("dist_op.reshard") == "reshard"
+    assert distributed.base_type("pd_op.all_reduce_") == "all_reduce"
+    for name in ("pd_op.relu", "pd_op.scatter", "pd_op.broadcast_tensors", "dist_op.xxx"):
+        assert not distributed.is_communication(name), name
+
+
 def touching(program, names):
     """Every op's (type, inputs and outputs among ``names``): unchanged when no
     other variable was renamed onto (or away from) those names."""
