@@ -289,6 +289,8 @@ def run_auto_parallel_rank(config_json: str, out_dir: str) -> None:
 
         batches = range(config.steps)
     else:
+        if config.mode == "pp":  # built, not run (see auto_parallel_models)
+            apm.skip_initialisation()
         dm, loader = apm.build(config.mode, features=config.features, hidden=config.hidden,
                                batch=config.batch)
         dm.train()  # builds and parallelises the programs, initialises the parameters
@@ -298,7 +300,7 @@ def run_auto_parallel_rank(config_json: str, out_dir: str) -> None:
         def step(batch):
             return dm(*batch)
 
-        batches = loader
+        batches = [] if config.mode == "pp" else loader
     record = {"rank": rank, "config": asdict(config),
               "comm_ops": _comm_ops(apm.op_names(program))}
     # the program before the reshard pass: dist_op.reshard, pd_dist types
@@ -333,8 +335,9 @@ def run_auto_parallel_rank(config_json: str, out_dir: str) -> None:
             break
         losses.append(np.asarray(step(batch)))
     record["peak"] = int(core.host_memory_stat_peak_value("Allocated", 0))
-    params = apm.parameters(program, scope)
-    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), losses=np.stack(losses),
+    params = apm.parameters(program, scope) if losses else []
+    np.savez(os.path.join(out_dir, f"rank{rank}.npz"),
+             losses=np.stack(losses) if losses else np.zeros(0),
              **{f"param:{name}": value for name, value in params})
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)

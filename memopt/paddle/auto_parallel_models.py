@@ -11,6 +11,15 @@ ranks:
 ``"dp"``  data parallel: the batch dimension sharded by
           ``paddle.distributed.shard_dataloader``; the reshard pass inserts
           gradient ``pd_op.all_reduce`` ops and a ``pd_op.all_gather``.
+``"pp"``  the two layers on two one-rank meshes (``[0]`` and ``[1]``), the
+          hidden activation resharded from one to the other: the cut
+          pipeline parallel makes; the reshard pass inserts
+          ``pd_op.send_v2`` / ``pd_op.recv_v2``.  Built, not run: its
+          parameter initialisation (``DistModel.train()``) dies with a
+          segmentation fault in ``paddle.reshard`` (C++ stack:
+          ``phi::distributed::GetDefaultPlace`` ->
+          ``phi::DeviceManager::GetDeviceCount``); :func:`skip_initialisation`
+          lets ``train()`` return with the programs built.
 
 The DistModel's PIR program after the parallel passes (what each rank runs,
 ``engine._pir_dense_main_progs["train"]``) and, captured on the way, the
@@ -40,7 +49,7 @@ With those the programs train on two CPU ranks (their ``pd_op.all_reduce`` /
 """
 from __future__ import annotations
 
-MODES = ("mp", "dp")
+MODES = ("mp", "dp", "pp")
 
 
 def install_cpu_patches() -> dict:
@@ -68,6 +77,8 @@ def install_cpu_patches() -> dict:
         self._is_instantiate = True
 
     def rank_by_dim(self, dim, process_id):
+        if dim is None:  # as Paddle's: every process's rank is 0
+            return 0
         name = dim if isinstance(dim, str) else self._dim_names[dim]
         where = np.where(self._mesh == process_id)[self._dim_names.index(name)]
         return int(where[0])
@@ -116,6 +127,7 @@ def build(mode: str = "mp", *, nranks: int = 2, features: int = 16, hidden: int 
 
     paddle.seed(seed)
     mesh = dist.ProcessMesh(list(range(nranks)), dim_names=["x"])
+    stages = [dist.ProcessMesh([r], dim_names=["x"]) for r in range(nranks)]
 
     class MLP(paddle.nn.Layer):
         def __init__(self):
@@ -126,9 +138,16 @@ def build(mode: str = "mp", *, nranks: int = 2, features: int = 16, hidden: int 
                 self.l1.weight = dist.shard_tensor(self.l1.weight, mesh, [dist.Shard(1)])
                 self.l1.bias = dist.shard_tensor(self.l1.bias, mesh, [dist.Shard(0)])
                 self.l2.weight = dist.shard_tensor(self.l2.weight, mesh, [dist.Shard(0)])
+            elif mode == "pp":
+                for layer, stage in ((self.l1, stages[0]), (self.l2, stages[-1])):
+                    layer.weight = dist.shard_tensor(layer.weight, stage, [dist.Replicate()])
+                    layer.bias = dist.shard_tensor(layer.bias, stage, [dist.Replicate()])
 
         def forward(self, x):
-            return self.l2(paddle.nn.functional.relu(self.l1(x)))
+            h = paddle.nn.functional.relu(self.l1(x))
+            if mode == "pp":
+                h = dist.reshard(h, stages[-1], [dist.Replicate()])
+            return self.l2(h)
 
     model = MLP()
     opt = paddle.optimizer.SGD(0.01, parameters=model.parameters())
@@ -136,7 +155,18 @@ def build(mode: str = "mp", *, nranks: int = 2, features: int = 16, hidden: int 
                                   shuffle=False)
     if mode == "dp":
         loader = dist.shard_dataloader(loader, meshes=[mesh], shard_dims="x")
+    elif mode == "pp":
+        loader = dist.shard_dataloader(loader, meshes=[stages[0], stages[-1]])
     return dist.to_static(model, loader, paddle.nn.MSELoss(), opt), loader
+
+
+def skip_initialisation() -> None:
+    """Make ``DistModel.train()`` build the programs but not initialise the
+    parameters (``Engine._initialize``), for the ``"pp"`` programs, which
+    cannot be run here (see the module docstring).  This process, for good."""
+    from paddle.distributed.auto_parallel.static import engine
+
+    engine.Engine._initialize = lambda self, *args, **kwargs: None
 
 
 def main_program(dist_model):

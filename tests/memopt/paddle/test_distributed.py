@@ -235,3 +235,29 @@ def test_auto_parallel_two_ranks_bit_identical_after_memory_optimize(mode):
     for name, value in base[0]["params"].items():
         if mode != "mp" or not name.endswith(".dist"):  # tensor parallel: shards differ
             assert np.array_equal(value, base[1]["params"][name]), name
+
+
+def test_auto_parallel_cross_mesh_program_send_recv():
+    """The pipeline cut (two one-rank meshes, dist.reshard between them):
+    each rank's program holds pd_op.send_v2 / recv_v2 (dist_op.reshard
+    before the reshard pass).  Built on two spawned ranks, not run (Paddle
+    3.3.1's parameter initialisation segfaults on a CPU here); memopt reads
+    both programs, changes no communication op and makes nothing in place
+    on their buffers."""
+    from conftest import need
+
+    need("paddle")
+    from memopt.dist_runs import AutoParallelConfig, launch_auto_parallel
+
+    records = launch_auto_parallel(AutoParallelConfig(mode="pp", level=1, gc=False),
+                                   tempfile.mkdtemp())
+    for r in records:
+        assert sorted(r["comm_ops"]) == ["pd_op.recv_v2", "pd_op.send_v2"], r["comm_ops"]
+        assert r["comm_ops_after"] == r["comm_ops"]
+        assert r["inplace_on_communication"] == []
+        assert "dist_op.reshard" in r["before_reshard_comm_ops"]
+        assert "before_reshard_error" not in r, r.get("before_reshard_error")
+        assert r["predicted_peak"] > 0
+    # rank 0 sends the activation and receives its gradient: both held
+    assert records[0]["not_merged"][
+        "communication buffer (in flight until the end of the step)"] > 0
