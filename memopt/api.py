@@ -28,7 +28,8 @@ from .analysis import Analysis, RuntimeModel, from_graph
 from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
-from .paddle import distributed, flags, legacy, merge_record, pir, pir_inplace, pir_rewrite, sharding
+from .paddle import (distributed, flags, legacy, merge_record, pir, pir_inplace, pir_rewrite,
+                     sharding)
 from .paddle import runtime as paddle_runtime
 from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
