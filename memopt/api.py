@@ -28,7 +28,8 @@ from .analysis import Analysis, RuntimeModel, from_graph
 from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
-from .paddle import distributed, flags, legacy, merge_record, pir, pir_rewrite, sharding
+from .paddle import (distributed, flags, legacy, merge_record, pir, pir_inplace, pir_rewrite,
+                     sharding)
 from .paddle import runtime as paddle_runtime
 from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
@@ -375,14 +376,17 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     options = resolve_options(skip_opt_set, skip_grads, level, print_log, fetch_list)
     program = _default_program(program)
     is_pir = pir.is_pir_program(program)
-    if is_pir:  # read from .json: the marks of an earlier rewrite are in its record
-        pir_rewrite.restore_marks(program)
-    if budget is not None or options.level == 2:
-        report = _level2_or_budget(program, options, budget, batch_size)
-    else:
-        report = _dispatch(program, options, release=False)
-    if is_pir:  # the marks, kept where Paddle's .json keeps them
-        pir_rewrite.write_record(program)
+    # PIR ops are built in static mode (a DistModel's program is handed over
+    # in dygraph mode)
+    with (pir_inplace.static_mode() if is_pir else contextlib.nullcontext()):
+        if is_pir:  # read from .json: the marks of an earlier rewrite are in its record
+            pir_rewrite.restore_marks(program)
+        if budget is not None or options.level == 2:
+            report = _level2_or_budget(program, options, budget, batch_size)
+        else:
+            report = _dispatch(program, options, release=False)
+        if is_pir:  # the marks, kept where Paddle's .json keeps them
+            pir_rewrite.write_record(program)
     if options.print_log:
         print(report)
     return report

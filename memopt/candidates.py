@@ -351,7 +351,8 @@ def variant_inplace(graph: Graph, options: Options) -> Tuple[List[InplaceRewrite
     """
     positions = list(graph.walk_ops())
     live = analyze_graph(graph)
-    skip = set(options.skip_opt_set) | in_flight_names(graph)
+    in_flight = in_flight_names(graph)
+    skip = set(options.skip_opt_set) | in_flight
     var_block: Dict[str, int] = {}
     for block_idx, var in graph.all_vars():
         var_block.setdefault(var.name, block_idx)
@@ -390,6 +391,9 @@ def variant_inplace(graph: Graph, options: Options) -> Tuple[List[InplaceRewrite
             var_in, var_out = graph.find_var(nin, block_idx), graph.find_var(nout, block_idx)
             if var_in is None or var_out is None or not var_in.is_dense or not var_out.is_dense:
                 reason = R_SHAPE
+                break
+            if nin in in_flight or nout in in_flight:
+                reason = R_COMM
                 break
             if (var_in.persistable or var_in.is_data or var_in.is_feed or var_in.is_fetch
                     or var_out.persistable or var_out.is_fetch or nin in skip or nout in skip

@@ -12,6 +12,12 @@ program and ``steps`` training steps, and writes a ``.npz`` per rank: the
 losses, every persistable variable after the run, the allocator's peak
 (``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)``) and the
 estimate.  Used by ``scripts/bench_distributed.py`` and the tests.
+
+:func:`launch_auto_parallel` / :func:`run_auto_parallel_rank` do the same
+for auto-parallel PIR programs (``paddle.distributed.to_static``,
+:mod:`memopt.paddle.auto_parallel_models`) and a plain PIR data-parallel
+program (:func:`memopt.paddle.fleet_models.build_pir_dp`): ``memory_optimize``
+is applied to the rank's PIR program after Paddle's parallel passes.
 """
 from __future__ import annotations
 
@@ -204,3 +210,165 @@ def same_results(a: dict, b: dict) -> bool:
     if sorted(a["params"]) != sorted(b["params"]):
         return False
     return all(np.array_equal(a["params"][k], b["params"][k]) for k in a["params"])
+
+
+# --- auto-parallel (paddle.distributed.to_static) runs ---------------------
+
+
+@dataclass(frozen=True)
+class AutoParallelConfig:
+    """One configuration of a two-rank auto-parallel run.
+
+    mode : a :data:`memopt.paddle.auto_parallel_models.MODES` entry, or
+        ``"pir_dp"``: a plain PIR data-parallel program
+        (:func:`memopt.paddle.fleet_models.build_pir_dp`, ``pd_op.all_reduce_``).
+    level : None (unoptimized) or memory_optimize's level (0 or 1), applied
+        to the rank's PIR program after Paddle's parallel passes, before
+        its first step.
+    gc : Paddle's garbage collector on or off.
+    """
+
+    mode: str = "mp"
+    level: Optional[int] = None
+    gc: bool = True
+    batch: int = 8
+    steps: int = 3
+    features: int = 16
+    hidden: int = 32
+
+    @property
+    def label(self) -> str:
+        opt = "unoptimized" if self.level is None else f"L{self.level}"
+        kind = "PIR" if self.mode == "pir_dp" else "auto-parallel"
+        return f"{kind} {self.mode} {opt} GC {'on' if self.gc else 'off'}"
+
+
+def _comm_ops(names) -> list:
+    from .paddle.distributed import is_communication
+
+    return [name for name in names if is_communication(name)]
+
+
+def run_auto_parallel_rank(config_json: str, out_dir: str) -> None:
+    """The body of one spawned auto-parallel rank: build the DistModel
+    (:mod:`memopt.paddle.auto_parallel_models`, Paddle patched for CPU
+    ranks), read its programs, run ``analyze`` / ``memory_optimize`` on them
+    and train ``steps`` steps; writes ``rank{r}.json`` / ``rank{r}.npz``."""
+    import traceback
+
+    import numpy as np
+
+    config = AutoParallelConfig(**json.loads(config_json))
+    import paddle
+    import paddle.distributed as dist
+
+    import memopt
+    from .paddle import auto_parallel_models as apm
+
+    paddle.set_flags({"FLAGS_eager_delete_tensor_gb": 0.0 if config.gc else -1.0,
+                      "FLAGS_new_executor_sequential_run": True})
+    captured = apm.install_cpu_patches()
+    dist.init_parallel_env()
+    rank = dist.get_rank()
+    if config.mode == "pir_dp":  # plain PIR data parallel, no auto-parallel
+        from .paddle import fleet_models
+
+        paddle.enable_static()
+        program, startup, loss = fleet_models.build_pir_dp(features=config.features,
+                                                           hidden=config.hidden)
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            exe.run(startup)
+
+        def step(index):
+            with paddle.static.scope_guard(scope):
+                return exe.run(program, feed=fleet_models.feed(rank, index, config.batch,
+                                                               config.features),
+                               fetch_list=[loss])[0]
+
+        batches = range(config.steps)
+    else:
+        if config.mode == "pp":  # built, not run (see auto_parallel_models)
+            apm.skip_initialisation()
+        dm, loader = apm.build(config.mode, features=config.features, hidden=config.hidden,
+                               batch=config.batch)
+        dm.train()  # builds and parallelises the programs, initialises the parameters
+        program = apm.main_program(dm)
+        scope = None
+
+        def step(batch):
+            return dm(*batch)
+
+        batches = [] if config.mode == "pp" else loader
+    record = {"rank": rank, "config": asdict(config),
+              "comm_ops": _comm_ops(apm.op_names(program))}
+    # the program before the reshard pass: dist_op.reshard, pd_dist types
+    before = captured["before_reshard"][0] if captured["before_reshard"] else None
+    if before is not None:
+        record["before_reshard_comm_ops"] = _comm_ops(apm.op_names(before))
+        try:
+            record["before_reshard_peak"] = memopt.analyze(before).total_peak()
+            rep = memopt.memory_optimize(before, level=1, skip_grads=False)
+            record["before_reshard_not_merged"] = dict(rep.not_merged)
+            record["before_reshard_merged"] = rep.merged_count
+            record["before_reshard_comm_ops_after"] = _comm_ops(apm.op_names(before))
+        except Exception:  # recorded: the test and the README say what failed
+            record["before_reshard_error"] = traceback.format_exc()
+    record["predicted_peak"] = memopt.analyze(program).total_peak()
+    text_before = str(program)
+    if config.level is not None:
+        rep = memopt.memory_optimize(program, level=config.level, skip_grads=False)
+        record["not_merged"] = dict(rep.not_merged)
+        record["merged"] = rep.merged_count
+        record["comm_ops_after"] = _comm_ops(apm.op_names(program))
+        record["program_changed"] = str(program) != text_before
+        record["inplace_on_communication"] = apm.inplace_on_communication(program)
+        text = str(program)
+        memopt.release_memory(program)  # PIR: Paddle's collector releases; unchanged
+        record["release_changed"] = str(program) != text
+    core = paddle.base.core
+    core.host_memory_stat_reset_peak_value("Allocated", 0)
+    losses = []
+    for index, batch in enumerate(batches):
+        if index == config.steps:
+            break
+        losses.append(np.asarray(step(batch)))
+    record["peak"] = int(core.host_memory_stat_peak_value("Allocated", 0))
+    params = apm.parameters(program, scope) if losses else []
+    np.savez(os.path.join(out_dir, f"rank{rank}.npz"),
+             losses=np.stack(losses) if losses else np.zeros(0),
+             **{f"param:{name}": value for name, value in params})
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+
+
+def launch_auto_parallel(config: AutoParallelConfig, out_dir: str, nprocs: int = 2) -> list:
+    """Start ``nprocs`` auto-parallel ranks with ``paddle.distributed.spawn``
+    (gloo); each rank's record (as :func:`launch`'s), rank order."""
+    import numpy as np
+    import paddle.distributed as dist
+
+    os.makedirs(out_dir, exist_ok=True)
+    rank_env = {"FLAGS_new_executor_sequential_run": "1"}
+    saved = {key: os.environ.get(key) for key in rank_env}
+    os.environ.update(rank_env)
+    try:
+        dist.spawn(run_auto_parallel_rank, args=(json.dumps(asdict(config)), out_dir),
+                   nprocs=nprocs, backend="gloo")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    records = []
+    for rank in range(nprocs):
+        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+            record = json.load(f)
+        data = np.load(os.path.join(out_dir, f"rank{rank}.npz"))
+        record["losses"] = data["losses"]
+        record["params"] = {k[len("param:"):]: data[k] for k in data.files
+                            if k.startswith("param:")}
+        records.append(record)
+    return records

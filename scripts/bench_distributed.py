@@ -35,7 +35,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from memopt.dist_runs import RunConfig, launch, same_results  # noqa: E402
+from memopt.dist_runs import (AutoParallelConfig, RunConfig, launch,  # noqa: E402
+                              launch_auto_parallel, same_results)
 
 
 #: A second model shape (the unoptimized rows only): other layer sizes, so
@@ -81,12 +82,70 @@ NOT_RUNNABLE = [
      "moves sharding's collectives to ring 0, the same two ranks"),
     ("pipeline parallel (send_v2 / recv_v2)", "UnavailableError: Do not support send for cpu "
      "kernel now (send_v2_op.h:32)"),
+    ("auto-parallel (paddle.distributed.to_static) unpatched", "DistModel.train(): "
+     "AssertionError: No CUDA device found (process_group.py:205); then the parameter "
+     "initialisation's barrier: (Unavailable) NCCLCommContext is nullptr "
+     "(barrier_kernel.cc:32); shard_dataloader under numpy 2: TypeError: only 0-dimensional "
+     "arrays can be converted to Python scalars (all three patched for the auto-parallel "
+     "rows: memopt/paddle/auto_parallel_models.py)"),
+    ("auto-parallel across meshes (pipeline cut: send_v2 / recv_v2)", "SIGSEGV in "
+     "paddle.reshard while DistModel.train() initialises the parameters "
+     "(phi::distributed::GetDefaultPlace -> DeviceManager::GetDeviceCount); the programs "
+     "are built and checked with that step skipped, not run"),
     ("release_memory with the GC off, run with FLAGS_enable_pir_in_executor=1 (also without "
      "fleet)", "refused by memopt (UnsupportedProgramError, program unchanged): the translation "
      "makes each share_buffer release a pd_op.share_data_ whose result is the variable it "
      "reads. (memory_optimize with the GC on failed there with 'Tensor holds no memory' at "
      "pd_op.subtract_grad_ until it stopped redirecting dims-only reads under that flag)"),
 ]
+
+
+def auto_parallel_configurations(quick: bool) -> list:
+    """Auto-parallel (``mp``, ``dp``) and plain PIR data parallel (``pir_dp``)
+    rows: memory_optimize on the rank's PIR program after Paddle's parallel
+    passes, against the unoptimized run (bit-identity only: the peaks of
+    these few-KiB programs are the allocator's noise)."""
+    rows = []
+    for mode in ("mp", "dp", "pir_dp"):
+        for gc in (False, True):
+            rows.append(AutoParallelConfig(mode=mode, gc=gc))
+            levels = ((0,) if gc else (1,)) if quick else (0, 1)
+            rows += [AutoParallelConfig(mode=mode, level=level, gc=gc) for level in levels]
+    return rows
+
+
+def auto_parallel_table(quick: bool, steps: int) -> tuple:
+    """``(lines, failed)``: configuration x (bit-identical on every rank,
+    communication ops, ops made in place, ops left alone for a
+    communication buffer)."""
+    lines = ["| configuration | bit-identical (every rank) | communication ops (rank 0) "
+             "| made in place | left alone: communication buffer |", "|---|---|---|---|---|"]
+    failed = False
+    base: dict = {}
+    reason = "communication buffer (in flight until the end of the step)"
+    for config in auto_parallel_configurations(quick):
+        config = AutoParallelConfig(**{**config.__dict__, "steps": steps})
+        try:
+            records = launch_auto_parallel(config, tempfile.mkdtemp(prefix="memopt-ap-"))
+        except Exception as exc:  # a rank failed: say which and go on
+            message = " ".join(str(exc).split())[-300:]
+            lines.append(f"| {config.label} | FAILED: {message} | | | |")
+            failed = True
+            continue
+        comm = ", ".join(sorted(set(records[0]["comm_ops"])))
+        if config.level is None:
+            base[(config.mode, config.gc)] = records
+            lines.append(f"| {config.label} | reference | {comm} | | |")
+            continue
+        ref = base.get((config.mode, config.gc))
+        ok = ref is not None and all(same_results(a, b) for a, b in zip(ref, records)) \
+            and all(r["comm_ops_after"] == r["comm_ops"] and not r["inplace_on_communication"]
+                    for r in records)
+        failed |= not ok
+        lines.append(f"| {config.label} | {'yes' if ok else 'NO'} | {comm} | "
+                     f"{records[0]['merged']} | {records[0]['not_merged'].get(reason, 0)} |")
+        print(f"{config.label}: {'yes' if ok else 'NO'}", file=sys.stderr, flush=True)
+    return lines, failed
 
 
 def span(values) -> str:
@@ -104,6 +163,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--gc-runs", type=int, default=None,
                         help="fresh runs of each GC-on row (default 3, 5 without --quick)")
+    parser.add_argument("--no-auto-parallel", action="store_true",
+                        help="leave out the auto-parallel / plain PIR rows")
     args = parser.parse_args(argv)
     gc_runs = args.gc_runs or (3 if args.quick else 5)
     started = time.time()
@@ -177,6 +238,13 @@ def main(argv=None) -> int:
               f"estimate {estimates} (as fleet built it, with stream syncs: {built}) "
               f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     print("\n".join(lines))
+    if not args.no_auto_parallel:
+        ap_lines, ap_failed = auto_parallel_table(args.quick, args.steps)
+        failed |= ap_failed
+        print("\nAuto-parallel (paddle.distributed.to_static; MLP 16-32-1, SGD, batch 8) and "
+              "plain PIR data parallel (pd_op.all_reduce_), memory_optimize on the rank's PIR "
+              "program:\n")
+        print("\n".join(ap_lines))
     print("\nNot runnable here (Paddle 3.3.1, CPU, gloo):\n")
     for what, error in NOT_RUNNABLE:
         print(f"- {what}: {error}")

@@ -11,7 +11,10 @@ or released while the transfer can be in flight.
 
 What memopt treats as asynchronous (:data:`ASYNC_COMM_OPS`): every
 collective and point-to-point op below, in both IRs (legacy type ``all_reduce``
-or ``c_allreduce_sum``; PIR ``pd_op.all_reduce`` / ``pd_op.all_reduce_``).
+or ``c_allreduce_sum``; PIR ``pd_op.all_reduce`` / ``pd_op.all_reduce_``),
+and auto-parallel's ``dist_op.reshard`` (a program before Paddle's reshard
+pass; the pass replaces it with ``pd_op.all_reduce`` / ``all_gather`` /
+``reduce_scatter`` / ``p_send`` / ``p_recv``...).
 Until which point: **the end of the step**.  A matching
 ``c_sync_comm_stream`` (same ``ring_id``) would be enough on a GPU, but
 Paddle's executors also order comm ops by stream events that the program text
@@ -65,6 +68,15 @@ ASYNC_COMM_OPS = frozenset({
     # point to point (pipeline parallel)
     "send_v2", "recv_v2", "p_send", "p_recv", "partial_send", "partial_recv",
     "send", "recv", "barrier",
+    # tensor parallel identity (its backward all-reduces; legacy c_identity
+    # runs on the communication stream)
+    "c_identity",
+    # auto-parallel (paddle.distributed.to_static): ``dist_op.reshard``
+    # before the reshard pass turns it into the collectives above
+    # (all_reduce, all_gather, reduce_scatter, p_send/p_recv...);
+    # ``pd_op.reshard`` / ``pd_op.reshard_v2`` (registered; not seen in the
+    # programs built here)
+    "reshard", "reshard_v2",
 })
 
 #: Ops that wait for a stream; they name the buffers they wait for.
@@ -75,13 +87,18 @@ SYNC_OPS = frozenset({
 
 #: Ops whose outputs are views of one buffer (fused gradients) or which only
 #: order two tensors (``depend``: Out is X).
-ALIASING_OPS = frozenset({"coalesce_tensor", "depend"})
+ALIASING_OPS = frozenset({"coalesce_tensor", "depend",
+                          # auto-parallel: a dist tensor's local part and back
+                          # (one buffer), a MoE mesh's sub-mesh views
+                          "dtensor_from_local", "dtensor_to_local",
+                          "moe_global_mesh_tensor", "moe_sub_mesh_tensors"})
 
 
 def base_type(op_type: str) -> str:
-    """``pd_op.all_reduce_`` -> ``all_reduce``; legacy names unchanged
-    (``c_allreduce_sum``)."""
-    name = op_type.split(".", 1)[1] if op_type.startswith("pd_op.") else op_type
+    """``pd_op.all_reduce_`` -> ``all_reduce``, ``dist_op.reshard`` ->
+    ``reshard``; legacy names unchanged (``c_allreduce_sum``)."""
+    name = op_type.split(".", 1)[1] if op_type.startswith(("pd_op.", "dist_op.")) \
+        else op_type
     if name.endswith("_") and name[:-1] in ASYNC_COMM_OPS | SYNC_OPS | ALIASING_OPS:
         name = name[:-1]
     return name

@@ -207,3 +207,28 @@ def parameters(program, scope=None) -> list:
         except Exception:  # not a dense tensor (a RAW comm id, a reader)
             continue
     return out
+
+
+def build_pir_dp(*, nranks: int = 2, features: int = 16, hidden: int = 32, seed: int = 7):
+    """``(main, startup, loss)``: a plain PIR data-parallel training program
+    (no fleet, no auto-parallel): the MLP, ``append_backward``, then
+    ``paddle.distributed.all_reduce`` on every gradient (``pd_op.all_reduce_``,
+    in place, ring 0: ``init_parallel_env``'s gloo group), scaled by
+    ``1 / nranks``, and SGD.  Call in static mode under PIR (the default),
+    after ``init_parallel_env``.  Feeds as :func:`build`'s."""
+    import paddle
+    import paddle.distributed as dist
+
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    main.random_seed = startup.random_seed = seed
+    with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+        x = paddle.static.data("x", [-1, features], "float32")
+        y = paddle.static.data("y", [-1, 1], "float32")
+        h = paddle.nn.functional.relu(paddle.static.nn.fc(x, hidden))
+        loss = paddle.mean((paddle.static.nn.fc(h, 1) - y) ** 2)
+        averaged = []
+        for param, grad in paddle.static.append_backward(loss):
+            dist.all_reduce(grad)
+            averaged.append((param, paddle.scale(grad, 1.0 / nranks)))
+        paddle.optimizer.SGD(0.01).apply_gradients(averaged)
+    return main, startup, loss

@@ -13,6 +13,8 @@ know which buffers the executor shares.
 """
 from __future__ import annotations
 
+import contextlib
+
 import logging
 from typing import Iterable
 
@@ -25,6 +27,7 @@ __all__ = [
     "is_inplace_op",
     "is_top_level",
     "build_inplace",
+    "static_mode",
     "inplace_map",
     "inplace_maps",
     "executor_inplace",
@@ -67,6 +70,25 @@ def is_inplace_op(pir_op) -> bool:
     return pir_op.name().endswith("_") and bool(core.pir.get_op_inplace_info(pir_op))
 
 
+@contextlib.contextmanager
+def static_mode():
+    """Static mode for the duration (restored after).  Paddle's op builders
+    make PIR ops only in static mode; a DistModel
+    (``paddle.distributed.to_static``) hands its program over in dygraph
+    mode, where they refuse a Value (``relu(): argument 'x' (position 0)
+    must be Tensor, but got paddle.base.libpaddle.pir.Value``)."""
+    import paddle
+
+    dygraph = paddle.in_dynamic_mode()
+    if dygraph:
+        paddle.enable_static()
+    try:
+        yield
+    finally:
+        if dygraph:
+            paddle.disable_static()
+
+
 def build_inplace(pir_op):
     """Insert ``pir_op``'s in-place variant right before it, with the same
     operands and attributes; return the new operation."""
@@ -76,11 +98,12 @@ def build_inplace(pir_op):
     attrs = pir_op.attrs()
     args = [pir_op.operand_source(i) for i in range(pir_op.num_operands())]
     args += [attrs[a] for a in pir_op.get_attr_names()]
-    paddle.pir.set_insertion_point(pir_op)
-    try:
-        out = getattr(_ops_module(), short + "_")(*args)
-    finally:
-        paddle.pir.reset_insertion_point_to_end()
+    with static_mode():
+        paddle.pir.set_insertion_point(pir_op)
+        try:
+            out = getattr(_ops_module(), short + "_")(*args)
+        finally:
+            paddle.pir.reset_insertion_point_to_end()
     first = out[0] if isinstance(out, (list, tuple)) else out
     return first.get_defining_op()
 
