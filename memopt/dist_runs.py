@@ -170,18 +170,26 @@ def launch(config: RunConfig, out_dir: str, nprocs: int = 2) -> list:
     """Start ``nprocs`` ranks with ``paddle.distributed.spawn`` (gloo) and
     return each rank's record (dict with ``losses``, ``params``, ``peak``,
     ``estimate``), rank order."""
+    # read by Paddle when a rank imports it (before run_rank starts)
+    rank_env = {"FLAGS_enable_pir_api": "0", "FLAGS_enable_pir_in_executor": "1",
+                "FLAGS_new_executor_sequential_run": "1"}
+    return _spawn_and_collect(run_rank, config, out_dir, nprocs, rank_env)
+
+
+def _spawn_and_collect(target, config, out_dir: str, nprocs: int, rank_env: dict) -> list:
+    """Run ``target(config_json, out_dir)`` on ``nprocs`` ranks with
+    ``paddle.distributed.spawn`` (gloo) under ``rank_env`` (the caller's
+    environment is restored afterwards), then read back each rank's
+    ``rank<k>.json`` record with its losses and ``param:`` arrays from
+    ``rank<k>.npz``; rank order."""
     import numpy as np
     import paddle.distributed as dist
 
     os.makedirs(out_dir, exist_ok=True)
-    # read by Paddle when a rank imports it (before run_rank starts); the
-    # caller's environment is restored afterwards
-    rank_env = {"FLAGS_enable_pir_api": "0", "FLAGS_enable_pir_in_executor": "1",
-                "FLAGS_new_executor_sequential_run": "1"}
     saved = {key: os.environ.get(key) for key in rank_env}
     os.environ.update(rank_env)
     try:
-        dist.spawn(run_rank, args=(json.dumps(asdict(config)), out_dir), nprocs=nprocs,
+        dist.spawn(target, args=(json.dumps(asdict(config)), out_dir), nprocs=nprocs,
                    backend="gloo")
     finally:
         for key, value in saved.items():
@@ -346,29 +354,5 @@ def run_auto_parallel_rank(config_json: str, out_dir: str) -> None:
 def launch_auto_parallel(config: AutoParallelConfig, out_dir: str, nprocs: int = 2) -> list:
     """Start ``nprocs`` auto-parallel ranks with ``paddle.distributed.spawn``
     (gloo); each rank's record (as :func:`launch`'s), rank order."""
-    import numpy as np
-    import paddle.distributed as dist
-
-    os.makedirs(out_dir, exist_ok=True)
-    rank_env = {"FLAGS_new_executor_sequential_run": "1"}
-    saved = {key: os.environ.get(key) for key in rank_env}
-    os.environ.update(rank_env)
-    try:
-        dist.spawn(run_auto_parallel_rank, args=(json.dumps(asdict(config)), out_dir),
-                   nprocs=nprocs, backend="gloo")
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    records = []
-    for rank in range(nprocs):
-        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
-            record = json.load(f)
-        data = np.load(os.path.join(out_dir, f"rank{rank}.npz"))
-        record["losses"] = data["losses"]
-        record["params"] = {k[len("param:"):]: data[k] for k in data.files
-                            if k.startswith("param:")}
-        records.append(record)
-    return records
+    return _spawn_and_collect(run_auto_parallel_rank, config, out_dir, nprocs,
+                              {"FLAGS_new_executor_sequential_run": "1"})
