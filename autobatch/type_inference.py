@@ -33,7 +33,8 @@ import numpy as np
 
 from autobatch.errors import ProgramError, TypeInferenceError
 from autobatch.instructions import (
-    Block, BroadcastOutputs, broadcast_op, BranchOp, CopyOp, FunctionCallOp, Function, PrimOp, Program, ReturnOp, TensorType,
+    Block, BroadcastOutputs, broadcast_op, BranchOp, CopyOp, FunctionCallOp, Function, PrimOp,
+    Program, ReturnOp, TensorType,
     Type, as_pattern, bind_pattern, call_graph, check_defined, function_flow, pattern_map,
     is_namedtuple, numpy_type_of, pattern_leaves, pattern_unflatten, reachable, rebuild,
 )

@@ -182,10 +182,9 @@ def _legacy_optimize(program, options: Options) -> Report:
     buffer_of = merge_record.apply_merges(program, plan.groups, homes, legacy.rewrite,
                                           plan.order, plan.substitutions)
     merge_record.mark_substituted(program, plan.substitutions)
-    if plan.substitutions:
+    if buffer_of or plan.substitutions:
         legacy.install_fetch_guard()
     if buffer_of:
-        legacy.install_fetch_guard()
         plan.reuses = [dataclasses.replace(r, renamed_to=buffer_of.get(r.var, r.renamed_to))
                        for r in plan.reuses]
     seconds = time.perf_counter() - start
@@ -227,8 +226,9 @@ def _legacy_release(program, options: Options) -> Report:
             "it reads, so every released variable would alias one memory; nothing was "
             "changed. Run the program with FLAGS_enable_pir_in_executor=0 (the legacy "
             "executor; paddle.pir_utils.OldIrGuard() turns it off: call release_memory "
-            "inside the guard the program runs in), or with the garbage collector on (FLAGS_eager_delete_tensor_gb=0: "
-            "the executor frees each temporary itself), or build it in PIR")
+            "inside the guard the program runs in), or with the garbage collector on "
+            "(FLAGS_eager_delete_tensor_gb=0: the executor frees each temporary itself), "
+            "or build it in PIR")
     if not runtime.gc and plan.after:
         verify_releases(graph, plan.after)
         # each released name moves to a fresh memopt@buf_<k> (the record in

@@ -498,9 +498,6 @@ class TensorFlowBackend(Backend):
             [old.shape.rank - mask.shape.rank], tf.int32)], 0))
         return tf.where(mask, tf.cast(new, old.dtype), old)
 
-    def _var_depth(self, stack: Any) -> int:
-        return int(stack.shape[0])
-
     def _var_step(self, index: Any, mask: Any, delta: int) -> tf.Tensor:
         return index + delta * tf.cast(mask, index.dtype)
 

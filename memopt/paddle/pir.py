@@ -931,7 +931,7 @@ def program_to_graph(program, fetch_list: Iterable = ()) -> Graph:
     return convert(program, fetch_list).graph
 
 
-def _owning_program(value):
+def owning_program(value):
     """The program whose top-level block (through any nesting of sub-blocks)
     holds the op that defines ``value``; ValueError for a free value."""
     op = value.get_defining_op()
@@ -954,7 +954,7 @@ def value_name(value) -> str:
         name = op.attrs().get("name")
         if name:
             return str(name)
-    program = _owning_program(value)
+    program = owning_program(value)
     converter = _Converter(program)
     converter._number(program.global_block())
     try:
@@ -966,5 +966,5 @@ def value_name(value) -> str:
 def value_label(value) -> str:
     """How messages name ``value``: its :func:`label` in its own program
     (``'my_sum' (%7)``, ``pd_op.add at op 6, model.py:12 (%7)``)."""
-    pg = convert(_owning_program(value))
+    pg = convert(owning_program(value))
     return label(pg, pg.name(value))

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from ..errors import BudgetError, UnsupportedProgramError
 
-__all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "guarded_peak", "budget_error", "recompute_choices", "largest_batch", "plan_recompute",
-           "require_flat"]
+__all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "guarded_peak", "budget_error",
+           "recompute_choices", "largest_batch", "plan_recompute", "require_flat"]
 
 #: How many ops late a free may be taken to happen when a plan is checked
 #: against a budget (:meth:`memopt.analysis.Analysis.total_peak_pending`).

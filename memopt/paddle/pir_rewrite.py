@@ -51,7 +51,7 @@ import logging
 
 from ..errors import PlanError
 from ..graph import InplaceVariant
-from .pir import PirGraph, is_pir_program
+from .pir import PirGraph, is_pir_program, owning_program
 from .pir_inplace import (CPU_NO_INPLACE, build_inplace,
                           has_inplace_variant, inplace_map, inplace_maps, is_inplace_op)
 
@@ -329,9 +329,7 @@ def overwritten_by(value):
                 # a program read from .json: its marks are in the record
                 restored = True
                 try:
-                    from .pir import _owning_program
-
-                    restore_marks(_owning_program(value))
+                    restore_marks(owning_program(value))
                 except ValueError:
                     pass
             if op.has_attr(MARK_ATTR):
