@@ -12,6 +12,7 @@ __all__ = [
     "TypeInferenceError",
     "NullVariableError",
     "StackOverflowError",
+    "NativeEngineError",
 ]
 
 
@@ -55,3 +56,9 @@ class StackOverflowError(AutobatchError, RuntimeError):
         if detail:
             message += f" ({detail})"
         super().__init__(message)
+
+
+class NativeEngineError(AutobatchError, ValueError):
+    """The native engine was asked for (``NumpyBackend(native=True)``) but
+    cannot run the program: numba is not installed, or a primop or variable
+    is one it cannot run as NumPy would (the message names it)."""

@@ -371,10 +371,12 @@ class BatchedFunction:
                 return stackless_executor.execute(program, values, backend, max_stack_depth)
         sig = argument_types(values, backend)
         compiled = ctx._compiled_for(name, sig, backend)
-        if compiled.engine(backend) != "vm":
+        engine = compiled.engine(backend)
+        if engine != "vm":
             runner = compiled.runner(backend)
             with ctx._running():
-                result = runner.run(values)
+                result = runner.run(values, max_stack_depth) if engine == "native" \
+                    else runner.run(values)
             self.last_steps = runner.steps
             return result
         lowered = ctx.program_lowered(name, sig, backend)

@@ -11,10 +11,14 @@ and the benchmarks (through :func:`prepare` / :func:`compile_program`).
 - :func:`~autobatch.fused.fuse` turns a program whose ``main`` makes no call
   into one fused loop (:class:`~autobatch.fused.FusedProgram`).
 
-Engine choice (:meth:`Compiled.engine`): the fused loop where the backend
-declares ``fused_loops`` (NumPy) and the program fuses; the VM otherwise
-(recursion, calls, TensorFlow).  Both give the reference's results bit for
-bit; the fused loop has no program counter, stacks or per-step selection.
+Engine choice (:meth:`Compiled.engine`): the backend's own compiler where it
+has one (JAX); the native engine (:mod:`autobatch.native`, numba, one thread
+per lane) where the backend allows it (``NumpyBackend(native=None)``, the
+default: where numba imports and the program lowers; ``native=True``:
+always); else the fused loop where the backend declares ``fused_loops``
+(NumPy) and the program fuses; the VM otherwise (recursion, calls,
+TensorFlow).  All give the reference's results bit for bit; the fused loop
+has no program counter, stacks or per-step selection.
 
 Also here, because every executor needs them: :func:`batch_size` and
 :func:`argument_types` (the per-thread types of batched arguments), from
@@ -64,6 +68,7 @@ class Compiled:
     program: Program
     _lowered: Optional[LoweredProgram] = None
     _fused: Any = field(default=False)  # False: not tried yet; None: does not fuse
+    _native: Any = field(default=False)  # False: not tried yet; else NativeProgram or reason
     _compiled_by: Dict[Any, Any] = field(default_factory=dict)
 
     @property
@@ -81,12 +86,46 @@ class Compiled:
             self._fused = fuse(self.program)
         return self._fused
 
+    def native(self, backend: Any) -> Any:
+        """The :class:`~autobatch.native.NativeProgram` where ``backend``
+        allows the native engine and it can run this program, else None.
+        Raises :class:`~autobatch.errors.NativeEngineError` where the
+        backend demands it (``native=True``) and it cannot."""
+        mode = getattr(backend, "native", False)
+        if mode is False:
+            return None
+        from autobatch import native
+        from autobatch.errors import NativeEngineError
+        if mode is None and not native.auto_enabled():
+            return None
+        if not native.available():
+            raise NativeEngineError(
+                "NumpyBackend(native=True) needs numba, which does not import; install it "
+                "(pip install numba, or memopt[fast]) or pass native=None (the automatic "
+                "choice) or native=False")
+        if self._native is False:
+            try:
+                self._native = native.native_program(self.lowered)
+            except native.Unlowerable as exc:
+                self._native = str(exc)
+        if isinstance(self._native, str):
+            if mode is True:
+                raise NativeEngineError(
+                    f"the native engine cannot run this program: {self._native}; pass "
+                    f"NumpyBackend(native=None) to fall back to the fused loop or the VM "
+                    f"where it cannot")
+            return None
+        return self._native
+
     def engine(self, backend: Any) -> str:
         """What runs this program on ``backend``: ``"compiled"`` (a backend
-        that compiles whole programs itself: JAX), ``"fused"`` (the NumPy
-        fused loop) or ``"vm"``."""
+        that compiles whole programs itself: JAX), ``"native"`` (the numba
+        engine, see :meth:`native`), ``"fused"`` (the NumPy fused loop) or
+        ``"vm"``."""
         if backend.compiles_programs:
             return "compiled"
+        if self.native(backend) is not None:
+            return "native"
         if backend.fused_loops and self.fused is not None:
             return "fused"
         return "vm"
@@ -100,12 +139,16 @@ class Compiled:
 
     def runner(self, backend: Any) -> Any:
         """An object whose ``run(args)`` runs the program on ``backend`` where
-        :meth:`engine` picks the fused loop or the backend's own compiler;
+        :meth:`engine` picks the native engine, the fused loop or the
+        backend's own compiler (the native engine's ``run`` also takes
+        ``max_stack_depth``);
         None where it picks the VM (the caller builds a
         :class:`~autobatch.virtual_machine.VirtualMachine` from :attr:`lowered`)."""
         engine = self.engine(backend)
         if engine == "compiled":
             return self.compiled_by(backend)
+        if engine == "native":
+            return self.native(backend)
         if engine == "fused":
             return self.fused
         return None

@@ -122,6 +122,10 @@ class Abilities(abc.ABC):
     #: returning an object with ``run(args)``), as the JAX backend does; the
     #: VM's array protocol below is then not used.
     compiles_programs: bool = False
+    #: Whether programs may run on the native engine (:mod:`autobatch.native`,
+    #: numba): False never, None where numba imports and the program lowers
+    #: (the automatic choice), True always (NativeEngineError where it cannot).
+    native: Optional[bool] = False
 
     def cache_key(self) -> Tuple[Any, ...]:
         """What makes two backend objects interchangeable for compiled code

@@ -10,7 +10,7 @@ O(batch^2).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
@@ -26,6 +26,21 @@ class NumpyBackend(Backend):
     name = "numpy"
     #: Call-free programs run as one fused loop (:mod:`autobatch.fused`).
     fused_loops = True
+
+    def __init__(self, native: Optional[bool] = None) -> None:
+        """``native``: run programs on the native engine (:mod:`autobatch.native`,
+        compiled by numba, one thread per lane) -- None (default): where numba
+        imports, ``AUTOBATCH_NATIVE`` is not ``0`` and every primop and
+        variable lowers, else the fused loop or the VM as before; True:
+        always (:class:`~autobatch.errors.NativeEngineError` where it
+        cannot); False: never."""
+        if native not in (None, True, False):
+            raise ValueError(f"NumpyBackend(native=...) takes None (automatic), True or "
+                             f"False, got {native!r}")
+        self.native = native
+
+    def cache_key(self) -> Tuple[Any, ...]:
+        return (type(self), self.native)
 
     # -- storage ------------------------------------------------------------------
     def fill(self, tensor_type: TensorType, batch_size: int, value: Any = 0) -> np.ndarray:
@@ -144,6 +159,11 @@ class MaskedNumpyBackend(NumpyBackend):
     name = "numpy-masked"
     compaction = False  # fixed shapes, as under XLA
     fused_loops = False  # runs every program on the VM, as a TensorFlow backend does
+
+    def __init__(self, native: Optional[bool] = False) -> None:
+        """As :class:`NumpyBackend`, but the native engine is off by default
+        (this backend exists to run the VM with masks)."""
+        super().__init__(native)
 
     @staticmethod
     def _rows(mask: np.ndarray, ndim: int) -> np.ndarray:
