@@ -70,7 +70,8 @@ class _Generator:
         self.halt = len(lowered.blocks)
         self.names: Dict[str, List[str]] = {}   # var -> leaf locals
         self.kinds: Dict[str, List[str]] = {}   # var -> leaf kinds
-        for k, var in enumerate(sorted(lowered.var_types)):
+        # the program's own variables first, so an error names one of them
+        for var in sorted(lowered.var_types, key=lambda v: (v.startswith("<"), v)):
             typ = lowered.var_types[var]
             kinds = []
             for leaf in typ.leaves():

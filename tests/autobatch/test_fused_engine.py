@@ -18,7 +18,7 @@ from autobatch.fused import fuse
 from autobatch.pipeline import argument_types, compile_program
 from autobatch.virtual_machine import execute
 
-BACKEND = NumpyBackend()
+BACKEND = NumpyBackend(native=False)  # these tests are about the fused loop
 
 
 def _leaves(value):
