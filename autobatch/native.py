@@ -41,7 +41,7 @@ from autobatch.native_codegen import KernelPlan, kernel_source
 from autobatch.native_expr import Unlowerable
 
 __all__ = ["available", "auto_enabled", "native_program", "NativeProgram", "Unlowerable",
-           "cache_dir"]
+           "cache_dir", "forget_compiled"]
 
 _numba: Any = None
 _lock = threading.Lock()
@@ -107,6 +107,15 @@ def _load_kernel(source: str) -> Any:
         kernel = module.kernel
         _kernels[digest] = kernel
         return kernel
+
+
+def forget_compiled() -> None:
+    """Drop this process's compiled kernels (the next use loads them from
+    the disk cache again, as a new process would)."""
+    with _lock:
+        for digest in list(_kernels):
+            sys.modules.pop(f"autobatch_kernel_{digest}", None)
+        _kernels.clear()
 
 
 class NativeProgram:

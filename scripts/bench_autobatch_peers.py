@@ -13,13 +13,20 @@ batch 1,000.
 
 Peers, side by side:
 
-- autobatch NumPy: the engine the pipeline picks on the NumPy backend (the
-  fused loop for call-free programs, the VM otherwise); autobatch JAX: the
+- autobatch NumPy: the engine the pipeline picks on the NumPy backend with
+  the native engine off (the fused loop for call-free programs, the VM
+  otherwise); autobatch native: ``NumpyBackend(native=True)``, the numba
+  engine (:mod:`autobatch.native`; "n/a" where the program does not lower:
+  NUTS-shaped's vector values), its "first call" compiling the kernel (a new
+  cache directory per bench run; numba's compiler started once before any
+  timing, as JAX's runtime is) and "first call native, disk cache" the same
+  again with the kernel loaded from numba's disk cache; autobatch JAX: the
   JAX backend (call-free programs: Collatz, gcd), in this process (JAX's
   runtime started before any timing; the backend's import makes its CPU
   client dispatch synchronously, see :mod:`autobatch.backends.jax`; NumPy in,
   NumPy out).  "First call" types, allocates, lowers, fuses or jits, and
-  runs, from scratch; "best ours" is the faster of the two.
+  runs, from scratch; "best ours" is the fastest of the three (its first
+  call is in "first call ours").
 - JAX: ``jax.jit(jax.vmap(f))`` with ``lax.while_loop`` / ``lax.cond``
   (64-bit, JAX's defaults otherwise), in its own venv (``python3 -m venv
   .jax-venv && .jax-venv/bin/pip install "jax[cpu]"``), run in a subprocess
@@ -287,27 +294,49 @@ def workloads(quick: bool, seed: int) -> List[Workload]:
     return out
 
 
-def run_ours(work: Workload, repeat: int, backend: Any) -> Optional[Dict[str, Any]]:
-    """autobatch on ``backend`` with the engine the pipeline picks (None
-    where the backend cannot run the program: JAX and calls)."""
-    from autobatch.errors import ProgramError
+def _first_run(work: Workload, backend: Any) -> Optional[Tuple[str, Any, Any, float]]:
+    """Type, allocate, lower (fuse, generate) and run once, from scratch:
+    ``(engine, runner, result, seconds)``; None where the backend cannot run
+    the program (JAX and calls; the native engine and vector values)."""
+    from autobatch.errors import NativeEngineError, ProgramError
     from autobatch.pipeline import argument_types, compile_program
 
     t0 = time.perf_counter()
     compiled = compile_program(work.program(), argument_types(work.args, backend), backend)
-    engine = compiled.engine(backend)
     try:
+        engine = compiled.engine(backend)
         runner = compiled.runner(backend)
-    except ProgramError:
+    except (ProgramError, NativeEngineError):
         return None
     if runner is None:
         from autobatch.virtual_machine import VirtualMachine
         runner = VirtualMachine(compiled.lowered, backend, work.depth)
-    result = runner.run(work.args)
-    first = time.perf_counter() - t0
-    want = work.python()
+    result = runner.run(work.args, work.depth) if engine == "native" else runner.run(work.args)
+    return engine, runner, result, time.perf_counter() - t0
+
+
+def run_ours(work: Workload, repeat: int, backend: Any, want: Any = None
+             ) -> Optional[Dict[str, Any]]:
+    """autobatch on ``backend`` with the engine the pipeline picks (None
+    where the backend cannot run the program).  The native engine's first
+    call compiles (its cache directory is new for this run); ``"cached"``
+    is a first call again, its kernel loaded from numba's disk cache."""
+    done = _first_run(work, backend)
+    if done is None:
+        return None
+    engine, runner, result, first = done
+    want = work.python() if want is None else want
     if not same(result, want):
         raise AssertionError(f"{work.label}: autobatch ({backend}) disagrees with plain Python")
+    if engine == "native":
+        steady = median_time(lambda: runner.run(work.args, work.depth), repeat)
+        from autobatch import native
+        native.forget_compiled()
+        cached = _first_run(work, backend)
+        if not same(cached[2], want):
+            raise AssertionError(f"{work.label}: autobatch (native, cached) disagrees")
+        return {"engine": engine, "first": first, "steady": steady, "want": want,
+                "cached": cached[3]}
     steady = median_time(lambda: runner.run(work.args), repeat)
     return {"engine": engine, "first": first, "steady": steady, "want": want}
 
@@ -340,6 +369,8 @@ def jax_run(python: str, work: Workload, repeat: int, want: Any, timeout: float
 def fmt(seconds: Optional[float]) -> str:
     if seconds is None:
         return "-"
+    if seconds < 0.01:
+        return f"{seconds * 1e3:.2f} ms"
     if seconds < 0.1:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds:.3f} s" if seconds < 10 else f"{seconds:.1f} s"
@@ -371,6 +402,8 @@ def main() -> None:
     parser.add_argument("--no-jax", action="store_true",
                         help="run neither JAX peer nor autobatch's JAX backend")
     parser.add_argument("--no-tfp", action="store_true")
+    parser.add_argument("--no-native", action="store_true",
+                        help="do not run autobatch's native (numba) engine")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds per peer subprocess")
     parser.add_argument("--jax-worker", nargs=3, help=argparse.SUPPRESS)
@@ -387,11 +420,21 @@ def main() -> None:
     print(f"NumPy {np.__version__}, BLAS threads 1; steady: median of {args.repeat}; "
           f"JAX: {jax_python or 'not run'}; TFP 0.25 (XLA): {tfp_python or 'not run'}\n")
     print("| workload | batch | NumPy engine | autobatch NumPy | autobatch JAX | "
-          "JAX jit(vmap) | hand NumPy | plain Python | TFP 0.25 XLA | best ours / JAX | "
-          "NumPy / hand | Python / best ours | first call ours | first call JAX | "
-          "first ours / JAX |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "autobatch native | JAX jit(vmap) | hand NumPy | plain Python | TFP 0.25 XLA | "
+          "best ours / JAX | NumPy / hand | Python / best ours | first call ours | "
+          "first call native, disk cache | first call JAX | first ours / JAX |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+          "---:|")
     from autobatch.backends.numpy import NumpyBackend
+    from autobatch import native
+    native_backend = None
+    if not args.no_native and native.available():
+        # A new cache directory: first calls compile.  numba's compiler
+        # starts once per process before any timing, as JAX's runtime does.
+        os.environ["AUTOBATCH_NATIVE_CACHE"] = tempfile.mkdtemp(prefix="bench-native-")
+        import numba
+        numba.njit(lambda v: v + 1)(1)
+        native_backend = NumpyBackend(native=True)
     jax_backend = None
     if not args.no_jax:
         from autobatch.backends.jax import JaxBackend
@@ -405,11 +448,14 @@ def main() -> None:
     for work in workloads(args.quick, args.seed):
         if only and work.key not in only:
             continue
-        ours = run_ours(work, args.repeat, NumpyBackend())
+        ours = run_ours(work, args.repeat, NumpyBackend(native=False))
         want = ours["want"]
-        ours_jax = run_ours(work, args.repeat, jax_backend) \
+        ours_jax = run_ours(work, args.repeat, jax_backend, want) \
             if jax_backend is not None and work.key in ("collatz", "gcd") else None
-        best = ours if ours_jax is None or ours["steady"] <= ours_jax["steady"] else ours_jax
+        ours_native = run_ours(work, args.repeat, native_backend, want) \
+            if native_backend is not None else None
+        best = min((r for r in (ours, ours_jax, ours_native) if r is not None),
+                   key=lambda r: r["steady"])
         jax = jax_run(jax_python, work, args.repeat, want, args.timeout) \
             if jax_python else None
         tfp = tfp_run(tfp_python, work, max(1, args.repeat // 2), want, args.timeout) \
@@ -427,10 +473,13 @@ def main() -> None:
         jax_first, jax_f = peer_cell(jax, "first")
         tfp_steady, _ = peer_cell(tfp, "steady")
         ours_jax_cell = fmt(ours_jax["steady"]) if ours_jax else "n/a"
+        native_cell = fmt(ours_native["steady"]) if ours_native else "n/a"
+        cached_cell = fmt(ours_native["cached"]) if ours_native else "n/a"
         print(f"| {work.label} | {work.batch:,} | {ours['engine']} | {fmt(ours['steady'])} | "
-              f"{ours_jax_cell} | {jax_steady} | {fmt(hand)} | {fmt(py)} | {tfp_steady} | "
-              f"{ratio(best['steady'], jax_s)} | {ratio(ours['steady'], hand)} | "
-              f"{ratio(py, best['steady'])} | {fmt(best['first'])} | {jax_first} | "
+              f"{ours_jax_cell} | {native_cell} | {jax_steady} | {fmt(hand)} | {fmt(py)} | "
+              f"{tfp_steady} | {ratio(best['steady'], jax_s)} | "
+              f"{ratio(ours['steady'], hand)} | {ratio(py, best['steady'])} | "
+              f"{fmt(best['first'])} | {cached_cell} | {jax_first} | "
               f"{ratio(best['first'], jax_f)} |", flush=True)
     print(f"\nours / X below 1: autobatch is faster.  Total bench time "
           f"{time.perf_counter() - start:.0f} s.")
