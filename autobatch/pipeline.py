@@ -26,6 +26,7 @@ Also here, because every executor needs them: :func:`batch_size` and
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -108,6 +109,8 @@ class Compiled:
                 self._native = native.native_program(self.lowered)
             except native.Unlowerable as exc:
                 self._native = str(exc)
+                logging.getLogger("autobatch.native").debug(
+                    "native engine not used: %s", self._native)
         if isinstance(self._native, str):
             if mode is True:
                 raise NativeEngineError(

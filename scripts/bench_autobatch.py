@@ -174,7 +174,7 @@ def main() -> None:
                         help="with --tf: a Python that has TFP 0.25 (see bench_autobatch_tf.py)")
     args = parser.parse_args()
     repeat = 1 if args.quick else args.repeat
-    backend = NumpyBackend()
+    backend = NumpyBackend(native=False)  # the native engine: bench_autobatch_peers.py
     rng = np.random.default_rng(args.seed)
     print(f"autobatch, NumPy {np.__version__} backend, BLAS threads "
           f"{os.environ.get('OPENBLAS_NUM_THREADS')}, median of {repeat} run(s)\n")
