@@ -42,7 +42,7 @@ from autobatch.native_expr import KIND_OF_DTYPE, Scalar, Unlowerable, leaves, sc
 __all__ = ["KernelPlan", "kernel_source"]
 
 _NUMBA_TYPE = {"b": "np.bool_", "i": "np.int64", "f": "np.float64"}
-_ZERO = {"b": "False", "i": "np.int64(0)", "f": "np.float64(0.0)"}
+_ZERO = {"b": "False", "i": "0", "f": "0.0"}
 _WIDENS = {("b", "i"), ("b", "f"), ("i", "f")}
 
 
@@ -251,17 +251,19 @@ class _Generator:
             "",
             "@numba.njit(cache=True, error_model='numpy', nogil=True)",
             f"def kernel({', '.join(in_args + out_args + ['status', 'max_depth'])}):",
-            "    for lane in range(status.shape[0]):",
         ]
+        # Stacks are made once and reused by every lane: a lane reads a frame
+        # only after writing it (a pop follows its push at the same depth).
+        for var in full:
+            for name, kind in zip(self.names[var], self.kinds[var]):
+                head.append(f"    s_{name} = np.zeros(max_depth + 1, {_NUMBA_TYPE[kind]})")
+        if lowered.pc_alloc == VariableAllocation.FULL:
+            head.append("    pcs = np.empty(max_depth + 1, np.int32)")
+            head.append(f"    pcs[0] = {self.halt}")
+        head.append("    for lane in range(status.shape[0]):")
         for var in sorted(lowered.var_types):
             for name, kind in zip(self.names[var], self.kinds[var]):
                 head.append(f"        {name} = {_ZERO[kind]}")
-                if var in full:
-                    head.append(f"        s_{name} = np.zeros(max_depth + 1, "
-                                f"{_NUMBA_TYPE[kind]})")
-        if lowered.pc_alloc == VariableAllocation.FULL:
-            head.append("        pcs = np.empty(max_depth + 1, np.int32)")
-            head.append(f"        pcs[0] = {self.halt}")
         head.append("        depth = 1")
         for name, arg in zip(ins, in_args):
             head.append(f"        {name} = {arg}[lane]")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dis
 import numbers
+import re
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
@@ -75,13 +76,13 @@ def _literal(value: Any, what: str) -> Scalar:
     if isinstance(value, numbers.Integral):
         if not -2 ** 63 <= int(value) < 2 ** 63:
             raise Unlowerable(f"{what} ({value}) does not fit in int64")
-        return Scalar(f"np.int64({int(value)})", "i")
+        return Scalar(str(int(value)), "i")
     if isinstance(value, float):
         if value != value:
             return Scalar("np.nan", "f")
         if value in (float("inf"), float("-inf")):
             return Scalar("np.inf" if value > 0 else "(-np.inf)", "f")
-        return Scalar(f"np.float64({value!r})", "f")
+        return Scalar(repr(value), "f")
     raise Unlowerable(f"{what} is a {type(value).__name__} ({value!r}); only bool, int and "
                       f"float constants lower")
 
@@ -111,26 +112,30 @@ def _binary(op: str, a: Value, b: Value) -> Scalar:
     if op in ("+", "-", "*", "//", "%"):
         if kinds == ("b", "b"):
             raise Unlowerable(f"{op!r} of two bools (NumPy gives a bool, a scalar an int)")
-        kind = _top(*kinds)
-        if kind == "i":  # a bool operand counts as an int, as in NumPy
-            return Scalar(f"(np.int64({a.src}) {op} np.int64({b.src}))", "i")
-        return Scalar(f"(np.float64({a.src}) {op} np.float64({b.src}))", "f")
+        # a bool operand counts as an int, as in NumPy
+        return Scalar(f"({_as_number(a)} {op} {_as_number(b)})", _top(*kinds))
     if op == "/":
         if "b" in kinds:
             raise Unlowerable("'/' with a bool operand")
-        return Scalar(f"(np.float64({a.src}) / np.float64({b.src}))", "f")
+        return Scalar(f"({a.src} / {b.src})", "f")
     if op in ("&", "|", "^"):
         if "f" in kinds:
             raise Unlowerable(f"{op!r} of a float")
         if kinds == ("b", "b"):
             return Scalar(f"({a.src} {op} {b.src})", "b")
-        return Scalar(f"(np.int64({a.src}) {op} np.int64({b.src}))", "i")
+        return Scalar(f"({_as_number(a)} {op} {_as_number(b)})", "i")
     if op in ("<<", ">>"):
         if kinds != ("i", "i"):
             raise Unlowerable(f"{op!r} of a non-int")
         return Scalar(f"({a.src} {op} {b.src})", "i")
     raise Unlowerable(f"operator {op!r} (NumPy's and a compiled scalar's results may "
                       f"differ)")
+
+
+def _as_number(v: Scalar) -> str:
+    """A bool operand of arithmetic as an int64 (NumPy's promotion); others
+    as they are (int64 and float64 locals, literals)."""
+    return f"np.int64({v.src})" if v.kind == "b" else v.src
 
 
 def _truth(v: Value) -> Scalar:
@@ -246,9 +251,9 @@ def scalar_expression(function: Any, args: Sequence[Value], what: str) -> Value:
                 if not isinstance(value, tuple):
                     raise Unlowerable("indexes a value that is not a tuple (per thread)")
                 if not (isinstance(index, Scalar) and index.kind == "i"
-                        and index.src.startswith("np.int64(")):
+                        and re.fullmatch(r"-?\d+", index.src)):
                     raise Unlowerable("indexes a tuple with a non-constant")
-                stack.append(value[int(index.src[len("np.int64("):-1])])
+                stack.append(value[int(index.src)])
             elif name == "BUILD_TUPLE":
                 n = ins.argval
                 items = tuple(stack[len(stack) - n:]) if n else ()

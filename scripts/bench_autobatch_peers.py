@@ -18,7 +18,7 @@ Peers, side by side:
   otherwise); autobatch native: ``NumpyBackend(native=True)``, the numba
   engine (:mod:`autobatch.native`; "n/a" where the program does not lower:
   NUTS-shaped's vector values), its "first call" compiling the kernel (a new
-  cache directory per bench run; numba's compiler started once before any
+  cache directory per row, nothing compiled kept in memory; numba's compiler started once before any
   timing, as JAX's runtime is) and "first call native, disk cache" the same
   again with the kernel loaded from numba's disk cache; autobatch JAX: the
   JAX backend (call-free programs: Collatz, gcd), in this process (JAX's
@@ -321,6 +321,11 @@ def run_ours(work: Workload, repeat: int, backend: Any, want: Any = None
     where the backend cannot run the program).  The native engine's first
     call compiles (its cache directory is new for this run); ``"cached"``
     is a first call again, its kernel loaded from numba's disk cache."""
+    if getattr(backend, "native", False):
+        # every row compiles: nothing in memory, a new cache directory
+        from autobatch import native
+        native.forget_compiled()
+        os.environ["AUTOBATCH_NATIVE_CACHE"] = tempfile.mkdtemp(prefix="bench-native-")
     done = _first_run(work, backend)
     if done is None:
         return None
@@ -429,9 +434,8 @@ def main() -> None:
     from autobatch import native
     native_backend = None
     if not args.no_native and native.available():
-        # A new cache directory: first calls compile.  numba's compiler
-        # starts once per process before any timing, as JAX's runtime does.
-        os.environ["AUTOBATCH_NATIVE_CACHE"] = tempfile.mkdtemp(prefix="bench-native-")
+        # numba's compiler starts once per process before any timing, as
+        # JAX's runtime does.
         import numba
         numba.njit(lambda v: v + 1)(1)
         native_backend = NumpyBackend(native=True)
