@@ -17,10 +17,11 @@ Peers, side by side:
   the native engine off (the fused loop for call-free programs, the VM
   otherwise); autobatch native: ``NumpyBackend(native=True)``, the numba
   engine (:mod:`autobatch.native`; "n/a" where the program does not lower:
-  NUTS-shaped's vector values), its "first call" compiling the kernel (a new
-  cache directory per row, nothing compiled kept in memory; numba's compiler started once before any
-  timing, as JAX's runtime is) and "first call native, disk cache" the same
-  again with the kernel loaded from numba's disk cache; autobatch JAX: the
+  NUTS-shaped's vector values), its "first call" compiling the kernel (a
+  new cache directory per row, nothing compiled kept in memory; numba's
+  compiler started once before any timing, as JAX's runtime is) and "first
+  call native, disk cache" the same again with the kernel loaded from
+  numba's disk cache; autobatch JAX: the
   JAX backend (call-free programs: Collatz, gcd), in this process (JAX's
   runtime started before any timing; the backend's import makes its CPU
   client dispatch synchronously, see :mod:`autobatch.backends.jax`; NumPy in,
