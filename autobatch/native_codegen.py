@@ -28,13 +28,13 @@ a primop it cannot read) raises :class:`~autobatch.native_expr.Unlowerable`.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
 from autobatch.instructions import (
     BranchOp, CopyOp, GotoOp, IndirectGotoOp, PopOp, PrimOp, PushGotoOp, PushOp,
-    VariableAllocation, pattern_leaves,
+    VariableAllocation,
 )
 from autobatch.lowering import LoweredProgram
 from autobatch.native_expr import KIND_OF_DTYPE, Scalar, Unlowerable, leaves, scalar_expression

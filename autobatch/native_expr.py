@@ -29,7 +29,7 @@ from __future__ import annotations
 import dis
 import numbers
 import re
-from typing import Any, Dict, List, Sequence, Tuple, Union
+from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
 
@@ -302,13 +302,3 @@ def leaves(value: Value) -> List[Scalar]:
         return out
     return [value]
 
-
-def structure(value: Value) -> Any:
-    """The tuple nesting of ``value`` (None for a scalar)."""
-    if isinstance(value, tuple):
-        return tuple(structure(v) for v in value)
-    return None
-
-
-def as_tuple_of(value: Value) -> Tuple[Value, ...]:
-    return value if isinstance(value, tuple) else (value,)

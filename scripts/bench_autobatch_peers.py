@@ -27,7 +27,9 @@ Peers, side by side:
   client dispatch synchronously, see :mod:`autobatch.backends.jax`; NumPy in,
   NumPy out).  "First call" types, allocates, lowers, fuses or jits, and
   runs, from scratch; "best ours" is the fastest of the three (its first
-  call is in "first call ours").
+  call is in "first call ours"); "default" is what ``NumpyBackend()`` runs
+  with numba installed (native where the program lowers, else the NumPy
+  column's engine).
 - JAX: ``jax.jit(jax.vmap(f))`` with ``lax.while_loop`` / ``lax.cond``
   (64-bit, JAX's defaults otherwise), in its own venv (``python3 -m venv
   .jax-venv && .jax-venv/bin/pip install "jax[cpu]"``), run in a subprocess
@@ -427,10 +429,11 @@ def main() -> None:
           f"JAX: {jax_python or 'not run'}; TFP 0.25 (XLA): {tfp_python or 'not run'}\n")
     print("| workload | batch | NumPy engine | autobatch NumPy | autobatch JAX | "
           "autobatch native | JAX jit(vmap) | hand NumPy | plain Python | TFP 0.25 XLA | "
-          "best ours / JAX | NumPy / hand | Python / best ours | first call ours | "
+          "best ours / JAX | NumPy / hand | default / hand | Python / best ours | "
+          "first call ours | "
           "first call native, disk cache | first call JAX | first ours / JAX |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-          "---:|")
+          "---:|---:|")
     from autobatch.backends.numpy import NumpyBackend
     from autobatch import native
     native_backend = None
@@ -461,6 +464,8 @@ def main() -> None:
             if native_backend is not None else None
         best = min((r for r in (ours, ours_jax, ours_native) if r is not None),
                    key=lambda r: r["steady"])
+        # what NumpyBackend() runs by default: native where the program lowers
+        default = ours_native if ours_native is not None else ours
         jax = jax_run(jax_python, work, args.repeat, want, args.timeout) \
             if jax_python else None
         tfp = tfp_run(tfp_python, work, max(1, args.repeat // 2), want, args.timeout) \
@@ -483,7 +488,8 @@ def main() -> None:
         print(f"| {work.label} | {work.batch:,} | {ours['engine']} | {fmt(ours['steady'])} | "
               f"{ours_jax_cell} | {native_cell} | {jax_steady} | {fmt(hand)} | {fmt(py)} | "
               f"{tfp_steady} | {ratio(best['steady'], jax_s)} | "
-              f"{ratio(ours['steady'], hand)} | {ratio(py, best['steady'])} | "
+              f"{ratio(ours['steady'], hand)} | {ratio(default['steady'], hand)} | "
+              f"{ratio(py, best['steady'])} | "
               f"{fmt(best['first'])} | {cached_cell} | {jax_first} | "
               f"{ratio(best['first'], jax_f)} |", flush=True)
     print(f"\nours / X below 1: autobatch is faster.  Total bench time "
