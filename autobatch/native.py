@@ -4,7 +4,9 @@
 into a :class:`NativeProgram` (or raises
 :class:`~autobatch.native_expr.Unlowerable`); its :meth:`NativeProgram.run`
 takes and returns what :meth:`autobatch.virtual_machine.VirtualMachine.run`
-does, bit for bit, and raises the same
+does, bit for bit (a NaN is a NaN, but its sign bit may differ: LLVM, like
+NumPy's own vector loops, does not keep it through arithmetic), and raises
+the same
 :class:`~autobatch.errors.StackOverflowError`.  Where each thread's control
 flow diverges (recursion, data-dependent loops) running threads one after
 another in compiled code does only the work each thread needs; see

@@ -113,7 +113,14 @@ def _binary(op: str, a: Value, b: Value) -> Scalar:
         if kinds == ("b", "b"):
             raise Unlowerable(f"{op!r} of two bools (NumPy gives a bool, a scalar an int)")
         # a bool operand counts as an int, as in NumPy
-        return Scalar(f"({_as_number(a)} {op} {_as_number(b)})", _top(*kinds))
+        kind = _top(*kinds)
+        x, y = _as_number(a), _as_number(b)
+        if op == "//" and kind == "i" and not re.fullmatch(r"\d+", y):
+            # NumPy wraps INT64_MIN // -1 to INT64_MIN (numba gives 0)
+            if y == "-1":
+                return Scalar(f"(-{x})", "i")
+            return Scalar(f"(({x} // {y}) if {y} != -1 else -{x})", "i")
+        return Scalar(f"({x} {op} {y})", kind)
     if op == "/":
         if "b" in kinds:
             raise Unlowerable("'/' with a bool operand")

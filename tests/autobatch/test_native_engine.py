@@ -91,6 +91,40 @@ def test_a_scalar_argument_is_broadcast_as_the_vm_does():
     _identical(_run(program, args, NATIVE)[1], _run(examples.gcd_pairs(), args, PLAIN)[1])
 
 
+def _binary_program(functions):
+    """``f(a, b) = (functions[0](a, b), functions[1](a, b), ...)``."""
+    ab = ProgramBuilder()
+    with ab.function("f", params=["a", "b"]):
+        for i, function in enumerate(functions):
+            ab.primop(function, f"r{i}", vars_in=("a", "b"))
+        ab.return_(tuple(f"r{i}" for i in range(len(functions))))
+    return ab.program(main="f")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_arithmetic_edge_cases_give_numpys_bits():
+    """Division by zero, negative operands, INT64_MIN // -1, signed zeros
+    and infinities: every bit as NumPy's (NaNs: equal as NaNs; LLVM, like
+    NumPy's own loops, does not promise a NaN's sign)."""
+    ints = (np.array([7, -7, 7, -7, 0, 5, -2 ** 63, 2 ** 63 - 1, 3], np.int64),
+            np.array([2, 2, -2, -2, 3, 0, -1, 2, 0], np.int64))
+    floats = (np.array([7.5, -7.5, 7.5, -0.0, 0.0, 5.0, np.inf, np.nan, 1e308, -3.0]),
+              np.array([2.0, 2.0, -2.0, 3.0, -3.0, 0.0, 2.0, 1.0, 1e-308, np.inf]))
+    functions = [lambda a, b: a // b, lambda a, b: a % b, lambda a, b: a / b,
+                 lambda a, b: a * b - b, lambda a, b: -a + (a < b),
+                 lambda a, b: (a > 0) ^ (b > 0), lambda a, b: a // -1]
+    for a, b in (ints, floats, (ints[0], floats[1][:9])):
+        engine, got = _run(_binary_program(functions), [a, b], NATIVE)
+        _, want = _run(_binary_program(functions), [a, b], PLAIN)
+        assert engine == "native"
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            assert np.array_equal(g, w, equal_nan=g.dtype.kind == "f")
+            if g.dtype.kind == "f":
+                real = ~np.isnan(w)
+                assert np.array_equal(np.signbit(g[real]), np.signbit(w[real]))
+
+
 def test_stack_overflow_is_the_vms_error():
     n = np.array([3, 20, 4])
     with pytest.raises(StackOverflowError) as vm_error:
