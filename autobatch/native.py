@@ -136,8 +136,25 @@ class NativeProgram:
         return self.plan.source
 
     def kernel(self) -> Any:
-        """The compiled kernel (compiled, or loaded from disk, on first use)."""
-        return _load_kernel(self.plan.source)
+        """The compiled kernel (compiled, or loaded from disk, on first use).
+        Raises :class:`~autobatch.native_expr.Unlowerable` where numba
+        cannot compile the generated source (a case the generator should
+        have refused; the automatic choice then falls back)."""
+        if not available():
+            raise Unlowerable("numba is not installed (pip install numba)")
+        kernel = _load_kernel(self.plan.source)
+        if not kernel.signatures:
+            numba = _numba
+            arrays = [numba.typeof(np.empty(1, d)) for d in
+                      self.plan.input_dtypes + self.plan.output_dtypes]
+            signature = tuple(arrays) + (numba.typeof(np.empty(1, np.int32)), numba.int64)
+            try:
+                kernel.compile(signature)
+            except numba.core.errors.NumbaError as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc)
+                raise Unlowerable(f"numba cannot compile the generated kernel "
+                                  f"({kernel.py_func.__module__}): {first}") from exc
+        return kernel
 
     def run(self, args: Sequence[Any], max_stack_depth: Optional[int] = None) -> Any:
         from autobatch.pipeline import DEFAULT_MAX_STACK_DEPTH
@@ -162,7 +179,7 @@ class NativeProgram:
                 inputs.append(out)
         outputs = [np.empty(batch, dtype=d) for d in self.plan.output_dtypes]
         status = np.zeros(batch, np.int32)
-        self.kernel()(*inputs, *outputs, status, int(depth))
+        self.kernel()(*inputs, *outputs, status, np.int64(depth))
         bad = np.flatnonzero(status)
         if bad.size:
             callee = self.plan.callees[int(status[bad[0]]) - 1]

@@ -107,6 +107,7 @@ class Compiled:
         if self._native is False:
             try:
                 self._native = native.native_program(self.lowered)
+                self._native.kernel()  # compiled now, or loaded from disk
             except native.Unlowerable as exc:
                 self._native = str(exc)
                 logging.getLogger("autobatch.native").debug(
