@@ -64,8 +64,9 @@ def available() -> bool:
 
 def auto_enabled() -> bool:
     """Whether the automatic engine choice may pick the native engine:
-    numba imports and ``AUTOBATCH_NATIVE`` is not ``0``."""
-    return os.environ.get("AUTOBATCH_NATIVE", "1") != "0" and available()
+    ``AUTOBATCH_NATIVE`` is not ``0`` (numba is asked for later, only for a
+    program that lowers)."""
+    return os.environ.get("AUTOBATCH_NATIVE", "1") != "0"
 
 
 def cache_dir() -> str:

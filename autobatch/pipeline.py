@@ -91,35 +91,44 @@ class Compiled:
         """The :class:`~autobatch.native.NativeProgram` where ``backend``
         allows the native engine and it can run this program, else None.
         Raises :class:`~autobatch.errors.NativeEngineError` where the
-        backend demands it (``native=True``) and it cannot."""
+        backend demands it (``native=True``) and it cannot.  The kernel is
+        generated first (no numba needed), so a program that does not lower
+        never imports numba; then compiled, or loaded from disk."""
         mode = getattr(backend, "native", False)
         if mode is False:
             return None
         from autobatch import native
-        from autobatch.errors import NativeEngineError
         if mode is None and not native.auto_enabled():
             return None
-        if not native.available():
-            raise NativeEngineError(
-                "NumpyBackend(native=True) needs numba, which does not import; install it "
-                "(pip install numba, or memopt[fast]) or pass native=None (the automatic "
-                "choice) or native=False")
         if self._native is False:
             try:
                 self._native = native.native_program(self.lowered)
+            except native.Unlowerable as exc:
+                self._native = str(exc)
+        if not isinstance(self._native, str):
+            if not native.available():
+                return self._refuse(mode, "it needs numba, which does not import; install "
+                                          "it (pip install numba, or memopt[fast])")
+            try:
                 self._native.kernel()  # compiled now, or loaded from disk
             except native.Unlowerable as exc:
                 self._native = str(exc)
-                logging.getLogger("autobatch.native").debug(
-                    "native engine not used: %s", self._native)
         if isinstance(self._native, str):
-            if mode is True:
-                raise NativeEngineError(
-                    f"the native engine cannot run this program: {self._native}; pass "
-                    f"NumpyBackend(native=None) to fall back to the fused loop or the VM "
-                    f"where it cannot")
-            return None
+            return self._refuse(mode, f"the native engine cannot run this program: "
+                                      f"{self._native}")
         return self._native
+
+    @staticmethod
+    def _refuse(mode: Any, reason: str) -> None:
+        """None (the automatic choice falls back), or NativeEngineError
+        where the backend demands the native engine."""
+        if mode is True:
+            from autobatch.errors import NativeEngineError
+            raise NativeEngineError(f"NumpyBackend(native=True): {reason}; pass native=None "
+                                    f"to fall back to the fused loop or the VM where the "
+                                    f"native engine cannot run, or native=False")
+        logging.getLogger("autobatch.native").debug("native engine not used: %s", reason)
+        return None
 
     def engine(self, backend: Any) -> str:
         """What runs this program on ``backend``: ``"compiled"`` (a backend

@@ -230,3 +230,22 @@ def test_a_new_process_loads_the_compiled_kernel_from_disk(tmp_path):
     total = sum(examples.fib_python(v) for v in range(15))
     assert _child("", tmp_path)[0] == f"None native {total} 0"   # compiled
     assert _child("", tmp_path)[0] == f"None native {total} 1"   # loaded from disk
+
+
+def test_a_program_that_does_not_lower_never_imports_numba(tmp_path):
+    code = textwrap.dedent("""
+        import sys, numpy as np
+        from autobatch import examples
+        from autobatch.backends.numpy import NumpyBackend
+        from autobatch.pipeline import argument_types, compile_program
+        matrix, weights = examples.nuts_problem(8)
+        x = np.ones((2, 8))
+        b = NumpyBackend()
+        c = compile_program(examples.nuts_shaped(matrix, weights, 2), argument_types([x], b), b)
+        print(c.engine(b), "numba" in sys.modules)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT, AUTOBATCH_NATIVE_CACHE=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["vm", "False"]
