@@ -2,8 +2,10 @@
 
 In the manner of TensorFlow Probability's ``auto_batching``: a Python function
 with recursion, branches and loops is turned into an instruction program and
-run by a batched program-counter VM on NumPy or TensorFlow.  Names are
-re-exported lazily so that ``import autobatch`` needs NumPy at most.
+run by a batched program-counter VM on NumPy or TensorFlow (or, on NumPy
+with numba installed, by one compiled kernel that runs each thread's own
+control flow: :mod:`autobatch.native`).  Names are re-exported lazily so
+that ``import autobatch`` needs NumPy at most.
 """
 from importlib import import_module
 
