@@ -13,10 +13,10 @@ sequential program:
   addresses have one too (slot 0 holds *halt*, main's return address), and
   ``depth`` starts at 1, as in :mod:`autobatch.virtual_machine`;
 - ``pc`` is the index of the block to run next; each block is one arm of an
-  ``if pc == k`` chain inside ``while True``, and a jump to a block that
-  does not close a cycle runs that block's code inline (so a loop's whole
-  body is one arm, one dispatch per pass; arms stop inlining past
-  ``budget`` lines); a call checks
+  ``if pc == k`` chain inside ``while True``, and a jump (not a call) to a
+  block that does not close a cycle runs that block's code inline (so a
+  loop's whole body is one arm, one dispatch per pass; arms stop inlining
+  past ``budget`` lines); a call checks
   ``depth <= max_depth`` first and otherwise stops the thread with its
   ``status`` set to ``1 + the called function's index`` (the engine raises
   the VM's :class:`~autobatch.errors.StackOverflowError`).
