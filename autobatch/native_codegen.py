@@ -228,6 +228,8 @@ class _Generator:
             raise Unlowerable(f"block {block.name!r}: terminator {type(term).__name__}")
 
     def source(self) -> KernelPlan:
+        """The kernel: stacks, then per lane its locals, inputs, the
+        dispatch loop over the blocks some code jumps to, its outputs."""
         lowered = self.lowered
         ins = [n for v in lowered.inputs for n in self.names[v]]
         outs = self.names[lowered.output]
@@ -274,7 +276,7 @@ class _Generator:
         head.append("        while True:")
         head.append(f"            if pc == {self.halt}:")
         head.append("                break")
-        tail = [f"        if status[lane] == 0:"]
+        tail = ["        if status[lane] == 0:"]
         for name, arg in zip(outs, out_args):
             tail.append(f"            {arg}[lane] = {name}")
         text = "\n".join(head + body + tail) + "\n"
