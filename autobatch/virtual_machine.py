@@ -692,6 +692,20 @@ class VirtualMachine:
         return state, [backend.write(r, rows, state[k]) for r, k in zip(results, out_keys)]
 
 
+def _as_declared(program: Program, args: Sequence[Any]) -> List[Any]:
+    """``args`` with each list given for a parameter that a TFP-style
+    ``var_defs`` declares a single tensor made an array of the declared
+    dtype (TFP's tests pass batches as lists; a list is otherwise a tuple
+    value)."""
+    declared = program.given_var_defs or {}
+    out = list(args)
+    for i, param in enumerate(program.main_function.params[:len(out)]):
+        typ = declared.get(param)
+        if isinstance(out[i], list) and typ is not None and isinstance(typ.tensors, TensorType):
+            out[i] = np.asarray(out[i], dtype=typ.tensors.dtype)
+    return out
+
+
 def execute(program: Any, args: Sequence[Any], backend: Any = None,
             max_stack_depth: int = DEFAULT_MAX_STACK_DEPTH,
             block_code_cache: Optional[dict] = None) -> Any:
@@ -712,6 +726,9 @@ def execute(program: Any, args: Sequence[Any], backend: Any = None,
 
     TFP's argument order, ``execute(program, args, max_stack_depth,
     backend)``, is accepted too (an int in ``backend``'s place is the depth).
+    A program lowered by hand in TFP's IR (``program.lowered_by_hand``:
+    push-goto, indirect goto, pops) runs with TFP's per-variable stacks
+    (:mod:`autobatch.stack_vm`).
 
     Returns
     -------
@@ -728,7 +745,11 @@ def execute(program: Any, args: Sequence[Any], backend: Any = None,
     if backend is None:
         from autobatch.backends.default import default_backend
         backend = default_backend(args)
+    if isinstance(program, Program) and program.lowered_by_hand is not None:
+        from autobatch import stack_vm
+        return stack_vm.execute(program.lowered_by_hand, args, max_stack_depth, backend)
     if isinstance(program, Program):
+        args = _as_declared(program, args)
         program = prepare(program, argument_types(args, backend), backend)
     vm = VirtualMachine(program, backend, max_stack_depth, block_code_cache)
     return backend.run_vm(vm, args, block_code_cache)
