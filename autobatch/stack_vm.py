@@ -16,9 +16,13 @@ This is the direct form TFP's own VM has; autobatch's compiled VM
 stack frames follow call depth.  Programs lowered by hand come here because
 their stacks need not: a variable may be pushed twice in one block.
 
-The loop runs in Python, block by block (eager NumPy or TensorFlow).  Inside
-a graph being built (a ``tf.function``, a TF1 graph) the step cannot be
-chosen in Python: :func:`execute` raises a ProgramError saying so.
+Eagerly (NumPy, eager TensorFlow) the loop runs in Python, block by block.
+Inside a graph being built (the user's ``tf.function``, with or without
+``jit_compile``, or a TF1 graph) it is the backend's ``while_loop`` around
+its ``switch_case`` over the blocks, the state every variable's arrays (as
+TFP's VM stages it); stack checks are then graph assertions
+(``tf.errors.InvalidArgumentError`` when one fails; dropped under XLA, and
+with ``TensorFlowBackend(safety_checks=False)``).
 
 Stack depth: as in TFP, ``max_stack_depth`` counts the current value, so a
 variable (or the program counter, which starts with two values: halt and the
@@ -52,18 +56,33 @@ def _parts(value: Any, typ: Any) -> List[Any]:
     return pattern_leaves(as_pattern(value))
 
 
-def _batch_size(program: HandLowered, args: Sequence[Any], backend: Any) -> int:
+def _batch_size(program: HandLowered, args: Sequence[Any], backend: Any) -> Any:
+    """The leading dimension shared by the inputs that have one beyond their
+    Type's shape (1 when none has): an int, or (TensorFlow, a shape not
+    known while tracing) the backend's ``batch_size`` tensor."""
     sizes = set()
+    unknown = None
     for var, value in zip(program.vars_in, args):
         typ = program.var_defs[var]
         for leaf, tt in zip(_parts(value, typ), typ.leaves()):
-            shape = tuple(getattr(leaf, "shape", np.shape(leaf)))
+            shape = getattr(leaf, "shape", None)
+            rank = getattr(shape, "rank", None) if shape is not None else None
+            if shape is None:
+                shape = np.shape(leaf)
+            elif rank is None and not isinstance(shape, tuple):
+                unknown = leaf  # a tensor of unknown rank
+                continue
             if len(shape) > len(tt.shape):
-                sizes.add(int(shape[0]))
+                if shape[0] is None:
+                    unknown = leaf
+                else:
+                    sizes.add(int(shape[0]))
     if len(sizes) > 1:
         raise ProgramError(f"the inputs have different batch sizes {sorted(sizes)}; give "
                            f"every input the same leading dimension")
-    return sizes.pop() if sizes else 1
+    if sizes:
+        return sizes.pop()
+    return backend.batch_size(unknown) if unknown is not None else 1
 
 
 class _Env:
@@ -98,6 +117,22 @@ class _Env:
 
     def pop(self, name: str, mask: Any) -> None:
         self.vars[name] = [v.pop(mask) for v in self._get(name)]
+
+    @staticmethod
+    def _arrays(variable: Any) -> List[str]:
+        return [f for f in variable._fields if f not in ("backend", "name")]
+
+    def dump(self) -> List[Any]:
+        """Every variable's arrays, flat (a graph loop's state)."""
+        return [getattr(v, f) for leaves in self.vars.values() for v in leaves
+                for f in self._arrays(v)]
+
+    def load(self, flat: Any) -> None:
+        """The variables holding the arrays of ``flat`` (from :meth:`dump`)."""
+        flat = iter(flat)
+        for name, leaves in self.vars.items():
+            self.vars[name] = [v._replace(**{f: next(flat) for f in self._arrays(v)})
+                               for v in leaves]
 
     def _get(self, name: str) -> List[Any]:
         try:
@@ -144,6 +179,34 @@ def _run_block(program: HandLowered, index: int, env: _Env, mask: Any, backend: 
                            f"by hand (GotoOp, BranchOp, PushGotoOp, IndirectGotoOp)")
 
 
+def _run_staged(program: HandLowered, env: _Env, backend: Any) -> None:
+    """The loop of :func:`execute` built into the graph being traced: the
+    backend's ``while_loop`` over every variable's arrays, its
+    ``switch_case`` over the blocks (TFP's argument lists, see
+    :mod:`autobatch.backends.tfp_api`)."""
+    halt = len(program.blocks)
+
+    def cond(*flat: Any) -> Any:
+        env.load(flat)
+        return backend.reduce_min(env.read(PC_VAR)) < halt
+
+    def body(*flat: Any) -> Any:
+        env.load(flat)
+        pc = env.read(PC_VAR)
+        index = backend.reduce_min(pc)
+        mask = backend.equal(pc, index)
+
+        def branch(i: int) -> Any:
+            def run() -> Any:
+                env.load(flat)
+                _run_block(program, i, env, mask, backend)
+                return env.dump()
+            return run
+        return backend.switch_case(index, [branch(i) for i in range(halt)])
+
+    env.load(backend.while_loop(cond, body, env.dump()))
+
+
 def execute(program: HandLowered, args: Sequence[Any], max_stack_depth: int,
             backend: Any) -> Any:
     """Run ``program`` over a batch: ``args`` one value per input variable,
@@ -154,13 +217,8 @@ def execute(program: HandLowered, args: Sequence[Any], max_stack_depth: int,
         raise ProgramError(f"{backend!r} compiles whole programs from FunctionCallOp "
                            f"code; a program lowered by hand runs on the NumPy or "
                            f"TensorFlow backend")
-    if not backend.executes_eagerly():
-        raise ProgramError(
-            "a program lowered by hand runs step by step in Python; inside a graph being "
-            "built (tf.function, a TF1 graph) the next block cannot be chosen: call "
-            "virtual_machine.execute outside the graph, or write the program with "
-            "FunctionCallOp and let autobatch lower it (that runs in graphs and XLA)")
     program.check_types()
+    eager = backend.executes_eagerly()
     if len(args) != len(program.vars_in):
         raise ProgramError(f"the program takes {len(program.vars_in)} input(s) "
                            f"{program.vars_in}, got {len(args)}")
@@ -173,20 +231,23 @@ def execute(program: HandLowered, args: Sequence[Any], max_stack_depth: int,
         if len(parts) != len(typ.leaves()):
             raise ProgramError(f"input {var!r} has {len(parts)} part(s), its Type {typ} "
                                f"{len(typ.leaves())}")
-        value = pattern_unflatten(typ.tensors, [
-            backend.as_batched(v, TensorType(t.dtype, t.shape), batch)
-            for v, t in zip(parts, typ.leaves())])
-        env.write(var, value, everyone, push=True)
+        if eager:  # (in a graph, update() casts and broadcasts)
+            parts = [backend.as_batched(v, TensorType(t.dtype, t.shape), batch)
+                     for v, t in zip(parts, typ.leaves())]
+        env.write(var, pattern_unflatten(typ.tensors, parts), everyone, push=True)
     halt = len(program.blocks)
     # As TFP's VM: the counter starts two deep, halt under the entry, so an
     # IndirectGotoOp with nothing pushed halts the thread.
     env.write(PC_VAR, np.int32(halt), everyone, push=True)
     env.write(PC_VAR, np.int32(0), everyone, push=True)
-    while True:
-        pc = env.read(PC_VAR)
-        index = backend.reduce_min(pc)
-        if index >= halt:
-            break
-        _run_block(program, index, env, backend.equal(pc, index), backend)
+    if eager:
+        while True:
+            pc = env.read(PC_VAR)
+            index = backend.reduce_min(pc)
+            if index >= halt:
+                break
+            _run_block(program, index, env, backend.equal(pc, index), backend)
+    else:
+        _run_staged(program, env, backend)
     return pattern_map(lambda name: pattern_map(backend.to_numpy, env.read(name)),
                        program.vars_out)

@@ -460,6 +460,10 @@ class TensorFlowBackend(Backend):
     def executes_eagerly(self) -> bool:
         return tf.executing_eagerly()
 
+    def full_mask(self, size: Any, name: Any = None) -> Any:
+        """A tensor of ``size`` True values (never a resource variable)."""
+        return tf.ones(tf.reshape(tf.convert_to_tensor(size), [1]), tf.bool)
+
     def tfp_fill(self, value: Any, size: Any, dtype: Any, shape: Any, name: Any = None) -> Any:
         dtype = _tf_dtype(dtype)
         size = tf.convert_to_tensor(size)
@@ -487,7 +491,7 @@ class TensorFlowBackend(Backend):
             while bool(cond(*loop_vars)):
                 loop_vars = body(*loop_vars)
             return loop_vars
-        return tf.while_loop(cond, body, loop_vars, back_prop=False, name=name)
+        return tf.while_loop(cond, body, loop_vars, name=name)
 
     def tfp_switch_case(self, branch_selector: Any, branch_callables: Sequence[Callable[[], Any]],
                         name: Any = None) -> Any:
@@ -572,9 +576,14 @@ class TensorFlowBackend(Backend):
     def _var_where(self, mask: Any, new: Any, old: Any) -> tf.Tensor:
         old = tf.convert_to_tensor(old)
         mask = tf.convert_to_tensor(mask)
-        mask = tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones(
-            [old.shape.rank - mask.shape.rank], tf.int32)], 0))
-        return tf.where(mask, tf.cast(new, old.dtype), old)
+        extra = (old.shape.rank - mask.shape.rank
+                 if old.shape.rank is not None and mask.shape.rank is not None
+                 else tf.rank(old) - tf.rank(mask))
+        mask = tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([extra], tf.int32)], 0))
+        out = tf.where(mask, tf.cast(new, old.dtype), old)
+        if not tf.executing_eagerly():
+            out.set_shape(old.shape)  # a value of unknown shape written to a known one
+        return out
 
     def _var_step(self, index: Any, mask: Any, delta: int) -> tf.Tensor:
         return index + delta * tf.cast(mask, index.dtype)

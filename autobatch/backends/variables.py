@@ -44,7 +44,17 @@ __all__ = ["NullVariable", "TemporaryVariable", "RegisterVariable", "FullVariabl
 
 
 class VariableStackOverflow(StackOverflowError, ValueError):
-    """A push past ``max_stack_depth`` (TFP raises ValueError there)."""
+    """A push past ``max_stack_depth`` (TFP raises ValueError there).
+    ``function`` holds the variable's name."""
+
+    def __init__(self, name: str, max_stack_depth: int) -> None:
+        super().__init__(name, max_stack_depth)
+        self.args = (f"push to variable {name!r} exceeds max_stack_depth={max_stack_depth} "
+                     f"(values per thread, the current one included); pass a larger "
+                     f"max_stack_depth",)
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 class VariableUnderflow(ProgramError):
