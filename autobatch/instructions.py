@@ -970,6 +970,33 @@ class Program:
         out.setdefault(pc_var, single_type(np.int32, ()))
         return out
 
+    def with_declared_types(self) -> Optional["Program"]:
+        """TFP's programs carry their types in ``var_defs``: a copy typed from
+        them (each function's ``var_types`` and ``return_type``), where the
+        program is untyped and ``var_defs`` types every variable of every
+        function fully; else None.  (TFP's lowering tests allocate and lower
+        such programs without running type inference.)"""
+        declared = self.given_var_defs or {}
+        if not declared or any(fn.var_types for fn in self.functions):
+            return None
+
+        def full(name: str) -> Optional[Type]:
+            typ = declared.get(name)
+            if not isinstance(typ, Type) or any(t is None for t in typ.leaves()):
+                return None
+            return typ
+
+        functions = []
+        for fn in self.functions:
+            types = {v: full(v) for v in fn.variables()}
+            returns = [b.terminator.vars for b in fn.blocks
+                       if isinstance(b.terminator, ReturnOp)]
+            if None in types.values() or not returns:
+                return None
+            ret = pattern_map(lambda v: types[v].tensors, returns[0])
+            functions.append(replace(fn, var_types=types, return_type=Type(ret)))
+        return self.replace_functions(functions)
+
     def replace_functions(self, functions: Sequence[Function], **changes: Any) -> "Program":
         """A copy with new functions (same order) and other fields changed."""
         return replace(self, functions=tuple(functions), **changes)

@@ -692,15 +692,18 @@ class VirtualMachine:
         return state, [backend.write(r, rows, state[k]) for r, k in zip(results, out_keys)]
 
 
-def _as_declared(program: Program, args: Sequence[Any]) -> List[Any]:
-    """``args`` with each list given for a parameter that a TFP-style
-    ``var_defs`` declares a single tensor made an array of the declared
-    dtype (TFP's tests pass batches as lists; a list is otherwise a tuple
-    value)."""
-    declared = program.given_var_defs or {}
+def _as_declared(program: Any, args: Sequence[Any]) -> List[Any]:
+    """``args`` with each list given for a parameter whose type is known to be
+    a single tensor (declared in a TFP-style ``var_defs``, or a lowered
+    program's input) made an array of that dtype (TFP's tests pass batches
+    as lists; a list is otherwise a tuple value)."""
+    if isinstance(program, LoweredProgram):
+        types = [program.var_types.get(v) for v in program.inputs]
+    else:
+        declared = program.given_var_defs or {}
+        types = [declared.get(p) for p in program.main_function.params]
     out = list(args)
-    for i, param in enumerate(program.main_function.params[:len(out)]):
-        typ = declared.get(param)
+    for i, typ in enumerate(types[:len(out)]):
         if isinstance(out[i], list) and typ is not None and isinstance(typ.tensors, TensorType):
             out[i] = np.asarray(out[i], dtype=typ.tensors.dtype)
     return out
@@ -748,8 +751,8 @@ def execute(program: Any, args: Sequence[Any], backend: Any = None,
     if isinstance(program, Program) and program.lowered_by_hand is not None:
         from autobatch import stack_vm
         return stack_vm.execute(program.lowered_by_hand, args, max_stack_depth, backend)
+    args = _as_declared(program, args)
     if isinstance(program, Program):
-        args = _as_declared(program, args)
         program = prepare(program, argument_types(args, backend), backend)
     vm = VirtualMachine(program, backend, max_stack_depth, block_code_cache)
     return backend.run_vm(vm, args, block_code_cache)
