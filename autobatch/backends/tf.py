@@ -514,11 +514,16 @@ class TensorFlowBackend(Backend):
             None if tf.is_tensor(t) else np.asarray(t))
 
     def assert_matching_dtype(self, expected_dtype: Any, value: Any, message: str = "") -> None:
-        value = tf.convert_to_tensor(value, _tf_dtype(expected_dtype)) if not tf.is_tensor(
-            value) else value
-        if value.dtype.as_numpy_dtype != np.dtype(expected_dtype):
+        if tf.is_tensor(value):
+            found = np.dtype(value.dtype.as_numpy_dtype)
+        elif hasattr(value, "dtype"):
+            found = np.dtype(value.dtype)
+        else:  # a Python constant takes the expected dtype where it can
+            found = np.dtype(tf.convert_to_tensor(value, _tf_dtype(expected_dtype))
+                             .dtype.as_numpy_dtype)
+        if found != np.dtype(expected_dtype):
             raise ValueError(f"Mismatched dtype: expected {np.dtype(expected_dtype)} found "
-                             f"{np.dtype(value.dtype.as_numpy_dtype)}. {message}")
+                             f"{found}. {message}")
 
     def broadcast_to_shape_of(self, val: Any, target: Any, name: Any = None) -> Any:
         target = tf.convert_to_tensor(target)
