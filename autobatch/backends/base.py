@@ -47,6 +47,12 @@ threads:     ``select``, ``read``, ``write``, ``read_frame``, ``write_frame``,
 control:     ``reduce_min``, ``check``, ``while_loop``, ``switch_case``,
              ``wrap_block``
 
+TFP's backend API (``fill(value, size, dtype, shape)``, ``type_of(t,
+dtype_hint)``, ``while_loop(cond, body, loop_vars)``, ``switch_case(selector,
+callables)``, ``batch_size``, ``cond``, ...) comes with every backend class:
+:mod:`autobatch.backends.tfp_api` (the shared names take either argument
+list).
+
 Optional abilities are declared here, on the base class, with defaults
 that mean "not offered" (the executors read them directly, never probe with
 ``getattr``/``hasattr``): ``compaction``, ``fused_loops``, ``phase_sizes``,
