@@ -6,7 +6,8 @@ Usage::
         [--batch 1000] [--repeat 3]
 
 Builds the programs of ``tests/autobatch/tfp_programs.py`` (written against
-``instructions``' TFP names) once with ``autobatch.instructions`` and once,
+``instructions``' TFP names; one also through ``stack_optimization.fuse_pop_push``)
+once with ``autobatch.instructions`` and once,
 in TFP's own venv (``make tfp``), with
 ``tensorflow_probability.python.experimental.auto_batching.instructions``,
 runs each on both NumPy backends (``virtual_machine.execute(program, args,
@@ -29,9 +30,10 @@ import types
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _workloads(batch: int):
+def _workloads(batch: int, fuse):
     """``(name, build, args, max_stack_depth)`` per workload, from the
-    program builders of ``tfp_programs`` (whatever ``instructions`` it got)."""
+    program builders of ``tfp_programs`` (whatever ``instructions`` it got);
+    ``fuse`` is that side's ``stack_optimization.fuse_pop_push``."""
     import numpy as np
     import tfp_programs as tp
     rng = np.random.default_rng(0)
@@ -43,6 +45,7 @@ def _workloads(batch: int):
         return s * np.float32(0.5)
     return [
         ("fibonacci_by_hand n<13", tp.fibonacci_by_hand, [n], 16),
+        ("fibonacci_by_hand fused", lambda: fuse(tp.fibonacci_by_hand()), [n], 16),
         ("pea_nuts_by_hand depth 3", lambda: tp.pea_nuts_by_hand((8,), lambda c: 3, halve),
          [counts, state], 12),
         ("single_if", tp.single_if_program, [n], 3),
@@ -55,7 +58,7 @@ def run_side(side: str, batch: int, repeat: int) -> dict:
     sys.path.insert(0, os.path.join(ROOT, "tests", "autobatch"))
     if side == "tfp":
         from tensorflow_probability.python.experimental.auto_batching import (
-            instructions, numpy_backend, virtual_machine)
+            instructions, numpy_backend, stack_optimization, virtual_machine)
         package = types.ModuleType("autobatch")
         package.instructions = instructions
         sys.modules["autobatch"] = package
@@ -63,11 +66,11 @@ def run_side(side: str, batch: int, repeat: int) -> dict:
         backend = numpy_backend.NumpyBackend()
     else:
         sys.path.insert(0, ROOT)
-        from autobatch import virtual_machine
+        from autobatch import stack_optimization, virtual_machine
         from autobatch.backends.numpy import NumpyBackend
         backend = NumpyBackend()
     out = {}
-    for name, build, args, depth in _workloads(batch):
+    for name, build, args, depth in _workloads(batch, stack_optimization.fuse_pop_push):
         times, result = [], None
         for _ in range(repeat):
             program = build()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tfp_programs as tp
-from autobatch import allocation_strategy, lowering, type_inference
+from autobatch import allocation_strategy, lowering, stack_optimization, type_inference
 from autobatch import instructions as inst
 from autobatch import virtual_machine as vm
 from autobatch.backends.numpy import MaskedNumpyBackend, NumpyBackend
@@ -63,6 +63,28 @@ def test_writes_push_unless_skip_push_mask(skip, added):
     assert inst.interpret(_skip_push_program(skip), 5) == 5 + added
     got = vm.execute(_skip_push_program(skip), [np.array([1, 2], np.int64)], 4, NP)
     assert got.tolist() == [1 + added, 2 + added]
+
+
+def test_pop_push_fusion_on_a_hand_lowered_program():
+    """TFP's stack_optimization_test: a pop followed by a write of the same
+    variable becomes an in-place write; other pops move to the block's end
+    or before the first read; the results do not change."""
+    fused = stack_optimization.fuse_pop_push(tp.fibonacci_by_hand())
+    blocks = {b.name: b.instructions for b in fused.lowered_by_hand.blocks}
+
+    def shape(ops):
+        return [("pop", tuple(op.vars)) if isinstance(op, inst.PopOp)
+                else (inst.format_pattern(op.vars_out), tuple(sorted(op.skip_push_mask)))
+                for op in ops]
+    assert shape(blocks["recur1"]) == [("nm1", ()), ("(n,)", ()), ("pop", ("cond", "nm1"))]
+    assert shape(blocks["recur2"]) == [("(fibm1,)", ()), ("nm2", ()), ("(n,)", ("n",)),
+                                       ("pop", ("ans", "nm2"))]
+    assert shape(blocks["recur3"]) == [("(fibm2,)", ()), ("ans", ("ans",)),
+                                       ("pop", ("fibm1", "fibm2"))]
+    assert shape(blocks["finish"]) == [("ans", ()), ("pop", ("n", "cond"))]
+    n = [5, 6, 8, 9, 0, 1]
+    assert vm.execute(fused, [n], 15, NP).tolist() == [tp.fib(k) for k in n]
+    assert [inst.interpret(fused, k) for k in n] == [tp.fib(k) for k in n]
 
 
 # -- the batched VM on NumPy (TFP's virtual_machine_test) ---------------------------------
