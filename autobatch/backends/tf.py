@@ -757,7 +757,7 @@ class TensorFlowBackend(Backend):
         """A ``[batch, frames, ...]`` stack tensor as ``[batch * frames, ...]``."""
         return tf.reshape(stack, tf.concat([[-1], tf.shape(stack)[2:]], 0))
 
-    def where(self, cond: Any, x: Any, y: Any) -> tf.Tensor:
+    def where(self, cond: Any, x: Any, y: Any, name: Any = None) -> tf.Tensor:
         return tf.where(cond, x, y)
 
     def split(self, selection: Any, cond: Any) -> Tuple[Any, ...]:
@@ -856,7 +856,7 @@ class TensorFlowBackend(Backend):
         return tf.is_tensor(value) and value.shape.rank is not None and value.shape.rank >= 1
 
     # -- control -------------------------------------------------------------------------
-    def reduce_min(self, array: tf.Tensor) -> tf.Tensor:
+    def reduce_min(self, array: tf.Tensor, name: Any = None) -> tf.Tensor:
         smallest = tf.reduce_min(self.to_numpy(array))
         return int(smallest) if tf.executing_eagerly() else smallest
 
