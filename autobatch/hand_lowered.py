@@ -30,7 +30,7 @@ example (the definition); :mod:`autobatch.stack_vm` runs it batched.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import numpy as np
 

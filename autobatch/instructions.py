@@ -1176,17 +1176,28 @@ class Module:
 
     def program(self, main: Any) -> "Program":
         """The program entering this module at ``main`` (a name, a Function or
-        a :class:`~autobatch.dsl.FunctionHandle`).  Raises ProgramError
-        naming the known functions when there is no such function."""
+        a :class:`~autobatch.dsl.FunctionHandle`), with the functions it can
+        reach.  Raises ProgramError naming the known functions when there is
+        no such function."""
         name = getattr(main, "name", main)
         fn = self.lookup(main) or self.lookup(name)
         if fn is None:
             known = sorted(str(f.name) for f in self.functions if f.name is not None)
             raise ProgramError(f"module has no function {name!r} (functions: {known}); "
                                f"pass one of them to Module.program")
-        program = Program(functions=tuple(self.functions), main=fn)
+        everything = Program(functions=tuple(self.functions), main=fn)
+        used = reachable(call_graph(everything), everything.main)
+        program = Program(functions=tuple(f for f in everything.functions if f.name in used),
+                          main=everything.main)
         program.given_var_defs = dict(self.var_defs) or None
         return program.validate()
+
+    def function_names(self) -> List[str]:
+        """The functions' names, in order (TFP's ``Context.function_names``)."""
+        return [str(fn.name) for fn in self.functions]
+
+    def __str__(self) -> str:
+        return "\n\n".join(fn.format() for fn in self.functions)
 
 
 def interpret(program: "Program", *inputs: Any) -> Any:

@@ -22,8 +22,8 @@ them directly.  autobatch's VM stores its registers and stacks itself (see
   thread holds at most ``max_stack_depth - 1`` saved values.  A push
   beyond raises :class:`VariableStackOverflow` (a
   :class:`~autobatch.errors.StackOverflowError` and, as TFP's, a
-  ValueError), a pop of an empty stack ValueError (where the stack index
-  is known eagerly).  Inside a graph (``tf.function``, a TF1 graph) the
+  ValueError), a pop of an empty stack :class:`VariableUnderflow` (a
+  ValueError) where the stack index is known eagerly.  Inside a graph (``tf.function``, a TF1 graph) the
   check is an assertion the variable's new values depend on: running the
   graph raises ``tf.errors.InvalidArgumentError`` whose message names the
   error, as TFP's assertions do.  ``TensorFlowBackend(safety_checks=False)``
