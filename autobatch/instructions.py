@@ -98,6 +98,8 @@ __all__ = [
     "pc_var",
     "Module",
     "interpret",
+    "is_return_op",
+    "extract_referenced_variables",
     "FunctionFlow",
     "function_flow",
     "call_graph",
@@ -1153,6 +1155,34 @@ def halt() -> None:
 #: hand it is the stack ``PushGotoOp`` pushes return blocks on.  No
 #: instruction may read or write it.
 pc_var = PC_VAR
+
+
+def is_return_op(op: Any) -> bool:
+    """TFP's ``is_return_op``: whether ``op`` leaves the graph (a halt,
+    ``GotoOp(None)``; an ``IndirectGotoOp``; autobatch's ``ReturnOp``)."""
+    return (isinstance(op, GotoOp) and op.target is None) or isinstance(
+        op, (IndirectGotoOp, ReturnOp))
+
+
+def extract_referenced_variables(node: Any) -> Set[str]:
+    """TFP's ``extract_referenced_variables``: the names of the variables an
+    instruction, a terminator, a Block, a ControlFlowGraph or a list of them
+    reads or writes (a jump references the program counter :data:`pc_var`).
+    ValueError for anything else."""
+    if isinstance(node, ControlFlowGraph):
+        node = node.blocks
+    if isinstance(node, Block):
+        node = list(node.instructions) + ([node.terminator] if node.terminator else [])
+    if isinstance(node, (GotoOp, PushGotoOp, IndirectGotoOp)):
+        return {pc_var}
+    if isinstance(node, (_Assignment, _FrameOp, _Terminator)):
+        return set(node.reads) | set(getattr(node, "writes", ()))
+    if isinstance(node, (list, tuple)):
+        out: Set[str] = set()
+        for item in node:
+            out |= extract_referenced_variables(item)
+        return out
+    raise ValueError(f"extract_referenced_variables: unexpected {type(node).__name__}")
 
 
 class Module:

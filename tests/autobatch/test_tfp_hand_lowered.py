@@ -48,6 +48,21 @@ def test_hand_lowered_graph_is_kept_with_pc_var():
     assert tp.single_if_program().lowered_by_hand is None
 
 
+def test_referenced_variables_and_return_ops():
+    program = tp.fibonacci_by_hand()
+    blocks = {b.name: b for b in program.lowered_by_hand.blocks}
+    assert inst.extract_referenced_variables(blocks["recur3"]) == {
+        "ans", "fibm1", "fibm2", inst.pc_var}
+    assert inst.extract_referenced_variables(blocks["enter_fib"]) == {"n", "cond"}
+    everything = inst.extract_referenced_variables(inst.ControlFlowGraph(list(blocks.values())))
+    assert everything == set(program.var_defs)
+    assert inst.is_return_op(blocks["finish"].terminator)
+    assert inst.is_return_op(inst.halt_op())
+    assert not inst.is_return_op(blocks["entry"].terminator)
+    with pytest.raises(ValueError, match="unexpected int"):
+        inst.extract_referenced_variables(3)
+
+
 def _skip_push_program(skip):
     """x = x + 10 (push); x = x + 1 (push, or in place if skipped); pop x."""
     block = inst.Block([
