@@ -213,7 +213,7 @@ def execute(program: HandLowered, args: Sequence[Any], max_stack_depth: int,
     batch dimension first (a value without it is given to every thread).
     Returns the value of ``vars_out`` per thread, as the backend hands
     results to the user (arrays, or tensors on TensorFlow)."""
-    if getattr(backend, "compiles_programs", False):
+    if backend.compiles_programs:
         raise ProgramError(f"{backend!r} compiles whole programs from FunctionCallOp "
                            f"code; a program lowered by hand runs on the NumPy or "
                            f"TensorFlow backend")

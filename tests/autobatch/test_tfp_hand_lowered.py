@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import tfp_programs as tp
+from conftest import need
 from autobatch import allocation_strategy, lowering, stack_optimization, type_inference
 from autobatch import instructions as inst
 from autobatch import virtual_machine as vm
@@ -156,6 +157,13 @@ def test_bad_hand_lowered_programs_are_refused_by_name():
         vm.execute(untyped, [[5]], 15, NP)
     with pytest.raises(ProgramError, match="lowered by hand.*virtual_machine.execute"):
         type_inference.infer_types(tp.fibonacci_by_hand(), [np.array([5])], NP)
+
+
+def test_jax_backend_refuses_hand_lowered_programs():
+    need("jax")
+    from autobatch.backends.jax import JaxBackend
+    with pytest.raises(ProgramError, match="runs on the NumPy or TensorFlow backend"):
+        vm.execute(tp.fibonacci_by_hand(), [[3]], 15, JaxBackend())
 
 
 # -- TFP's lowering_test: var_defs types the program ------------------------------------
