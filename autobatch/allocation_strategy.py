@@ -96,9 +96,14 @@ def optimize(program: Program) -> Program:
     """A copy of ``program`` with every function's ``var_alloc`` and the
     program's ``pc_alloc`` set (see the module doc for the rules).
 
+    An untyped program whose TFP-style ``var_defs`` type every variable is
+    typed from them first (:meth:`~autobatch.instructions.Program.with_declared_types`),
+    so TFP's ``optimize`` -> ``lower_function_calls`` runs on it as on TFP.
+
     Raises ProgramError for a variable that may be read before it is written.
     """
     program.validate()
+    program = program.with_declared_types() or program
     graph = call_graph(program)
     reach = {name: reachable(graph, name) for name in graph}
     functions = []

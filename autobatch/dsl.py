@@ -60,7 +60,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from autobatch.errors import ProgramError
 from autobatch.instructions import (
     Block, BranchOp, FunctionCallOp, Function, GotoOp, Pattern, PrimOp, Program,
-    ReturnOp,
+    ReturnOp, Module,
 )
 
 __all__ = ["ProgramBuilder", "FunctionHandle"]
@@ -190,18 +190,31 @@ class ProgramBuilder:
         self._state = None
         self._functions.append(self._finish(state))
 
+    def module(self) -> Module:
+        """TFP's ``module()``: the functions built so far, as an
+        :class:`~autobatch.instructions.Module` (no entry point yet;
+        ``module.program(main)`` makes the program entering at ``main``)."""
+        if self._state is not None:
+            raise ProgramError(f"module() called inside function {self._state.name!r}; "
+                               f"call it after the last `with function(...)` block")
+        self._check_defined(set())
+        return Module(tuple(self._functions))
+
+    def _check_defined(self, entry: set) -> None:
+        undefined = sorted(set(self._declared) - {fn.name for fn in self._functions})
+        called = {op.function for fn in self._functions for b in fn.blocks
+                  for op in b.instructions if isinstance(op, FunctionCallOp)}
+        if set(undefined) & (called | entry):
+            raise ProgramError(f"function(s) {sorted(set(undefined) & (called | entry))} "
+                               f"declared and called but never defined; define them "
+                               f"with define_function")
+
     def program(self, main: Union[str, FunctionHandle]) -> Program:
         """The program built so far, entering at ``main``."""
         if self._state is not None:
             raise ProgramError(f"program() called inside function {self._state.name!r}")
         main_name = main.name if isinstance(main, FunctionHandle) else main
-        undefined = sorted(set(self._declared) - {fn.name for fn in self._functions})
-        called = {op.function for fn in self._functions for b in fn.blocks
-                  for op in b.instructions if isinstance(op, FunctionCallOp)}
-        if set(undefined) & (called | {main_name}):
-            raise ProgramError(f"function(s) {sorted(set(undefined) & (called | {main_name}))} "
-                               f"declared and called but never defined; define them "
-                               f"with define_function")
+        self._check_defined({main_name})
         return Program(functions=tuple(self._functions), main=main_name).validate()
 
     # -- straight-line code -------------------------------------------------------

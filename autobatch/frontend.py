@@ -57,14 +57,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from autobatch import stackless as stackless_executor
-from autobatch.instructions import call_graph, reachable
 from autobatch.dsl import ProgramBuilder
 from autobatch.errors import ProgramError
 from autobatch.frontend_ast import (
     FrontendError, FunctionTranslator, ParsedFunction, closure_values, parse_function,
 )
 from autobatch.instructions import (
-    Function, Program, as_pattern, pattern_leaves, pattern_map, pattern_unflatten, rebuild,
+    Module, Program, as_pattern, pattern_leaves, pattern_map, pattern_unflatten,
+    rebuild,
 )
 from autobatch.lowering import LoweredProgram
 from autobatch.pipeline import (
@@ -75,30 +75,6 @@ from autobatch.virtual_machine import VirtualMachine
 __all__ = ["Context", "BatchedFunction", "Module", "CacheStats", "FrontendError", "truthy"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Module:
-    """Every function batched in a Context, as IR (see :meth:`Context.module`)."""
-
-    functions: Tuple[Function, ...]
-
-    def function_names(self) -> List[str]:
-        return [fn.name for fn in self.functions]
-
-    def program(self, main: str) -> Program:
-        """The program entering at ``main``, with the functions it can reach."""
-        names = self.function_names()
-        if main not in names:
-            raise ProgramError(f"no function {main!r} is batched in this Context "
-                               f"(batched: {', '.join(names) or 'none'})")
-        everything = Program(functions=self.functions, main=main)
-        used = reachable(call_graph(everything), main)
-        return Program(functions=tuple(fn for fn in self.functions if fn.name in used),
-                       main=main).validate()
-
-    def __str__(self) -> str:
-        return "\n\n".join(fn.format() for fn in self.functions)
 
 
 @dataclass
@@ -225,7 +201,8 @@ class Context:
 
     # -- programs ------------------------------------------------------------------------
     def module(self) -> Module:
-        """Every batched function translated to IR (cached until another
+        """Every batched function translated to IR, as an
+        :class:`~autobatch.instructions.Module` (TFP's; cached until another
         function is batched)."""
         if self._module is None:
             builder = ProgramBuilder()

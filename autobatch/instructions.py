@@ -55,6 +55,7 @@ import numpy as np
 from memopt.liveness import FlowNode, Liveness, analyze
 
 from autobatch.errors import ProgramError
+from autobatch.hand_lowered import PC_VAR, HandLowered, is_hand_lowered
 
 __all__ = [
     "Pattern",
@@ -93,6 +94,12 @@ __all__ = [
     "Program",
     "ControlFlowGraph",
     "halt_op",
+    "halt",
+    "pc_var",
+    "Module",
+    "interpret",
+    "is_return_op",
+    "extract_referenced_variables",
     "FunctionFlow",
     "function_flow",
     "call_graph",
@@ -430,10 +437,15 @@ class PrimOp(_Assignment):
     vars_out: Pattern
     function: Callable[..., Any]
     name: Optional[str] = None
+    #: TFP's: variables of ``vars_out`` written in place rather than pushed.
+    #: Only programs lowered by hand (:mod:`autobatch.hand_lowered`) push on
+    #: writes; elsewhere a write always replaces the value.
+    skip_push_mask: frozenset = frozenset()
 
     def __post_init__(self) -> None:
         self.vars_in = _names(self.vars_in)
         self.vars_out = as_pattern(self.vars_out)
+        self.skip_push_mask = frozenset(self.skip_push_mask or ())
 
     def replace(self, vars_out: Pattern = None) -> "PrimOp":
         """TFP's: a copy writing ``vars_out``."""
@@ -527,10 +539,11 @@ Instruction = Union[PrimOp, FunctionCallOp, CopyOp, PushOp, PopOp]
 
 def prim_op(vars_in: Sequence[str], vars_out: Pattern, function: Callable[..., Any],
             skip_push_mask: Any = None) -> PrimOp:
-    """TFP's ``prim_op``: a :class:`PrimOp`.  ``skip_push_mask`` (TFP's hint
-    to its stack optimization) is accepted and not needed: the allocation
-    strategy decides what is saved across calls from liveness."""
-    return PrimOp(vars_in, vars_out, function)
+    """TFP's ``prim_op``: a :class:`PrimOp`.  ``skip_push_mask`` (variables
+    written in place, not pushed) matters in programs lowered by hand
+    (:mod:`autobatch.hand_lowered`); elsewhere the allocation strategy
+    decides what is saved across calls from liveness."""
+    return PrimOp(vars_in, vars_out, function, skip_push_mask=skip_push_mask or ())
 
 
 def push_op(vars_in: Pattern, vars_out: Pattern) -> PrimOp:
@@ -878,6 +891,14 @@ class Program:
     functions: Tuple[Function, ...]
     main: str
     pc_alloc: Optional[VariableAllocation] = None
+    #: A program built TFP's way from a graph lowered by hand (push-goto,
+    #: indirect goto, pops; no functions): its
+    #: :class:`~autobatch.hand_lowered.HandLowered` form, which
+    #: :func:`autobatch.virtual_machine.execute` and :func:`interpret` run;
+    #: ``functions`` is then empty.  None otherwise.
+    lowered_by_hand: Any = None
+    #: The ``var_defs`` a TFP-style program was built with (None otherwise).
+    given_var_defs: Optional[Dict[str, Any]] = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         first = args[0] if args else kwargs.get("graph", kwargs.get("functions"))
@@ -890,6 +911,20 @@ class Program:
             values = dict(zip(names, args))
             values.update(kwargs)
             functions = list(values.get("functions") or ())
+            graph = values["graph"]
+            blocks = list(graph.blocks if isinstance(graph, ControlFlowGraph) else graph)
+            var_defs = values.get("var_defs")
+            if var_defs is not None:
+                # As TFP's Program, the program counter joins the caller's dict.
+                var_defs.setdefault(pc_var, single_type(np.int32, ()))
+            if not functions and is_hand_lowered(blocks):
+                self.functions, self.main, self.pc_alloc = (), None, None
+                self.lowered_by_hand = HandLowered(
+                    blocks, var_defs, values.get("vars_in") or (), values.get("vars_out"),
+                    values.get("var_alloc"))
+                self.given_var_defs = self.lowered_by_hand.var_defs
+                return
+            self.given_var_defs = var_defs
             taken = {fn.name for fn in functions}
             main_name = "main"
             while main_name in taken:
@@ -923,12 +958,46 @@ class Program:
     def var_defs(self) -> Dict[str, Type]:
         """TFP's view of the inferred types: ``{variable: Type}`` over every
         function (main's first; where two functions use one name, the first
-        listed wins).  Empty before type inference."""
+        listed wins), plus the program counter :data:`pc_var` (int32).
+        Before type inference: the ``var_defs`` the program was built with,
+        if any (a program lowered by hand keeps those)."""
+        if self.lowered_by_hand is not None:
+            return self.lowered_by_hand.var_defs
         out: Dict[str, Type] = {}
         for fn in sorted(self.functions, key=lambda f: f.name != self.main):
             for var, typ in fn.var_types.items():
                 out.setdefault(var, typ)
+        if not out:
+            return dict(self.given_var_defs or {})
+        out.setdefault(pc_var, single_type(np.int32, ()))
         return out
+
+    def with_declared_types(self) -> Optional["Program"]:
+        """TFP's programs carry their types in ``var_defs``: a copy typed from
+        them (each function's ``var_types`` and ``return_type``), where the
+        program is untyped and ``var_defs`` types every variable of every
+        function fully; else None.  (TFP's lowering tests allocate and lower
+        such programs without running type inference.)"""
+        declared = self.given_var_defs or {}
+        if not declared or any(fn.var_types for fn in self.functions):
+            return None
+
+        def full(name: str) -> Optional[Type]:
+            typ = declared.get(name)
+            if not isinstance(typ, Type) or any(t is None for t in typ.leaves()):
+                return None
+            return typ
+
+        functions = []
+        for fn in self.functions:
+            types = {v: full(v) for v in fn.variables()}
+            returns = [b.terminator.vars for b in fn.blocks
+                       if isinstance(b.terminator, ReturnOp)]
+            if None in types.values() or not returns:
+                return None
+            ret = pattern_map(lambda v: types[v].tensors, returns[0])
+            functions.append(replace(fn, var_types=types, return_type=Type(ret)))
+        return self.replace_functions(functions)
 
     def replace_functions(self, functions: Sequence[Function], **changes: Any) -> "Program":
         """A copy with new functions (same order) and other fields changed."""
@@ -936,6 +1005,13 @@ class Program:
 
     def validate(self) -> "Program":
         """Check names, targets and arities; return self or raise ProgramError."""
+        if self.lowered_by_hand is not None:
+            raise ProgramError(
+                "this program was lowered by hand (its graph has PushGotoOp, IndirectGotoOp "
+                "or PopOp): type inference, allocation and lowering take programs whose "
+                "calls are FunctionCallOp; run it as it is with virtual_machine.execute("
+                "program, args, max_stack_depth, backend) or instructions.interpret("
+                "program, *inputs)")
         names = [fn.name for fn in self.functions]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -1066,6 +1142,112 @@ def halt_op() -> GotoOp:
     """TFP's ``halt_op``: the end of a function built TFP's way (it returns
     the function's ``vars_out``)."""
     return GotoOp(None)
+
+
+def halt() -> None:
+    """TFP's ``halt``: None, the block a jump to which ends the graph (the
+    return address of main's ``PushGotoOp(halt(), entry)``)."""
+    return None
+
+
+#: TFP's ``pc_var``: the name of the program counter's variable.  Programs
+#: built TFP's way list it in ``var_defs`` (int32); in a program lowered by
+#: hand it is the stack ``PushGotoOp`` pushes return blocks on.  No
+#: instruction may read or write it.
+pc_var = PC_VAR
+
+
+def is_return_op(op: Any) -> bool:
+    """TFP's ``is_return_op``: whether ``op`` leaves the graph (a halt,
+    ``GotoOp(None)``; an ``IndirectGotoOp``; autobatch's ``ReturnOp``)."""
+    return (isinstance(op, GotoOp) and op.target is None) or isinstance(
+        op, (IndirectGotoOp, ReturnOp))
+
+
+def extract_referenced_variables(node: Any) -> Set[str]:
+    """TFP's ``extract_referenced_variables``: the names of the variables an
+    instruction, a terminator, a Block, a ControlFlowGraph or a list of them
+    reads or writes (a jump references the program counter :data:`pc_var`).
+    ValueError for anything else."""
+    if isinstance(node, ControlFlowGraph):
+        node = node.blocks
+    if isinstance(node, Block):
+        node = list(node.instructions) + ([node.terminator] if node.terminator else [])
+    if isinstance(node, (GotoOp, PushGotoOp, IndirectGotoOp)):
+        return {pc_var}
+    if isinstance(node, (_Assignment, _FrameOp, _Terminator)):
+        return set(node.reads) | set(getattr(node, "writes", ()))
+    if isinstance(node, (list, tuple)):
+        out: Set[str] = set()
+        for item in node:
+            out |= extract_referenced_variables(item)
+        return out
+    raise ValueError(f"extract_referenced_variables: unexpected {type(node).__name__}")
+
+
+class Module:
+    """TFP's ``Module``: functions that may call one another, no entry point
+    yet.  ``functions`` are :class:`Function` s, built either way (by
+    :class:`~autobatch.dsl.ProgramBuilder` or TFP's object graph);
+    ``var_defs`` the types given with them (TFP's builder gives ``Type(None)``
+    for each variable; here what the caller passes, default empty)."""
+
+    def __init__(self, functions: Sequence[Function],
+                 var_defs: Optional[Dict[str, Any]] = None) -> None:
+        self.functions = list(functions)
+        self.var_defs = dict(var_defs or {})
+
+    def lookup(self, func_name: Any) -> Optional[Function]:
+        """The function named ``func_name`` (or that Function), else None."""
+        for fn in self.functions:
+            if fn is func_name or (fn.name is not None and str(fn.name) == str(func_name)):
+                return fn
+        return None
+
+    def program(self, main: Any) -> "Program":
+        """The program entering this module at ``main`` (a name, a Function or
+        a :class:`~autobatch.dsl.FunctionHandle`), with the functions it can
+        reach.  Raises ProgramError naming the known functions when there is
+        no such function."""
+        name = getattr(main, "name", main)
+        fn = self.lookup(main) or self.lookup(name)
+        if fn is None:
+            known = sorted(str(f.name) for f in self.functions if f.name is not None)
+            raise ProgramError(f"module has no function {name!r} (functions: {known}); "
+                               f"pass one of them to Module.program")
+        everything = Program(functions=tuple(self.functions), main=fn)
+        used = reachable(call_graph(everything), everything.main)
+        program = Program(functions=tuple(f for f in everything.functions if f.name in used),
+                          main=everything.main)
+        program.given_var_defs = dict(self.var_defs) or None
+        return program.validate()
+
+    def function_names(self) -> List[str]:
+        """The functions' names, in order (TFP's ``Context.function_names``)."""
+        return [str(fn.name) for fn in self.functions]
+
+    def __str__(self) -> str:
+        return "\n\n".join(fn.format() for fn in self.functions)
+
+
+def interpret(program: "Program", *inputs: Any) -> Any:
+    """TFP's reference interpreter: run ``program`` for one example and
+    return the value of its output pattern (values without a batch
+    dimension, as given).
+
+    A program lowered by hand (push-goto, indirect goto, pops) runs with
+    TFP's per-variable stacks (:func:`autobatch.hand_lowered.interpret`);
+    any other program with autobatch's reference interpreter
+    (:func:`autobatch.reference.run`), one call frame per call.
+    """
+    if not isinstance(program, Program):
+        raise TypeError(f"interpret takes an instructions.Program, got "
+                        f"{type(program).__name__}")
+    if program.lowered_by_hand is not None:
+        from autobatch.hand_lowered import interpret as run_by_hand
+        return run_by_hand(program.lowered_by_hand, *inputs)
+    from autobatch.reference import run
+    return run(program, list(inputs))
 
 
 # -- flow facts the passes share -----------------------------------------------------

@@ -692,8 +692,56 @@ class VirtualMachine:
         return state, [backend.write(r, rows, state[k]) for r, k in zip(results, out_keys)]
 
 
-def execute(program: Any, args: Sequence[Any], backend: Any = None,
-            max_stack_depth: int = DEFAULT_MAX_STACK_DEPTH,
+def _as_declared(program: Any, args: Sequence[Any]) -> List[Any]:
+    """``args`` with each list given for a parameter whose type is known to be
+    a single tensor (declared in a TFP-style ``var_defs``, or a lowered
+    program's input) made an array of that dtype (TFP's tests pass batches
+    as lists; a list is otherwise a tuple value)."""
+    if isinstance(program, LoweredProgram):
+        types = [program.var_types.get(v) for v in program.inputs]
+    else:
+        declared = program.given_var_defs or {}
+        types = [declared.get(p) for p in program.main_function.params]
+    out = list(args)
+    for i, typ in enumerate(types[:len(out)]):
+        if isinstance(out[i], list) and typ is not None and isinstance(typ.tensors, TensorType):
+            out[i] = np.asarray(out[i], dtype=typ.tensors.dtype)
+    return out
+
+
+def _settings(settings: Sequence[Any], backend: Any, max_stack_depth: Optional[int],
+              block_code_cache: Optional[dict]) -> Tuple[Any, int, Optional[dict]]:
+    """:func:`execute`'s positional settings sorted out: an int is the depth,
+    a dict the block code cache, anything else the backend."""
+    if len(settings) > 3:
+        raise TypeError(f"execute takes at most 3 settings after args (backend, "
+                        f"max_stack_depth, block_code_cache), got {len(settings)}")
+    for value in settings:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            slot = "max_stack_depth"
+        elif isinstance(value, dict) or value is None:
+            slot = "block_code_cache" if isinstance(value, dict) else None
+        else:
+            slot = "backend"
+        if slot is None:
+            continue
+        given = {"backend": backend, "max_stack_depth": max_stack_depth,
+                 "block_code_cache": block_code_cache}[slot]
+        if given is not None:
+            raise TypeError(f"execute got {slot} twice (by position and by keyword)")
+        if slot == "backend":
+            backend = value
+        elif slot == "max_stack_depth":
+            max_stack_depth = int(value)
+        else:
+            block_code_cache = value
+    if max_stack_depth is None:
+        max_stack_depth = DEFAULT_MAX_STACK_DEPTH
+    return backend, max_stack_depth, block_code_cache
+
+
+def execute(program: Any, args: Sequence[Any], *settings: Any, backend: Any = None,
+            max_stack_depth: Optional[int] = None,
             block_code_cache: Optional[dict] = None) -> Any:
     """Run ``program`` for a batch of inputs.
 
@@ -710,8 +758,14 @@ def execute(program: Any, args: Sequence[Any], backend: Any = None,
     max_stack_depth : the most calls pending at once per thread.
     block_code_cache : see :class:`VirtualMachine`.
 
-    TFP's argument order, ``execute(program, args, max_stack_depth,
-    backend)``, is accepted too (an int in ``backend``'s place is the depth).
+    Given by position after ``args``, ``backend`` and ``max_stack_depth``
+    may come in either order (an int is the depth), then
+    ``block_code_cache``: autobatch's ``execute(program, args, backend,
+    max_stack_depth)`` and TFP's ``execute(program, args, max_stack_depth,
+    backend)`` or ``execute(program, args, 15, backend=b)`` all work.
+    A program lowered by hand in TFP's IR (``program.lowered_by_hand``:
+    push-goto, indirect goto, pops) runs with TFP's per-variable stacks
+    (:mod:`autobatch.stack_vm`).
 
     Returns
     -------
@@ -721,13 +775,15 @@ def execute(program: Any, args: Sequence[Any], backend: Any = None,
     ------
     StackOverflowError : a thread needs more than ``max_stack_depth`` pending calls.
     """
-    if isinstance(backend, numbers.Integral) and not isinstance(backend, bool):
-        # TFP's order: execute(program, args, max_stack_depth, backend)
-        backend, max_stack_depth = (None if isinstance(max_stack_depth, numbers.Integral)
-                                    else max_stack_depth), int(backend)
+    backend, max_stack_depth, block_code_cache = _settings(
+        settings, backend, max_stack_depth, block_code_cache)
     if backend is None:
         from autobatch.backends.default import default_backend
         backend = default_backend(args)
+    if isinstance(program, Program) and program.lowered_by_hand is not None:
+        from autobatch import stack_vm
+        return stack_vm.execute(program.lowered_by_hand, args, max_stack_depth, backend)
+    args = _as_declared(program, args)
     if isinstance(program, Program):
         program = prepare(program, argument_types(args, backend), backend)
     vm = VirtualMachine(program, backend, max_stack_depth, block_code_cache)

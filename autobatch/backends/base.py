@@ -47,6 +47,12 @@ threads:     ``select``, ``read``, ``write``, ``read_frame``, ``write_frame``,
 control:     ``reduce_min``, ``check``, ``while_loop``, ``switch_case``,
              ``wrap_block``
 
+TFP's backend API (``fill(value, size, dtype, shape)``, ``type_of(t,
+dtype_hint)``, ``while_loop(cond, body, loop_vars)``, ``switch_case(selector,
+callables)``, ``batch_size``, ``cond``, ...) comes with every backend class:
+:mod:`autobatch.backends.tfp_api` (the shared names take either argument
+list).
+
 Optional abilities are declared here, on the base class, with defaults
 that mean "not offered" (the executors read them directly, never probe with
 ``getattr``/``hasattr``): ``compaction``, ``fused_loops``, ``phase_sizes``,
@@ -73,6 +79,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from autobatch.backends import variables as _variables
+from autobatch.backends.tfp_api import TfpMethods, accept_tfp_arguments
 from autobatch.instructions import (
     TensorType, Type, VariableAllocation, as_pattern, pattern_leaves, pattern_map,
 )
@@ -113,6 +120,12 @@ class Abilities(abc.ABC):
 
     #: A short name used in cache keys and messages (``"numpy"``).
     name: str = "abstract"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Every backend's fill, type_of, while_loop and switch_case also take
+        # TFP's argument lists (autobatch.backends.tfp_api).
+        super().__init_subclass__(**kwargs)
+        accept_tfp_arguments(cls)
     #: Whether the VM may drop halted threads (see the module doc).
     compaction: bool = False
     #: Whether a program without calls may run as one fused loop
@@ -165,8 +178,9 @@ class Abilities(abc.ABC):
         return function(*dummies_for(self, inputs))
 
 
-class Backend(Abilities):
-    """What the VM needs from an array library (see the module doc)."""
+class Backend(Abilities, TfpMethods):
+    """What the VM needs from an array library (see the module doc), plus
+    TFP's backend methods (:class:`~autobatch.backends.tfp_api.TfpMethods`)."""
 
     # -- storage ------------------------------------------------------------------------
     @abc.abstractmethod
@@ -218,8 +232,9 @@ class Backend(Abilities):
         thread ``t``; other entries unchanged."""
 
     @abc.abstractmethod
-    def where(self, cond: Any, x: Any, y: Any) -> Any:
-        """Elementwise ``x if cond else y`` on selection values or scalars."""
+    def where(self, cond: Any, x: Any, y: Any, name: Any = None) -> Any:
+        """Elementwise ``x if cond else y`` on selection values or scalars
+        (``name``: TFP's argument, unused)."""
 
     @abc.abstractmethod
     def split(self, selection: Any, cond: Any) -> Any:
@@ -249,7 +264,7 @@ class Backend(Abilities):
 
     # -- control -------------------------------------------------------------------------
     @abc.abstractmethod
-    def reduce_min(self, array: Any) -> Any:
+    def reduce_min(self, array: Any, name: Any = None) -> Any:
         """The smallest element of ``array`` (the next block to run: every
         halted thread's pc is the largest index, so ``reduce_min(pc) < halt``
         means some thread is still active)."""
@@ -343,8 +358,14 @@ class Backend(Abilities):
     def _var_step(self, index: Any, mask: Any, delta: int) -> Any:
         return index + delta * np.asarray(mask, dtype=index.dtype)
 
-    def _var_any(self, index: Any, test: Callable[[Any], Any]) -> bool:
-        return bool(np.any(test(index)))
+    def _var_guard(self, values: Tuple[Any, ...], failed: Callable[[], Any],
+                   make_error: Callable[[], Exception]) -> Tuple[Any, ...]:
+        """``values`` unchanged; raise ``make_error()`` where any element of
+        ``failed()`` holds (a graph backend makes ``values`` depend on an
+        assertion instead)."""
+        if bool(np.any(failed())):
+            raise make_error()
+        return values
 
     def _var_stack_read(self, stack: Any, index: Any) -> Any:
         rows = np.clip(index, 0, stack.shape[0] - 1)

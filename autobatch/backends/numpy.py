@@ -98,7 +98,7 @@ class NumpyBackend(Backend):
         stack[frame, selection] = value
         return stack
 
-    def where(self, cond: Any, x: Any, y: Any) -> Any:
+    def where(self, cond: Any, x: Any, y: Any, name: Any = None) -> Any:
         return np.where(cond, x, y)
 
     def split(self, selection: np.ndarray, cond: Any) -> Tuple[np.ndarray, ...]:
@@ -137,7 +137,7 @@ class NumpyBackend(Backend):
         return np.take(array, selection, axis=axis)
 
     # -- control -------------------------------------------------------------------------
-    def reduce_min(self, array: np.ndarray) -> int:
+    def reduce_min(self, array: np.ndarray, name: Any = None) -> int:
         return int(array.min())
 
     def check(self, ok: Any, selection: np.ndarray,

@@ -456,6 +456,93 @@ class TensorFlowBackend(Backend):
         tf.raw_ops.AssignVariableOp(resource=handle, value=array)
         return handle
 
+    # -- TFP's backend methods (autobatch.backends.tfp_api), in TensorFlow --------------
+    def executes_eagerly(self) -> bool:
+        return tf.executing_eagerly()
+
+    def full_mask(self, size: Any, name: Any = None) -> Any:
+        """A tensor of ``size`` True values (never a resource variable)."""
+        return tf.ones(tf.reshape(tf.convert_to_tensor(size), [1]), tf.bool)
+
+    def tfp_fill(self, value: Any, size: Any, dtype: Any, shape: Any, name: Any = None) -> Any:
+        dtype = _tf_dtype(dtype)
+        size = tf.convert_to_tensor(size)
+        dims = tf.concat([tf.reshape(size, [1]),
+                          tf.cast(tf.reshape(tf.convert_to_tensor(shape, size.dtype), [-1]),
+                                  size.dtype)], 0)
+        return tf.fill(dims, tf.cast(value, dtype))
+
+    def tfp_type_of(self, t: Any, dtype_hint: Any = None) -> TensorType:
+        """TFP's ``type_of``: dtype and whole shape of ``t`` (converted with
+        ``dtype_hint`` in a scratch graph where no eager context runs)."""
+        if not tf.is_tensor(t):
+            if tf.executing_eagerly():
+                t = tf.convert_to_tensor(t, dtype_hint)
+            else:
+                with tf.Graph().as_default():
+                    t = tf.convert_to_tensor(t, dtype_hint)
+        if t.shape.rank is None or None in t.shape.as_list():
+            raise TypeError(f"type_of needs a static shape, got {t.shape}")
+        return TensorType(t.dtype.as_numpy_dtype, tuple(t.shape.as_list()))
+
+    def tfp_while_loop(self, cond: Callable[..., Any], body: Callable[..., Any],
+                       loop_vars: Sequence[Any], name: Any = None) -> Any:
+        if tf.executing_eagerly():
+            while bool(cond(*loop_vars)):
+                loop_vars = body(*loop_vars)
+            return loop_vars
+        return tf.while_loop(cond, body, loop_vars, name=name)
+
+    def tfp_switch_case(self, branch_selector: Any, branch_callables: Sequence[Callable[[], Any]],
+                        name: Any = None) -> Any:
+        if tf.executing_eagerly():
+            return branch_callables[int(branch_selector)]()
+        return tf.switch_case(branch_selector, list(branch_callables), name=name)
+
+    def batch_size(self, value: Any, name: Any = None) -> Any:
+        """The leading dimension of ``value``: an int where it is static, else
+        a scalar tensor; 1 for a scalar."""
+        value = tf.convert_to_tensor(value)
+        if value.shape.rank == 0:
+            return 1
+        if value.shape.rank is not None and value.shape[0] is not None:
+            return int(value.shape[0])
+        return tf.reduce_prod(tf.shape(value)[:1])
+
+    def static_value(self, t: Any) -> Any:
+        return t.numpy() if tf.executing_eagerly() and tf.is_tensor(t) else (
+            None if tf.is_tensor(t) else np.asarray(t))
+
+    def assert_matching_dtype(self, expected_dtype: Any, value: Any, message: str = "") -> None:
+        if tf.is_tensor(value):
+            found = np.dtype(value.dtype.as_numpy_dtype)
+        elif hasattr(value, "dtype"):
+            found = np.dtype(value.dtype)
+        else:  # a Python constant takes the expected dtype where it can
+            found = np.dtype(tf.convert_to_tensor(value, _tf_dtype(expected_dtype))
+                             .dtype.as_numpy_dtype)
+        if found != np.dtype(expected_dtype):
+            raise ValueError(f"Mismatched dtype: expected {np.dtype(expected_dtype)} found "
+                             f"{found}. {message}")
+
+    def broadcast_to_shape_of(self, val: Any, target: Any, name: Any = None) -> Any:
+        target = tf.convert_to_tensor(target)
+        val = tf.cast(val, target.dtype) if not tf.is_tensor(val) else val
+        return tf.broadcast_to(val, tf.shape(target))
+
+    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any],
+             name: Any = None) -> Any:
+        return tf.cond(pred, true_fn, false_fn, name=name)
+
+    def equal(self, t1: Any, t2: Any, name: Any = None) -> Any:
+        return tf.equal(t1, t2, name=name)
+
+    def not_equal(self, t1: Any, t2: Any, name: Any = None) -> Any:
+        return tf.not_equal(t1, t2, name=name)
+
+    def any(self, t: Any, name: Any = None) -> Any:
+        return tf.reduce_any(t, name=name)
+
     # -- types ---------------------------------------------------------------------------
     def type_of(self, value: Any, batch_size: int) -> TensorType:
         if _is_python_scalar(value):
@@ -494,16 +581,35 @@ class TensorFlowBackend(Backend):
     def _var_where(self, mask: Any, new: Any, old: Any) -> tf.Tensor:
         old = tf.convert_to_tensor(old)
         mask = tf.convert_to_tensor(mask)
-        mask = tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones(
-            [old.shape.rank - mask.shape.rank], tf.int32)], 0))
-        return tf.where(mask, tf.cast(new, old.dtype), old)
+        extra = (old.shape.rank - mask.shape.rank
+                 if old.shape.rank is not None and mask.shape.rank is not None
+                 else tf.rank(old) - tf.rank(mask))
+        mask = tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([extra], tf.int32)], 0))
+        out = tf.where(mask, tf.cast(new, old.dtype), old)
+        if not tf.executing_eagerly():
+            out.set_shape(old.shape)  # a value of unknown shape written to a known one
+        return out
 
     def _var_step(self, index: Any, mask: Any, delta: int) -> tf.Tensor:
         return index + delta * tf.cast(mask, index.dtype)
 
-    def _var_any(self, index: Any, test: Callable[[Any], Any]) -> bool:
-        hit = tf.reduce_any(test(index))
-        return bool(hit) if tf.executing_eagerly() else False
+    def _var_guard(self, values: Tuple[Any, ...], failed: Callable[[], Any],
+                   make_error: Callable[[], Exception]) -> Tuple[Any, ...]:
+        """Eagerly: raise now.  In a graph: ``values`` through an assertion
+        whose message is the error (``tf.errors.InvalidArgumentError`` when
+        the graph runs and the check fails), as TFP's stacks do.  Nothing
+        with ``safety_checks=False``."""
+        if not self.safety_checks:
+            return values
+        hit = tf.reduce_any(failed())
+        if tf.executing_eagerly():
+            if bool(hit):
+                raise make_error()
+            return values
+        error = make_error()
+        check = tf.debugging.Assert(tf.logical_not(hit), [f"{type(error).__name__}: {error}"])
+        with tf.control_dependencies([check]):
+            return tuple(tf.identity(v) for v in values)
 
     def _var_stack_read(self, stack: Any, index: Any) -> tf.Tensor:
         rows = tf.clip_by_value(index, 0, stack.shape[0] - 1)
@@ -651,7 +757,7 @@ class TensorFlowBackend(Backend):
         """A ``[batch, frames, ...]`` stack tensor as ``[batch * frames, ...]``."""
         return tf.reshape(stack, tf.concat([[-1], tf.shape(stack)[2:]], 0))
 
-    def where(self, cond: Any, x: Any, y: Any) -> tf.Tensor:
+    def where(self, cond: Any, x: Any, y: Any, name: Any = None) -> tf.Tensor:
         return tf.where(cond, x, y)
 
     def split(self, selection: Any, cond: Any) -> Tuple[Any, ...]:
@@ -750,7 +856,7 @@ class TensorFlowBackend(Backend):
         return tf.is_tensor(value) and value.shape.rank is not None and value.shape.rank >= 1
 
     # -- control -------------------------------------------------------------------------
-    def reduce_min(self, array: tf.Tensor) -> tf.Tensor:
+    def reduce_min(self, array: tf.Tensor, name: Any = None) -> tf.Tensor:
         smallest = tf.reduce_min(self.to_numpy(array))
         return int(smallest) if tf.executing_eagerly() else smallest
 

@@ -22,11 +22,15 @@ them directly.  autobatch's VM stores its registers and stacks itself (see
   thread holds at most ``max_stack_depth - 1`` saved values.  A push
   beyond raises :class:`VariableStackOverflow` (a
   :class:`~autobatch.errors.StackOverflowError` and, as TFP's, a
-  ValueError), a pop of an empty stack ValueError (where the stack index
-  is known eagerly; inside a graph the checks are skipped).
+  ValueError), a pop of an empty stack :class:`VariableUnderflow` (a
+  ValueError) where the stack index is known eagerly.  Inside a graph (``tf.function``, a TF1 graph) the
+  check is an assertion the variable's new values depend on: running the
+  graph raises ``tf.errors.InvalidArgumentError`` whose message names the
+  error, as TFP's assertions do.  ``TensorFlowBackend(safety_checks=False)``
+  drops the checks (TFP's ``UnsafeStack``).
 
 The array work is the backend's (``_var_where``, ``_var_stack_read``,
-``_var_stack_write``, ``_var_step``, ``_var_any``), so one set of classes
+``_var_stack_write``, ``_var_step``, ``_var_guard``), so one set of classes
 serves NumPy and TensorFlow.
 """
 from __future__ import annotations
@@ -36,11 +40,29 @@ from typing import Any, NamedTuple
 from autobatch.errors import NullVariableError, ProgramError, StackOverflowError
 
 __all__ = ["NullVariable", "TemporaryVariable", "RegisterVariable", "FullVariable",
-           "VariableStackOverflow"]
+           "VariableStackOverflow", "VariableUnderflow"]
 
 
 class VariableStackOverflow(StackOverflowError, ValueError):
-    """A push past ``max_stack_depth`` (TFP raises ValueError there)."""
+    """A push past ``max_stack_depth`` (TFP raises ValueError there).
+    ``function`` holds the variable's name."""
+
+    def __init__(self, name: str, max_stack_depth: int) -> None:
+        super().__init__(name, max_stack_depth)
+        self.args = (f"push to variable {name!r} exceeds max_stack_depth={max_stack_depth} "
+                     f"(values per thread, the current one included); pass a larger "
+                     f"max_stack_depth",)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class VariableUnderflow(ProgramError):
+    """A pop of a variable with no saved value (a ValueError, as TFP's)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"pop of variable {name!r}, whose stack holds no saved value "
+                         f"(more pops than pushes)")
 
 
 class NullVariable(NamedTuple):
@@ -124,16 +146,17 @@ class FullVariable(NamedTuple):
         b = self.backend
         depth = b._var_depth(self.stack)
         index = b._var_step(self.index, mask, 1)
-        if b._var_any(index, lambda i: i >= depth):
-            raise VariableStackOverflow(self.name, depth)
-        stack = b._var_stack_write(self.stack, self.index, mask, self.current)
-        return self._replace(stack=stack, index=index)
+        index, current = b._var_guard(
+            (index, self.current), lambda: index >= depth,
+            lambda: VariableStackOverflow(self.name, depth))
+        stack = b._var_stack_write(self.stack, self.index, mask, current)
+        return self._replace(stack=stack, index=index, current=current)
 
     def pop(self, mask: Any, name: Any = None) -> "FullVariable":
         b = self.backend
-        index = b._var_step(self.index, mask, -1)
-        if b._var_any(index, lambda i: i < 0):
-            raise ValueError("pop of an empty stack")
+        index, = b._var_guard((b._var_step(self.index, mask, -1),),
+                              lambda: b._var_step(self.index, mask, -1) < 0,
+                              lambda: VariableUnderflow(self.name))
         top = b._var_stack_read(self.stack, index)
         return self._replace(current=b._var_where(mask, top, self.current), index=index)
 
