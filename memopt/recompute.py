@@ -24,7 +24,9 @@ must not update the running statistics again) and running no sub-block.  A candi
 ``v`` is recomputed by cloning the op that made it; each input the clone
 needs that the backward part no longer has (a value that was not saved, or
 a dropped one) is recomputed the same way, recursively -- a *recipe* of
-forward ops.  Candidates are ranked by bytes freed per FLOP of their
+forward ops.  An input whose own op may not run twice (a dropout's output,
+a constant ``assign_value_`` wrote in place, as a causal mask) is held
+alive for the clone instead, unless some op writes over it later.  Candidates are ranked by bytes freed per FLOP of their
 one-op recipe (largest first: a ReLU, a concat or a GELU before a
 convolution).
 
@@ -229,6 +231,7 @@ def _recipe(problem: RecomputeProblem, wanted: Sequence[str], kept: set,
     available values; None if one of them may not run twice."""
     need: set = set()
     stack = list(wanted)
+    targets = set(wanted)
     seen: set = set()
     while stack:
         name = stack.pop()
@@ -239,6 +242,8 @@ def _recipe(problem: RecomputeProblem, wanted: Sequence[str], kept: set,
         if i is None:
             return None  # not made in the forward part: nothing to clone
         if problem.reusable[i] is not None:
+            if name not in targets and _holdable(problem, name):
+                continue  # an input kept alive to the clone, not made again
             return None
         if i in need:
             continue
@@ -251,6 +256,26 @@ def _recipe(problem: RecomputeProblem, wanted: Sequence[str], kept: set,
                 continue
             stack.append(src)
     return sorted(need)
+
+
+def _holdable(problem: RecomputeProblem, name: str) -> bool:
+    """Whether a clone may read ``name`` itself, held alive from the forward
+    part, when its op may not run twice (a random op's output, the result
+    of an in-place op such as ``assign_value_``): yes unless some op writes
+    over it (its buffer would hold other data by the time the clone runs)
+    or reads it through an in-place op whose overwrites are not known.
+    Holding it costs its bytes until the clone; the prediction of the
+    rewritten graph counts them."""
+    held = problem.__dict__.setdefault("_not_holdable", None)
+    if held is None:
+        held = set()
+        for op in problem.ops:
+            held.update(src for src, _ in op.facts.overwrites)
+            if op.type.endswith("_") and not op.facts.overwrites:
+                held.update(op.reads)
+        problem.__dict__["_not_holdable"] = held
+    var = problem.graph.blocks[0].vars.get(name)
+    return var is not None and var.is_dense and name not in held
 
 
 def make_plan(problem: RecomputeProblem, dropped: Sequence[str],
