@@ -544,7 +544,36 @@ def candidate_sets(problem: RecomputeProblem, points: int = 16) -> List[Tuple[st
         if key not in seen:
             seen.add(key)
             out.append((f"segments {m}", dropped))
+        dropped = _small_checkpoints(problem, ordered, total / m)
+        key = frozenset(dropped)
+        if key not in seen:
+            seen.add(key)
+            out.append((f"small checkpoints {m}", dropped))
     return out
+
+
+def _small_checkpoints(problem: RecomputeProblem, ordered: Sequence[str],
+                       limit: float) -> List[str]:
+    """The candidates to drop when checkpoints are the smallest values
+    (Chen et al.'s segments, cut where the graph is thin): walking
+    ``ordered`` (forward order), once the bytes since the last checkpoint
+    reach ``limit`` the smallest value among them (the latest of equals)
+    is kept as the next checkpoint and the walk goes on after it.  A
+    transformer's residual stream or a block's output is cut rather than
+    an attention map, so a segment's recipes stop at small kept values."""
+    kept: set = set()
+    start, run = 0, 0
+    for j, name in enumerate(ordered):
+        run += problem.size(name)
+        if run < limit:
+            continue
+        window = ordered[start:j + 1]
+        k = start + min(range(len(window)),
+                        key=lambda i: (problem.size(window[i]), -i))
+        kept.add(ordered[k])
+        start = k + 1
+        run = sum(problem.size(n) for n in ordered[start:j + 1])
+    return [n for n in ordered if n not in kept]
 
 
 @dataclass
