@@ -41,7 +41,8 @@ import subprocess
 import sys
 import time
 
-#: model -> (batch size, size options): small enough for 2 CPU cores.
+#: row -> (batch size, size options): small enough for 2 CPU cores.  A row
+#: ``name-<label>`` builds model ``name`` (the rows after the first six).
 BENCH_MODELS = {
     "resnet50": (8, {"image_size": 64}),
     "mobilenet_v2": (16, {"image_size": 64}),
@@ -49,8 +50,19 @@ BENCH_MODELS = {
     "gpt": (16, {"seq_len": 64}),
     "unet": (16, {}),
     "densenet": (16, {}),
+    # 8 layers instead of 2: activations dominate the step, as in the deep
+    # models that run out of memory; at 2 layers one layer's backward
+    # working set plus the collector's late frees is already ~0.7 of the
+    # step (so no budget of 50% or less can fit any plan there)
+    "bert-8L": (16, {"seq_len": 64, "layers": 8}),
+    "gpt-8L": (16, {"seq_len": 64, "layers": 8}),
 }
 FRACTIONS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3)
+
+
+def model_of(row: str) -> str:
+    """The :func:`memopt.models.build` name of a bench row."""
+    return row.split("-")[0]
 
 
 def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict:
@@ -64,7 +76,7 @@ def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict
     from memopt import models
 
     opts = dict(BENCH_MODELS[model][1])
-    m = models.build(model, "pir", batch_size=batch, **opts)
+    m = models.build(model_of(model), "pir", batch_size=batch, **opts)
     out: dict = {"model": model, "config": config, "batch": batch, "budget": budget}
     t0 = time.perf_counter()
     try:
@@ -155,14 +167,14 @@ def _repeated(model: str, batch: int, budget: int, steps: int, repeat: int) -> d
     return out
 
 
-def bench_model(model: str, steps: int, repeat: int = 1) -> dict:
+def bench_model(model: str, steps: int, repeat: int = 1, fractions=FRACTIONS) -> dict:
     batch = BENCH_MODELS[model][0]
     base = run(model, "default", batch, 0, steps)
     row = {"model": model, "batch": batch, "base": base, "budgets": [], "same": True}
     if "peak" not in base:
         return row
     row["l2"] = run(model, "L2", batch, 0, steps)
-    for f in FRACTIONS:
+    for f in fractions:
         r = _repeated(model, batch, int(base["peak"] * f), steps, repeat)
         row["budgets"].append((f, r))
     # the largest batch fitting the default peak at `batch`, as memopt plans it
@@ -179,7 +191,8 @@ def bench_model(model: str, steps: int, repeat: int = 1) -> dict:
 
 
 def table(rows: list) -> str:
-    head = ["model", "batch", "default", "L2"] + [f"b={int(f * 100)}%" for f in FRACTIONS] \
+    fractions = [f for f, _ in rows[0]["budgets"]] if rows else FRACTIONS
+    head = ["model", "batch", "default", "L2"] + [f"b={round(f * 100)}%" for f in fractions] \
         + ["monotone", "batch in budget", "auto_recompute", "bit-identical"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for row in rows:
@@ -218,6 +231,8 @@ def table(rows: list) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(BENCH_MODELS))
+    parser.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS),
+                        help="budgets as shares of the default run's peak")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1,
                         help="fresh processes per budget run (the table shows the largest peak)")
@@ -228,10 +243,11 @@ def main(argv=None) -> int:
         model, config, batch, budget, steps = args.worker
         print(json.dumps(worker(model, config, int(batch), int(budget), int(steps))))
         return 0
+    fractions = tuple(float(f) for f in args.fractions.split(","))
     rows = []
     for model in args.models.split(","):
         t = time.time()
-        rows.append(bench_model(model, args.steps, args.repeat))
+        rows.append(bench_model(model, args.steps, args.repeat, fractions))
         print(f"{model}: {time.time() - t:.0f} s", file=sys.stderr)
     print(json.dumps(rows, default=str), file=sys.stderr)
     print(table(rows))
