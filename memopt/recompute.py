@@ -32,7 +32,8 @@ convolution).
 
 The sets of values tried (:func:`candidate_sets`, fixed for a program and
 batch, whatever the budget) are prefixes of that ranking and checkpoint
-segments (every ``m``-th candidate kept); each plan's peak is predicted by
+segments (a candidate kept every ``1/m`` of the candidates' bytes, or the
+smallest one of each such segment); each plan's peak is predicted by
 :mod:`memopt.analysis` on the rewritten graph (clones placed right before
 the first backward op that reads them, backward reads redirected to them),
 and the plan for a budget is the one with the least added compute whose
@@ -512,7 +513,9 @@ def candidate_sets(problem: RecomputeProblem, points: int = 16) -> List[Tuple[st
       forward order, one is kept whenever the bytes dropped since the last
       kept one reach ``1/m`` of all candidates' bytes, the others dropped,
       so the backward part recomputes one segment at a time from its
-      checkpoint (``m`` in :data:`SEGMENTS`).
+      checkpoint (``m`` in :data:`SEGMENTS`);
+    - ``small checkpoints m``: the same segments with each checkpoint moved
+      to the smallest value of its segment (:func:`_small_checkpoints`).
 
     Dropping every candidate at once would recompute the whole forward part
     in one go at the start of the backward part, which saves nothing: the
