@@ -26,9 +26,9 @@ needs that the backward part no longer has (a value that was not saved, or
 a dropped one) is recomputed the same way, recursively -- a *recipe* of
 forward ops.  An input whose own op may not run twice (a dropout's output,
 a constant ``assign_value_`` wrote in place, as a causal mask) is held
-alive for the clone instead, unless some op writes over it later.  Candidates are ranked by bytes freed per FLOP of their
-one-op recipe (largest first: a ReLU, a concat or a GELU before a
-convolution).
+alive for the clone instead, unless some op writes over it later.
+Candidates are ranked by bytes freed per FLOP of their one-op recipe
+(largest first: a ReLU, a concat or a GELU before a convolution).
 
 The sets of values tried (:func:`candidate_sets`, fixed for a program and
 batch, whatever the budget) are prefixes of that ranking and checkpoint

@@ -58,7 +58,8 @@ def test_dropout_is_never_recomputed(paddle):
     import memopt
     reference = models.run_steps(models.build("gpt", "pir", dropout=0.1), steps=2)
     model = models.build("gpt", "pir", dropout=0.1)
-    dropouts = sum(op.name() in ("pd_op.dropout", "pd_op.dropout_") for op in model.main.global_block().ops)
+    dropouts = sum(op.name() in ("pd_op.dropout", "pd_op.dropout_")
+                   for op in model.main.global_block().ops)
     assert dropouts > 0
     from memopt import recompute as rc
     from memopt.paddle import pir, pir_recompute
