@@ -29,6 +29,7 @@ Usage::
 
     python scripts/bench_recompute.py                      # all models
     python scripts/bench_recompute.py --models unet,bert --steps 4
+    python scripts/bench_recompute.py --floors             # the leanest plans' floors (model)
 """
 from __future__ import annotations
 
@@ -190,6 +191,48 @@ def bench_model(model: str, steps: int, repeat: int = 1, fractions=FRACTIONS) ->
     return row
 
 
+def floor_row(row: str) -> str:
+    """One markdown row: what the leanest plan of ``row`` (the lowest
+    checked peak: :func:`memopt.paddle.pir_budget.guarded_peak`) still
+    holds at its steady peak, in the model at the row's batch (MiB)."""
+    import paddle
+
+    paddle.enable_static()
+    from memopt import models
+    from memopt.api import _pir_analysis
+    from memopt.paddle import flags, pir, pir_budget
+
+    batch, opts = BENCH_MODELS[row]
+    m = models.build(model_of(row), "pir", batch_size=batch, **dict(opts))
+    runtime = flags.runtime_model("pir")
+    pg = pir.convert(m.main)
+    default = _pir_analysis(pg, batch, runtime).total_peak(batch)
+    _, choices = pir_budget.recompute_choices(pg, batch, runtime)
+    lean = min(choices, key=lambda c: (c.peak, c.plan.flops))
+    held = lean.prediction.held_at(batch_size=batch)
+
+    def held_mib(*categories) -> str:
+        return f"{sum(h.bytes(batch) for h in held if h.category in categories) / 2 ** 20:.2f}"
+
+    steady = lean.prediction.total_peak(batch)
+    cells = [row, f"{default / 2 ** 20:.2f}", lean.label,
+             f"{lean.peak / 2 ** 20:.2f} ({lean.peak / default:.2f})",
+             f"{lean.prediction.persistable_bytes(batch) / 2 ** 20:.2f}", held_mib("input"),
+             held_mib("activation"), held_mib("gradient", "optimizer"), held_mib("workspace"),
+             f"{(lean.peak - steady) / 2 ** 20:.2f}", f"+{lean.plan.added_percent:.0f}%"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def floors(rows: list) -> str:
+    """The table of :func:`floor_row` for ``rows`` (``--floors``)."""
+    head = ["row", "default steady", "leanest plan", "its checked peak (of default)",
+            "params + optimizer", "fed inputs", "kept activations",
+            "backward values (grads, recomputed)", "conv workspace", "late-free allowance",
+            "FLOPs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return "\n".join(lines + [floor_row(r) for r in rows])
+
+
 def table(rows: list) -> str:
     fractions = [f for f, _ in rows[0]["budgets"]] if rows else FRACTIONS
     head = ["model", "batch", "default", "L2"] + [f"b={round(f * 100)}%" for f in fractions] \
@@ -238,7 +281,12 @@ def main(argv=None) -> int:
                         help="fresh processes per budget run (the table shows the largest peak)")
     parser.add_argument("--worker", nargs=5, metavar=("MODEL", "CONFIG", "BATCH", "BUDGET",
                                                       "STEPS"))
+    parser.add_argument("--floors", action="store_true",
+                        help="print what each row's leanest plan holds at its peak (model only)")
     args = parser.parse_args(argv)
+    if args.floors:
+        print(floors(args.models.split(",")))
+        return 0
     if args.worker:
         model, config, batch, budget, steps = args.worker
         print(json.dumps(worker(model, config, int(batch), int(budget), int(steps))))
