@@ -24,13 +24,16 @@ must not update the running statistics again) and running no sub-block.  A candi
 ``v`` is recomputed by cloning the op that made it; each input the clone
 needs that the backward part no longer has (a value that was not saved, or
 a dropped one) is recomputed the same way, recursively -- a *recipe* of
-forward ops.  Candidates are ranked by bytes freed per FLOP of their
-one-op recipe (largest first: a ReLU, a concat or a GELU before a
-convolution).
+forward ops.  An input whose own op may not run twice (a dropout's output,
+a constant ``assign_value_`` wrote in place, as a causal mask) is held
+alive for the clone instead, unless some op writes over it later.
+Candidates are ranked by bytes freed per FLOP of their one-op recipe
+(largest first: a ReLU, a concat or a GELU before a convolution).
 
 The sets of values tried (:func:`candidate_sets`, fixed for a program and
 batch, whatever the budget) are prefixes of that ranking and checkpoint
-segments (every ``m``-th candidate kept); each plan's peak is predicted by
+segments (a candidate kept every ``1/m`` of the candidates' bytes, or the
+smallest one of each such segment); each plan's peak is predicted by
 :mod:`memopt.analysis` on the rewritten graph (clones placed right before
 the first backward op that reads them, backward reads redirected to them),
 and the plan for a budget is the one with the least added compute whose
@@ -229,6 +232,7 @@ def _recipe(problem: RecomputeProblem, wanted: Sequence[str], kept: set,
     available values; None if one of them may not run twice."""
     need: set = set()
     stack = list(wanted)
+    targets = set(wanted)
     seen: set = set()
     while stack:
         name = stack.pop()
@@ -239,6 +243,8 @@ def _recipe(problem: RecomputeProblem, wanted: Sequence[str], kept: set,
         if i is None:
             return None  # not made in the forward part: nothing to clone
         if problem.reusable[i] is not None:
+            if name not in targets and _holdable(problem, name):
+                continue  # an input kept alive to the clone, not made again
             return None
         if i in need:
             continue
@@ -251,6 +257,26 @@ def _recipe(problem: RecomputeProblem, wanted: Sequence[str], kept: set,
                 continue
             stack.append(src)
     return sorted(need)
+
+
+def _holdable(problem: RecomputeProblem, name: str) -> bool:
+    """Whether a clone may read ``name`` itself, held alive from the forward
+    part, when its op may not run twice (a random op's output, the result
+    of an in-place op such as ``assign_value_``): yes unless some op writes
+    over it (its buffer would hold other data by the time the clone runs)
+    or reads it through an in-place op whose overwrites are not known.
+    Holding it costs its bytes until the clone; the prediction of the
+    rewritten graph counts them."""
+    held = problem.__dict__.setdefault("_not_holdable", None)
+    if held is None:
+        held = set()
+        for op in problem.ops:
+            held.update(src for src, _ in op.facts.overwrites)
+            if op.type.endswith("_") and not op.facts.overwrites:
+                held.update(op.reads)
+        problem.__dict__["_not_holdable"] = held
+    var = problem.graph.blocks[0].vars.get(name)
+    return var is not None and var.is_dense and name not in held
 
 
 def make_plan(problem: RecomputeProblem, dropped: Sequence[str],
@@ -487,7 +513,9 @@ def candidate_sets(problem: RecomputeProblem, points: int = 16) -> List[Tuple[st
       forward order, one is kept whenever the bytes dropped since the last
       kept one reach ``1/m`` of all candidates' bytes, the others dropped,
       so the backward part recomputes one segment at a time from its
-      checkpoint (``m`` in :data:`SEGMENTS`).
+      checkpoint (``m`` in :data:`SEGMENTS`);
+    - ``small checkpoints m``: the same segments with each checkpoint moved
+      to the smallest value of its segment (:func:`_small_checkpoints`).
 
     Dropping every candidate at once would recompute the whole forward part
     in one go at the start of the backward part, which saves nothing: the
@@ -519,7 +547,36 @@ def candidate_sets(problem: RecomputeProblem, points: int = 16) -> List[Tuple[st
         if key not in seen:
             seen.add(key)
             out.append((f"segments {m}", dropped))
+        dropped = _small_checkpoints(problem, ordered, total / m)
+        key = frozenset(dropped)
+        if key not in seen:
+            seen.add(key)
+            out.append((f"small checkpoints {m}", dropped))
     return out
+
+
+def _small_checkpoints(problem: RecomputeProblem, ordered: Sequence[str],
+                       limit: float) -> List[str]:
+    """The candidates to drop when checkpoints are the smallest values
+    (Chen et al.'s segments, cut where the graph is thin): walking
+    ``ordered`` (forward order), once the bytes since the last checkpoint
+    reach ``limit`` the smallest value among them (the latest of equals)
+    is kept as the next checkpoint and the walk goes on after it.  A
+    transformer's residual stream or a block's output is cut rather than
+    an attention map, so a segment's recipes stop at small kept values."""
+    kept: set = set()
+    start, run = 0, 0
+    for j, name in enumerate(ordered):
+        run += problem.size(name)
+        if run < limit:
+            continue
+        window = ordered[start:j + 1]
+        k = start + min(range(len(window)),
+                        key=lambda i: (problem.size(window[i]), -i))
+        kept.add(ordered[k])
+        start = k + 1
+        run = sum(problem.size(n) for n in ordered[start:j + 1])
+    return [n for n in ordered if n not in kept]
 
 
 @dataclass

@@ -29,6 +29,7 @@ Usage::
 
     python scripts/bench_recompute.py                      # all models
     python scripts/bench_recompute.py --models unet,bert --steps 4
+    python scripts/bench_recompute.py --floors             # the leanest plans' floors (model)
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ import subprocess
 import sys
 import time
 
-#: model -> (batch size, size options): small enough for 2 CPU cores.
+#: row -> (batch size, size options): small enough for 2 CPU cores.  A row
+#: ``name-<label>`` builds model ``name`` (the rows after the first six).
 BENCH_MODELS = {
     "resnet50": (8, {"image_size": 64}),
     "mobilenet_v2": (16, {"image_size": 64}),
@@ -49,8 +51,19 @@ BENCH_MODELS = {
     "gpt": (16, {"seq_len": 64}),
     "unet": (16, {}),
     "densenet": (16, {}),
+    # 8 layers instead of 2: activations dominate the step, as in the deep
+    # models that run out of memory; at 2 layers one layer's backward
+    # working set plus the collector's late frees is already ~0.7 of the
+    # step (so no budget of 50% or less can fit any plan there)
+    "bert-8L": (16, {"seq_len": 64, "layers": 8}),
+    "gpt-8L": (16, {"seq_len": 64, "layers": 8}),
 }
 FRACTIONS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3)
+
+
+def model_of(row: str) -> str:
+    """The :func:`memopt.models.build` name of a bench row."""
+    return row.split("-")[0]
 
 
 def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict:
@@ -64,7 +77,7 @@ def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict
     from memopt import models
 
     opts = dict(BENCH_MODELS[model][1])
-    m = models.build(model, "pir", batch_size=batch, **opts)
+    m = models.build(model_of(model), "pir", batch_size=batch, **opts)
     out: dict = {"model": model, "config": config, "batch": batch, "budget": budget}
     t0 = time.perf_counter()
     try:
@@ -155,14 +168,14 @@ def _repeated(model: str, batch: int, budget: int, steps: int, repeat: int) -> d
     return out
 
 
-def bench_model(model: str, steps: int, repeat: int = 1) -> dict:
+def bench_model(model: str, steps: int, repeat: int = 1, fractions=FRACTIONS) -> dict:
     batch = BENCH_MODELS[model][0]
     base = run(model, "default", batch, 0, steps)
     row = {"model": model, "batch": batch, "base": base, "budgets": [], "same": True}
     if "peak" not in base:
         return row
     row["l2"] = run(model, "L2", batch, 0, steps)
-    for f in FRACTIONS:
+    for f in fractions:
         r = _repeated(model, batch, int(base["peak"] * f), steps, repeat)
         row["budgets"].append((f, r))
     # the largest batch fitting the default peak at `batch`, as memopt plans it
@@ -178,8 +191,51 @@ def bench_model(model: str, steps: int, repeat: int = 1) -> dict:
     return row
 
 
+def floor_row(row: str) -> str:
+    """One markdown row: what the leanest plan of ``row`` (the lowest
+    checked peak: :func:`memopt.paddle.pir_budget.guarded_peak`) still
+    holds at its steady peak, in the model at the row's batch (MiB)."""
+    import paddle
+
+    paddle.enable_static()
+    from memopt import models
+    from memopt.api import _pir_analysis
+    from memopt.paddle import flags, pir, pir_budget
+
+    batch, opts = BENCH_MODELS[row]
+    m = models.build(model_of(row), "pir", batch_size=batch, **dict(opts))
+    runtime = flags.runtime_model("pir")
+    pg = pir.convert(m.main)
+    default = _pir_analysis(pg, batch, runtime).total_peak(batch)
+    _, choices = pir_budget.recompute_choices(pg, batch, runtime)
+    lean = min(choices, key=lambda c: (c.peak, c.plan.flops))
+    held = lean.prediction.held_at(batch_size=batch)
+
+    def held_mib(*categories) -> str:
+        return f"{sum(h.bytes(batch) for h in held if h.category in categories) / 2 ** 20:.2f}"
+
+    steady = lean.prediction.total_peak(batch)
+    cells = [row, f"{default / 2 ** 20:.2f}", lean.label,
+             f"{lean.peak / 2 ** 20:.2f} ({lean.peak / default:.2f})",
+             f"{lean.prediction.persistable_bytes(batch) / 2 ** 20:.2f}", held_mib("input"),
+             held_mib("activation"), held_mib("gradient", "optimizer"), held_mib("workspace"),
+             f"{(lean.peak - steady) / 2 ** 20:.2f}", f"+{lean.plan.added_percent:.0f}%"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def floors(rows: list) -> str:
+    """The table of :func:`floor_row` for ``rows`` (``--floors``)."""
+    head = ["row", "default steady", "leanest plan", "its checked peak (of default)",
+            "params + optimizer", "fed inputs", "kept activations",
+            "backward values (grads, recomputed)", "conv workspace", "late-free allowance",
+            "FLOPs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return "\n".join(lines + [floor_row(r) for r in rows])
+
+
 def table(rows: list) -> str:
-    head = ["model", "batch", "default", "L2"] + [f"b={int(f * 100)}%" for f in FRACTIONS] \
+    fractions = [f for f, _ in rows[0]["budgets"]] if rows else FRACTIONS
+    head = ["model", "batch", "default", "L2"] + [f"b={round(f * 100)}%" for f in fractions] \
         + ["monotone", "batch in budget", "auto_recompute", "bit-identical"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for row in rows:
@@ -218,20 +274,28 @@ def table(rows: list) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(BENCH_MODELS))
+    parser.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS),
+                        help="budgets as shares of the default run's peak")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1,
                         help="fresh processes per budget run (the table shows the largest peak)")
     parser.add_argument("--worker", nargs=5, metavar=("MODEL", "CONFIG", "BATCH", "BUDGET",
                                                       "STEPS"))
+    parser.add_argument("--floors", action="store_true",
+                        help="print what each row's leanest plan holds at its peak (model only)")
     args = parser.parse_args(argv)
+    if args.floors:
+        print(floors(args.models.split(",")))
+        return 0
     if args.worker:
         model, config, batch, budget, steps = args.worker
         print(json.dumps(worker(model, config, int(batch), int(budget), int(steps))))
         return 0
+    fractions = tuple(float(f) for f in args.fractions.split(","))
     rows = []
     for model in args.models.split(","):
         t = time.time()
-        rows.append(bench_model(model, args.steps, args.repeat))
+        rows.append(bench_model(model, args.steps, args.repeat, fractions))
         print(f"{model}: {time.time() - t:.0f} s", file=sys.stderr)
     print(json.dumps(rows, default=str), file=sys.stderr)
     print(table(rows))

@@ -80,3 +80,39 @@ def test_clones_per_reader_group():
     graph, names = rewrite_graph(problem, plan)
     assert names == ["a" + CLONE_SUFFIX + "#7"]
     assert graph.blocks[0].ops[-1].reads[0] == "a" + CLONE_SUFFIX + "#7"
+
+
+def _held_graph(overwritten: bool) -> Graph:
+    """x -> r = dropout(x) -> s = relu(r) -> t = exp(s) -> loss; backward
+    reads s and t only (r dies in the forward part).  ``overwritten``: an
+    in-place op writes over r after relu read it."""
+    names = ("x", "r", "s", "t", "loss", "g_t", "g_s", "g_x", "r2")
+    vs = {n: Var(n, (-1, 256), "float32") for n in names}
+    vs["x"].is_data = True
+    ops = [Op("dropout", ("x",), ("r",)), Op("relu", ("r",), ("s",))]
+    if overwritten:
+        ops.append(Op("scale_", ("r",), ("r2",), facts=OpFacts(overwrites=(("r", "r2"),))))
+    ops += [Op("exp", ("s",), ("t",)), Op("mean", ("t",), ("loss",)),
+            Op("exp_grad", ("t", "g_t"), ("g_s",), role="backward"),
+            Op("relu_grad", ("s", "g_s"), ("g_x",), role="backward")]
+    return Graph(blocks=[Block(0, -1, ops, vs)], fetch_names=("loss",))
+
+
+def test_a_value_that_cannot_be_made_again_is_held_for_the_clone():
+    """s's op reads r, made by a random op: s is still a candidate, its
+    clone reading r itself (held alive), unless something writes over r."""
+    problem = problem_from_graph(_held_graph(False), 4, _Rules())
+    assert "s" in candidates(problem)
+    plan = make_plan(problem, ["s"])
+    assert [problem.ops[c.op].type for c in plan.clones] == ["relu"]
+    graph, _ = rewrite_graph(problem, plan)
+    clone = next(op for op in graph.blocks[0].ops if op.attrs.get("recompute_of") == 1
+                 and op.type == "relu")
+    # the original random draw (through the ordering op that holds the
+    # clone back to the backward part), not a new one
+    order = next(op for op in graph.blocks[0].ops if op.writes == clone.reads)
+    assert order.reads[0] == "r" and order.facts.overwrites == (("r", clone.reads[0]),)
+    # the dropout itself is never cloned
+    assert [op.type for op in graph.blocks[0].ops].count("dropout") == 1
+    problem = problem_from_graph(_held_graph(True), 4, _Rules())
+    assert "s" not in candidates(problem)
