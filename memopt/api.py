@@ -25,6 +25,7 @@ from typing import Any, Iterable, List, Optional
 import numpy as np
 
 from .analysis import Analysis, RuntimeModel, from_graph
+from .any_order import single_reader_rule
 from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
@@ -249,7 +250,8 @@ def _legacy_release(program, options: Options) -> Report:
                           seconds)
 
 
-def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -> Report:
+def _pir_optimize(program, options: Options, batch_size: Optional[int] = None,
+                  any_order: bool = False) -> Report:
     """Plan (the adapter states its ops' in-place variants,
     :func:`memopt.paddle.pir_rewrite.state_inplace_facts`; the core decides,
     :func:`memopt.candidates.variant_inplace`), apply
@@ -259,6 +261,9 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -
     estimates at ``batch_size`` (default :data:`memopt.report.REFERENCE_BATCH`)
     under the runtime's current flags, i.e. counting what the executor does
     anyway; its notes say how many ops the executor's own pass runs in place.
+    ``any_order`` (level 2): only the in-place variants whose input no other
+    op reads (:func:`memopt.any_order.single_reader_rule`), which no order
+    the executor takes can make hold more.
     """
     start = time.perf_counter()
     batch = batch_size or REFERENCE_BATCH
@@ -268,7 +273,8 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -
     pir_rewrite.check_user_names(pg, options)
     before = _pir_analysis(pg, batch, model)
     pir_rewrite.state_inplace_facts(pg)
-    rewrites, reasons = variant_inplace(pg.graph, options)
+    rewrites, reasons = variant_inplace(
+        pg.graph, options, single_reader_rule(pg.graph) if any_order else None)
     reuses = []
     for rw in rewrites:
         for nin, nout in rw.pairs:
@@ -466,7 +472,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         try:
             # the in-place rewrite is all or nothing itself; if it fails the
             # recomputation goes too, so the call changes nothing
-            report = _pir_optimize(program, lower, batch)
+            report = _pir_optimize(program, lower, batch, any_order=options.level == 2)
         except BaseException:
             if applied is not None:
                 applied.undo()

@@ -101,3 +101,62 @@ def test_sequential_executor_is_modelled_in_program_order(paddle):
         assert flags.runtime_model("pir").schedule == "program"
     finally:
         pd.set_flags(old)
+
+
+def _two_readers():
+    """``x`` read by ``tanh`` and, last, by ``scale``: level 1 runs ``scale``
+    in place over ``x`` (it dies there in program order), which makes the
+    executor wait for ``tanh`` before ``scale_``."""
+    import paddle as pd
+
+    main, start = pd.static.Program(), pd.static.Program()
+    with pd.static.program_guard(main, start):
+        a = pd.static.data("a", [-1, 8], "float32")
+        x = pd.matmul(a, pd.create_parameter([8, 8], "float32"))
+        out = pd.tanh(x) + pd.scale(x, 2.0)
+    return main, out
+
+
+def test_level2_applies_only_in_place_variants_no_order_can_worsen(paddle):
+    """Level 2 keeps level 1's in-place variants only where the input has
+    no other reader (memopt.any_order): an added ordering edge could make
+    the multi-thread executor hold more."""
+    import memopt
+
+    main, out = _two_readers()
+    memopt.memory_optimize(main, level=1, fetch_list=[out])
+    assert "pd_op.scale_" in [op.name() for op in main.global_block().ops]
+    main, out = _two_readers()
+    report = memopt.memory_optimize(main, level=2, fetch_list=[out])
+    names = [op.name() for op in main.global_block().ops]
+    assert "pd_op.scale" in names and "pd_op.scale_" not in names
+    assert "input read by another op too" in str(report)
+
+
+def test_level2_order_raises_no_executor_mode(paddle):
+    """An order level 2 keeps is predicted no higher than the program's
+    under every executor mode checked (program order, 4/2/1 workers, frees
+    on time and late)."""
+    import paddle as pd
+
+    import memopt
+    from memopt.paddle import pir_schedule
+    from memopt.paddle.flags import runtime_model
+
+    model = models.build("mlp", "pir")
+    old = pd.get_flags(["FLAGS_new_executor_sequential_run"])
+    pd.set_flags({"FLAGS_new_executor_sequential_run": True})
+    try:
+        memopt.memory_optimize(model.main, level=1, skip_opt_set=model.fetch_list)
+        runtime = runtime_model("pir")
+        choice = pir_schedule.plan_order(model.main, model.batch_size, runtime)
+        modes = pir_schedule.executor_modes(runtime)
+    finally:
+        pd.set_flags(old)
+    assert choice.order is not None and len(modes) == 4
+    n = len(model.main.global_block().ops)
+    base = pir_schedule._peaks_of_order(model.main, list(range(n)), model.batch_size, modes)
+    new = pir_schedule._peaks_of_order(model.main, choice.order, model.batch_size, modes)
+    assert set(new) == set(base) and len(new) == 8
+    assert all(new[m] <= base[m] for m in base)
+    assert new["own"] < base["own"]
