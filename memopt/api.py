@@ -443,7 +443,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             "level 2: the memory-aware op order is made for PIR programs; this legacy "
             "program got level 1"]
         return report
-    from .paddle import pir_budget, pir_recompute, pir_schedule
+    from .paddle import pir_budget, pir_concat_slices, pir_recompute, pir_schedule
 
     start = time.perf_counter()
     batch = int(batch_size or REFERENCE_BATCH)
@@ -477,6 +477,10 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             if applied is not None:
                 applied.undo()
             raise
+        if options.level == 2 and applied is None:
+            _, note = pir_concat_slices.slice_if_lower(program, batch, model,
+                                                       options.fetch_list)
+            notes += [note] if note else []
         if options.level == 2:
             choice = pir_schedule.plan_order(program, batch, model)
             if choice.order is not None:

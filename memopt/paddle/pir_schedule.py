@@ -27,7 +27,8 @@ from .pir import DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert
 
 log = logging.getLogger(__name__)
 
-__all__ = ["order_problem", "plan_order", "apply_order", "OrderChoice"]
+__all__ = ["order_problem", "plan_order", "apply_order", "OrderChoice", "executor_modes",
+           "mode_peaks"]
 
 #: Ops whose result may share the operand's buffer (a view).
 _VIEW_OPS = frozenset({
@@ -177,18 +178,20 @@ def executor_modes(runtime) -> List[Tuple[str, object]]:
     return modes
 
 
-def _peaks_of_order(program, order: List[int], batch: int, modes) -> dict:
+def mode_peaks(program, batch: int, modes, order: Optional[List[int]] = None) -> dict:
     """``{mode label: predicted total peak}`` and ``{mode label + "+lag":
-    the same with frees GC_LAG_OPS ops late}`` of ``program`` with its
-    top-level ops in ``order``: applied to a clone, analysed as
+    the same with frees GC_LAG_OPS ops late}`` of ``program`` (with its
+    top-level ops in ``order``, if given: applied to a clone), analysed as
     :func:`memopt.analyze` does under each of ``modes``
     (:func:`executor_modes`)."""
     from .. import analysis
     from .pir_budget import GC_LAG_OPS
     from .pir_inplace import executor_inplace
 
-    clone = program.clone()
-    apply_order(clone, order)
+    clone = program
+    if order is not None:
+        clone = program.clone()
+        apply_order(clone, order)
     pg = convert(clone)
     own = modes[0][1]
     pairs = executor_inplace(pg, (), own.device) if own.inplace else []
@@ -234,7 +237,7 @@ def plan_order(program, batch: int, runtime=None) -> OrderChoice:
     orders = {}
     for name, order in candidate_orders(problem):
         check_topological(problem, order)
-        table[name] = _peaks_of_order(program, order, batch, modes)
+        table[name] = mode_peaks(program, batch, modes, order)
         orders[name] = order
     peaks = {name: row["own"] for name, row in table.items()}
     base = table["program"]

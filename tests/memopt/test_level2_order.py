@@ -155,8 +155,8 @@ def test_level2_order_raises_no_executor_mode(paddle):
         pd.set_flags(old)
     assert choice.order is not None and len(modes) == 4
     n = len(model.main.global_block().ops)
-    base = pir_schedule._peaks_of_order(model.main, list(range(n)), model.batch_size, modes)
-    new = pir_schedule._peaks_of_order(model.main, choice.order, model.batch_size, modes)
+    base = pir_schedule.mode_peaks(model.main, model.batch_size, modes, list(range(n)))
+    new = pir_schedule.mode_peaks(model.main, model.batch_size, modes, choice.order)
     assert set(new) == set(base) and len(new) == 8
     assert all(new[m] <= base[m] for m in base)
     assert new["own"] < base["own"]
