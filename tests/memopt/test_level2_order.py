@@ -184,3 +184,18 @@ def test_concat_slices_found_and_undone(paddle):
     assert str(model.main) != text
     applied.undo()
     assert str(model.main) == text
+
+
+def test_level2_changes_nothing_the_model_does_not_predict_lower(paddle):
+    """On the BERT-like encoder no order, slice or in-place variant lowers
+    the predicted peak: level 2 leaves the program exactly as it was
+    (level 1 would turn scale/softmax into in-place variants)."""
+    import memopt
+
+    model = models.build("bert", "pir")
+    text = str(model.main)
+    report = memopt.memory_optimize(model.main, level=2, batch_size=model.batch_size,
+                                    skip_opt_set=model.fetch_list)
+    assert str(model.main) == text
+    assert any("in-place variants left out" in note for note in report.notes)
+    assert report.peak_after == report.peak_before
