@@ -69,8 +69,8 @@ def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict
     out: dict = {"model": model, "config": config, "batch": batch, "budget": budget}
     t0 = time.perf_counter()
     try:
-        if config == "L2":
-            memopt.memory_optimize(m.main, level=2, batch_size=batch)
+        if config in ("L1", "L2"):  # L1: level 1 alone (what level 2 started from)
+            memopt.memory_optimize(m.main, level=int(config[1]), batch_size=batch)
         elif config == "budget":
             report = memopt.memory_optimize(m.main, budget=budget, batch_size=batch)
             out["predicted"] = report.peak_after
