@@ -204,7 +204,8 @@ def bench_l2(model: str, steps: int, repeat: int) -> dict:
         row[config] = {
             "steady": statistics.median(statistics.median(r["step_peaks"][1:] or r["step_peaks"])
                                         for r in ok),
-            "worst": max(r["peak"] for r in ok), "digests": sorted({r["digest"] for r in ok})}
+            "worst": max(r["peak"] for r in ok), "digests": sorted({r["digest"] for r in ok}),
+            "step_s": statistics.median(r["step_s"] for r in ok)}
     row["same"] = row["default"]["digests"] == row["L2"]["digests"] \
         and len(row["default"]["digests"]) == 1
     return row
@@ -212,7 +213,8 @@ def bench_l2(model: str, steps: int, repeat: int) -> dict:
 
 def l2_table(rows: list) -> str:
     head = ["model", "batch", "default steady", "default worst", "L2 steady", "L2 worst",
-            "L2 / default, steady", "L2 / default, worst", "bit-identical"]
+            "L2 / default, steady", "L2 / default, worst", "step time L2 / default",
+            "bit-identical"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for row in rows:
         if "error" in row:
@@ -222,7 +224,8 @@ def l2_table(rows: list) -> str:
         out.append("| " + " | ".join([
             row["model"], str(row["batch"]), mib(d["steady"]), mib(d["worst"]), mib(l2["steady"]),
             mib(l2["worst"]), f"{l2['steady'] / d['steady']:.3f}",
-            f"{l2['worst'] / d['worst']:.3f}", "yes" if row["same"] else "NO"]) + " |")
+            f"{l2['worst'] / d['worst']:.3f}", f"{l2['step_s'] / d['step_s']:.2f}x",
+            "yes" if row["same"] else "NO"]) + " |")
     return "\n".join(out)
 
 
