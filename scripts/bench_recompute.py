@@ -11,7 +11,11 @@ step's peak, parameters and optimizer state included), the median step time
 Columns (one markdown table):
 
 - ``default``: the unchanged program's peak; ``L2``: ``level=2``'s peak
-  over it (target <= 1.0; <= 0.91 on U-Net, DenseNet, BERT);
+  over it (target <= 1.0; <= 0.91 on U-Net, DenseNet, BERT); with
+  ``--l2-only`` also the steady and worst step peaks over ``--repeat``
+  processes, level 2's predicted peak and the any-order bound
+  (:func:`memopt.paddle.pir_schedule.any_order_bound`: no order of the
+  ops level 2 leaves is predicted under it) over the default's steady peak;
 - ``b=X%``: ``memory_optimize(budget=X% of the default peak,
   batch_size=B)``: measured peak / budget (target <= 1.0; the largest over
   ``--repeat`` fresh processes), then the (median) step
@@ -70,7 +74,12 @@ def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict
     t0 = time.perf_counter()
     try:
         if config in ("L1", "L2"):  # L1: level 1 alone (what level 2 started from)
-            memopt.memory_optimize(m.main, level=int(config[1]), batch_size=batch)
+            report = memopt.memory_optimize(m.main, level=int(config[1]), batch_size=batch)
+            out["predicted"] = report.peak_after
+            if config == "L2":  # no order of the ops level 2 leaves is predicted lower
+                from memopt.paddle.pir_schedule import any_order_bound
+
+                out["bound"] = any_order_bound(m.main, batch)[0]
         elif config == "budget":
             report = memopt.memory_optimize(m.main, budget=budget, batch_size=batch)
             out["predicted"] = report.peak_after
@@ -205,7 +214,8 @@ def bench_l2(model: str, steps: int, repeat: int) -> dict:
             "steady": statistics.median(statistics.median(r["step_peaks"][1:] or r["step_peaks"])
                                         for r in ok),
             "worst": max(r["peak"] for r in ok), "digests": sorted({r["digest"] for r in ok}),
-            "step_s": statistics.median(r["step_s"] for r in ok)}
+            "step_s": statistics.median(r["step_s"] for r in ok),
+            "bound": ok[0].get("bound"), "predicted": ok[0].get("predicted")}
     row["same"] = row["default"]["digests"] == row["L2"]["digests"] \
         and len(row["default"]["digests"]) == 1
     return row
@@ -214,7 +224,7 @@ def bench_l2(model: str, steps: int, repeat: int) -> dict:
 def l2_table(rows: list) -> str:
     head = ["model", "batch", "default steady", "default worst", "L2 steady", "L2 worst",
             "L2 / default, steady", "L2 / default, worst", "step time L2 / default",
-            "bit-identical"]
+            "L2 predicted", "any-order bound / default steady", "bit-identical"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for row in rows:
         if "error" in row:
@@ -225,6 +235,7 @@ def l2_table(rows: list) -> str:
             row["model"], str(row["batch"]), mib(d["steady"]), mib(d["worst"]), mib(l2["steady"]),
             mib(l2["worst"]), f"{l2['steady'] / d['steady']:.3f}",
             f"{l2['worst'] / d['worst']:.3f}", f"{l2['step_s'] / d['step_s']:.2f}x",
+            mib(l2["predicted"]), f"{l2['bound'] / d['steady']:.3f}",
             "yes" if row["same"] else "NO"]) + " |")
     return "\n".join(out)
 

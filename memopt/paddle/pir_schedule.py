@@ -28,7 +28,7 @@ from .pir import DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert
 log = logging.getLogger(__name__)
 
 __all__ = ["order_problem", "plan_order", "apply_order", "OrderChoice", "executor_modes",
-           "mode_peaks"]
+           "mode_peaks", "any_order_bound"]
 
 #: Ops whose result may share the operand's buffer (a view).
 _VIEW_OPS = frozenset({
@@ -255,3 +255,66 @@ def plan_order(program, batch: int, runtime=None) -> OrderChoice:
         note = ("level 2: the program's own order kept: orders predicted lower under the "
                 "executor's own mode would raise the peak under another: " + "; ".join(refused))
     return OrderChoice("program", None, peaks, note)
+
+
+def any_order_bound(program, batch: int, runtime=None) -> Tuple[int, int]:
+    """``(bytes, op position)``: a lower bound on the predicted total peak
+    of every order of ``program``'s top-level ops that keeps the
+    dependencies of :func:`order_problem`, and the op where it is reached.
+
+    At op ``o`` a buffer (an in-place chain counted once, as
+    :mod:`memopt.analysis` counts it for the program's own order) is alive
+    in every such order if ``o`` or an op ``o`` depends on makes it and
+    ``o`` or an op depending on ``o`` reads its data (or it is kept to the
+    end: fetched, fed); the bound is the largest sum over the ops, plus the
+    persistable bytes.  A flat program only (ValueError otherwise)."""
+    from .flags import runtime_model
+    from .pir_inplace import executor_inplace
+    from .. import analysis
+
+    runtime = runtime or runtime_model("pir")
+    pg = convert(program)
+    if not flat_program(pg):
+        raise ValueError("any_order_bound: the program's top-level block runs if/while "
+                         "regions; the bound is for flat programs")
+    problem = order_problem(pg, batch)
+    pairs = executor_inplace(pg, (), runtime.device) if runtime.inplace else []
+    an = analysis.from_graph(pg.graph, batch, runtime, pairs)
+    n = len(problem.ops)
+    anc = [0] * n  # bitsets of the ops each op depends on, transitively
+    for i, op in enumerate(problem.ops):
+        for j in op.after:
+            anc[i] |= anc[j] | (1 << j)
+    succ: List[List[int]] = [[] for _ in range(n)]
+    for i, op in enumerate(problem.ops):
+        for j in op.after:
+            succ[j].append(i)
+    desc = [0] * n  # ... and the ops depending on each op
+    for j in reversed(range(n)):
+        for i in succ[j]:
+            desc[j] |= desc[i] | (1 << i)
+    maker: dict = {}
+    readers: dict = {}
+    for i, op in enumerate(problem.ops):
+        for name in op.makes:
+            maker.setdefault(name, i)
+        for name in op.reads:
+            readers[name] = readers.get(name, 0) | (1 << i)
+    buffers = []
+    for h in an.holders:
+        made = read = 0
+        for name in h.names:
+            if name in maker:
+                made |= 1 << maker[name]
+            read |= readers.get(name, 0)
+        if made:
+            kept = any(name in problem.keep for name in h.names)
+            buffers.append((h.bytes(batch), made, read, kept))
+    best, where = 0, 0
+    for o in range(n):
+        before, after = anc[o] | (1 << o), desc[o] | (1 << o)
+        live = sum(size for size, made, read, kept in buffers
+                   if made & before and (kept or read & after or (made >> o) & 1))
+        if live > best:
+            best, where = live, o
+    return an.persistable_bytes(batch) + best, where

@@ -199,3 +199,24 @@ def test_level2_changes_nothing_the_model_does_not_predict_lower(paddle):
     assert str(model.main) == text
     assert any("in-place variants left out" in note for note in report.notes)
     assert report.peak_after == report.peak_before
+
+
+@pytest.mark.parametrize("name", ["bert", "unet"])
+def test_any_order_bound_holds_for_every_candidate_order(paddle, name):
+    """No candidate order is predicted under the any-order bound, and the
+    program's own order of the BERT-like encoder sits on it."""
+    from memopt.paddle import pir, pir_schedule
+    from memopt.paddle.flags import runtime_model
+    from memopt.schedule import candidate_orders
+
+    model = models.build(name, "pir")
+    batch = model.batch_size
+    runtime = runtime_model("pir")
+    bound, _ = pir_schedule.any_order_bound(model.main, batch, runtime)
+    problem = pir_schedule.order_problem(pir.convert(model.main), batch)
+    peaks = {label: pir_schedule.mode_peaks(model.main, batch, [("own", runtime)], order)["own"]
+             for label, order in candidate_orders(problem)}
+    assert len(peaks) >= 2
+    assert all(peak >= bound for peak in peaks.values())
+    if name == "bert":
+        assert peaks["program"] <= bound * 1.001
