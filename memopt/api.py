@@ -25,6 +25,7 @@ from typing import Any, Iterable, List, Optional
 import numpy as np
 
 from .analysis import Analysis, RuntimeModel, from_graph
+from .any_order import single_reader_rule
 from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
@@ -249,7 +250,8 @@ def _legacy_release(program, options: Options) -> Report:
                           seconds)
 
 
-def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -> Report:
+def _pir_optimize(program, options: Options, batch_size: Optional[int] = None,
+                  any_order: bool = False, variants: bool = True) -> Report:
     """Plan (the adapter states its ops' in-place variants,
     :func:`memopt.paddle.pir_rewrite.state_inplace_facts`; the core decides,
     :func:`memopt.candidates.variant_inplace`), apply
@@ -259,6 +261,10 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -
     estimates at ``batch_size`` (default :data:`memopt.report.REFERENCE_BATCH`)
     under the runtime's current flags, i.e. counting what the executor does
     anyway; its notes say how many ops the executor's own pass runs in place.
+    ``any_order`` (level 2): only the in-place variants whose input no other
+    op reads (:func:`memopt.any_order.single_reader_rule`), which no order
+    the executor takes can make hold more.  ``variants=False``: none (each
+    counted under :data:`R_NO_GAIN`).
     """
     start = time.perf_counter()
     batch = batch_size or REFERENCE_BATCH
@@ -268,7 +274,11 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -
     pir_rewrite.check_user_names(pg, options)
     before = _pir_analysis(pg, batch, model)
     pir_rewrite.state_inplace_facts(pg)
-    rewrites, reasons = variant_inplace(pg.graph, options)
+    rewrites, reasons = variant_inplace(
+        pg.graph, options, single_reader_rule(pg.graph) if any_order else None)
+    if not variants and rewrites:
+        reasons[R_NO_GAIN] = reasons.get(R_NO_GAIN, 0) + len(rewrites)
+        rewrites = []
     reuses = []
     for rw in rewrites:
         for nin, nout in rw.pairs:
@@ -286,6 +296,25 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None) -
                         runtime.gc, runtime.pir_text, batch, time.perf_counter() - start)
     log.debug("PIR memory_optimize: %d ops in place in %.3f s", len(rewrites), report.seconds)
     return report
+
+
+#: Why level 2 left level 1's in-place variants out (see :func:`_variants_pay`).
+R_NO_GAIN = ("level 2: the in-place variants together lower no predicted peak (level 2 "
+             "changes the program only where the model predicts it lower)")
+
+
+def _variants_pay(program, options: Options, batch: int, model: RuntimeModel) -> bool:
+    """Whether level 1's in-place variants (those level 2 may apply), tried
+    on a clone of ``program``, lower its predicted peak under the runtime's
+    own executor mode and raise it under none of
+    :func:`memopt.paddle.pir_schedule.executor_modes`."""
+    from .paddle.pir_schedule import executor_modes, mode_peaks
+
+    clone = program.clone()
+    _pir_optimize(clone, options, batch, any_order=True)
+    modes = executor_modes(model)
+    before, after = mode_peaks(program, batch, modes), mode_peaks(clone, batch, modes)
+    return after["own"] < before["own"] and all(after[m] <= before[m] for m in before)
 
 
 def _pir_analysis(pg, batch: int, model: RuntimeModel) -> Analysis:
@@ -327,8 +356,11 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         between the same dtype whenever the memory taken over is provably
         large enough (sizes symbolic in the batch dimension are compared for
         every batch size); never across dtypes, as Paddle's executor reads
-        each variable's declared dtype.  2 -- level 1 plus a memory-aware
-        order of the ops (PIR; kept only where it lowers the predicted peak).
+        each variable's declared dtype.  2 -- level 1 (only its in-place
+        variants whose input no other op reads) plus, on PIR, saved values a
+        saved concat holds again sliced out of it in the backward part and a
+        memory-aware order of the ops; each kept only where it lowers the
+        predicted peak and raises it under no executor mode modelled.
     print_log : print the report (one line per reuse and a summary).
     fetch_list : (keyword only) what you will fetch from the program:
         Variables, PIR Values or names.  They keep their own memory and
@@ -410,6 +442,8 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     """level=2 / budget= (PIR): recompute for the budget
     (:mod:`memopt.paddle.pir_budget`, :mod:`memopt.paddle.pir_recompute`),
     then the in-place rewrite at ``min(level, 1)``, then at level 2 the
+    concat slices (:mod:`memopt.paddle.pir_concat_slices`; not after a
+    recomputation, whose clones may read the same values) and the
     memory-aware order (:mod:`memopt.paddle.pir_schedule`).  A legacy
     program gets level 1 at level 2 and refuses a budget."""
     from dataclasses import replace
@@ -437,7 +471,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             "level 2: the memory-aware op order is made for PIR programs; this legacy "
             "program got level 1"]
         return report
-    from .paddle import pir_budget, pir_recompute, pir_schedule
+    from .paddle import pir_budget, pir_concat_slices, pir_recompute, pir_schedule
 
     start = time.perf_counter()
     batch = int(batch_size or REFERENCE_BATCH)
@@ -466,11 +500,22 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         try:
             # the in-place rewrite is all or nothing itself; if it fails the
             # recomputation goes too, so the call changes nothing
-            report = _pir_optimize(program, lower, batch)
+            level2 = options.level == 2
+            variants = not (level2 and applied is None
+                            and not _variants_pay(program, lower, batch, model))
+            report = _pir_optimize(program, lower, batch, any_order=level2, variants=variants)
+            if not variants and report.not_merged.get(R_NO_GAIN):
+                left = report.not_merged[R_NO_GAIN]
+                notes.append(f"level 2: level 1's {left} in-place variants left out: together "
+                             "they lower no predicted peak")
         except BaseException:
             if applied is not None:
                 applied.undo()
             raise
+        if options.level == 2 and applied is None:
+            _, note = pir_concat_slices.slice_if_lower(program, batch, model,
+                                                       options.fetch_list)
+            notes += [note] if note else []
         if options.level == 2:
             choice = pir_schedule.plan_order(program, batch, model)
             if choice.order is not None:

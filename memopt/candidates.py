@@ -327,10 +327,12 @@ R_ALIVE = "input still used later"
 R_SHAPE = "input and output differ in shape or dtype"
 R_OUTSIDE = "input from outside the op's block, carried by a loop, or a view"
 R_KERNEL = "CPU kernel cannot run in place"
+R_ORDER = ("input read by another op too (level 2: only in-place variants no executor order "
+           "can make worse)")
 
 
-def variant_inplace(graph: Graph, options: Options) -> Tuple[List[InplaceRewrite],
-                                                             Dict[str, int]]:
+def variant_inplace(graph: Graph, options: Options, allowed=None
+                    ) -> Tuple[List[InplaceRewrite], Dict[str, int]]:
     """Which ops may soundly be turned into their in-place variants
     (``op.facts.variant``, stated by the adapter); pure data.
 
@@ -344,7 +346,10 @@ def variant_inplace(graph: Graph, options: Options) -> Tuple[List[InplaceRewrite
     input; both have the same dtype and, at level 0, the same shape (level
     1: the same size in bytes for every batch size).  With ``skip_grads``,
     backward and optimizer ops are left alone; a variant whose kernel
-    refuses to run in place (``kernel_refuses``) too.
+    refuses to run in place (``kernel_refuses``) too.  ``allowed(src, dst,
+    op)``, when given, must accept every pair (``memory_optimize(level=2)``
+    passes :func:`memopt.any_order.single_reader_rule`: only variants whose
+    peak no executor order can raise).
 
     Returns ``(rewrites, reasons)``: the :class:`memopt.plan.InplaceRewrite`
     list in program order and ``{reason: ops left alone for it}``.
@@ -418,6 +423,9 @@ def variant_inplace(graph: Graph, options: Options) -> Tuple[List[InplaceRewrite
                     tuple(var_in.shape) != tuple(var_out.shape) if options.level == 0
                     else var_in.size != var_out.size):
                 reason = R_SHAPE
+                break
+            if allowed is not None and not allowed(nin, nout, op):
+                reason = R_ORDER
                 break
             pairs.append((nin, nout))
         if reason:

@@ -11,7 +11,11 @@ step's peak, parameters and optimizer state included), the median step time
 Columns (one markdown table):
 
 - ``default``: the unchanged program's peak; ``L2``: ``level=2``'s peak
-  over it (target <= 1.0; <= 0.91 on U-Net, DenseNet, BERT);
+  over it (target <= 1.0; <= 0.91 on U-Net, DenseNet, BERT); with
+  ``--l2-only`` also the steady and worst step peaks over ``--repeat``
+  processes, level 2's predicted peak and the any-order bound
+  (:func:`memopt.paddle.pir_schedule.any_order_bound`: no order of the
+  ops level 2 leaves is predicted under it) over the default's floor;
 - ``b=X%``: ``memory_optimize(budget=X% of the default peak,
   batch_size=B)``: measured peak / budget (target <= 1.0; the largest over
   ``--repeat`` fresh processes), then the (median) step
@@ -30,6 +34,7 @@ Usage::
     python scripts/bench_recompute.py                      # all models
     python scripts/bench_recompute.py --models unet,bert --steps 4
     python scripts/bench_recompute.py --floors             # the leanest plans' floors (model)
+    python scripts/bench_recompute.py --l2-only --repeat 3 --steps 6   # the L2 column alone
 """
 from __future__ import annotations
 
@@ -81,8 +86,13 @@ def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict
     out: dict = {"model": model, "config": config, "batch": batch, "budget": budget}
     t0 = time.perf_counter()
     try:
-        if config == "L2":
-            memopt.memory_optimize(m.main, level=2, batch_size=batch)
+        if config in ("L1", "L2"):  # L1: level 1 alone (what level 2 started from)
+            report = memopt.memory_optimize(m.main, level=int(config[1]), batch_size=batch)
+            out["predicted"] = report.peak_after
+            if config == "L2":  # no order of the ops level 2 leaves is predicted lower
+                from memopt.paddle.pir_schedule import any_order_bound
+
+                out["bound"] = any_order_bound(m.main, batch)[0]
         elif config == "budget":
             report = memopt.memory_optimize(m.main, budget=budget, batch_size=batch)
             out["predicted"] = report.peak_after
@@ -99,19 +109,24 @@ def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict
     out["optimize_s"] = time.perf_counter() - t0
     rng = np.random.default_rng(1)
     scope = paddle.static.Scope()
-    times, digest = [], hashlib.sha256()
+    times, digest, step_peaks = [], hashlib.sha256(), []
     with paddle.static.scope_guard(scope):
         exe = paddle.static.Executor(paddle.CPUPlace())
         m.initialize(exe)
+        startup_peak = core.host_memory_stat_peak_value("Allocated", 0)
         for _ in range(steps):
             feed = m.feed(rng)
+            core.host_memory_stat_reset_peak_value("Allocated", 0)
             t = time.perf_counter()
             loss = exe.run(m.main, feed=feed, fetch_list=[m.loss])[0]
             times.append(time.perf_counter() - t)
+            step_peaks.append(core.host_memory_stat_peak_value("Allocated", 0))
             digest.update(np.asarray(loss).tobytes())
         for name in models.parameter_names(m.main):
             digest.update(np.array(scope.find_var(name).get_tensor()).tobytes())
-    out["peak"] = core.host_memory_stat_peak_value("Allocated", 0)
+    # the run's peak (startup and every step), as one unreset reading gives
+    out["peak"] = max([startup_peak, *step_peaks])
+    out["step_peaks"] = step_peaks
     out["step_s"] = statistics.median(times[1:] or times)
     out["digest"] = digest.hexdigest()
     return out
@@ -231,6 +246,56 @@ def floors(rows: list) -> str:
             "FLOPs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     return "\n".join(lines + [floor_row(r) for r in rows])
+def bench_l2(model: str, steps: int, repeat: int) -> dict:
+    """``level=2`` against the default, each in ``repeat`` fresh processes
+    (alternating): the floor (median over processes of each process's
+    least step peak, steps 2..n: the peak the plan decides, when Paddle's
+    collector keeps up in some step), the steady step peak (the same with
+    each process's median step peak) and the worst (the largest
+    whole-run peak over the processes; Paddle's collector frees on its own
+    thread, so a step's peak varies with the load)."""
+    batch = BENCH_MODELS[model][0]
+    runs: dict = {"default": [], "L2": []}
+    for _ in range(max(repeat, 1)):
+        for config in runs:
+            runs[config].append(run(model, config, batch, 0, steps))
+    row = {"model": model, "batch": batch}
+    for config, rs in runs.items():
+        ok = [r for r in rs if "peak" in r]
+        if len(ok) < len(rs):
+            row["error"] = next(r for r in rs if "peak" not in r).get("error", "?")
+            return row
+        row[config] = {
+            "steady": statistics.median(statistics.median(r["step_peaks"][1:] or r["step_peaks"])
+                                        for r in ok),
+            "floor": statistics.median(min(r["step_peaks"][1:] or r["step_peaks"]) for r in ok),
+            "worst": max(r["peak"] for r in ok), "digests": sorted({r["digest"] for r in ok}),
+            "step_s": statistics.median(r["step_s"] for r in ok),
+            "bound": ok[0].get("bound"), "predicted": ok[0].get("predicted")}
+    row["same"] = row["default"]["digests"] == row["L2"]["digests"] \
+        and len(row["default"]["digests"]) == 1
+    return row
+
+
+def l2_table(rows: list) -> str:
+    head = ["model", "batch", "default steady", "default worst", "L2 steady", "L2 worst",
+            "L2 / default, floor", "L2 / default, steady", "L2 / default, worst",
+            "step time L2 / default",
+            "L2 predicted", "any-order bound / default floor", "bit-identical"]
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for row in rows:
+        if "error" in row:
+            out.append(f"| {row['model']} | {row['batch']} | {row['error']} |")
+            continue
+        d, l2 = row["default"], row["L2"]
+        out.append("| " + " | ".join([
+            row["model"], str(row["batch"]), mib(d["steady"]), mib(d["worst"]), mib(l2["steady"]),
+            mib(l2["worst"]), f"{l2['floor'] / d['floor']:.3f}",
+            f"{l2['steady'] / d['steady']:.3f}",
+            f"{l2['worst'] / d['worst']:.3f}", f"{l2['step_s'] / d['step_s']:.2f}x",
+            mib(l2["predicted"]), f"{l2['bound'] / d['floor']:.3f}",
+            "yes" if row["same"] else "NO"]) + " |")
+    return "\n".join(out)
 
 
 def table(rows: list) -> str:
@@ -279,6 +344,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=1,
                         help="fresh processes per budget run (the table shows the largest peak)")
+    parser.add_argument("--l2-only", action="store_true",
+                        help="only level 2 against the default, each in --repeat processes")
     parser.add_argument("--worker", nargs=5, metavar=("MODEL", "CONFIG", "BATCH", "BUDGET",
                                                       "STEPS"))
     parser.add_argument("--floors", action="store_true",
@@ -292,6 +359,11 @@ def main(argv=None) -> int:
         print(json.dumps(worker(model, config, int(batch), int(budget), int(steps))))
         return 0
     fractions = tuple(float(f) for f in args.fractions.split(","))
+    if args.l2_only:
+        rows = [bench_l2(model, args.steps, args.repeat) for model in args.models.split(",")]
+        print(json.dumps(rows, default=str), file=sys.stderr)
+        print(l2_table(rows))
+        return 0
     rows = []
     for model in args.models.split(","):
         t = time.time()

@@ -22,12 +22,13 @@ import logging
 from typing import List, Optional, Tuple
 
 from ..errors import PlanError
-from ..schedule import OrderOp, OrderProblem, best_order, check_topological
+from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topological
 from .pir import DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert
 
 log = logging.getLogger(__name__)
 
-__all__ = ["order_problem", "plan_order", "apply_order", "OrderChoice"]
+__all__ = ["order_problem", "plan_order", "apply_order", "OrderChoice", "executor_modes",
+           "mode_peaks", "any_order_bound"]
 
 #: Ops whose result may share the operand's buffer (a view).
 _VIEW_OPS = frozenset({
@@ -156,17 +157,51 @@ class OrderChoice:
         self.name, self.order, self.peaks, self.note = name, order, peaks, note
 
 
-def _peak_of_order(program, order: List[int], batch: int, runtime) -> int:
-    """Predicted total peak of ``program`` with its top-level ops in
-    ``order``: applied to a clone, analysed as :func:`memopt.analyze` does."""
+def executor_modes(runtime) -> List[Tuple[str, object]]:
+    """``[(label, RuntimeModel)]``: the executor modes a new order is checked
+    under -- the runtime's own first, then the program-order schedule
+    (``FLAGS_new_executor_sequential_run=1``) and the dataflow schedule with
+    4 workers and each of :data:`memopt.paddle.pir_budget.WORKERS_CHECKED`
+    (a loaded machine runs fewer threads at once).  With the GC off nothing
+    is freed during a step and the order changes nothing: the own mode only."""
+    from dataclasses import replace
+
+    from .pir_budget import WORKERS_CHECKED
+
+    modes = [("own", runtime)]
+    if not runtime.gc:
+        return modes
+    others = [("program", replace(runtime, schedule="program"))]
+    others += [(f"dataflow/{w}", replace(runtime, schedule="dataflow", workers=w))
+               for w in sorted({4, *WORKERS_CHECKED}, reverse=True)]
+    modes += [(label, m) for label, m in others if m != runtime]
+    return modes
+
+
+def mode_peaks(program, batch: int, modes, order: Optional[List[int]] = None) -> dict:
+    """``{mode label: predicted total peak}`` and ``{mode label + "+lag":
+    the same with frees GC_LAG_OPS ops late}`` of ``program`` (with its
+    top-level ops in ``order``, if given: applied to a clone), analysed as
+    :func:`memopt.analyze` does under each of ``modes``
+    (:func:`executor_modes`)."""
     from .. import analysis
+    from .pir_budget import GC_LAG_OPS
     from .pir_inplace import executor_inplace
 
-    clone = program.clone()
-    apply_order(clone, order)
+    clone = program
+    if order is not None:
+        clone = program.clone()
+        apply_order(clone, order)
     pg = convert(clone)
-    pairs = executor_inplace(pg, (), runtime.device) if runtime.inplace else []
-    return analysis.from_graph(pg.graph, batch, runtime, pairs).total_peak(batch)
+    own = modes[0][1]
+    pairs = executor_inplace(pg, (), own.device) if own.inplace else []
+    out = {}
+    for label, mode in modes:
+        an = analysis.from_graph(pg.graph, batch, mode, pairs)
+        out[label] = an.total_peak(batch)
+        if mode.gc:
+            out[label + "+lag"] = an.total_peak_pending(GC_LAG_OPS, batch)
+    return out
 
 
 #: The least share of the predicted peak a new order must save to be
@@ -180,7 +215,15 @@ MIN_GAIN = 0.01
 def plan_order(program, batch: int, runtime=None) -> OrderChoice:
     """Choose the top-level order of ``program`` with the lowest predicted
     peak at ``batch`` (see the module docstring); the program is not
-    changed."""
+    changed.
+
+    A new order is kept only if it is safe by construction as far as the
+    model sees: it lowers the runtime's own predicted peak by at least
+    :data:`MIN_GAIN` and raises the predicted peak under none of the
+    executor modes of :func:`executor_modes`, with frees on time or up to
+    :data:`memopt.paddle.pir_budget.GC_LAG_OPS` ops late.  Otherwise the
+    program's own order stays (``OrderChoice.note`` names the mode that
+    would have risen)."""
     from .flags import runtime_model
 
     runtime = runtime or runtime_model("pir")
@@ -189,9 +232,89 @@ def plan_order(program, batch: int, runtime=None) -> OrderChoice:
         return OrderChoice("program", None, {}, "level 2: the order of programs with "
                            "if/while regions is left as it is")
     problem = order_problem(pg, batch)
-    name, order, peaks = best_order(
-        problem, lambda _n, o: _peak_of_order(program, o, batch, runtime))
-    check_topological(problem, order)
-    if name == "program" or peaks[name] > peaks["program"] * (1 - MIN_GAIN):
-        return OrderChoice("program", None, peaks)
-    return OrderChoice(name, order, peaks)
+    modes = executor_modes(runtime)
+    table = {}
+    orders = {}
+    for name, order in candidate_orders(problem):
+        check_topological(problem, order)
+        table[name] = mode_peaks(program, batch, modes, order)
+        orders[name] = order
+    peaks = {name: row["own"] for name, row in table.items()}
+    base = table["program"]
+    refused = []
+    for name in sorted(orders, key=lambda n: (peaks[n], list(orders).index(n))):
+        if name == "program" or peaks[name] > base["own"] * (1 - MIN_GAIN):
+            break
+        risen = [m for m, v in table[name].items() if v > base[m]]
+        if risen:
+            refused.append(f"{name} (higher under {', '.join(risen)})")
+            continue
+        return OrderChoice(name, orders[name], peaks)
+    note = ""
+    if refused:
+        note = ("level 2: the program's own order kept: orders predicted lower under the "
+                "executor's own mode would raise the peak under another: " + "; ".join(refused))
+    return OrderChoice("program", None, peaks, note)
+
+
+def any_order_bound(program, batch: int, runtime=None) -> Tuple[int, int]:
+    """``(bytes, op position)``: a lower bound on the predicted total peak
+    of every order of ``program``'s top-level ops that keeps the
+    dependencies of :func:`order_problem`, and the op where it is reached.
+
+    At op ``o`` a buffer (an in-place chain counted once, as
+    :mod:`memopt.analysis` counts it for the program's own order) is alive
+    in every such order if ``o`` or an op ``o`` depends on makes it and
+    ``o`` or an op depending on ``o`` reads its data (or it is kept to the
+    end: fetched, fed); the bound is the largest sum over the ops, plus the
+    persistable bytes.  A flat program only (ValueError otherwise)."""
+    from .flags import runtime_model
+    from .pir_inplace import executor_inplace
+    from .. import analysis
+
+    runtime = runtime or runtime_model("pir")
+    pg = convert(program)
+    if not flat_program(pg):
+        raise ValueError("any_order_bound: the program's top-level block runs if/while "
+                         "regions; the bound is for flat programs")
+    problem = order_problem(pg, batch)
+    pairs = executor_inplace(pg, (), runtime.device) if runtime.inplace else []
+    an = analysis.from_graph(pg.graph, batch, runtime, pairs)
+    n = len(problem.ops)
+    anc = [0] * n  # bitsets of the ops each op depends on, transitively
+    for i, op in enumerate(problem.ops):
+        for j in op.after:
+            anc[i] |= anc[j] | (1 << j)
+    succ: List[List[int]] = [[] for _ in range(n)]
+    for i, op in enumerate(problem.ops):
+        for j in op.after:
+            succ[j].append(i)
+    desc = [0] * n  # ... and the ops depending on each op
+    for j in reversed(range(n)):
+        for i in succ[j]:
+            desc[j] |= desc[i] | (1 << i)
+    maker: dict = {}
+    readers: dict = {}
+    for i, op in enumerate(problem.ops):
+        for name in op.makes:
+            maker.setdefault(name, i)
+        for name in op.reads:
+            readers[name] = readers.get(name, 0) | (1 << i)
+    buffers = []
+    for h in an.holders:
+        made = read = 0
+        for name in h.names:
+            if name in maker:
+                made |= 1 << maker[name]
+            read |= readers.get(name, 0)
+        if made:
+            kept = any(name in problem.keep for name in h.names)
+            buffers.append((h.bytes(batch), made, read, kept))
+    best, where = 0, 0
+    for o in range(n):
+        before, after = anc[o] | (1 << o), desc[o] | (1 << o)
+        live = sum(size for size, made, read, kept in buffers
+                   if made & before and (kept or read & after or (made >> o) & 1))
+        if live > best:
+            best, where = live, o
+    return an.persistable_bytes(batch) + best, where

@@ -53,6 +53,9 @@ def test_level2_bit_identical_and_never_worse(paddle, name):
     assert report.level == 2
     assert report.peak_after <= report.peak_before
     assert any(note.startswith("level 2") for note in report.notes)
+    if name == "densenet":  # each block's concats held again in the next: sliced out
+        assert any("sliced out" in note for note in report.notes)
+        assert report.peak_after < 0.85 * report.peak_before
     got = models.run_steps(model, steps=2)
     for x, y in zip(reference.fetches, got.fetches):
         for u, v in zip(x, y):
@@ -101,3 +104,119 @@ def test_sequential_executor_is_modelled_in_program_order(paddle):
         assert flags.runtime_model("pir").schedule == "program"
     finally:
         pd.set_flags(old)
+
+
+def _two_readers():
+    """``x`` read by ``tanh`` and, last, by ``scale``: level 1 runs ``scale``
+    in place over ``x`` (it dies there in program order), which makes the
+    executor wait for ``tanh`` before ``scale_``."""
+    import paddle as pd
+
+    main, start = pd.static.Program(), pd.static.Program()
+    with pd.static.program_guard(main, start):
+        a = pd.static.data("a", [-1, 8], "float32")
+        x = pd.matmul(a, pd.create_parameter([8, 8], "float32"))
+        out = pd.tanh(x) + pd.scale(x, 2.0)
+    return main, out
+
+
+def test_level2_applies_only_in_place_variants_no_order_can_worsen(paddle):
+    """Level 2 keeps level 1's in-place variants only where the input has
+    no other reader (memopt.any_order): an added ordering edge could make
+    the multi-thread executor hold more."""
+    import memopt
+
+    main, out = _two_readers()
+    memopt.memory_optimize(main, level=1, fetch_list=[out])
+    assert "pd_op.scale_" in [op.name() for op in main.global_block().ops]
+    main, out = _two_readers()
+    report = memopt.memory_optimize(main, level=2, fetch_list=[out])
+    names = [op.name() for op in main.global_block().ops]
+    assert "pd_op.scale" in names and "pd_op.scale_" not in names
+    assert "input read by another op too" in str(report)
+
+
+def test_level2_order_raises_no_executor_mode(paddle):
+    """An order level 2 keeps is predicted no higher than the program's
+    under every executor mode checked (program order, 4/2/1 workers, frees
+    on time and late)."""
+    import paddle as pd
+
+    import memopt
+    from memopt.paddle import pir_schedule
+    from memopt.paddle.flags import runtime_model
+
+    model = models.build("mlp", "pir")
+    old = pd.get_flags(["FLAGS_new_executor_sequential_run"])
+    pd.set_flags({"FLAGS_new_executor_sequential_run": True})
+    try:
+        memopt.memory_optimize(model.main, level=1, skip_opt_set=model.fetch_list)
+        runtime = runtime_model("pir")
+        choice = pir_schedule.plan_order(model.main, model.batch_size, runtime)
+        modes = pir_schedule.executor_modes(runtime)
+    finally:
+        pd.set_flags(old)
+    assert choice.order is not None and len(modes) == 4
+    n = len(model.main.global_block().ops)
+    base = pir_schedule.mode_peaks(model.main, model.batch_size, modes, list(range(n)))
+    new = pir_schedule.mode_peaks(model.main, model.batch_size, modes, choice.order)
+    assert set(new) == set(base) and len(new) == 8
+    assert all(new[m] <= base[m] for m in base)
+    assert new["own"] < base["own"]
+
+
+def test_concat_slices_found_and_undone(paddle):
+    """plan_slices finds the DenseNet concats held again in the next one
+    (each sliced from the smallest saved container, at zero offset along the
+    channels); apply + undo gives back the very program."""
+    from memopt.paddle import pir
+    from memopt.paddle.pir_concat_slices import apply_slices, plan_slices
+
+    model = models.build("densenet", "pir")
+    text = str(model.main)
+    pg = pir.convert(model.main)
+    slices = plan_slices(pg, model.batch_size)
+    assert len(slices) >= 3
+    assert all(s.axis == 1 and s.start == 0 and s.end > 0 for s in slices)
+    names = {s.name for s in slices}
+    assert any(s.source in names for s in slices)  # a chain: x_l from x_{l+1}'s slice
+    applied = apply_slices(pg, slices)
+    assert str(model.main) != text
+    applied.undo()
+    assert str(model.main) == text
+
+
+def test_level2_changes_nothing_the_model_does_not_predict_lower(paddle):
+    """On the BERT-like encoder no order, slice or in-place variant lowers
+    the predicted peak: level 2 leaves the program exactly as it was
+    (level 1 would turn scale/softmax into in-place variants)."""
+    import memopt
+
+    model = models.build("bert", "pir")
+    text = str(model.main)
+    report = memopt.memory_optimize(model.main, level=2, batch_size=model.batch_size,
+                                    skip_opt_set=model.fetch_list)
+    assert str(model.main) == text
+    assert any("in-place variants left out" in note for note in report.notes)
+    assert report.peak_after == report.peak_before
+
+
+@pytest.mark.parametrize("name", ["bert", "unet"])
+def test_any_order_bound_holds_for_every_candidate_order(paddle, name):
+    """No candidate order is predicted under the any-order bound, and the
+    program's own order of the BERT-like encoder sits on it."""
+    from memopt.paddle import pir, pir_schedule
+    from memopt.paddle.flags import runtime_model
+    from memopt.schedule import candidate_orders
+
+    model = models.build(name, "pir")
+    batch = model.batch_size
+    runtime = runtime_model("pir")
+    bound, _ = pir_schedule.any_order_bound(model.main, batch, runtime)
+    problem = pir_schedule.order_problem(pir.convert(model.main), batch)
+    peaks = {label: pir_schedule.mode_peaks(model.main, batch, [("own", runtime)], order)["own"]
+             for label, order in candidate_orders(problem)}
+    assert len(peaks) >= 2
+    assert all(peak >= bound for peak in peaks.values())
+    if name == "bert":
+        assert peaks["program"] <= bound * 1.001

@@ -1,0 +1,228 @@
+"""Level 2: a saved value that a saved concat already holds, sliced out again in the backward part.
+
+A DenseNet layer reads the concat of every earlier feature map of its
+block, and its batch norm's backward op reads that concat again: each
+concat ``x_l`` is saved for the backward part, and so is the next one,
+``x_{l+1}``, whose first channels are ``x_l`` again -- the same bytes held
+twice from the forward part to the backward one.  A U-Net's skip feature
+is saved for its own backward ops and held again inside the decoder's
+concat.
+
+This rewrite drops such a saved value ``v`` when a *container* ``c`` holds
+it: ``c`` is a concat output (or the slice made here of one) whose inputs
+along its axis include ``v`` (an input itself, or a concat of a contiguous
+run of the inputs on the same axis), ``c`` is saved too and its backward
+part starts before ``v``'s does.  Right before the first backward op
+reading ``v``'s data it inserts ``v' = slice(c)`` (the bytes of ``v``,
+copied: zero FLOPs, bit-identical) and points every backward data read of
+``v`` at ``v'``; ``v`` then dies in the forward part.  The slice reads ``c``
+through :func:`memopt.paddle.pir_recompute._after` tied to a value the
+backward part makes right before (the reader's latest backward-made
+operand), so Paddle's multi-thread executor cannot run it in the forward
+part.  Of the containers of ``v`` the smallest is taken, so each value is
+sliced from the next larger one (``x_l`` from ``x_{l+1}``'s slice) and no
+container lives much longer than it did.
+
+:func:`plan_slices` finds them (pure reading), :func:`apply_slices`
+rewrites the program all at once (the returned object's ``undo()`` takes
+it back).  :mod:`memopt.api` applies them at level 2 only when the
+predicted peak falls under every executor mode checked
+(:func:`memopt.paddle.pir_schedule.executor_modes`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from ..errors import PlanError
+from .pir import COMBINE_OP, PirGraph
+
+__all__ = ["SliceOut", "plan_slices", "apply_slices"]
+
+CONCAT_OP = "pd_op.concat"
+
+
+@dataclass(frozen=True)
+class SliceOut:
+    """``name`` (a saved value) made again in the backward part as
+    ``source[start:end]`` along ``axis`` (``source`` a saved concat output,
+    or another :class:`SliceOut`'s name), right before op ``before`` (flat
+    position of the first backward op reading ``name``'s data), tied to
+    ``trigger`` (a value that op reads, made in the backward part)."""
+
+    name: str
+    source: str
+    axis: int
+    start: int
+    end: int
+    before: int
+    trigger: str
+
+
+def _concat_parts(pg: PirGraph, op) -> Optional[Tuple[List[str], int, List[int]]]:
+    """``(input names, axis, their extents along it)`` of a ``pd_op.concat``
+    whose inputs come from one ``builtin.combine`` and whose axis is a
+    constant with static extents; None otherwise."""
+    vec = op.operand_source(0)
+    comb = vec.get_defining_op() if vec.initialized() else None
+    if comb is None or comb.name() != COMBINE_OP or op.num_operands() < 2:
+        return None
+    axis_def = op.operand_source(1).get_defining_op()
+    if axis_def is None or axis_def.name() != "pd_op.full":
+        return None
+    try:
+        axis = int(axis_def.attrs()["value"])
+        shapes = [list(v.shape) for v in comb.operands_source()]
+        names = [pg.name(v) for v in comb.operands_source()]
+    except Exception:
+        return None
+    rank = len(shapes[0]) if shapes else 0
+    if axis < 0:
+        axis += rank
+    if not 0 <= axis < rank or any(len(s) != rank or s[axis] < 0 for s in shapes):
+        return None
+    return names, axis, [s[axis] for s in shapes]
+
+
+def plan_slices(pg: PirGraph, batch: int) -> List[SliceOut]:
+    """The saved values of ``pg``'s top-level block that a saved concat
+    holds (see the module docstring), in the order to make them; [] when
+    there are none (or the program runs regions)."""
+    from ..recompute import saved_values
+    from .pir_recompute import problem_of
+    from .pir_schedule import flat_program
+
+    if not flat_program(pg):
+        return []
+    problem = problem_of(pg, batch)
+    saved = saved_values(problem)  # name -> backward reader positions
+    ops = problem.ops
+    first = {name: min(pos) for name, pos in saved.items()}
+    concats: Dict[str, Tuple[List[str], int, List[int]]] = {}
+    for i, pir_op in enumerate(pg.ops):
+        if pir_op is not None and pir_op.name() == CONCAT_OP and ops[i].role == "forward":
+            parts = _concat_parts(pg, pir_op)
+            if parts is not None and ops[i].writes:
+                concats[ops[i].writes[0]] = parts
+    # which saved value each saved concat holds, and where
+    held: Dict[str, List[Tuple[int, str, int, int, int]]] = {}
+    for c, (names, axis, extents) in concats.items():
+        if c not in saved:
+            continue
+        offsets = [sum(extents[:k]) for k in range(len(extents) + 1)]
+        size_c = problem.size(c)
+        for k, name in enumerate(names):
+            if name in saved and name != c:
+                held.setdefault(name, []).append((size_c, c, axis, offsets[k], offsets[k + 1]))
+        for d, (inner, d_axis, _) in concats.items():
+            if d == c or d not in saved or d_axis != axis or len(inner) >= len(names):
+                continue
+            for k in range(len(names) - len(inner) + 1):
+                if names[k:k + len(inner)] == inner:
+                    held.setdefault(d, []).append(
+                        (size_c, c, axis, offsets[k], offsets[k + len(inner)]))
+                    break
+    plans: Dict[str, SliceOut] = {}
+    for name in sorted(held, key=lambda n: first[n]):
+        options = sorted(o for o in held[name] if first[o[1]] < first[name])
+        if not options:
+            continue
+        _, c, axis, start, end = options[0]
+        trigger = _trigger(pg, first[name], name)
+        if trigger is None:
+            continue
+        plans[name] = SliceOut(name, c, axis, start, end, first[name], trigger)
+    return sorted(plans.values(), key=lambda s: (s.before, s.name))
+
+
+def _trigger(pg: PirGraph, position: int, name: str) -> Optional[str]:
+    """The operand of op ``position`` made latest by a backward op (not
+    ``name``): the slice waits for it."""
+    op = pg.graph.blocks[0].ops[position]
+    best = None
+    for other in op.reads:
+        if other == name:
+            continue
+        maker = pg.defining_op.get(other)
+        if maker is None or pg.graph.blocks[0].ops[maker].role != "backward":
+            continue
+        if best is None or maker > best[0]:
+            best = (maker, other)
+    return best[1] if best else None
+
+
+def apply_slices(pg: PirGraph, slices: List[SliceOut]):
+    """Insert the slices into ``pg.program`` and point the backward data
+    reads of each sliced value at its slice; all or nothing.  Returns a
+    :class:`memopt.paddle.pir_recompute.AppliedRecompute` (``undo()``)."""
+    import paddle
+    from paddle import pir
+
+    from .pir_recompute import (AppliedRecompute, _after, _redirect_data_uses,
+                                verify_defined_before_use)
+
+    program = pg.program
+    block = program.global_block()
+    ops = list(block.ops)
+    if len(ops) != len(pg.ops) or any(a.id() != b.id() for a, b in zip(ops, pg.ops)):
+        raise PlanError("apply_slices: the program changed since it was read")
+    start = next((i for i, op in enumerate(pg.graph.blocks[0].ops)
+                  if op.role in ("backward", "optimize")), len(ops))
+    backward = set(ops[start:])
+    made: Dict[str, object] = {}
+    redirected: list = []
+    try:
+        for s in slices:
+            pir.set_insertion_point(ops[s.before])
+            source = made.get(s.source, pg.values[s.source])
+            waited = _after(source, pg.values[s.trigger])
+            value = paddle._C_ops.slice(waited, [s.axis], [s.start], [s.end], [1], [])
+            made[s.name] = value
+        for s in slices:
+            redirected.extend(_redirect_data_uses(pg.values[s.name], made[s.name], backward))
+        pir.set_insertion_point_to_block_end(block)
+        verify_defined_before_use(block)
+    except Exception:
+        AppliedRecompute(block, ops, redirected, made).undo()
+        raise
+    return AppliedRecompute(block, ops, redirected, made)
+
+
+#: The least share of the predicted peak the slices must save to be kept
+#: (as for a new order, :data:`memopt.paddle.pir_schedule.MIN_GAIN`).
+MIN_GAIN = 0.01
+
+
+def slice_if_lower(program, batch: int, runtime, fetch_names=()) -> Tuple[int, str]:
+    """Apply :func:`plan_slices`' slices to ``program`` if the predicted peak
+    falls by :data:`MIN_GAIN` under the runtime's own executor mode and
+    rises under none of :func:`memopt.paddle.pir_schedule.executor_modes`
+    (frees on time or late); otherwise leave it unchanged.  Returns ``(how
+    many values were sliced out, a note for the report)``."""
+    from ..report import format_bytes
+    from .pir import convert
+    from .pir_schedule import executor_modes, mode_peaks
+
+    pg = convert(program, sorted(fetch_names))
+    slices = plan_slices(pg, batch)
+    if not slices:
+        return 0, ""
+    modes = executor_modes(runtime)
+    before = mode_peaks(program, batch, modes)
+    applied = apply_slices(pg, slices)
+    try:
+        after = mode_peaks(program, batch, modes)
+    except BaseException:
+        applied.undo()
+        raise
+    risen = [m for m in before if after[m] > before[m]]
+    if risen or after["own"] > before["own"] * (1 - MIN_GAIN):
+        applied.undo()
+        why = f"higher under {', '.join(risen)}" if risen else "not lower by 1%"
+        return 0, (f"level 2: {len(slices)} saved values held again inside a saved concat "
+                   f"left as they are (slicing them out predicted {why})")
+    return len(slices), (
+        f"level 2: {len(slices)} saved values held again inside a saved concat are sliced "
+        f"out of it in the backward part instead of being kept (zero FLOPs, a copy of "
+        f"their bytes): predicted peak {format_bytes(before['own'])} -> "
+        f"{format_bytes(after['own'])}")
