@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Dict, List, Set, Tuple
 
 from autobatch.errors import ProgramError
-from autobatch.instructions import (  # the flow helpers live in instructions
+from autobatch.ir import (  # the flow helpers live in instructions
     FunctionCallOp, Function, FunctionFlow, Program, VariableAllocation, call_graph,
     check_defined, function_flow, reachable,
 )

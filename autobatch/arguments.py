@@ -11,9 +11,12 @@ from typing import Any, List, Sequence, Tuple
 import numpy as np
 
 from autobatch.errors import ProgramError
-from autobatch.instructions import TensorType, Type, as_pattern, pattern_leaves, pattern_map
+from autobatch.ir import TensorType, Type, as_pattern, pattern_leaves, pattern_map
 
-__all__ = ["batch_size", "argument_types"]
+__all__ = ["DEFAULT_MAX_STACK_DEPTH", "batch_size", "argument_types"]
+
+#: Default bound on pending calls per thread (as in TFP's auto_batching).
+DEFAULT_MAX_STACK_DEPTH = 15
 
 
 def _shape(value: Any) -> Tuple[int, ...]:

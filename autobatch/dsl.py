@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from autobatch.errors import ProgramError
-from autobatch.instructions import (
+from autobatch.ir import (
     Block, BranchOp, FunctionCallOp, Function, GotoOp, Pattern, PrimOp, Program,
     ReturnOp, Module,
 )

@@ -21,7 +21,7 @@ from typing import Tuple
 import numpy as np
 
 from autobatch.dsl import ProgramBuilder
-from autobatch.instructions import Program
+from autobatch.ir import Program
 
 __all__ = [
     "fibonacci", "fib_python",

@@ -62,7 +62,7 @@ from autobatch.errors import ProgramError
 from autobatch.frontend_ast import (
     FrontendError, FunctionTranslator, ParsedFunction, closure_values, parse_function,
 )
-from autobatch.instructions import (
+from autobatch.ir import (
     Module, Program, as_pattern, pattern_leaves, pattern_map, pattern_unflatten,
     rebuild,
 )

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from autobatch.instructions import is_namedtuple, rebuild
+from autobatch.ir import is_namedtuple, rebuild
 
 __all__ = ["truth", "logical_not", "logical_and", "logical_or", "select", "range_continues"]
 

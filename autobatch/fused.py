@@ -50,7 +50,7 @@ import numpy as np
 
 from autobatch.allocation_strategy import function_flow
 from autobatch.errors import ProgramError
-from autobatch.instructions import (
+from autobatch.ir import (
     BranchOp, CopyOp, Function, GotoOp, PrimOp, Program, ReturnOp, Type, as_pattern,
     pattern_leaves, pattern_map, pattern_unflatten, tuple_expr,
 )

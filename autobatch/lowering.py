@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from memopt.liveness import FlowNode, analyze
 
 from autobatch.errors import ProgramError
-from autobatch.instructions import (
+from autobatch.ir import (
     Block, BranchOp, CopyOp, Function, FunctionCallOp, GotoOp, IndirectGotoOp, PopOp,
     PrimOp, Program, PushGotoOp, PushOp, ReturnOp, Type, VariableAllocation, call_graph,
     drop_repushes, function_flow, pattern_map, reachable,

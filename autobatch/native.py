@@ -35,9 +35,9 @@ from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
-from autobatch.arguments import batch_size
+from autobatch.arguments import DEFAULT_MAX_STACK_DEPTH, batch_size
 from autobatch.errors import StackOverflowError
-from autobatch.instructions import as_pattern, pattern_leaves, pattern_unflatten
+from autobatch.ir import as_pattern, pattern_leaves, pattern_unflatten
 from autobatch.lowering import LoweredProgram
 from autobatch.native_codegen import KernelPlan, kernel_source
 from autobatch.native_expr import Unlowerable
@@ -158,7 +158,6 @@ class NativeProgram:
         return kernel
 
     def run(self, args: Sequence[Any], max_stack_depth: Optional[int] = None) -> Any:
-        from autobatch.pipeline import DEFAULT_MAX_STACK_DEPTH
         lowered = self.lowered
         depth = DEFAULT_MAX_STACK_DEPTH if max_stack_depth is None else max_stack_depth
         if not isinstance(depth, (int, np.integer)) or depth < 1:

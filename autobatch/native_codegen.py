@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from autobatch.instructions import (
+from autobatch.ir import (
     BranchOp, CopyOp, GotoOp, IndirectGotoOp, PopOp, PrimOp, PushGotoOp, PushOp,
     VariableAllocation,
 )

@@ -31,13 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from autobatch.allocation_strategy import optimize
-from autobatch.arguments import argument_types, batch_size
-from autobatch.instructions import Program
+from autobatch.arguments import DEFAULT_MAX_STACK_DEPTH, argument_types, batch_size
+from autobatch.ir import Program
 from autobatch.lowering import LoweredProgram, lower
 from autobatch.type_inference import as_type, infer_types
-
-#: Default bound on pending calls per thread (as in TFP's auto_batching).
-DEFAULT_MAX_STACK_DEPTH = 15
 
 __all__ = ["DEFAULT_MAX_STACK_DEPTH", "Pipeline", "Compiled", "CacheStats", "typed", "prepare", "compile_program",
            "batch_size", "argument_types", "backend_key"]

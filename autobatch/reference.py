@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from autobatch.errors import ProgramError, StackOverflowError
-from autobatch.instructions import (
+from autobatch.ir import (
     BranchOp, FunctionCallOp, GotoOp, PrimOp, Program, ReturnOp, as_pattern, bind_pattern,
     pattern_leaves, pattern_map, pattern_unflatten,
 )

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any, Dict, List
 
 from autobatch.errors import ProgramError
-from autobatch.instructions import PopOp, PrimOp, drop_repushes, pattern_leaves
+from autobatch.ir import PopOp, PrimOp, drop_repushes, pattern_leaves
 
 __all__ = ["fuse_pop_push"]
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from autobatch.errors import ProgramError
 from autobatch.hand_lowered import PC_VAR, HandLowered
-from autobatch.instructions import (
+from autobatch.ir import (
     BranchOp, GotoOp, IndirectGotoOp, PopOp, PrimOp, PushGotoOp, TensorType,
     VariableAllocation, as_pattern, bind_pattern, pattern_leaves, pattern_map,
     pattern_unflatten,

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from autobatch.errors import ProgramError, StackOverflowError
-from autobatch.instructions import (
+from autobatch.ir import (
     BranchOp, FunctionCallOp, Function, GotoOp, PrimOp, Program, ReturnOp, TensorType, Type,
     as_pattern, bind_pattern, pattern_leaves, pattern_map, pattern_unflatten,
 )

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from autobatch.errors import ProgramError, TypeInferenceError
-from autobatch.instructions import (
+from autobatch.ir import (
     Block, BroadcastOutputs, broadcast_op, BranchOp, CopyOp, FunctionCallOp, Function, PrimOp,
     Program, ReturnOp, TensorType,
     Type, as_pattern, bind_pattern, call_graph, check_defined, function_flow, pattern_map,

@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from autobatch.errors import NullVariableError, ProgramError, StackOverflowError
-from autobatch.instructions import (
+from autobatch.ir import (
     BranchOp, CopyOp, GotoOp, IndirectGotoOp, PopOp, PrimOp, Program, PushGotoOp, PushOp,
     TensorType, VariableAllocation, as_pattern, pattern_leaves, pattern_map,
     pattern_unflatten, tuple_expr,

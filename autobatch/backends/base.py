@@ -80,7 +80,7 @@ import numpy as np
 
 from autobatch.backends import variables as _variables
 from autobatch.backends.tfp_api import TfpMethods, accept_tfp_arguments
-from autobatch.instructions import (
+from autobatch.ir import (
     TensorType, Type, VariableAllocation, as_pattern, pattern_leaves, pattern_map,
 )
 

@@ -77,7 +77,7 @@ from jax import lax  # noqa: E402
 from autobatch.backends.base import Abilities  # noqa: E402
 from autobatch.errors import ProgramError  # noqa: E402
 from autobatch.fused import _EXIT, _join, _shape, _Shape, _Unsupported  # noqa: E402
-from autobatch.instructions import (  # noqa: E402
+from autobatch.ir import (  # noqa: E402
     BranchOp, CopyOp, Function, FunctionCallOp, GotoOp, PrimOp, Program, ReturnOp,
     TensorType, as_pattern, bind_pattern, pattern_leaves, pattern_map, pattern_unflatten,
 )

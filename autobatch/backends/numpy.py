@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Tuple
 import numpy as np
 
 from autobatch.backends.base import Backend
-from autobatch.instructions import TensorType, numpy_type_of
+from autobatch.ir import TensorType, numpy_type_of
 
 __all__ = ["NumpyBackend", "MaskedNumpyBackend"]
 

@@ -63,7 +63,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.ops import resource_variable_ops
 
 from autobatch.backends.base import MAX_CHAIN, Backend, dummies_for
-from autobatch.instructions import TensorType, rebuild
+from autobatch.ir import TensorType, rebuild
 
 __all__ = ["TensorFlowBackend", "MODES", "SELECTIONS"]
 

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from autobatch.instructions import TensorType
+from autobatch.ir import TensorType
 
 __all__ = ["TfpMethods", "accept_tfp_arguments", "WRAPPED"]
 

@@ -88,6 +88,7 @@ __all__ = [
     "is_pir_program",
     "is_pir_value",
     "value_name",
+    "flat_program",
 ]
 
 #: PIR op names of the constructs handled specially.
@@ -968,3 +969,9 @@ def value_label(value) -> str:
     (``'my_sum' (%7)``, ``pd_op.add at op 6, model.py:12 (%7)``)."""
     pg = convert(owning_program(value))
     return label(pg, pg.name(value))
+
+
+def flat_program(pg: PirGraph) -> bool:
+    """Whether the program's top-level block runs no regions (and so every
+    graph op is one PIR op of that block, in the same order)."""
+    return len(pg.graph.blocks) == 1 and all(op is not None for op in pg.ops)

@@ -109,7 +109,7 @@ def largest_batch(choices, budget: int, limit: int = 1 << 20) -> int:
 def require_flat(pg) -> None:
     """UnsupportedProgramError unless the program's top-level block runs no
     if/while regions (what recomputation handles)."""
-    from .pir_schedule import flat_program
+    from .pir import flat_program
 
     if not flat_program(pg):
         raise UnsupportedProgramError(

@@ -90,7 +90,7 @@ def plan_slices(pg: PirGraph, batch: int) -> List[SliceOut]:
     there are none (or the program runs regions)."""
     from ..recompute import saved_values
     from .pir_recompute import problem_of
-    from .pir_schedule import flat_program
+    from .pir import flat_program
 
     if not flat_program(pg):
         return []

@@ -23,7 +23,7 @@ from typing import List, Optional, Tuple
 
 from ..errors import PlanError
 from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topological
-from .pir import DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert
+from .pir import DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert, flat_program
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,6 @@ _VIEW_OPS = frozenset({
     "pd_op.slice", "pd_op.split", "pd_op.split_with_num", "pd_op.transpose",
     "pd_op.strided_slice", "pd_op.unbind", "pd_op.diagonal", "pd_op.depend",
     "builtin.combine", "builtin.split", "builtin.slice"})
-
-
-def flat_program(pg: PirGraph) -> bool:
-    """Whether the program's top-level block runs no regions (and so every
-    graph op is one PIR op of that block, in the same order)."""
-    return len(pg.graph.blocks) == 1 and all(op is not None for op in pg.ops)
 
 
 def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
