@@ -1,6 +1,6 @@
 """The compile passes depend on the IR only: type_inference,
 allocation_strategy and lowering import (at module level or inside a
-function) nothing of autobatch but ``autobatch.instructions`` and
+function) nothing of autobatch but ``autobatch.ir`` and
 ``autobatch.errors`` (a leaf of exception classes), and of memopt only
 ``memopt.liveness``.  Read from the source (AST), so a function-level import
 counts too."""
@@ -12,7 +12,7 @@ import pytest
 import autobatch
 
 PASSES = ["type_inference", "allocation_strategy", "lowering", "stack_optimization"]
-ALLOWED = {"autobatch.instructions", "autobatch.errors", "memopt.liveness"}
+ALLOWED = {"autobatch.ir", "autobatch.errors", "memopt.liveness"}
 
 
 def project_imports(path):
