@@ -222,7 +222,8 @@ def floor_row(row: str) -> str:
     runtime = flags.runtime_model("pir")
     pg = pir.convert(m.main)
     default = _pir_analysis(pg, batch, runtime).total_peak(batch)
-    _, choices = pir_budget.recompute_choices(pg, batch, runtime)
+    _, grid = pir_budget.recompute_choices(pg, batch, runtime)
+    choices = pir_budget.vouched(grid, runtime)  # the plans budget= may choose
     lean = min(choices, key=lambda c: (c.peak, c.plan.flops))
     held = lean.prediction.held_at(batch_size=batch)
 
