@@ -49,6 +49,7 @@ batched executor stores a variable (NULL < TEMPORARY < REGISTER < FULL);
 """
 from __future__ import annotations
 
+import copy
 import enum
 import numbers
 import weakref
@@ -962,9 +963,81 @@ class Program:
         known = ", ".join(sorted(f.name for f in self.functions))
         raise ProgramError(f"program has no function {name!r} (functions: {known})")
 
-    @property
     def main_function(self) -> Function:
+        """The entry point as a :class:`Function` (TFP's
+        ``Program.main_function()``).  A method, as TFP's."""
+        if self.lowered_by_hand is not None:
+            hl = self.lowered_by_hand
+            main = Function(ControlFlowGraph(list(hl.blocks)), hl.vars_in, hl.vars_out, None,
+                            name="main")
+            main.blocks = list(hl.blocks)
+            return main
         return self.function(self.main)
+
+    @property
+    def var_alloc(self) -> Dict[str, VariableAllocation]:
+        """TFP's ``Program.var_alloc``: ``{variable: VariableAllocation}``
+        over every function (main's first; where two functions use one
+        name, the first listed wins), plus :data:`pc_var` when the program
+        counter's allocation is known (``pc_alloc``).  Empty before
+        allocation; a program lowered by hand has every variable's (FULL
+        unless given)."""
+        if self.lowered_by_hand is not None:
+            return self.lowered_by_hand.var_alloc
+        out: Dict[str, VariableAllocation] = {}
+        for fn in sorted(self.functions, key=lambda f: f.name != self.main):
+            for var, alloc in fn.var_alloc.items():
+                out.setdefault(var, alloc)
+        if self.pc_alloc is not None:
+            out.setdefault(pc_var, self.pc_alloc)
+        return out
+
+    def replace(self, var_defs: Optional[Dict[str, Any]] = None,
+                var_alloc: Optional[Dict[str, Any]] = None) -> "Program":
+        """TFP's ``Program.replace``: a copy of the program with its
+        ``var_defs`` and/or ``var_alloc`` replaced (a ValueError if both are
+        None).  The program is not changed.
+
+        Here types and allocations live per function: each function of the
+        copy takes the entries of ``var_defs`` (``var_alloc``) for its own
+        variables; a ``var_defs`` given before type inference is what the
+        copy was "built with" (``given_var_defs``; see
+        :meth:`with_declared_types`); ``var_alloc[pc_var]`` becomes
+        ``pc_alloc``."""
+        if var_defs is None and var_alloc is None:
+            raise ValueError("Nothing to replace")
+        if var_defs is not None:
+            var_defs = {k: (v if isinstance(v, Type) else Type(v)) for k, v in var_defs.items()}
+            var_defs.setdefault(pc_var, single_type(np.int32, ()))
+        if var_alloc is not None:
+            var_alloc = {k: _as_allocation(v) for k, v in var_alloc.items()}
+        out = copy.copy(self)
+        if self.lowered_by_hand is not None:
+            hl = self.lowered_by_hand
+            out.lowered_by_hand = HandLowered(
+                hl.blocks, var_defs if var_defs is not None else hl.var_defs, hl.vars_in,
+                hl.vars_out, var_alloc if var_alloc is not None else hl.var_alloc)
+            out.given_var_defs = out.lowered_by_hand.var_defs
+            return out
+        functions = []
+        for fn in self.functions:
+            changes: Dict[str, Any] = {}
+            names = fn.variables()
+            if var_defs is not None and fn.var_types:
+                changes["var_types"] = {v: var_defs.get(v, fn.var_types.get(v)) for v in names
+                                        if v in var_defs or v in fn.var_types}
+            if var_alloc is not None:
+                changes["var_alloc"] = {v: var_alloc[v] for v in names if v in var_alloc}
+            new = copy.copy(fn)
+            for key, value in changes.items():
+                setattr(new, key, value)
+            functions.append(new)
+        out.functions = tuple(functions)
+        if var_defs is not None:
+            out.given_var_defs = var_defs
+        if var_alloc is not None and pc_var in var_alloc:
+            out.pc_alloc = var_alloc[pc_var]
+        return out
 
     @property
     def var_defs(self) -> Dict[str, Type]:
@@ -1324,6 +1397,13 @@ class HandLowered:
                 f"variable(s) {missing} of a program lowered by hand have no Type in "
                 f"var_defs; give each one (instructions.single_type(dtype, shape)): the "
                 f"batched run allocates every variable's stack before it starts")
+
+
+def _as_allocation(value: Any) -> "VariableAllocation":
+    """A VariableAllocation from itself, its value or its name."""
+    if isinstance(value, str):
+        return VariableAllocation[value.upper()]
+    return VariableAllocation(value)
 
 
 #: TFP's ``pc_var``: the name of the program counter's variable.  Programs
