@@ -52,6 +52,7 @@ from __future__ import annotations
 import copy
 import enum
 import numbers
+import textwrap
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
@@ -241,6 +242,47 @@ def format_pattern(pattern: Any) -> str:
 
 # -- types ---------------------------------------------------------------------
 
+def _layout(text: str, indent: int = 0, width: int = 80) -> str:
+    """``text`` laid out as TFP prints its IR (``__str__(indent, width)``):
+    every line indented ``indent`` more spaces, and a line longer than
+    ``width`` (counting the indentation) broken at spaces, its continuation
+    lines indented two more than it (words are never split)."""
+    lines = []
+    for line in text.split("\n"):
+        body = line.lstrip(" ")
+        if not body:
+            lines.append("")
+            continue
+        lead = " " * (indent + len(line) - len(body))
+        if len(lead) + len(body) <= width or " " not in body:
+            lines.append(lead + body)
+            continue
+        lines.extend(textwrap.wrap(body, width=max(width, len(lead) + 10),
+                                   initial_indent=lead, subsequent_indent=lead + "  ",
+                                   break_long_words=False, break_on_hyphens=False))
+    return "\n".join(lines)
+
+
+def _label(target: Any) -> str:
+    """How a jump target prints: a block's name (TFP-style targets are
+    Block objects), ``halt`` for TFP's halt (None)."""
+    if target is None:
+        return "halt"
+    name = getattr(target, "name", target)
+    return str(name)
+
+
+class _Printed:
+    """TFP's printing entry point for instructions and terminators:
+    ``__str__(indent=0, width=80)``; the text is :meth:`_text`'s."""
+
+    def _text(self) -> str:
+        raise NotImplementedError
+
+    def __str__(self, indent: int = 0, width: int = 80) -> str:
+        return _layout(self._text(), indent, width)
+
+
 def _as_dtype(dtype: Any) -> np.dtype:
     try:
         return np.dtype(dtype)
@@ -423,7 +465,7 @@ def _names(vars_: Sequence[str]) -> Tuple[str, ...]:
     return tuple(vars_)
 
 
-class _Assignment:
+class _Assignment(_Printed):
     """An instruction that reads ``vars_in`` and writes the pattern ``vars_out``."""
 
     vars_in: Any
@@ -464,7 +506,7 @@ class PrimOp(_Assignment):
         """TFP's: a copy writing ``vars_out``."""
         return replace(self, vars_out=as_pattern(vars_out))
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         label = self.name or describe_function(self.function)
         return f"{format_pattern(self.vars_out)} = primop({', '.join(self.vars_in)}): {label}"
 
@@ -484,7 +526,7 @@ class FunctionCallOp(_Assignment):
         """TFP's: a copy writing ``vars_out``."""
         return replace(self, vars_out=as_pattern(vars_out))
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return (f"{format_pattern(self.vars_out)} = call {self.function}"
                 f"({', '.join(self.vars_in)})")
 
@@ -501,12 +543,12 @@ class CopyOp(_Assignment):
     vars_in: Pattern
     vars_out: Pattern
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return f"{format_pattern(self.vars_out)} = copy {format_pattern(self.vars_in)}"
 
 
 @dataclass(eq=False)
-class _FrameOp:
+class _FrameOp(_Printed):
     vars: Tuple[str, ...]
 
     def __post_init__(self) -> None:
@@ -529,7 +571,7 @@ class PushOp(_FrameOp):
     def reads(self) -> Tuple[str, ...]:
         return self.vars
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return f"push {', '.join(self.vars)}"
 
 
@@ -541,7 +583,7 @@ class PopOp(_FrameOp):
     def writes(self) -> Tuple[str, ...]:
         return self.vars
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return f"pop {', '.join(self.vars)}"
 
 
@@ -632,7 +674,7 @@ def broadcast_op(vars_in: Pattern, vars_out: Pattern, have: Any, want: Any) -> P
 
 # -- terminators -----------------------------------------------------------------
 
-class _Terminator:
+class _Terminator(_Printed):
     """Defaults: reads nothing, jumps nowhere (the program or function ends)."""
 
     @property
@@ -654,8 +696,8 @@ class GotoOp(_Terminator):
     def targets(self) -> Tuple[str, ...]:
         return (self.target,)
 
-    def __str__(self) -> str:
-        return f"goto {self.target}"
+    def _text(self) -> str:
+        return f"goto {_label(self.target)}"
 
 
 @dataclass(eq=False)
@@ -674,8 +716,9 @@ class BranchOp(_Terminator):
     def targets(self) -> Tuple[str, ...]:
         return (self.true_target, self.false_target)
 
-    def __str__(self) -> str:
-        return f"branch {self.cond} ? {self.true_target} : {self.false_target}"
+    def _text(self) -> str:
+        return (f"branch {self.cond} ? {_label(self.true_target)} : "
+                f"{_label(self.false_target)}")
 
 
 @dataclass(eq=False)
@@ -688,7 +731,7 @@ class ReturnOp(_Terminator):
     def reads(self) -> Tuple[str, ...]:
         return tuple(pattern_leaves(self.vars))
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return f"return {format_pattern(self.vars)}"
 
 
@@ -704,8 +747,8 @@ class PushGotoOp(_Terminator):
     def targets(self) -> Tuple[str, ...]:
         return (self.target,)
 
-    def __str__(self) -> str:
-        return f"push-goto {self.return_target}, {self.target}"
+    def _text(self) -> str:
+        return f"push-goto {_label(self.return_target)}, {_label(self.target)}"
 
 
 @dataclass(eq=False)
@@ -713,7 +756,7 @@ class IndirectGotoOp(_Terminator):
     """Jump to the return address saved by the matching :class:`PushGotoOp`
     (lowered programs: a return; with no saved address the thread halts)."""
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return "indirect-goto"
 
 
@@ -777,8 +820,10 @@ class Block:
         lines.append(f"{indent}{self.terminator if self.terminator else '<no terminator>'}")
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.format()
+    def __str__(self, indent: int = 0, width: int = 80) -> str:
+        """TFP's ``__str__(indent=0, width=80)``: :meth:`format` indented
+        ``indent`` spaces, lines broken to fit ``width``."""
+        return _layout(self.format(), indent, width)
 
 
 @dataclass(eq=False, init=False)
@@ -888,8 +933,10 @@ class Function:
             lines.extend("  " + line for line in block.format(indent="  ").split("\n"))
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.format()
+    def __str__(self, indent: int = 0, width: int = 80) -> str:
+        """TFP's ``__str__(indent=0, width=80)``: :meth:`format` indented
+        ``indent`` spaces, lines broken to fit ``width``."""
+        return _layout(self.format(), indent, width)
 
 
 @dataclass(eq=False, init=False)
@@ -931,6 +978,7 @@ class Program:
                 # As TFP's Program, the program counter joins the caller's dict.
                 var_defs.setdefault(pc_var, single_type(np.int32, ()))
             if not functions and is_hand_lowered(blocks):
+                _name_unnamed(blocks, "block")
                 self.functions, self.main, self.pc_alloc = (), None, None
                 self.lowered_by_hand = HandLowered(
                     blocks, var_defs, values.get("vars_in") or (), values.get("vars_out"),
@@ -1136,13 +1184,21 @@ class Program:
         return self
 
     def format(self) -> str:
+        if self.lowered_by_hand is not None:
+            # TFP's layout: the variable declarations, then the graph as "main".
+            hl = self.lowered_by_hand
+            lines = [f"{var} :: {hl.var_alloc[var].name}, {hl.var_defs[var]}"
+                     for var in sorted(hl.var_defs)]
+            return "\n".join(lines + ["", self.main_function().format()])
         head = f"program main={self.main}"
         if self.pc_alloc is not None:
             head += f" pc={self.pc_alloc}"
         return "\n\n".join([head] + [fn.format() for fn in self.functions])
 
-    def __str__(self) -> str:
-        return self.format()
+    def __str__(self, indent: int = 0, width: int = 80) -> str:
+        """TFP's ``__str__(indent=0, width=80)``: :meth:`format` indented
+        ``indent`` spaces, lines broken to fit ``width``."""
+        return _layout(self.format(), indent, width)
 
 
 def _name_unnamed(items, prefix: str) -> None:
@@ -1221,6 +1277,10 @@ class ControlFlowGraph:
 
     def enter_block(self) -> Block:
         return self._blocks[0]
+
+    def __str__(self, indent: int = 0, width: int = 80) -> str:
+        """TFP's: the blocks, one after another."""
+        return "\n".join(block.__str__(indent, width) for block in self._blocks)
 
 
 def halt_op() -> GotoOp:

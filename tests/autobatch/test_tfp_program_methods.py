@@ -82,3 +82,35 @@ def test_is_staging_only_inside_the_vm():
     assert np.asarray(got).tolist() == [2, 3]
     assert seen and seen[-1] is True
     assert not vm.is_staging()
+
+
+def test_printing_takes_tfp_indent_and_width():
+    program = fibonacci_ir()
+    text = str(program)
+    assert text == program.__str__(0, 80)
+    assert "ans = call fibonacci(n1)" in text and "branch cond ? recur : block_2" in text
+    indented = program.__str__(indent=4)
+    assert all(line.startswith("    ") for line in indented.split("\n") if line)
+    fn = program.function("fibonacci")
+    assert str(fn).startswith("function fibonacci(n)")
+    assert fn.graph.__str__(2, 80).startswith("  block_0:")
+    op = inst.prim_op(["alpha", "beta", "gamma", "delta", "epsilon"], "result", lambda *a: 0)
+    narrow = op.__str__(indent=2, width=24)
+    lines = narrow.split("\n")
+    assert len(lines) > 1 and lines[0].startswith("  result = primop(")
+    assert all(line.startswith("    ") for line in lines[1:])
+    assert " ".join(narrow.split()) == " ".join(str(op).split())   # same words
+
+
+def test_printing_a_program_lowered_by_hand():
+    first, second = inst.Block(), inst.Block(name="ret")
+    first.assign_instructions([inst.prim_op(["x"], "y", lambda x: x + 1),
+                               inst.PushGotoOp(second, second)])
+    second.assign_instructions([inst.PopOp(["y"]), inst.IndirectGotoOp()])
+    program = inst.Program(inst.ControlFlowGraph([first, second]), [],
+                           {"x": inst.single_type(np.int64, ()),
+                            "y": inst.single_type(np.int64, ())}, ["x"], "y")
+    text = str(program)
+    assert "x :: FULL, int64[]" in text and "y :: FULL, int64[]" in text
+    assert "push-goto ret, ret" in text and "indirect-goto" in text
+    assert "function main(x):" in text
