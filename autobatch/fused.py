@@ -543,7 +543,7 @@ class FusedProgram:
     """
 
     def __init__(self, program: Program) -> None:
-        fn = program.main_function
+        fn = program.main_function()
         self.program = program
         self.function = fn
         emitter = _Emitter(fn)
@@ -588,7 +588,7 @@ class FusedProgram:
 def fuse(program: Program) -> Optional[FusedProgram]:
     """The fused form of a typed program whose ``main`` makes no call, or None
     where the VM must run it (see the module doc)."""
-    fn = program.main_function
+    fn = program.main_function()
     if fn.return_type is None or not fn.var_types:
         raise ProgramError("fuse() needs a typed program: run type_inference.infer_types")
     if any(not isinstance(op, (PrimOp, CopyOp)) for b in fn.blocks for op in b.instructions):

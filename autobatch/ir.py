@@ -49,8 +49,10 @@ batched executor stores a variable (NULL < TEMPORARY < REGISTER < FULL);
 """
 from __future__ import annotations
 
+import copy
 import enum
 import numbers
+import textwrap
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
@@ -240,6 +242,47 @@ def format_pattern(pattern: Any) -> str:
 
 # -- types ---------------------------------------------------------------------
 
+def _layout(text: str, indent: int = 0, width: int = 80) -> str:
+    """``text`` laid out as TFP prints its IR (``__str__(indent, width)``):
+    every line indented ``indent`` more spaces, and a line longer than
+    ``width`` (counting the indentation) broken at spaces, its continuation
+    lines indented two more than it (words are never split)."""
+    lines = []
+    for line in text.split("\n"):
+        body = line.lstrip(" ")
+        if not body:
+            lines.append("")
+            continue
+        lead = " " * (indent + len(line) - len(body))
+        if len(lead) + len(body) <= width or " " not in body:
+            lines.append(lead + body)
+            continue
+        lines.extend(textwrap.wrap(body, width=max(width, len(lead) + 10),
+                                   initial_indent=lead, subsequent_indent=lead + "  ",
+                                   break_long_words=False, break_on_hyphens=False))
+    return "\n".join(lines)
+
+
+def _label(target: Any) -> str:
+    """How a jump target prints: a block's name (TFP-style targets are
+    Block objects), ``halt`` for TFP's halt (None)."""
+    if target is None:
+        return "halt"
+    name = getattr(target, "name", target)
+    return str(name)
+
+
+class _Printed:
+    """TFP's printing entry point for instructions and terminators:
+    ``__str__(indent=0, width=80)``; the text is :meth:`_text`'s."""
+
+    def _text(self) -> str:
+        raise NotImplementedError
+
+    def __str__(self, indent: int = 0, width: int = 80) -> str:
+        return _layout(self._text(), indent, width)
+
+
 def _as_dtype(dtype: Any) -> np.dtype:
     try:
         return np.dtype(dtype)
@@ -422,7 +465,7 @@ def _names(vars_: Sequence[str]) -> Tuple[str, ...]:
     return tuple(vars_)
 
 
-class _Assignment:
+class _Assignment(_Printed):
     """An instruction that reads ``vars_in`` and writes the pattern ``vars_out``."""
 
     vars_in: Any
@@ -463,7 +506,7 @@ class PrimOp(_Assignment):
         """TFP's: a copy writing ``vars_out``."""
         return replace(self, vars_out=as_pattern(vars_out))
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         label = self.name or describe_function(self.function)
         return f"{format_pattern(self.vars_out)} = primop({', '.join(self.vars_in)}): {label}"
 
@@ -483,7 +526,7 @@ class FunctionCallOp(_Assignment):
         """TFP's: a copy writing ``vars_out``."""
         return replace(self, vars_out=as_pattern(vars_out))
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return (f"{format_pattern(self.vars_out)} = call {self.function}"
                 f"({', '.join(self.vars_in)})")
 
@@ -500,12 +543,12 @@ class CopyOp(_Assignment):
     vars_in: Pattern
     vars_out: Pattern
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return f"{format_pattern(self.vars_out)} = copy {format_pattern(self.vars_in)}"
 
 
 @dataclass(eq=False)
-class _FrameOp:
+class _FrameOp(_Printed):
     vars: Tuple[str, ...]
 
     def __post_init__(self) -> None:
@@ -528,7 +571,7 @@ class PushOp(_FrameOp):
     def reads(self) -> Tuple[str, ...]:
         return self.vars
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return f"push {', '.join(self.vars)}"
 
 
@@ -540,7 +583,7 @@ class PopOp(_FrameOp):
     def writes(self) -> Tuple[str, ...]:
         return self.vars
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return f"pop {', '.join(self.vars)}"
 
 
@@ -631,7 +674,7 @@ def broadcast_op(vars_in: Pattern, vars_out: Pattern, have: Any, want: Any) -> P
 
 # -- terminators -----------------------------------------------------------------
 
-class _Terminator:
+class _Terminator(_Printed):
     """Defaults: reads nothing, jumps nowhere (the program or function ends)."""
 
     @property
@@ -653,8 +696,8 @@ class GotoOp(_Terminator):
     def targets(self) -> Tuple[str, ...]:
         return (self.target,)
 
-    def __str__(self) -> str:
-        return f"goto {self.target}"
+    def _text(self) -> str:
+        return f"goto {_label(self.target)}"
 
 
 @dataclass(eq=False)
@@ -673,8 +716,9 @@ class BranchOp(_Terminator):
     def targets(self) -> Tuple[str, ...]:
         return (self.true_target, self.false_target)
 
-    def __str__(self) -> str:
-        return f"branch {self.cond} ? {self.true_target} : {self.false_target}"
+    def _text(self) -> str:
+        return (f"branch {self.cond} ? {_label(self.true_target)} : "
+                f"{_label(self.false_target)}")
 
 
 @dataclass(eq=False)
@@ -687,7 +731,7 @@ class ReturnOp(_Terminator):
     def reads(self) -> Tuple[str, ...]:
         return tuple(pattern_leaves(self.vars))
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return f"return {format_pattern(self.vars)}"
 
 
@@ -703,8 +747,8 @@ class PushGotoOp(_Terminator):
     def targets(self) -> Tuple[str, ...]:
         return (self.target,)
 
-    def __str__(self) -> str:
-        return f"push-goto {self.return_target}, {self.target}"
+    def _text(self) -> str:
+        return f"push-goto {_label(self.return_target)}, {_label(self.target)}"
 
 
 @dataclass(eq=False)
@@ -712,7 +756,7 @@ class IndirectGotoOp(_Terminator):
     """Jump to the return address saved by the matching :class:`PushGotoOp`
     (lowered programs: a return; with no saved address the thread halts)."""
 
-    def __str__(self) -> str:
+    def _text(self) -> str:
         return "indirect-goto"
 
 
@@ -776,8 +820,10 @@ class Block:
         lines.append(f"{indent}{self.terminator if self.terminator else '<no terminator>'}")
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.format()
+    def __str__(self, indent: int = 0, width: int = 80) -> str:
+        """TFP's ``__str__(indent=0, width=80)``: :meth:`format` indented
+        ``indent`` spaces, lines broken to fit ``width``."""
+        return _layout(self.format(), indent, width)
 
 
 @dataclass(eq=False, init=False)
@@ -887,8 +933,10 @@ class Function:
             lines.extend("  " + line for line in block.format(indent="  ").split("\n"))
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.format()
+    def __str__(self, indent: int = 0, width: int = 80) -> str:
+        """TFP's ``__str__(indent=0, width=80)``: :meth:`format` indented
+        ``indent`` spaces, lines broken to fit ``width``."""
+        return _layout(self.format(), indent, width)
 
 
 @dataclass(eq=False, init=False)
@@ -930,6 +978,7 @@ class Program:
                 # As TFP's Program, the program counter joins the caller's dict.
                 var_defs.setdefault(pc_var, single_type(np.int32, ()))
             if not functions and is_hand_lowered(blocks):
+                _name_unnamed(blocks, "block")
                 self.functions, self.main, self.pc_alloc = (), None, None
                 self.lowered_by_hand = HandLowered(
                     blocks, var_defs, values.get("vars_in") or (), values.get("vars_out"),
@@ -962,9 +1011,81 @@ class Program:
         known = ", ".join(sorted(f.name for f in self.functions))
         raise ProgramError(f"program has no function {name!r} (functions: {known})")
 
-    @property
     def main_function(self) -> Function:
+        """The entry point as a :class:`Function` (TFP's
+        ``Program.main_function()``).  A method, as TFP's."""
+        if self.lowered_by_hand is not None:
+            hl = self.lowered_by_hand
+            main = Function(ControlFlowGraph(list(hl.blocks)), hl.vars_in, hl.vars_out, None,
+                            name="main")
+            main.blocks = list(hl.blocks)
+            return main
         return self.function(self.main)
+
+    @property
+    def var_alloc(self) -> Dict[str, VariableAllocation]:
+        """TFP's ``Program.var_alloc``: ``{variable: VariableAllocation}``
+        over every function (main's first; where two functions use one
+        name, the first listed wins), plus :data:`pc_var` when the program
+        counter's allocation is known (``pc_alloc``).  Empty before
+        allocation; a program lowered by hand has every variable's (FULL
+        unless given)."""
+        if self.lowered_by_hand is not None:
+            return self.lowered_by_hand.var_alloc
+        out: Dict[str, VariableAllocation] = {}
+        for fn in sorted(self.functions, key=lambda f: f.name != self.main):
+            for var, alloc in fn.var_alloc.items():
+                out.setdefault(var, alloc)
+        if self.pc_alloc is not None:
+            out.setdefault(pc_var, self.pc_alloc)
+        return out
+
+    def replace(self, var_defs: Optional[Dict[str, Any]] = None,
+                var_alloc: Optional[Dict[str, Any]] = None) -> "Program":
+        """TFP's ``Program.replace``: a copy of the program with its
+        ``var_defs`` and/or ``var_alloc`` replaced (a ValueError if both are
+        None).  The program is not changed.
+
+        Here types and allocations live per function: each function of the
+        copy takes the entries of ``var_defs`` (``var_alloc``) for its own
+        variables; a ``var_defs`` given before type inference is what the
+        copy was "built with" (``given_var_defs``; see
+        :meth:`with_declared_types`); ``var_alloc[pc_var]`` becomes
+        ``pc_alloc``."""
+        if var_defs is None and var_alloc is None:
+            raise ValueError("Nothing to replace")
+        if var_defs is not None:
+            var_defs = {k: (v if isinstance(v, Type) else Type(v)) for k, v in var_defs.items()}
+            var_defs.setdefault(pc_var, single_type(np.int32, ()))
+        if var_alloc is not None:
+            var_alloc = {k: _as_allocation(v) for k, v in var_alloc.items()}
+        out = copy.copy(self)
+        if self.lowered_by_hand is not None:
+            hl = self.lowered_by_hand
+            out.lowered_by_hand = HandLowered(
+                hl.blocks, var_defs if var_defs is not None else hl.var_defs, hl.vars_in,
+                hl.vars_out, var_alloc if var_alloc is not None else hl.var_alloc)
+            out.given_var_defs = out.lowered_by_hand.var_defs
+            return out
+        functions = []
+        for fn in self.functions:
+            changes: Dict[str, Any] = {}
+            names = fn.variables()
+            if var_defs is not None and fn.var_types:
+                changes["var_types"] = {v: var_defs.get(v, fn.var_types.get(v)) for v in names
+                                        if v in var_defs or v in fn.var_types}
+            if var_alloc is not None:
+                changes["var_alloc"] = {v: var_alloc[v] for v in names if v in var_alloc}
+            new = copy.copy(fn)
+            for key, value in changes.items():
+                setattr(new, key, value)
+            functions.append(new)
+        out.functions = tuple(functions)
+        if var_defs is not None:
+            out.given_var_defs = var_defs
+        if var_alloc is not None and pc_var in var_alloc:
+            out.pc_alloc = var_alloc[pc_var]
+        return out
 
     @property
     def var_defs(self) -> Dict[str, Type]:
@@ -1063,13 +1184,21 @@ class Program:
         return self
 
     def format(self) -> str:
+        if self.lowered_by_hand is not None:
+            # TFP's layout: the variable declarations, then the graph as "main".
+            hl = self.lowered_by_hand
+            lines = [f"{var} :: {hl.var_alloc[var].name}, {hl.var_defs[var]}"
+                     for var in sorted(hl.var_defs)]
+            return "\n".join(lines + ["", self.main_function().format()])
         head = f"program main={self.main}"
         if self.pc_alloc is not None:
             head += f" pc={self.pc_alloc}"
         return "\n\n".join([head] + [fn.format() for fn in self.functions])
 
-    def __str__(self) -> str:
-        return self.format()
+    def __str__(self, indent: int = 0, width: int = 80) -> str:
+        """TFP's ``__str__(indent=0, width=80)``: :meth:`format` indented
+        ``indent`` spaces, lines broken to fit ``width``."""
+        return _layout(self.format(), indent, width)
 
 
 def _name_unnamed(items, prefix: str) -> None:
@@ -1148,6 +1277,10 @@ class ControlFlowGraph:
 
     def enter_block(self) -> Block:
         return self._blocks[0]
+
+    def __str__(self, indent: int = 0, width: int = 80) -> str:
+        """TFP's: the blocks, one after another."""
+        return "\n".join(block.__str__(indent, width) for block in self._blocks)
 
 
 def halt_op() -> GotoOp:
@@ -1324,6 +1457,13 @@ class HandLowered:
                 f"variable(s) {missing} of a program lowered by hand have no Type in "
                 f"var_defs; give each one (instructions.single_type(dtype, shape)): the "
                 f"batched run allocates every variable's stack before it starts")
+
+
+def _as_allocation(value: Any) -> "VariableAllocation":
+    """A VariableAllocation from itself, its value or its name."""
+    if isinstance(value, str):
+        return VariableAllocation[value.upper()]
+    return VariableAllocation(value)
 
 
 #: TFP's ``pc_var``: the name of the program counter's variable.  Programs

@@ -135,7 +135,7 @@ def lower(program: Program) -> LoweredProgram:
         lowering.function(fn)
     for block in lowering.blocks:
         drop_repushes(block)
-    main = program.main_function
+    main = program.main_function()
     blocks, entry = _skip_empty_blocks(lowering.blocks, f"{main.name}/{main.entry.name}")
     lowered = LoweredProgram(
         blocks=blocks, entry=entry, var_types=lowering.var_types,

@@ -118,7 +118,7 @@ def run(program: Program, args: Sequence[Any], max_stack_depth: Optional[int] = 
     inferred return type.
     """
     interp = _Interpreter(program, max_stack_depth)
-    main = program.main_function
+    main = program.main_function()
     if len(args) != len(main.params):
         raise ProgramError(f"function {main.name!r} takes {len(main.params)} argument(s) "
                            f"{main.params}, got {len(args)}")

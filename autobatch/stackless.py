@@ -122,7 +122,7 @@ def execute(program: Program, args: Sequence[Any], backend: Any = None,
            if fn.name == program.main):
         from autobatch.type_inference import infer_types
         program = infer_types(program, argument_types(args, backend), backend)
-    main = program.main_function
+    main = program.main_function()
     if len(args) != len(main.params):
         raise ProgramError(f"function {main.name!r} takes {len(main.params)} argument(s) "
                            f"{main.params}, got {len(args)}")

@@ -243,7 +243,7 @@ class _Inference:
                 self.set_ret(fn.name, Type(value))
 
     def run(self, arg_types: Sequence[Type]) -> None:
-        main = self.program.main_function
+        main = self.program.main_function()
         if len(arg_types) != len(main.params):
             raise ProgramError(f"function {main.name!r} takes {len(main.params)} argument(s) "
                                f"{main.params}, got types for {len(arg_types)}")

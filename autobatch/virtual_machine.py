@@ -35,11 +35,13 @@ back only where it is live after the block (``LoweredProgram.live_out``).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
 import re
+import threading
 from collections import Counter
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -53,7 +55,7 @@ from autobatch.backends.base import MAX_CHAIN
 from autobatch.lowering import LoweredProgram
 from autobatch.pipeline import DEFAULT_MAX_STACK_DEPTH, argument_types, batch_size, prepare
 
-__all__ = ["VirtualMachine", "execute", "prepare", "argument_types", "batch_size",
+__all__ = ["VirtualMachine", "execute", "is_staging", "prepare", "argument_types", "batch_size",
            "DEFAULT_MAX_STACK_DEPTH", "MAX_CHAIN"]
 
 log = logging.getLogger(__name__)
@@ -701,7 +703,7 @@ def _as_declared(program: Any, args: Sequence[Any]) -> List[Any]:
         types = [program.var_types.get(v) for v in program.inputs]
     else:
         declared = program.given_var_defs or {}
-        types = [declared.get(p) for p in program.main_function.params]
+        types = [declared.get(p) for p in program.main_function().params]
     out = list(args)
     for i, typ in enumerate(types[:len(out)]):
         if isinstance(out[i], list) and typ is not None and isinstance(typ.tensors, TensorType):
@@ -782,9 +784,32 @@ def execute(program: Any, args: Sequence[Any], *settings: Any, backend: Any = No
         backend = default_backend(args)
     if isinstance(program, Program) and program.lowered_by_hand is not None:
         from autobatch import stack_vm
-        return stack_vm.execute(program.lowered_by_hand, args, max_stack_depth, backend)
+        with _vm_staging():
+            return stack_vm.execute(program.lowered_by_hand, args, max_stack_depth, backend)
     args = _as_declared(program, args)
     if isinstance(program, Program):
         program = prepare(program, argument_types(args, backend), backend)
     vm = VirtualMachine(program, backend, max_stack_depth, block_code_cache)
-    return backend.run_vm(vm, args, block_code_cache)
+    with _vm_staging():
+        return backend.run_vm(vm, args, block_code_cache)
+
+
+_staging = threading.local()
+
+
+def is_staging() -> bool:
+    """TFP's ``virtual_machine.is_staging``: True when called in the dynamic
+    scope of the VM running (or staging, on a deferred backend such as
+    TensorFlow's graph mode) a program in :func:`execute`, e.g. from a
+    primitive's function; False elsewhere (type inference, dry runs, plain
+    Python).  Per thread."""
+    return getattr(_staging, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _vm_staging() -> Iterator[None]:
+    _staging.depth = getattr(_staging, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _staging.depth -= 1

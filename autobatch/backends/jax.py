@@ -432,7 +432,7 @@ class JaxProgram:
     def __init__(self, program: Program, unroll: int = 1) -> None:
         self.program = program
         self.unroll = unroll
-        self.function = fn = program.main_function
+        self.function = fn = program.main_function()
         self.shape = _shape(fn)
         self.steps = 0
         self._jitted = jax.jit(self._trace)
@@ -551,7 +551,7 @@ class JaxBackend(Abilities):
 
     def compile(self, program: Program) -> JaxProgram:
         """The jitted form of a typed program; ProgramError for one with calls."""
-        fn = program.main_function
+        fn = program.main_function()
         for block in fn.blocks:
             for op in block.instructions:
                 if isinstance(op, FunctionCallOp):

@@ -77,7 +77,7 @@ def test_conflicting_dtypes_name_the_variable():
         infer_types(program, [t(np.int64)])
     # () and (2,) broadcast together (as in TFP): y is (2,)
     program = _two_branch_program(lambda x: np.stack([x, x], axis=1))
-    assert infer_types(program, [t(np.int64)]).main_function.var_types["y"] == \
+    assert infer_types(program, [t(np.int64)]).main_function().var_types["y"] == \
         Type(TensorType(np.int64, (2,)))
     program = _two_branch_program(lambda x: x[:, :2])
     with pytest.raises(TypeInferenceError, match="'y' of function 'f' has shape"):

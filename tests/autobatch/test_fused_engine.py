@@ -299,7 +299,7 @@ def test_random_call_free_programs_match_the_reference(seed, batch):
     if fuse(compiled.program) is None:
         # Early returns copy the code after them into each path; past
         # fused.MAX_LINES lines of generated code the VM runs the program.
-        assert len(compiled.program.main_function.blocks) > 40, str(program)
+        assert len(compiled.program.main_function().blocks) > 40, str(program)
         assert compiled.engine(BACKEND) == "vm"
         return
     _check(program, args)

@@ -52,8 +52,8 @@ def test_merge_types_gives_the_broadcast_shape():
 
 def test_the_variable_gets_the_broadcast_shape():
     typed = infer_types(three_shapes(), [Type(TensorType(np.float64, ()))])
-    assert typed.main_function.var_types["x"] == Type(TensorType(np.float64, (5, 3, 2)))
-    assert typed.main_function.return_type.tensors.shape == (5, 3, 2)
+    assert typed.main_function().var_types["x"] == Type(TensorType(np.float64, (5, 3, 2)))
+    assert typed.main_function().return_type.tensors.shape == (5, 3, 2)
 
 
 @pytest.mark.parametrize("backend", [NumpyBackend(), MaskedNumpyBackend()],

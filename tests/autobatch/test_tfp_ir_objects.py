@@ -80,7 +80,7 @@ def test_positional_forms_of_both_styles():
     g = inst.Function(inst.ControlFlowGraph([tfps]), [], "x", None)   # TFP's, unnamed
     program = inst.Program([g], main=g)
     assert program.main == g.name == "function_0"
-    assert isinstance(program.main_function.blocks[0].terminator, inst.ReturnOp)
+    assert isinstance(program.main_function().blocks[0].terminator, inst.ReturnOp)
     op = inst.prim_op(["a"], [], lambda a: a).replace(vars_out="b")
     assert op.vars_out == "b"
 

@@ -63,7 +63,7 @@ def test_fibonacci_in_tfp_style_on_tensorflow(tf):
 
 def test_params_and_vars_get_unique_names():
     program = fibonacci_program()
-    fn = program.main_function
+    fn = program.main_function()
     assert len(fn.params) == 1 and fn.params[0].startswith("n_")
     assert all("_" in v for v in fn.variables())
 
