@@ -36,7 +36,7 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 
 from autobatch.arguments import DEFAULT_MAX_STACK_DEPTH, batch_size
-from autobatch.errors import StackOverflowError
+from autobatch.errors import ProgramError, StackOverflowError
 from autobatch.ir import as_pattern, pattern_leaves, pattern_unflatten
 from autobatch.lowering import LoweredProgram
 from autobatch.native_codegen import KernelPlan, kernel_source
@@ -163,7 +163,6 @@ class NativeProgram:
         if not isinstance(depth, (int, np.integer)) or depth < 1:
             raise ValueError(f"max_stack_depth must be a positive int, got {depth!r}")
         if len(args) != len(lowered.inputs):
-            from autobatch.errors import ProgramError
             raise ProgramError(f"the program takes {len(lowered.inputs)} argument(s) "
                                f"{lowered.inputs}, got {len(args)}")
         types = [lowered.var_types[v] for v in lowered.inputs]

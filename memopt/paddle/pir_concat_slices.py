@@ -16,7 +16,7 @@ part starts before ``v``'s does.  Right before the first backward op
 reading ``v``'s data it inserts ``v' = slice(c)`` (the bytes of ``v``,
 copied: zero FLOPs, bit-identical) and points every backward data read of
 ``v`` at ``v'``; ``v`` then dies in the forward part.  The slice reads ``c``
-through :func:`memopt.paddle.pir_recompute._after` tied to a value the
+through :func:`memopt.paddle.pir_recompute.waiting_for` tied to a value the
 backward part makes right before (the reader's latest backward-made
 operand), so Paddle's multi-thread executor cannot run it in the forward
 part.  Of the containers of ``v`` the smallest is taken, so each value is
@@ -158,7 +158,7 @@ def apply_slices(pg: PirGraph, slices: List[SliceOut]):
     import paddle
     from paddle import pir
 
-    from .pir_recompute import (AppliedRecompute, _after, _redirect_data_uses,
+    from .pir_recompute import (AppliedRecompute, waiting_for, redirect_data_uses,
                                 verify_defined_before_use)
 
     program = pg.program
@@ -175,11 +175,11 @@ def apply_slices(pg: PirGraph, slices: List[SliceOut]):
         for s in slices:
             pir.set_insertion_point(ops[s.before])
             source = made.get(s.source, pg.values[s.source])
-            waited = _after(source, pg.values[s.trigger])
+            waited = waiting_for(source, pg.values[s.trigger])
             value = paddle._C_ops.slice(waited, [s.axis], [s.start], [s.end], [1], [])
             made[s.name] = value
         for s in slices:
-            redirected.extend(_redirect_data_uses(pg.values[s.name], made[s.name], backward))
+            redirected.extend(redirect_data_uses(pg.values[s.name], made[s.name], backward))
         pir.set_insertion_point_to_block_end(block)
         verify_defined_before_use(block)
     except Exception:

@@ -41,7 +41,7 @@ from .pir import COMBINE_OP, SPLIT_OP, SLICE_OP, PirGraph
 log = logging.getLogger(__name__)
 
 __all__ = ["RANDOM_OPS", "OUT_OF_PLACE", "PIR_RULES", "op_flops", "problem_of", "predictor",
-           "apply_plan", "verify_defined_before_use"]
+           "apply_plan", "verify_defined_before_use", "waiting_for", "redirect_data_uses"]
 
 #: Ops drawing random numbers: never run twice (their values would differ).
 RANDOM_OPS = frozenset({
@@ -214,7 +214,7 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
             waited = None
             if c.dep is not None:
                 x, trigger = pg.values[c.dep[0]], pg.values[c.dep[1]]
-                waited = _after(x, trigger, copy=is_copy_dep(pg.graph, c.dep))
+                waited = waiting_for(x, trigger, copy=is_copy_dep(pg.graph, c.dep))
             mapping = paddle.pir.IrMapping()
             for v in src.operands_source():
                 if not v.initialized():
@@ -261,7 +261,7 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
         for name in plan.dropped:
             new = clones.get(name)
             if new is not None:
-                redirected.extend(_redirect_data_uses(pg.values[name], new, backward - own))
+                redirected.extend(redirect_data_uses(pg.values[name], new, backward - own))
             elif not any(name in r for r in plan.readers.values()):
                 raise PlanError(f"apply_plan: {name} has no clone")
         for k in sorted(plan.readers):
@@ -269,7 +269,7 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
                 new = clones.get(name + tag)
                 if new is None:
                     raise PlanError(f"apply_plan: {name} has no clone for op {k}")
-                redirected.extend(_redirect_data_uses(pg.values[name], new, {ops[k]}))
+                redirected.extend(redirect_data_uses(pg.values[name], new, {ops[k]}))
         pir.set_insertion_point_to_block_end(block)
         _sink_glue(block)
         verify_defined_before_use(block)
@@ -291,7 +291,7 @@ def _reads_data(op, value) -> bool:
         return True
 
 
-def _redirect_data_uses(old, new, ops: set) -> list:
+def redirect_data_uses(old, new, ops: set) -> list:
     """Point the operands of ``ops`` that read ``old``'s data at ``new``;
     shape-only reads keep ``old`` (see :func:`memopt.recompute.saved_values`).
     Returns ``[(op, operand index, old)]`` for the undo."""
@@ -367,7 +367,7 @@ def _out_of_place(src, mapping):
     return new
 
 
-def _after(x, trigger, copy: bool = False):
+def waiting_for(x, trigger, copy: bool = False):
     """``x`` viewed through ``reshape_`` to its own dims (``copy``: through
     the out-of-place ``reshape``, for a fed value), computed so that the op
     waits for ``trigger`` (see :func:`apply_plan`)."""
