@@ -21,12 +21,23 @@ _EXPORTS = {
     "TensorType": "autobatch.instructions",
     "Type": "autobatch.instructions",
     "Program": "autobatch.instructions",
+    "truthy": "autobatch.frontend",
 }
 
-__all__ = sorted(_EXPORTS)
+#: TFP's ``auto_batching`` submodules, loaded when first used as attributes
+#: (``autobatch.tf_backend`` imports TensorFlow, ``xla`` when called).
+SUBMODULES = ("allocation_strategy", "dsl", "frontend", "instructions", "liveness",
+              "lowering", "numpy_backend", "stack_optimization", "stackless",
+              "tf_backend", "type_inference", "virtual_machine", "xla")
+
+__all__ = sorted(_EXPORTS) + list(SUBMODULES)
 
 
 def __getattr__(name):
+    if name in SUBMODULES:
+        value = import_module(f"autobatch.{name}")
+        globals()[name] = value
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'autobatch' has no attribute {name!r}")
@@ -36,4 +47,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | set(SUBMODULES))

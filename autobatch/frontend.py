@@ -72,7 +72,19 @@ from autobatch.pipeline import (
 )
 from autobatch.virtual_machine import VirtualMachine
 
-__all__ = ["Context", "BatchedFunction", "Module", "CacheStats", "FrontendError", "truthy"]
+__all__ = ["Context", "BatchedFunction", "Module", "CacheStats", "FrontendError", "truthy",
+           "TF_BACKEND"]
+
+
+def __getattr__(name: str) -> Any:
+    """TFP's ``frontend.TF_BACKEND`` (a ``TensorFlowBackend()``), made when
+    first read: importing this module does not import TensorFlow."""
+    if name == "TF_BACKEND":
+        from autobatch.backends.tf import TensorFlowBackend
+        backend = TensorFlowBackend()
+        globals()[name] = backend
+        return backend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 log = logging.getLogger(__name__)
 
@@ -234,9 +246,14 @@ class Context:
         with self._running():
             return self.pipeline.compiled(main, lambda: self.program(main), sig, backend)
 
-    def program_lowered(self, main: str, sig: Sequence[Any], backend: Any = None
-                        ) -> LoweredProgram:
-        """:meth:`program_compiled` lowered for the VM; cached likewise."""
+    def program_lowered(self, main: str, sig: Optional[Sequence[Any]] = None,
+                        backend: Any = None) -> LoweredProgram:
+        """:meth:`program_compiled` lowered for the VM; cached likewise.
+        Without ``sig`` (TFP: type inference skipped, a result to inspect,
+        not to run) it is :meth:`program_compiled`'s untyped, allocated
+        Program, unlowered: lowering here needs the types."""
+        if sig is None:
+            return self.program_compiled(main, None, backend)
         backend = backend if backend is not None else _default_backend()
         with self._running():
             return self.pipeline.lowered(main, lambda: self.program(main), sig, backend)

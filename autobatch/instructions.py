@@ -8,9 +8,12 @@ programs, types, allocations, patterns) plus :func:`interpret`, TFP's
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict
 
 from autobatch import ir
+# TFP's instructions.NullVariable / TemporaryVariable: the variable objects of
+# the NULL and TEMPORARY allocations (all four live in backends.variables).
+from autobatch.backends.variables import NullVariable, TemporaryVariable
 from autobatch.hand_lowered import interpret as run_by_hand
 from autobatch.ir import *  # noqa: F401,F403 -- this module is the IR under TFP's name
 from autobatch.ir import Program
@@ -181,3 +184,32 @@ class Environment:
 
 
 __all__ += ["Environment", "PythonBackend", "PythonVMVariable"]
+
+
+# -- TFP's batch-size detection ----------------------------------------------------
+
+
+def detect_batch_size(var_defs: Any, init_vals: Dict[str, Any], backend: Any) -> int:
+    """TFP's ``detect_batch_size``: the batch size the inputs ``init_vals``
+    (``{variable: value pattern}``) imply, read from each tensor's leading
+    dimension by ``backend.batch_size``; sizes of 1 broadcast, so the result
+    is the one size other than 1 (1 if none).  ``var_defs`` (a dict or
+    ``(name, Type)`` pairs) gives each input's Type, whose pattern the value
+    follows.  ValueError naming the inputs whose sizes disagree."""
+    types = dict(var_defs)
+    size, source = 1, None
+    for name in sorted(init_vals):
+        typ = types[name]
+        pattern = typ.tensors if isinstance(typ, Type) else typ
+        for _, leaf in pattern_zip(pattern, init_vals[name], leaf_type=TensorType):
+            found = int(backend.batch_size(leaf))
+            if found == 1 or found == size:
+                continue
+            if size != 1:
+                raise ValueError(f"Inconsistent batch sizes: found {size} in {source} and "
+                                 f"{found} in {name}")
+            size, source = found, name
+    return size
+
+
+__all__ += ["NullVariable", "TemporaryVariable", "detect_batch_size"]

@@ -70,6 +70,7 @@ __all__ = [
     "pattern_flatten",
     "pattern_traverse",
     "pattern_zip",
+    "pattern_map2",
     "is_namedtuple",
     "rebuild",
     "tuple_expr",
@@ -162,33 +163,63 @@ def tuple_expr(pattern: Any, inner: Sequence[str], constant: Callable[[Any], str
     return f"({joined},)" if len(inner) == 1 else f"({joined})"
 
 
-def pattern_map(fn: Callable[[Any], Any], pattern: Any) -> Any:
-    """``pattern`` with every leaf replaced by ``fn(leaf)`` (namedtuples keep
-    their class)."""
-    if isinstance(pattern, tuple):
-        return rebuild(pattern, (pattern_map(fn, part) for part in pattern))
-    return fn(pattern)
+def pattern_map(f: Callable[[Any], Any], pattern: Any, leaf_type: Any = ()) -> Any:
+    """``pattern`` with every leaf replaced by ``f(leaf)`` (namedtuples keep
+    their class).  Tuples are structure, except instances of ``leaf_type``
+    (TFP's argument: a class or tuple of classes that are leaves)."""
+    if isinstance(pattern, tuple) and not (leaf_type and isinstance(pattern, leaf_type)):
+        return rebuild(pattern, (pattern_map(f, part, leaf_type) for part in pattern))
+    return f(pattern)
 
 
-def pattern_flatten(pattern: Any) -> List[Any]:
-    """TFP's name for :func:`pattern_leaves`."""
-    return pattern_leaves(as_pattern(pattern))
+def _is_structure(value: Any, leaf_type: Any) -> bool:
+    """Lists and tuples are structure in TFP's pattern functions, except
+    instances of ``leaf_type``."""
+    return isinstance(value, (list, tuple)) and not (leaf_type and isinstance(value, leaf_type))
 
 
-def pattern_traverse(pattern: Any) -> Iterator[Any]:
-    """TFP's: the leaves of ``pattern`` one by one (lists are structure)."""
-    return iter(pattern_leaves(as_pattern(pattern)))
+def pattern_flatten(pattern: Any, leaf_type: Any = ()) -> List[Any]:
+    """TFP's: the leaves of ``pattern`` in order (lists and tuples are
+    structure, instances of ``leaf_type`` leaves)."""
+    return list(pattern_traverse(pattern, leaf_type))
 
 
-def pattern_zip(pattern1: Any, pattern2: Any) -> List[Tuple[Any, Any]]:
+def pattern_traverse(pattern: Any, leaf_type: Any = ()) -> Iterator[Any]:
+    """TFP's: the leaves of ``pattern`` one by one (lists and tuples are
+    structure, instances of ``leaf_type`` leaves)."""
+    if _is_structure(pattern, leaf_type):
+        for part in pattern:
+            yield from pattern_traverse(part, leaf_type)
+    else:
+        yield pattern
+
+
+def pattern_zip(pattern1: Any, pattern2: Any, leaf_type: Any = ()) -> List[Tuple[Any, Any]]:
     """TFP's: pairs of corresponding leaves of two patterns of one structure
-    (lists are structure); ValueError where the structures differ."""
-    p1, p2 = as_pattern(pattern1), as_pattern(pattern2)
-    if isinstance(p1, tuple) or isinstance(p2, tuple):
-        if not (isinstance(p1, tuple) and isinstance(p2, tuple)) or len(p1) != len(p2):
-            raise ValueError(f"patterns of different structure: {p1!r} and {p2!r}")
-        return [pair for a, b in zip(p1, p2) for pair in pattern_zip(a, b)]
-    return [(p1, p2)]
+    (lists and tuples are structure, instances of ``leaf_type`` leaves);
+    where ``pattern1`` has a leaf, it is paired with the whole of
+    ``pattern2`` there.  ValueError where ``pattern1`` has structure
+    ``pattern2`` lacks."""
+    if _is_structure(pattern1, leaf_type):
+        if not _is_structure(pattern2, leaf_type) or len(pattern1) != len(pattern2):
+            raise ValueError(f"patterns of different structure: {pattern1!r} and {pattern2!r}")
+        return [pair for a, b in zip(pattern1, pattern2)
+                for pair in pattern_zip(a, b, leaf_type)]
+    return [(pattern1, pattern2)]
+
+
+def pattern_map2(f: Callable[[Any, Any], Any], pattern1: Any, pattern2: Any,
+                 leaf_type: Any = ()) -> Any:
+    """TFP's: ``pattern1``'s structure with each leaf ``a`` replaced by
+    ``f(a, b)``, ``b`` the part of ``pattern2`` there (lists and tuples are
+    structure, instances of ``leaf_type`` leaves).  ValueError where
+    ``pattern1`` has structure ``pattern2`` lacks."""
+    if _is_structure(pattern1, leaf_type):
+        if not _is_structure(pattern2, leaf_type) or len(pattern1) != len(pattern2):
+            raise ValueError(f"patterns of different structure: {pattern1!r} and {pattern2!r}")
+        parts = (pattern_map2(f, a, b, leaf_type) for a, b in zip(pattern1, pattern2))
+        return list(parts) if isinstance(pattern1, list) else rebuild(pattern1, parts)
+    return f(pattern1, pattern2)
 
 
 def pattern_unflatten(pattern: Any, leaves: Sequence[Any]) -> Any:
@@ -281,6 +312,39 @@ class _Printed:
 
     def __str__(self, indent: int = 0, width: int = 80) -> str:
         return _layout(self._text(), indent, width)
+
+
+def tfp_field_names(**aliases: str) -> Callable[[type], type]:
+    """Class decorator for IR dataclasses whose fields TFP names otherwise
+    (``aliases[tfp_name] = our_name``): the constructor also takes TFP's
+    keyword names, the attributes read and write under them too, and the
+    class declares TFP's constructor signature as ``__tfp_signature__``."""
+    import functools
+    import inspect
+
+    def decorate(cls: type) -> type:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            for tfp, ours in aliases.items():
+                if tfp in kwargs:
+                    if ours in kwargs:
+                        raise TypeError(f"{cls.__name__} got both {ours!r} and its TFP "
+                                        f"name {tfp!r}; pass one")
+                    kwargs[ours] = kwargs.pop(tfp)
+            init(self, *args, **kwargs)
+        cls.__init__ = __init__
+        reverse = {ours: tfp for tfp, ours in aliases.items()}
+        for tfp, ours in aliases.items():
+            setattr(cls, tfp, property(lambda self, o=ours: getattr(self, o),
+                                       lambda self, v, o=ours: setattr(self, o, v),
+                                       doc=f"TFP's name for ``{ours}``."))
+        sig = inspect.signature(cls)
+        cls.__tfp_signature__ = sig.replace(parameters=[
+            p.replace(name=reverse.get(p.name, p.name)) for p in sig.parameters.values()])
+        return cls
+    return decorate
 
 
 def _as_dtype(dtype: Any) -> np.dtype:
@@ -409,6 +473,13 @@ class VariableAllocation(enum.IntEnum):
     REGISTER = 2
     FULL = 3
 
+    @classmethod
+    def _missing_(cls, value: Any) -> Optional["VariableAllocation"]:
+        """TFP's ``VariableAllocation('full')``: a name (any case) gives the member."""
+        if isinstance(value, str) and value.upper() in cls.__members__:
+            return cls[value.upper()]
+        return None
+
     def __str__(self) -> str:
         return self.name
 
@@ -491,11 +562,12 @@ class PrimOp(_Assignment):
     vars_in: Tuple[str, ...]
     vars_out: Pattern
     function: Callable[..., Any]
-    name: Optional[str] = None
     #: TFP's: variables of ``vars_out`` written in place rather than pushed.
     #: Only programs lowered by hand (:mod:`autobatch.hand_lowered`) push on
-    #: writes; elsewhere a write always replaces the value.
+    #: writes; elsewhere a write always replaces the value.  Fourth, as in
+    #: TFP's ``PrimOp(vars_in, vars_out, function, skip_push_mask)``.
     skip_push_mask: frozenset = frozenset()
+    name: Optional[str] = None
 
     def __post_init__(self) -> None:
         self.vars_in = _names(self.vars_in)
@@ -686,6 +758,7 @@ class _Terminator(_Printed):
         return ()
 
 
+@tfp_field_names(block="target")
 @dataclass(eq=False)
 class GotoOp(_Terminator):
     """Jump to ``target`` (a block name)."""
@@ -700,6 +773,7 @@ class GotoOp(_Terminator):
         return f"goto {_label(self.target)}"
 
 
+@tfp_field_names(cond_var="cond", true_block="true_target", false_block="false_target")
 @dataclass(eq=False)
 class BranchOp(_Terminator):
     """Jump to ``true_target`` where ``cond`` holds, else to ``false_target``."""
@@ -735,6 +809,7 @@ class ReturnOp(_Terminator):
         return f"return {format_pattern(self.vars)}"
 
 
+@tfp_field_names(push_block="return_target", goto_block="target")
 @dataclass(eq=False)
 class PushGotoOp(_Terminator):
     """Save ``return_target`` as the return address, then jump to ``target``
@@ -795,6 +870,12 @@ class Block:
         instructions = values.get("instructions")
         self.instructions = list(instructions) if instructions is not None else []
         self.terminator = values.get("terminator")
+
+    @property
+    def label_str(self) -> str:
+        """TFP's: how the block is referred to in printed output (its name;
+        ``block-<hash>`` for an unnamed block, as TFP's)."""
+        return str(self.name) if self.name is not None else f"block-{hash(self)}"
 
     def assign_instructions(self, instructions: Sequence[Any]) -> None:
         """TFP's: set the instructions; a last one that is a terminator
@@ -1021,6 +1102,27 @@ class Program:
             main.blocks = list(hl.blocks)
             return main
         return self.function(self.main)
+
+    @property
+    def graph(self) -> "ControlFlowGraph":
+        """TFP's ``Program.graph``: the entry point's blocks."""
+        return self.main_function().graph
+
+    @property
+    def vars_in(self) -> List[str]:
+        """TFP's ``Program.vars_in``: the entry point's parameters."""
+        if self.lowered_by_hand is not None:
+            return list(self.lowered_by_hand.vars_in)
+        return list(self.function(self.main).params)
+
+    @property
+    def vars_out(self) -> Any:
+        """TFP's ``Program.vars_out``: the pattern the entry point returns
+        (None for a program of autobatch's own form, whose functions return
+        with ``ReturnOp`` s)."""
+        if self.lowered_by_hand is not None:
+            return self.lowered_by_hand.vars_out
+        return self.function(self.main).vars_out
 
     @property
     def var_alloc(self) -> Dict[str, VariableAllocation]:

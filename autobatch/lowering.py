@@ -214,7 +214,7 @@ class _Lowering:
             if isinstance(op, PrimOp):
                 current.instructions.append(PrimOp(
                     _qualify(fn.name, op.vars_in), _qualify(fn.name, op.vars_out),
-                    op.function, op.name))
+                    op.function, name=op.name))
                 continue
             if not isinstance(op, FunctionCallOp):
                 raise ProgramError(f"function {fn.name!r}, block {block.name!r}: "

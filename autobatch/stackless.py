@@ -13,7 +13,10 @@ with TensorFlow it runs eagerly only.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+import contextlib
+import inspect
+import threading
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -24,7 +27,26 @@ from autobatch.ir import (
 )
 from autobatch.pipeline import DEFAULT_MAX_STACK_DEPTH, argument_types, batch_size
 
-__all__ = ["execute"]
+__all__ = ["execute", "is_running"]
+
+_RUNNING = threading.local()
+
+
+def is_running() -> bool:
+    """TFP's ``stackless.is_running``: True while :func:`execute` runs a
+    primitive's function (so that a primitive can tell this executor's run
+    from type inference, the VM's staging or a dry run), False elsewhere.
+    Per thread."""
+    return getattr(_RUNNING, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _running() -> Iterator[None]:
+    _RUNNING.depth = getattr(_RUNNING, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _RUNNING.depth -= 1
 
 
 class _Stackless:
@@ -75,7 +97,8 @@ class _Stackless:
             for op in block.instructions:
                 inputs = [load(v, sel) for v in op.vars_in]
                 if isinstance(op, PrimOp):
-                    value = op.function(*inputs)
+                    with _running():
+                        value = op.function(*inputs)
                 elif isinstance(op, FunctionCallOp):
                     callee = self.program.function(op.function)
                     nested = depth if op is tail else depth + 1
@@ -106,15 +129,44 @@ class _Stackless:
         return pattern_unflatten(fn.return_type.tensors, ret)
 
 
-def execute(program: Program, args: Sequence[Any], backend: Any = None,
-            max_stack_depth: Optional[int] = DEFAULT_MAX_STACK_DEPTH) -> Any:
+def _is_backend(value: Any) -> bool:
+    return hasattr(value, "fill") and hasattr(value, "to_numpy")
+
+
+class _Unset:
+    """The default of :func:`execute`'s ``max_stack_depth`` (so that TFP's
+    argument order can tell "not given" from an input)."""
+
+    def __repr__(self) -> str:
+        return f"DEFAULT_MAX_STACK_DEPTH ({DEFAULT_MAX_STACK_DEPTH})"
+
+
+_UNSET = _Unset()
+
+
+def execute(program: Program, args: Any, backend: Any = None,
+            max_stack_depth: Any = _UNSET, *inputs: Any) -> Any:
     """Run ``program`` for a batch of inputs without explicit stacks.
 
     Parameters and result as :func:`autobatch.virtual_machine.execute`
     (``program`` must be an unlowered Program; it is typed here if needed).
-    ``max_stack_depth`` bounds pending non-tail calls as in the VM (None: only
-    Python's recursion limit).
+    ``max_stack_depth`` (default ``DEFAULT_MAX_STACK_DEPTH``) bounds pending
+    non-tail calls as in the VM (None: only Python's recursion limit).
+
+    TFP's order ``execute(program, backend, block_code_cache, *inputs)``
+    works too (a backend in second place picks it): the inputs one by one,
+    ``block_code_cache`` accepted and unused (blocks are interpreted here).
     """
+    if _is_backend(args):
+        backend, args = args, ([] if max_stack_depth is _UNSET else [max_stack_depth]) \
+            + list(inputs)
+        max_stack_depth = _UNSET
+    elif inputs:
+        raise TypeError(f"stackless.execute takes (program, args, backend, max_stack_depth) "
+                        f"or TFP's (program, backend, block_code_cache, *inputs); got "
+                        f"{len(inputs)} argument(s) more")
+    if max_stack_depth is _UNSET:
+        max_stack_depth = DEFAULT_MAX_STACK_DEPTH
     if backend is None:
         from autobatch.backends.numpy import NumpyBackend
         backend = NumpyBackend()
@@ -131,3 +183,9 @@ def execute(program: Program, args: Sequence[Any], backend: Any = None,
     runner = _Stackless(program, backend, max_stack_depth)
     result = runner.run_function(main, list(args), pc, 0)
     return pattern_map(backend.to_numpy, as_pattern(result))
+
+
+execute.__tfp_signature__ = inspect.Signature([
+    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    for name in ("program", "backend", "block_code_cache")] + [
+    inspect.Parameter("inputs", inspect.Parameter.VAR_POSITIONAL)])

@@ -25,7 +25,9 @@ Branch conditions must be boolean scalars per thread.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -39,7 +41,8 @@ from autobatch.ir import (
     is_namedtuple, numpy_type_of, pattern_leaves, pattern_unflatten, reachable, rebuild,
 )
 
-__all__ = ["infer_types", "merge_types", "as_type", "type_of_value"]
+__all__ = ["infer_types", "merge_types", "as_type", "type_of_value", "is_inferring",
+           "signature", "infer_types_from_signature", "type_of_pattern"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +124,27 @@ def type_of_value(value: Any, backend: Any, batch_size: int) -> Type:
     return Type(pattern_map(leaf, as_pattern(value)))
 
 
+_INFERRING = threading.local()
+
+
+def is_inferring() -> bool:
+    """TFP's ``type_inference.is_inferring``: True while type inference runs
+    a primitive's function on placeholders (so that a primitive can tell
+    inference from a run: see also
+    :func:`autobatch.virtual_machine.is_staging` and
+    :func:`autobatch.stackless.is_running`), False elsewhere.  Per thread."""
+    return getattr(_INFERRING, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _inferring() -> Any:
+    _INFERRING.depth = getattr(_INFERRING, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _INFERRING.depth -= 1
+
+
 class _NumpyPlaceholders:
     """What type inference needs of a backend, on NumPy (the default; the
     passes import no backend)."""
@@ -190,7 +214,7 @@ class _Inference:
             return cached
         inputs = [pattern_map(self.placeholder, t.tensors) for t in types]
         try:
-            with np.errstate(all="ignore"):
+            with np.errstate(all="ignore"), _inferring():
                 out = self.backend.run_on_dummies(op.function, inputs)
             typ = type_of_value(out, self.backend, 1)
         except TypeInferenceError:
@@ -283,14 +307,14 @@ def _strong(typ: Type) -> Type:
     return typ.strong()
 
 
-def infer_types(program: Program, arg_types: Sequence[Any], backend: Any = None) -> Program:
+def infer_types(program: Program, inputs: Sequence[Any], backend: Any = None) -> Program:
     """A copy of ``program`` with ``var_types`` and ``return_type`` set on every
     function reachable from ``main``.
 
     Parameters
     ----------
     program : an unlowered program.
-    arg_types : the Type (or TensorType) of each of ``main``'s parameters,
+    inputs : the Type (or TensorType) of each of ``main``'s parameters,
         without the batch dimension; or, as TFP's ``infer_types(program,
         inputs, backend)``, the input values themselves (batch dimension
         first), whose types ``backend`` reads.
@@ -304,7 +328,7 @@ def infer_types(program: Program, arg_types: Sequence[Any], backend: Any = None)
     """
     if backend is None:
         backend = _NumpyPlaceholders()
-    arg_types = _types_of_arguments(arg_types, backend)
+    arg_types = _types_of_arguments(inputs, backend)
     program.validate()
     in_use = reachable(call_graph(program), program.main)
     for fn in program.functions:
@@ -420,3 +444,63 @@ def _materialize_broadcasts(fn: Function, inference: "_Inference",
             changed = True
         blocks.append(replace(block, instructions=out, terminator=term) if changed else block)
     return blocks
+
+
+# -- TFP's signature helpers -------------------------------------------------------
+
+def type_of_pattern(val: Any, backend: Any, preferred_type: Any = None) -> Any:
+    """TFP's ``type_of_pattern``: the pattern of :class:`TensorType` of the
+    value pattern ``val``, each leaf's *whole* shape (batch dimension
+    included), as ``backend.type_of(leaf, dtype_hint)`` reads it; where
+    ``preferred_type`` (a Type or pattern of TensorType shaped like
+    ``val``) gives a leaf's dtype, that dtype is the hint (a Python
+    constant takes it).  ValueError where ``val`` lacks a tuple the
+    preferred type has."""
+    preferred = preferred_type.tensors if isinstance(preferred_type, Type) else preferred_type
+
+    def walk(want: Any, value: Any) -> Any:
+        if isinstance(want, tuple):
+            if not isinstance(value, (tuple, list)) or len(value) != len(want):
+                raise ValueError(f"Type mismatch: expected structured type {want}, "
+                                 f"got object {value!r}")
+            return rebuild(want, (walk(w, v) for w, v in zip(want, value)))
+        if isinstance(value, (tuple, list)):
+            return rebuild(value, (walk(None, v) for v in value)) \
+                if isinstance(value, tuple) else tuple(walk(None, v) for v in value)
+        hint = want.dtype if isinstance(want, TensorType) else None
+        return backend.type_of(value, dtype_hint=hint)
+    return walk(preferred, val)
+
+
+def _main_inputs(program: Program) -> Tuple[Tuple[str, ...], Dict[str, Any]]:
+    """``main``'s parameters and the declared ``var_defs`` (TFP's ``Program``
+    keeps them; a program of autobatch's own form declares none)."""
+    main = program.main_function()
+    return tuple(main.params), dict(program.given_var_defs or {})
+
+
+def signature(program: Program, inputs: Sequence[Any], backend: Any) -> List[Any]:
+    """TFP's ``signature``: the type of each input of ``program``'s main, a
+    pattern of :class:`TensorType` without the batch dimension (read by
+    :func:`type_of_pattern`, each input's declared ``var_defs`` type its
+    preference)."""
+    params, var_defs = _main_inputs(program)
+    if len(inputs) != len(params):
+        raise ProgramError(f"signature: main takes {len(params)} input(s) {list(params)}, "
+                           f"got {len(inputs)}")
+
+    def strip(pattern: Any) -> Any:
+        return pattern_map(lambda t: TensorType(t.dtype, t.shape[1:]), pattern)
+    return [strip(type_of_pattern(value, backend, var_defs.get(name)))
+            for name, value in zip(params, inputs)]
+
+
+def infer_types_from_signature(program: Program, sig: Sequence[Any], backend: Any) -> Program:
+    """TFP's ``infer_types_from_signature``: :func:`infer_types` given the
+    types of main's inputs (patterns of :class:`TensorType` or Types,
+    without the batch dimension), as :func:`signature` gives them."""
+    params, _ = _main_inputs(program)
+    if len(sig) != len(params):
+        raise ProgramError(f"infer_types_from_signature: main takes {len(params)} input(s) "
+                           f"{list(params)}, got a signature of {len(sig)}")
+    return infer_types(program, [as_type(t) for t in sig], backend)

@@ -499,27 +499,27 @@ class TensorFlowBackend(Backend):
             return branch_callables[int(branch_selector)]()
         return tf.switch_case(branch_selector, list(branch_callables), name=name)
 
-    def batch_size(self, value: Any, name: Any = None) -> Any:
-        """The leading dimension of ``value``: an int where it is static, else
+    def batch_size(self, val: Any, name: Any = None) -> Any:
+        """The leading dimension of ``val``: an int where it is static, else
         a scalar tensor; 1 for a scalar."""
-        value = tf.convert_to_tensor(value)
-        if value.shape.rank == 0:
+        val = tf.convert_to_tensor(val)
+        if val.shape.rank == 0:
             return 1
-        if value.shape.rank is not None and value.shape[0] is not None:
-            return int(value.shape[0])
-        return tf.reduce_prod(tf.shape(value)[:1])
+        if val.shape.rank is not None and val.shape[0] is not None:
+            return int(val.shape[0])
+        return tf.reduce_prod(tf.shape(val)[:1])
 
     def static_value(self, t: Any) -> Any:
         return t.numpy() if tf.executing_eagerly() and tf.is_tensor(t) else (
             None if tf.is_tensor(t) else np.asarray(t))
 
-    def assert_matching_dtype(self, expected_dtype: Any, value: Any, message: str = "") -> None:
-        if tf.is_tensor(value):
-            found = np.dtype(value.dtype.as_numpy_dtype)
-        elif hasattr(value, "dtype"):
-            found = np.dtype(value.dtype)
+    def assert_matching_dtype(self, expected_dtype: Any, val: Any, message: str = "") -> None:
+        if tf.is_tensor(val):
+            found = np.dtype(val.dtype.as_numpy_dtype)
+        elif hasattr(val, "dtype"):
+            found = np.dtype(val.dtype)
         else:  # a Python constant takes the expected dtype where it can
-            found = np.dtype(tf.convert_to_tensor(value, _tf_dtype(expected_dtype))
+            found = np.dtype(tf.convert_to_tensor(val, _tf_dtype(expected_dtype))
                              .dtype.as_numpy_dtype)
         if found != np.dtype(expected_dtype):
             raise ValueError(f"Mismatched dtype: expected {np.dtype(expected_dtype)} found "

@@ -33,6 +33,7 @@ methods autobatch's VM does not use (``batch_size``, ``cond``, ``equal``,
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
 from typing import Any, Callable, Sequence
 
@@ -84,6 +85,10 @@ def _dispatching(name: str, own: Callable[..., Any]) -> Callable[..., Any]:
         return own(self, *args, **kwargs)
 
     method.__wrapped_for_tfp__ = True
+    # TFP's argument list, for scripts/check_tfp_api.py (without ``self``).
+    tfp_sig = inspect.signature(getattr(TfpMethods, "tfp_" + name))
+    method.__tfp_signature__ = tfp_sig.replace(
+        parameters=list(tfp_sig.parameters.values())[1:])
     return method
 
 
@@ -133,20 +138,20 @@ class TfpMethods:
         """Whether values are computed now (True), not staged into a graph."""
         return True
 
-    def batch_size(self, value: Any, name: Any = None) -> Any:
-        """The leading (batch) dimension of ``value``; 1 for a scalar."""
-        shape = np.shape(value)
+    def batch_size(self, val: Any, name: Any = None) -> Any:
+        """The leading (batch) dimension of ``val``; 1 for a scalar."""
+        shape = np.shape(val)
         return int(shape[0]) if shape else 1
 
     def static_value(self, t: Any) -> Any:
         """``t``'s value now (None where it is staged into a graph)."""
         return np.asarray(t)
 
-    def assert_matching_dtype(self, expected_dtype: Any, value: Any, message: str = "") -> None:
-        """ValueError unless ``value`` (converted with ``expected_dtype`` as
+    def assert_matching_dtype(self, expected_dtype: Any, val: Any, message: str = "") -> None:
+        """ValueError unless ``val`` (converted with ``expected_dtype`` as
         the hint for a constant) has dtype ``expected_dtype``."""
-        found = self.tfp_type_of(value, None).dtype if hasattr(value, "dtype") else \
-            np.asarray(value, dtype=expected_dtype).dtype
+        found = self.tfp_type_of(val, None).dtype if hasattr(val, "dtype") else \
+            np.asarray(val, dtype=expected_dtype).dtype
         if np.dtype(found) != np.dtype(expected_dtype):
             raise ValueError(f"Mismatched dtype: expected {np.dtype(expected_dtype)} found "
                              f"{np.dtype(found)}. {message}")
