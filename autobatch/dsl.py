@@ -237,7 +237,8 @@ class ProgramBuilder:
             vars_in = tuple(state.locals.get(v, v) for v in
                             _input_names(function, f"function {state.name!r}"))
         op = PrimOp(tuple(vars_in) if not isinstance(vars_in, str) else (vars_in,),
-                    _str_pattern(vars_out) if vars_out is not None else (), function, name)
+                    _str_pattern(vars_out) if vars_out is not None else (), function,
+                    name=name)
         self._emit(op)
         return op if vars_out is None else vars_out
 

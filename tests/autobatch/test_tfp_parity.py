@@ -109,6 +109,42 @@ def test_xla_compile_nested_output_matches_tfp(tf):
         lazy(tf.constant(1))
 
 
+CALL_PROGRAM_TEXT = """\
+  __program_counter__ :: full, Type(tensors=TensorType(int32()))
+  n :: full, Type(tensors=TensorType(int64()))
+  out :: full, Type(tensors=TensorType(int64()))
+  x :: full, Type(tensors=TensorType(int64()))
+  y :: full, Type(tensors=TensorType(int64()))
+
+  def twice(x):
+    returns y
+    twice_body:
+      y = prim(x) by
+        def double(x):
+            record()
+            return x + x
+      return
+
+  def main(n):
+    returns out
+    main_entry:
+      out = call(
+        twice, n)
+      return"""
+
+
+def test_programs_built_tfp_way_print_tfp_text():
+    if_text, call_text, tuple_text, narrow = user.printed_programs(autobatch)
+    assert narrow == CALL_PROGRAM_TEXT                       # as TFP 0.25 prints it
+    assert call_text.startswith("__program_counter__ :: full") and call_text.endswith(
+        "def main(n):\n  returns out\n  main_entry:\n    out = call(twice, n)\n    return")
+    assert "    branch(cond, yes, no)\n  yes:\n    answer = prim(input) by\n" in if_text
+    assert "pair :: full, Type(tensors=(TensorType(float32(3,)), TensorType(float32(3,))))" \
+        in tuple_text and "  returns pair, other_name\n  B0:\n" in tuple_text
+    program = user._call_program(autobatch.instructions, lambda: None)
+    assert program.format().startswith("program main=main")  # autobatch's own listing
+
+
 @pytest.mark.skipif(not os.path.exists(TFP_PYTHON), reason="no TFP 0.25 venv (make tfp)")
 def test_same_code_on_tfp_gives_the_same_results(tf):
     script = ("import json, os, sys\nos.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"

@@ -88,7 +88,9 @@ def test_printing_takes_tfp_indent_and_width():
     program = fibonacci_ir()
     text = str(program)
     assert text == program.__str__(0, 80)
-    assert "ans = call fibonacci(n1)" in text and "branch cond ? recur : block_2" in text
+    # built TFP's way: TFP's text; format() keeps autobatch's own listing
+    assert "ans = call(fibonacci, n1)" in text and "branch(cond, recur, block_2)" in text
+    assert "ans = call fibonacci(n1)" in program.format()
     indented = program.__str__(indent=4)
     assert all(line.startswith("    ") for line in indented.split("\n") if line)
     fn = program.function("fibonacci")
@@ -111,6 +113,7 @@ def test_printing_a_program_lowered_by_hand():
                            {"x": inst.single_type(np.int64, ()),
                             "y": inst.single_type(np.int64, ())}, ["x"], "y")
     text = str(program)
-    assert "x :: FULL, int64[]" in text and "y :: FULL, int64[]" in text
-    assert "push-goto ret, ret" in text and "indirect-goto" in text
-    assert "function main(x):" in text
+    assert "x :: full, Type(tensors=TensorType(int64()))" in text
+    assert "y :: full, Type(tensors=TensorType(int64()))" in text
+    assert "push_goto(ret, ret)" in text and "indirect_jump" in text
+    assert "def main(x):\n  returns y\n  block_0:\n    y = prim(x) by" in text

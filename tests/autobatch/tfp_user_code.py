@@ -4,6 +4,8 @@ written once against a package ``ab`` that is either autobatch or TFP 0.25's
 ``ab.type_inference``, ``ab.stackless``, ``ab.xla``, ``ab.numpy_backend``).
 Each check returns plain data (lists, ints, strings, bools), so that the two
 runs can be compared for equality: :data:`CHECKS` names them."""
+import re
+
 import numpy as np
 
 
@@ -142,5 +144,36 @@ def xla_nested(ab):
             out["both"][1][0].numpy().tolist()]
 
 
+def _unnamed_labels(text):
+    """``text`` with unnamed blocks' labels (TFP's ``block-<hash>``,
+    autobatch's ``block_<k>``) replaced by ``B0``, ``B1``... in order of
+    first appearance (TFP's hashes differ from run to run)."""
+    seen = {}
+    return re.sub(r"block[-_]\d+", lambda m: seen.setdefault(m.group(0), f"B{len(seen)}"), text)
+
+
+def printed_programs(ab):
+    """``str(program)`` of programs built TFP's way: the if graph (named
+    blocks), a call program, a tuple-typed variable with an unnamed block,
+    and the call program at ``indent=2, width=20`` (lines broken after the paren)."""
+    inst = ab.instructions
+    i64, boolean = inst.single_type(np.int64, ()), inst.single_type(np.bool_, ())
+    if_program = inst.Program(_if_graph(inst), [],
+                              {"input": i64, "cond": boolean, "answer": i64},
+                              ["input"], "answer")
+    call_program = _call_program(inst, lambda: None)
+    leaf = inst.TensorType(np.float32, (3,))
+    block = inst.Block()
+    block.assign_instructions([
+        inst.prim_op(["inp"], ("pair", "other_name"), lambda x: ((x, x), x)),
+        inst.halt_op()])
+    tuple_program = inst.Program(inst.ControlFlowGraph([block]), [],
+                                 {"inp": inst.Type(leaf), "pair": inst.Type((leaf, leaf)),
+                                  "other_name": inst.Type(leaf)},
+                                 ["inp"], ("pair", "other_name"))
+    return [_unnamed_labels(str(p)) for p in (if_program, call_program, tuple_program)] + [
+        _unnamed_labels(call_program.__str__(indent=2, width=20))]
+
+
 CHECKS = {f.__name__: f for f in (liveness_of_if, ir_field_names, patterns, batch_sizes,
-                                  machinery_flags, xla_nested)}
+                                  machinery_flags, xla_nested, printed_programs)}
