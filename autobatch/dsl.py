@@ -154,18 +154,20 @@ class ProgramBuilder:
         parameters come from :meth:`param` calls in the body (or ``params``)."""
         handle = function if isinstance(function, FunctionHandle) else \
             self._declared.get(function, FunctionHandle(function))
-        with self.function(handle.name, params, handle.type_inference) as defined:
+        with self.function(handle.name, handle.type_inference, params=params) as defined:
             yield defined
 
     @contextlib.contextmanager
-    def function(self, name: Optional[str] = None, params: Sequence[str] = (),
-                 type_inference: Optional[Callable] = None) -> Iterator[FunctionHandle]:
+    def function(self, name: Optional[str] = None, type_inference: Optional[Callable] = None,
+                 params: Sequence[str] = ()) -> Iterator[FunctionHandle]:
         """Define function ``name`` with parameters ``params`` (variable names;
         or declare them in the body with :meth:`param`, as in TFP).
 
         ``type_inference`` (optional) maps the list of parameter types to the
         return type; see :class:`~autobatch.instructions.Function`.  A missing
-        ``name`` gets a fresh one.
+        ``name`` gets a fresh one.  The first two in TFP's order
+        (``function(name=None, type_inference=None)``); ``params`` is
+        autobatch's, by keyword.
         """
         if name is None or name in self._declared:
             declared = self._declared.get(name) if name is not None else None
@@ -312,18 +314,20 @@ class ProgramBuilder:
         op.vars_out = _str_pattern(pattern)
 
     # -- control flow ---------------------------------------------------------------
-    def return_(self, vars: Pattern) -> None:
-        """Return the value of ``vars`` (a name or nested tuple of names)."""
+    def return_(self, vars_out: Pattern) -> None:
+        """Return the value of ``vars_out`` (a name or nested tuple of names;
+        TFP's argument name)."""
         self._require("return_")
-        self._terminate(ReturnOp(vars))
+        self._terminate(ReturnOp(vars_out))
 
     @contextlib.contextmanager
-    def if_(self, cond: str, then_name: Optional[str] = None,
+    def if_(self, condition: str, then_name: Optional[str] = None,
             else_name: Optional[str] = None,
             continue_name: Optional[str] = None) -> Iterator[None]:
-        """Run the body where variable ``cond`` is true; may be followed by
-        :meth:`else_`.  The block names TFP takes are accepted and not used
-        (blocks are named ``ifK.then`` ...)."""
+        """Run the body where variable ``condition`` is true; may be followed
+        by :meth:`else_`.  The block names TFP takes are accepted and not
+        used (blocks are named ``ifK.then`` ...)."""
+        cond = condition
         state = self._require("if_")
         k = self._next_id()
         then = self._new_block(f"if{k}.then")

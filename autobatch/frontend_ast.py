@@ -495,7 +495,7 @@ class FunctionTranslator:
             body = body[1:]  # the docstring
         finished = False
         try:
-            with self.ab.function(fn.name, fn.params, type_inference=self.type_inference):
+            with self.ab.function(fn.name, self.type_inference, params=fn.params):
                 self.block(body)
                 finished = True
         except ProgramError as exc:

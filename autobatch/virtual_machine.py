@@ -813,3 +813,23 @@ def _vm_staging() -> Iterator[None]:
         yield
     finally:
         _staging.depth -= 1
+
+
+def select_block_priority(program: Program) -> Program:
+    """TFP's ``select_block_priority``: ``program`` (one graph, no functions
+    besides the entry: TFP's form) with its blocks reordered so that those
+    running no primitive or call come first after the entry block (which
+    stays first); the order is otherwise kept.  The VM runs the lowest
+    block first, so this lets threads gather before user code runs.
+    ValueError for a program with functions."""
+    from autobatch.ir import ControlFlowGraph, FunctionCallOp
+    if program.lowered_by_hand is None and len(program.functions) > 1:
+        raise ValueError("select_block_priority takes a program of one graph (TFP: no "
+                         "functions); lower its calls first")
+    blocks = list(program.graph.blocks)
+
+    def runs_user_code(block: Any) -> int:
+        return int(any(isinstance(op, (PrimOp, FunctionCallOp)) for op in block.instructions))
+    ordered = blocks[:1] + sorted(blocks[1:], key=runs_user_code)
+    return Program(ControlFlowGraph(ordered), [], dict(program.var_defs), program.vars_in,
+                   program.vars_out, dict(program.var_alloc))

@@ -305,7 +305,11 @@ class TensorFlowBackend(Backend):
         (default True) instead of op by op.
     safety_checks : TFP's switch (default True): False drops the
         stack-overflow checks; an overflowing thread's result is then wrong
-        and nothing says so.
+        and nothing says so.  A bool as the first argument is this (TFP's
+        order: ``TensorFlowBackend(safety_checks, ...)``).
+    while_parallel_iterations, while_maximum_iterations,
+    basic_block_xla_device : TFP's, by keyword: the first is accepted and
+        not used; the others must be None (ValueError otherwise).
 
     Two backends with the same settings are equal (and hash alike), so
     compiled code cached for one is reused by the other.
@@ -314,7 +318,21 @@ class TensorFlowBackend(Backend):
     name = "tensorflow"
 
     def __init__(self, mode: str = "graph", selection: Optional[str] = None,
-                 compile_blocks: bool = True, safety_checks: bool = True) -> None:
+                 compile_blocks: bool = True, safety_checks: bool = True, *,
+                 while_parallel_iterations: int = 10,
+                 while_maximum_iterations: Optional[int] = None,
+                 basic_block_xla_device: Optional[str] = None) -> None:
+        if isinstance(mode, bool):
+            # TFP's TensorFlowBackend(safety_checks, ...): its first argument.
+            mode, safety_checks = "graph", mode
+        if while_maximum_iterations is not None or basic_block_xla_device is not None:
+            raise ValueError(
+                "TensorFlowBackend: TFP's while_maximum_iterations and "
+                "basic_block_xla_device are not supported (autobatch bounds a run by "
+                "max_stack_depth, and compiles with mode='xla'); leave them None")
+        #: TFP's ``while_parallel_iterations``: accepted, not used (each
+        #: iteration of autobatch's loop depends on the one before).
+        self.while_parallel_iterations = int(while_parallel_iterations)
         if mode not in MODES:
             raise ValueError(f"TensorFlowBackend mode must be one of {MODES}, got {mode!r}")
         if selection is None:

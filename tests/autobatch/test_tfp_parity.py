@@ -158,3 +158,41 @@ def test_same_code_on_tfp_gives_the_same_results(tf):
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
     ours = json.loads(json.dumps({n: c(autobatch) for n, c in user.CHECKS.items()}))
     assert ours == theirs
+
+
+def test_builder_takes_tfp_argument_names_and_orders():
+    from autobatch import dsl
+    ab = dsl.ProgramBuilder()
+    with ab.function("halve", lambda types: types[0]) as halve:   # TFP: (name, type_inference)
+        ab.param("n")
+        ab.var.big = ab.primop(lambda n: n > 10)
+        with ab.if_(condition=ab.var.big):
+            ab.var.n = ab.primop(lambda n: n // 2)
+        ab.return_(vars_out=ab.var.n)
+    program = ab.program(main=halve)
+    out = autobatch.virtual_machine.execute(program, [np.array([4, 30])], 8,
+                                            autobatch.NumpyBackend())
+    assert out.tolist() == [4, 15]
+
+
+def test_tensorflow_backend_takes_tfp_arguments(tf):
+    backend = autobatch.tf_backend.TensorFlowBackend(False, while_parallel_iterations=4)
+    assert backend.safety_checks is False and backend.mode == "graph"
+    with pytest.raises(ValueError, match="while_maximum_iterations"):
+        autobatch.tf_backend.TensorFlowBackend(while_maximum_iterations=100)
+
+
+def test_select_block_priority_moves_blocks_without_user_code_first():
+    inst = autobatch.instructions
+    entry, work, hop = inst.Block(name="entry"), inst.Block(name="work"), inst.Block(name="hop")
+    entry.assign_instructions([inst.GotoOp(hop)])
+    work.assign_instructions([inst.prim_op(["x"], "x", lambda x: x + 1), inst.IndirectGotoOp()])
+    hop.assign_instructions([inst.PopOp([]), inst.PushGotoOp(None, work)])
+    program = inst.Program(inst.ControlFlowGraph([entry, work, hop]), [],
+                           {"x": inst.single_type(np.int64, ())}, ["x"], "x")
+    ordered = autobatch.virtual_machine.select_block_priority(program)
+    assert [b.name for b in ordered.graph.blocks] == ["entry", "hop", "work"]
+    assert autobatch.virtual_machine.execute(ordered, [np.array([1, 5])], 4).tolist() == [2, 6]
+    with pytest.raises(ValueError, match="one graph"):
+        autobatch.virtual_machine.select_block_priority(
+            user._call_program(inst, lambda: None))
