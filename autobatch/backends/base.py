@@ -167,15 +167,16 @@ class Abilities(abc.ABC):
         """A value of ``tensor_type`` for ``batch_size`` threads to run primops
         on during type inference (zeros)."""
 
-    def run_on_dummies(self, function: Callable[..., Any], inputs: Sequence[Any]) -> Any:
-        """``function(*inputs)`` on :meth:`placeholder` values (type inference
-        runs every primop so, to learn its outputs' types).  A backend whose
+    def run_on_dummies(self, primitive_callable: Callable[..., Any],
+                       input_types: Sequence[Any]) -> Any:
+        """``primitive_callable(*input_types)`` on :meth:`placeholder` values (type
+        inference runs every primop so, to learn its outputs' types).  A backend whose
         surrounding context changes what operators mean (TensorFlow's TF1
         graphs) runs it as the batched run will.  As TFP's
         ``run_on_dummies(primitive_callable, input_types)``, an input may be
         a Type (or TensorType) whose shape includes the batch dimension: it
         is replaced by zeros of that type."""
-        return function(*dummies_for(self, inputs))
+        return primitive_callable(*dummies_for(self, input_types))
 
 
 class Backend(Abilities, TfpMethods):

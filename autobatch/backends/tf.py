@@ -517,27 +517,27 @@ class TensorFlowBackend(Backend):
             return branch_callables[int(branch_selector)]()
         return tf.switch_case(branch_selector, list(branch_callables), name=name)
 
-    def batch_size(self, val: Any, name: Any = None) -> Any:
-        """The leading dimension of ``val``: an int where it is static, else
+    def batch_size(self, value: Any, name: Any = None) -> Any:
+        """The leading dimension of ``value``: an int where it is static, else
         a scalar tensor; 1 for a scalar."""
-        val = tf.convert_to_tensor(val)
-        if val.shape.rank == 0:
+        value = tf.convert_to_tensor(value)
+        if value.shape.rank == 0:
             return 1
-        if val.shape.rank is not None and val.shape[0] is not None:
-            return int(val.shape[0])
-        return tf.reduce_prod(tf.shape(val)[:1])
+        if value.shape.rank is not None and value.shape[0] is not None:
+            return int(value.shape[0])
+        return tf.reduce_prod(tf.shape(value)[:1])
 
     def static_value(self, t: Any) -> Any:
         return t.numpy() if tf.executing_eagerly() and tf.is_tensor(t) else (
             None if tf.is_tensor(t) else np.asarray(t))
 
-    def assert_matching_dtype(self, expected_dtype: Any, val: Any, message: str = "") -> None:
-        if tf.is_tensor(val):
-            found = np.dtype(val.dtype.as_numpy_dtype)
-        elif hasattr(val, "dtype"):
-            found = np.dtype(val.dtype)
+    def assert_matching_dtype(self, expected_dtype: Any, value: Any, message: str = "") -> None:
+        if tf.is_tensor(value):
+            found = np.dtype(value.dtype.as_numpy_dtype)
+        elif hasattr(value, "dtype"):
+            found = np.dtype(value.dtype)
         else:  # a Python constant takes the expected dtype where it can
-            found = np.dtype(tf.convert_to_tensor(val, _tf_dtype(expected_dtype))
+            found = np.dtype(tf.convert_to_tensor(value, _tf_dtype(expected_dtype))
                              .dtype.as_numpy_dtype)
         if found != np.dtype(expected_dtype):
             raise ValueError(f"Mismatched dtype: expected {np.dtype(expected_dtype)} found "
@@ -579,18 +579,19 @@ class TensorFlowBackend(Backend):
                             f"be scalars, and a static shape per thread")
         return TensorType(dtype, shape[1:])
 
-    def run_on_dummies(self, function: Callable[..., Any], inputs: Sequence[Any]) -> Any:
-        """``function(*inputs)``; in a TF1 graph, as TF2 code (eagerly), so
+    def run_on_dummies(self, primitive_callable: Callable[..., Any],
+                       input_types: Sequence[Any]) -> Any:
+        """``primitive_callable(*input_types)``; in a TF1 graph, as TF2 code (eagerly), so
         that type inference sees what the run (traced as TF2 code, see
         :meth:`_run_in_users_graph`) computes: ``==`` on tensors is
         elementwise there, identity in TF1 graphs."""
-        inputs = dummies_for(self, inputs)
+        inputs = dummies_for(self, input_types)
         if _legacy_graph(tf.compat.v1.get_default_graph()):
             with context.eager_mode():
                 inputs = tf.nest.map_structure(
                     lambda v: tf.ones(v.shape, v.dtype) if tf.is_tensor(v) else v, inputs)
-                return function(*inputs)
-        return function(*inputs)
+                return primitive_callable(*inputs)
+        return primitive_callable(*inputs)
 
     # -- TFP's variable objects (autobatch.backends.variables) -------------------------
     def _var_zeros(self, tensor_type: TensorType, lead: Tuple[int, ...]) -> tf.Tensor:
