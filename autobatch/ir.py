@@ -577,7 +577,10 @@ class PrimOp(_Assignment):
         self.skip_push_mask = frozenset(self.skip_push_mask or ())
 
     def replace(self, vars_out: Pattern = None) -> "PrimOp":
-        """TFP's: a copy writing ``vars_out``."""
+        """TFP's: a copy writing ``vars_out`` (ValueError "Nothing to
+        replace" without it, as TFP's)."""
+        if vars_out is None:
+            raise ValueError("Nothing to replace: pass vars_out")
         return replace(self, vars_out=as_pattern(vars_out))
 
     def _text(self) -> str:
@@ -597,7 +600,10 @@ class FunctionCallOp(_Assignment):
         self.vars_in = _names(self.vars_in)
 
     def replace(self, vars_out: Pattern = None) -> "FunctionCallOp":
-        """TFP's: a copy writing ``vars_out``."""
+        """TFP's: a copy writing ``vars_out`` (ValueError "Nothing to
+        replace" without it, as TFP's)."""
+        if vars_out is None:
+            raise ValueError("Nothing to replace: pass vars_out")
         return replace(self, vars_out=as_pattern(vars_out))
 
     def _text(self) -> str:

@@ -65,6 +65,9 @@ def test_ir_field_names_match_tfp():
         inst.BranchOp(cond="c", cond_var="c", true_target="a", false_target="b")
     op = inst.PrimOp(["a"], "b", abs, None, "absolute")      # TFP's 4th: skip_push_mask
     assert op.skip_push_mask == frozenset() and op.name == "absolute"
+    assert op.replace(vars_out="c").vars_out == "c"
+    with pytest.raises(ValueError, match="Nothing to replace"):
+        op.replace()
     assert inst.VariableAllocation("full") is inst.VariableAllocation.FULL
     assert inst.Block(name=None).label_str.startswith("block-")
 
