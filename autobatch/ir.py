@@ -166,11 +166,14 @@ def tuple_expr(pattern: Any, inner: Sequence[str], constant: Callable[[Any], str
 
 
 def pattern_map(f: Callable[[Any], Any], pattern: Any, leaf_type: Any = ()) -> Any:
-    """``pattern`` with every leaf replaced by ``f(leaf)`` (namedtuples keep
-    their class).  Tuples are structure, except instances of ``leaf_type``
+    """``pattern`` with every leaf replaced by ``f(leaf)``.  Tuples and lists
+    are structure, as in TFP (a tuple stays a tuple of its kind, namedtuples
+    keeping their class; a list a list), except instances of ``leaf_type``
     (TFP's argument: a class or tuple of classes that are leaves)."""
     if isinstance(pattern, tuple) and not (leaf_type and isinstance(pattern, leaf_type)):
         return rebuild(pattern, (pattern_map(f, part, leaf_type) for part in pattern))
+    if isinstance(pattern, list) and not (leaf_type and isinstance(pattern, leaf_type)):
+        return [pattern_map(f, part, leaf_type) for part in pattern]
     return f(pattern)
 
 

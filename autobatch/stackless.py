@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 

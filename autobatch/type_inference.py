@@ -464,9 +464,10 @@ def type_of_pattern(val: Any, backend: Any, preferred_type: Any = None) -> Any:
                 raise ValueError(f"Type mismatch: expected structured type {want}, "
                                  f"got object {value!r}")
             return rebuild(want, (walk(w, v) for w, v in zip(want, value)))
-        if isinstance(value, (tuple, list)):
-            return rebuild(value, (walk(None, v) for v in value)) \
-                if isinstance(value, tuple) else tuple(walk(None, v) for v in value)
+        if isinstance(value, list):
+            return [walk(None, v) for v in value]
+        if isinstance(value, tuple):
+            return rebuild(value, (walk(None, v) for v in value))
         hint = want.dtype if isinstance(want, TensorType) else None
         return backend.type_of(value, dtype_hint=hint)
     return walk(preferred, val)

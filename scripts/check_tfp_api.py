@@ -38,7 +38,7 @@ import subprocess
 import sys
 import textwrap
 import types
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TFP_PACKAGE = "tensorflow_probability.python.experimental.auto_batching"

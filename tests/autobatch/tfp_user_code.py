@@ -62,7 +62,7 @@ def patterns(ab):
     flat = inst.pattern_flatten(typed, leaf_type=inst.Type)
     pairs = list(inst.pattern_zip(["a", ("b", "c")], [1, [2, (3, 4)]]))
     summed = inst.pattern_map2(lambda x, y: x + y, [1, (2, 3)], [10, [20, 30]])
-    mapped = inst.pattern_map(lambda t: isinstance(t, inst.Type), tuple(typed),
+    mapped = inst.pattern_map(lambda t: isinstance(t, inst.Type), typed,
                               leaf_type=inst.Type)
     return [len(flat), [[a, list(b) if isinstance(b, (list, tuple)) else b] for a, b in pairs],
             [summed[0], list(summed[1])], [mapped[0], list(mapped[1])],
