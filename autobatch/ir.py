@@ -341,10 +341,17 @@ def tfp_field_names(**aliases: str) -> Callable[[type], type]:
             init(self, *args, **kwargs)
         cls.__init__ = __init__
         reverse = {ours: tfp for tfp, ours in aliases.items()}
+        def getter(self: Any, ours: str) -> Any:
+            # A Block named by object, turned into its name by the Program
+            # holding it, reads back as the Block (as in TFP).
+            value = getattr(self, ours)
+            return self.__dict__.get("_tfp_blocks", {}).get(value, value) \
+                if isinstance(value, str) else value
         for tfp, ours in aliases.items():
-            setattr(cls, tfp, property(lambda self, o=ours: getattr(self, o),
+            setattr(cls, tfp, property(lambda self, o=ours: getter(self, o),
                                        lambda self, v, o=ours: setattr(self, o, v),
-                                       doc=f"TFP's name for ``{ours}``."))
+                                       doc=f"TFP's name for ``{ours}`` (a Block where "
+                                           f"the terminator was given one)."))
         sig = inspect.signature(cls)
         cls.__tfp_signature__ = sig.replace(parameters=[
             p.replace(name=reverse.get(p.name, p.name)) for p in sig.parameters.values()])
@@ -1466,6 +1473,14 @@ def _name_unnamed(items, prefix: str) -> None:
             taken.add(name)
 
 
+def _keep_block(term: Any, block: Block) -> str:
+    """``block``'s name, for a terminator that named it by object; the
+    object is kept on the terminator, so that TFP's attribute names
+    (``true_block``, ``block``...) still give it."""
+    term.__dict__.setdefault("_tfp_blocks", {})[block.name] = block
+    return block.name
+
+
 def _resolve_references(functions: Sequence[Function]) -> None:
     """Turn TFP-style references into autobatch's names, in place: unnamed
     functions and blocks get names (``function_<k>``, ``block_<k>``), a call
@@ -1496,12 +1511,12 @@ def _resolve_references(functions: Sequence[Function]) -> None:
                                            f"return")
                     block.terminator = ReturnOp(fn.vars_out)
                 elif isinstance(term.target, Block):
-                    term.target = term.target.name
+                    term.target = _keep_block(term, term.target)
             elif isinstance(term, BranchOp):
                 if isinstance(term.true_target, Block):
-                    term.true_target = term.true_target.name
+                    term.true_target = _keep_block(term, term.true_target)
                 if isinstance(term.false_target, Block):
-                    term.false_target = term.false_target.name
+                    term.false_target = _keep_block(term, term.false_target)
 
 
 class ControlFlowGraph:

@@ -59,7 +59,7 @@ def test_liveness_analysis_solves_loops_and_refuses_lowered_jumps():
 def test_ir_field_names_match_tfp():
     assert user.ir_field_names(autobatch) == [
         "cond", "yes", "no", True, "yes", "entry", ["b"], ["input"], "answer",
-        ["entry", "yes", "no"]]
+        ["entry", "yes", "no"], True, "no"]
     inst = autobatch.instructions
     with pytest.raises(TypeError, match="cond_var"):
         inst.BranchOp(cond="c", cond_var="c", true_target="a", false_target="b")

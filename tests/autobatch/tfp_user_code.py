@@ -49,9 +49,11 @@ def ir_field_names(ab):
                                        "cond": inst.single_type(np.bool_, ()),
                                        "answer": inst.single_type(np.int64, ())},
                            ["input"], "answer")
+    after = entry.terminator                                 # read after Program holds it
     return fields + [push.push_block.name, push.goto_block.name, sorted(prim.skip_push_mask),
                      list(program.vars_in), program.vars_out,
-                     [b.label_str for b in program.graph.blocks]]
+                     [b.label_str for b in program.graph.blocks],
+                     after.true_block is yes, after.false_block.label_str]
 
 
 def patterns(ab):
