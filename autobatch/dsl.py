@@ -169,6 +169,10 @@ class ProgramBuilder:
         (``function(name=None, type_inference=None)``); ``params`` is
         autobatch's, by keyword.
         """
+        if type_inference is not None and not callable(type_inference):
+            raise TypeError(f"ProgramBuilder.function({name!r}, ...): the second argument "
+                            f"is TFP's type_inference (a callable), got {type_inference!r}; "
+                            f"pass the parameters as params=...")
         if name is None or name in self._declared:
             declared = self._declared.get(name) if name is not None else None
             if declared is None:

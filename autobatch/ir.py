@@ -584,6 +584,10 @@ class PrimOp(_Assignment):
     def __post_init__(self) -> None:
         self.vars_in = _names(self.vars_in)
         self.vars_out = as_pattern(self.vars_out)
+        if isinstance(self.skip_push_mask, str):
+            raise TypeError(f"PrimOp's fourth argument is TFP's skip_push_mask (a set of "
+                            f"variable names), got the string {self.skip_push_mask!r}; pass "
+                            f"a primop's description as name=...")
         self.skip_push_mask = frozenset(self.skip_push_mask or ())
 
     def replace(self, vars_out: Pattern = None) -> "PrimOp":

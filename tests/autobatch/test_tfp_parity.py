@@ -176,6 +176,11 @@ def test_builder_takes_tfp_argument_names_and_orders():
     out = autobatch.virtual_machine.execute(program, [np.array([4, 30])], 8,
                                             autobatch.NumpyBackend())
     assert out.tolist() == [4, 15]
+    with pytest.raises(TypeError, match="params="):
+        with dsl.ProgramBuilder().function("f", ["n"]):           # autobatch's params, by position
+            pass
+    with pytest.raises(TypeError, match="name="):
+        autobatch.instructions.PrimOp(["a"], "b", abs, "absolute")
 
 
 def test_tensorflow_backend_takes_tfp_arguments(tf):
