@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import need_file
+
 import autobatch
 from autobatch.errors import ProgramError
 import tfp_user_code as user
@@ -148,8 +150,8 @@ def test_programs_built_tfp_way_print_tfp_text():
     assert program.format().startswith("program main=main")  # autobatch's own listing
 
 
-@pytest.mark.skipif(not os.path.exists(TFP_PYTHON), reason="no TFP 0.25 venv (make tfp)")
 def test_same_code_on_tfp_gives_the_same_results(tf):
+    need_file(TFP_PYTHON, "TFP 0.25's venv (make tfp; CI builds it)")
     script = ("import json, os, sys\nos.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
               f"sys.path.insert(0, {HERE!r})\n"
               "from tensorflow_probability.python.experimental import auto_batching as ab\n"
