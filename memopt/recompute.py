@@ -614,11 +614,15 @@ def grid_plans(problem: RecomputeProblem, points: int = 16) -> Iterator[Tuple[st
 
 
 def evaluate_grid(problem: RecomputeProblem, predict: Callable[[Graph, RecomputePlan], object],
-                  points: int = 16) -> List[Choice]:
-    """:class:`Choice` for every plan of :func:`grid_plans`; ``predict``
-    gives a rewritten graph's prediction (``.total_peak(batch)`` in bytes)."""
+                  points: int = 16,
+                  keep: Optional[Callable[[RecomputePlan], bool]] = None) -> List[Choice]:
+    """:class:`Choice` for every plan of :func:`grid_plans` (only those
+    ``keep`` accepts, when given); ``predict`` gives a rewritten graph's
+    prediction (``.total_peak(batch)`` in bytes)."""
     out = []
     for name, plan in grid_plans(problem, points):
+        if keep is not None and not keep(plan):
+            continue
         graph, _ = rewrite_graph(problem, plan)
         prediction = predict(graph, plan)
         out.append(Choice(name, plan, prediction.total_peak(problem.batch_size), prediction))

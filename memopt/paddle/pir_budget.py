@@ -84,16 +84,20 @@ def guarded_peak(prediction, batch: int, window: int = GC_LAG_OPS) -> int:
     return max([peak] + [a.total_peak_pending(window, batch) for a in alternates[1]])
 
 
-def recompute_choices(pg, batch: int, runtime):
+def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
     """The grid of recomputation plans of ``pg`` at ``batch`` with their
-    predictions: ``(problem, [Choice])``."""
+    predictions: ``(problem, [Choice])``; with ``offered_only`` only the
+    plans :func:`vouched` keeps under ``runtime`` are predicted and
+    returned."""
     from .. import recompute
     from . import pir_recompute
     from .pir_inplace import executor_inplace
 
     problem = pir_recompute.problem_of(pg, batch)
     pairs = executor_inplace(pg, (), runtime.device) if runtime.inplace else []
-    choices = recompute.evaluate_grid(problem, pir_recompute.predictor(batch, runtime, pairs))
+    keep = (lambda plan: offered(plan, runtime)) if offered_only else None
+    choices = recompute.evaluate_grid(problem, pir_recompute.predictor(batch, runtime, pairs),
+                                      keep=keep)
     for c in choices:
         c.peak = guarded_peak(c.prediction, batch)
     return problem, choices
@@ -177,8 +181,7 @@ def plan_recompute(pg, batch: int, budget: int, runtime):
     checks the rewritten program with the same model, going on to the next
     if the check fails."""
     require_flat(pg)
-    _, grid = recompute_choices(pg, batch, runtime)
-    choices = vouched(grid, runtime)
+    _, choices = recompute_choices(pg, batch, runtime, offered_only=True)
     fitting = sorted((c for c in choices if c.peak <= budget),
                      key=lambda c: (c.plan.flops, c.peak))
     return fitting, choices
