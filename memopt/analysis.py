@@ -202,7 +202,7 @@ class Analysis:
     op_types: list
     inplace: list = field(default_factory=list)
     order: list = field(default_factory=list)
-    batch_planner: Any = None
+    batch_planner: Any = field(default=None, repr=False, compare=False)
     _coef: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -394,8 +394,10 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     BudgetError
         No plan fits ``budget``: the message and the error's
         ``smallest_budget`` / ``largest_batch`` say the least budget that
-        fits at ``batch_size`` and the largest batch that fits ``budget``;
-        the program is unchanged.
+        gets a plan at ``batch_size`` and the largest batch found that gets
+        one within ``budget`` (both checked by planning there, so this
+        function given either returns a plan; see
+        :class:`memopt.errors.BudgetError`); the program is unchanged.
 
     Merged variables' memory lives under fresh names (``memopt@buf_<k>``);
     the merged-away names leave the program, so fetching one fails by name
