@@ -551,7 +551,7 @@ def _recompute_within(program, pg, options: Options, batch: int, limit: int, mod
     return pir_budget.choose_plan(pg, sorted(options.fetch_list), batch, limit, model)
 
 
-def _batch_planner(program, fetch_names: list, runtime: RuntimeModel):
+def _batch_planner(program, fetch_list: list, runtime: RuntimeModel):
     """``planner(budget, start_batch, limit) -> int`` for
     :meth:`Analysis.max_batch_size` (``recompute=True``): the largest batch
     found at which ``memory_optimize(program, budget=budget, batch_size=n)``
@@ -562,6 +562,7 @@ def _batch_planner(program, fetch_names: list, runtime: RuntimeModel):
     def planner(budget: int, start_batch: int, limit: int) -> int:
         from .paddle import pir_budget
 
+        fetch_names = sorted(_names(fetch_list, "fetch_list"))  # as memory_optimize reads them
         with pir_inplace.static_mode(), _without_cycle_collection():
             pg = pir.convert(program, fetch_names)
             _, choices = pir_budget.plan_recompute(pg, start_batch, budget, runtime)
@@ -641,8 +642,7 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     read = paddle_runtime.read_program(program_or_graph, fetch_list, rt)
     analysis = from_graph(read.graph, batch_size, rt, read.inplace, read.same_variable)
     if ir == "pir" and len(read.graph.blocks) == 1:
-        analysis.batch_planner = _batch_planner(
-            program_or_graph, sorted(_names(fetch_list, "fetch_list")), rt)
+        analysis.batch_planner = _batch_planner(program_or_graph, fetch_list, rt)
     return analysis
 
 
