@@ -187,6 +187,11 @@ class Analysis:
     order : ``order[i]`` is the program-order flat position of the op that
         runs ``i``-th; timeline positions, ``Holder.start``/``end``/
         ``position`` and ``op_types`` are in run order.
+    batch_planner : ``planner(budget, start_batch, limit) -> batch`` behind
+        ``max_batch_size(recompute=True)``: the largest batch found at which
+        ``memory_optimize(budget=...)`` returns a plan, checked by planning
+        there; set by :func:`memopt.analyze` for a PIR program without
+        if/while regions, None otherwise.
     """
 
     graph: Graph
@@ -197,7 +202,7 @@ class Analysis:
     op_types: list
     inplace: list = field(default_factory=list)
     order: list = field(default_factory=list)
-    recompute_rules: Any = None
+    batch_planner: Any = field(default=None, repr=False, compare=False)
     _coef: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -341,33 +346,40 @@ class Analysis:
         ``None`` when memory does not depend on the batch size and fits
         (any batch does).  Searches up to ``limit``.
 
-        ``recompute=True``: the largest batch at which one of the
-        recomputation plans ``memory_optimize(budget=...)`` chooses from
-        (:mod:`memopt.recompute`) fits -- the model's own figure; memory_optimize
-        itself also leaves room for frees Paddle's collector makes late
-        (``memopt.paddle.pir_budget.GC_LAG_OPS``).
-        Needs an analysis of a PIR program by :func:`memopt.analyze` (which
-        sets :attr:`recompute_rules`: the adapter's op costs and which ops
-        may run twice); programs with if/while regions get the figure
-        without recomputation.
+        ``recompute=True``: the batch ``memory_optimize(program,
+        budget=budget_bytes, batch_size=n)`` is known to plan (the same
+        figure as :class:`memopt.errors.BudgetError`'s ``largest_batch``):
+        the largest batch ``n`` found at which planning, exactly as
+        memory_optimize plans under this analysis' runtime (the plans it
+        vouches for, frees up to ``memopt.paddle.pir_budget.GC_LAG_OPS``
+        ops late, the rewritten program checked), returns a plan, with
+        ``n + 1`` refused (or ``n == limit``); 0 if batch 1 is refused.
+        Searched from the estimate the plans at this analysis' batch give,
+        a few plannings of seconds each; the program is planned as it is
+        when called and left as it was.  It is the largest such batch if a
+        batch gets a plan whenever a larger one does (memory grows with
+        the batch); otherwise a verified lower bound of it.  Persistable
+        variables always count (``include_persistable=False`` is refused):
+        a budget holds them.  Needs an analysis of a PIR program by
+        :func:`memopt.analyze`; programs with if/while regions get the
+        figure without recomputation.
         """
+        from .batch_search import largest_passing
+
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
-        if recompute and self.recompute_rules is None:
+        if recompute and self.batch_planner is None and len(self.graph.blocks) == 1:
             raise ValueError("max_batch_size(recompute=True) needs the analysis of a PIR "
                              "program made by memopt.analyze(program)")
-        if recompute and len(self.graph.blocks) == 1:
-            from . import recompute as rc
-
-            batch = self.batch_for(None)
-            problem = rc.problem_from_graph(self.graph, batch, self.recompute_rules)
-            runtime, pairs = self.runtime, list(self.inplace)
-            choices = rc.evaluate_grid(problem, lambda g, _plan: from_graph(
-                g, batch, runtime, rc.kept_inplace(g, pairs)))
-            fits = [c.prediction.max_batch_size(
-                budget_bytes, include_persistable=include_persistable, limit=limit)
-                for c in choices]
-            return None if None in fits else max(fits)
+        if recompute and self.batch_planner is not None:
+            if not include_persistable:
+                raise ValueError(
+                    "max_batch_size(recompute=True) answers for memory_optimize(budget=...), "
+                    "whose budget holds the parameters and optimizer state: drop "
+                    "include_persistable=False")
+            if not self.grows_with_batch():
+                return None if self.batch_planner(budget_bytes, 1, 1) else 0
+            return self.batch_planner(budget_bytes, self.batch_for(None), limit)
 
         def need(b: int) -> int:
             return self.peak(b) + (self.persistable_bytes(b) if include_persistable else 0)
@@ -376,17 +388,7 @@ class Analysis:
             return 0
         if not self.grows_with_batch():
             return None
-        lo, hi = 1, 2
-        while hi <= limit and need(hi) <= budget_bytes:
-            lo, hi = hi, hi * 2
-        hi = min(hi, limit + 1)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if need(mid) <= budget_bytes:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return largest_passing(lambda b: need(b) <= budget_bytes, 1, limit, {1: True})
 
     # -- output ---------------------------------------------------------------
     def to_json(self, batch_size: Optional[int] = None, top: int = 10) -> dict:

@@ -394,8 +394,10 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     BudgetError
         No plan fits ``budget``: the message and the error's
         ``smallest_budget`` / ``largest_batch`` say the least budget that
-        fits at ``batch_size`` and the largest batch that fits ``budget``;
-        the program is unchanged.
+        gets a plan at ``batch_size`` and the largest batch found that gets
+        one within ``budget`` (both checked by planning there, so this
+        function given either returns a plan; see
+        :class:`memopt.errors.BudgetError`); the program is unchanged.
 
     Merged variables' memory lives under fresh names (``memopt@buf_<k>``);
     the merged-away names leave the program, so fetching one fails by name
@@ -540,41 +542,35 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
 
 def _recompute_within(program, pg, options: Options, batch: int, limit: int, model):
     """Apply the best recomputation plan for ``limit`` whose rewritten
-    program, read back and analysed by the same model, still fits (its
-    guarded peak); a plan that does not is undone and the next tried.
-    Returns ``(choice, AppliedRecompute or None)``; BudgetError when none
-    fits (the program unchanged)."""
-    from .paddle import pir_budget, pir_recompute
+    program, read back and analysed by the same model, still fits
+    (:func:`memopt.paddle.pir_budget.choose_plan`).  Returns ``(choice,
+    AppliedRecompute or None)``; BudgetError when none fits (the program
+    unchanged)."""
+    from .paddle import pir_budget
 
-    fitting, choices = pir_budget.plan_recompute(pg, batch, limit, model)
+    return pir_budget.choose_plan(pg, sorted(options.fetch_list), batch, limit, model)
 
-    def applied_peak(choice):
-        """``(guarded peak of the program with choice applied, the applied
-        rewrite)``."""
-        applied = pir_recompute.apply_plan(pg, choice.plan)
-        try:
-            after = _pir_analysis(pir.convert(program, sorted(options.fetch_list)), batch, model)
-            return pir_budget.guarded_peak(after, batch), applied
-        except BaseException:
-            applied.undo()
-            raise
 
-    for choice in fitting:
-        if not choice.k:
-            return choice, None
-        actual, applied = applied_peak(choice)
-        if actual <= limit:
-            return choice, applied
-        log.info("recompute plan %s: %d bytes predicted on the rewritten program, over the "
-                 "budget %d; undone", choice.label, actual, limit)
-        applied.undo()
-    leanest = min(choices, key=lambda c: (c.peak, c.plan.flops))
-    smallest = leanest.peak
-    if leanest.k:
-        actual, applied = applied_peak(leanest)
-        applied.undo()
-        smallest = max(smallest, actual)
-    raise pir_budget.budget_error(choices, limit, batch, smallest)
+def _batch_planner(program, fetch_list: list, runtime: RuntimeModel):
+    """``planner(budget, start_batch, limit) -> int`` for
+    :meth:`Analysis.max_batch_size` (``recompute=True``): the largest batch
+    found at which ``memory_optimize(program, budget=budget, batch_size=n)``
+    returns a plan under ``runtime``
+    (:func:`memopt.paddle.pir_budget.largest_planned_batch`, planning the
+    program as it is when called, searched from the estimate of the grid
+    at ``start_batch``); the program is left as it was."""
+    def planner(budget: int, start_batch: int, limit: int) -> int:
+        from .paddle import pir_budget
+
+        fetch_names = sorted(_names(fetch_list, "fetch_list"))  # as memory_optimize reads them
+        with pir_inplace.static_mode(), _without_cycle_collection():
+            pg = pir.convert(program, fetch_names)
+            _, choices = pir_budget.plan_recompute(pg, start_batch, budget, runtime)
+            return pir_budget.largest_planned_batch(
+                pg, fetch_names, budget, runtime, limit=limit, order=choices,
+                start=pir_budget.estimated_batch(choices, budget, limit))
+
+    return planner
 
 
 def release_memory(program=None, skip_opt_set=None, *, fetch_list=None) -> Report:
@@ -645,10 +641,8 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     rt = runtime or flags.runtime_model(ir or "pir")
     read = paddle_runtime.read_program(program_or_graph, fetch_list, rt)
     analysis = from_graph(read.graph, batch_size, rt, read.inplace, read.same_variable)
-    if ir == "pir":
-        from .paddle.pir_recompute import PIR_RULES
-
-        analysis.recompute_rules = PIR_RULES
+    if ir == "pir" and len(read.graph.blocks) == 1:
+        analysis.batch_planner = _batch_planner(program_or_graph, fetch_list, rt)
     return analysis
 
 

@@ -40,9 +40,21 @@ class MergedVariableError(MemoptError, KeyError):
 class BudgetError(MemoptError, ValueError):
     """No plan fits the memory budget given to ``memory_optimize(budget=...)``.
 
-    ``smallest_budget`` is the least total peak (bytes) memopt can reach at
-    ``batch_size``; ``largest_batch`` the largest batch size whose plan fits
-    ``budget`` (0: none).  The program is left unchanged.
+    Both figures are checked by planning, as ``memory_optimize`` plans
+    (same program, flags and ``fetch_list``):
+
+    - ``smallest_budget``: the least budget (bytes) at which
+      ``memory_optimize(budget=..., batch_size=batch_size)`` returns a plan
+      (its grid of plans at that batch: every budget from it up plans, any
+      lower one is refused);
+    - ``largest_batch``: a batch below ``batch_size`` at which
+      ``memory_optimize(budget=budget, batch_size=largest_batch)`` returns a
+      plan, and the next batch up is refused (0: even batch 1 is refused).
+      It is the largest such batch when a batch gets a plan whenever a
+      larger one does (memory grows with the batch); memopt does not prove
+      that, so strictly it is a checked lower bound of the largest.
+
+    The program is left unchanged.
     """
 
     def __init__(self, message: str, budget: int = 0, batch_size: int = 0,

@@ -46,14 +46,14 @@ into the top-level block.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import PlanError
 from .graph import Block, Graph, Op, OpFacts
 
 __all__ = ["RecomputeProblem", "RecomputePlan", "Clone", "Choice", "saved_values",
            "candidates", "candidate_sets", "make_plan", "rewrite_graph", "prefix_grid",
-           "evaluate_grid", "plan_for_budget", "problem_from_graph", "kept_inplace",
+           "grid_plans", "evaluate_grid", "plan_for_budget", "problem_from_graph", "kept_inplace",
            "CLONE_SUFFIX", "ORDER_OP", "is_copy_dep"]
 
 #: A recomputed value's name: the original's plus this suffix.
@@ -596,11 +596,12 @@ class Choice:
         return len(self.plan.dropped)
 
 
-def evaluate_grid(problem: RecomputeProblem, predict: Callable[[Graph, RecomputePlan], object],
-                  points: int = 16) -> List[Choice]:
-    """:class:`Choice` for every set of :func:`candidate_sets`; ``predict``
-    gives a rewritten graph's prediction (``.total_peak(batch)`` in bytes)."""
-    out = []
+def grid_plans(problem: RecomputeProblem, points: int = 16) -> Iterator[Tuple[str, RecomputePlan]]:
+    """``(label, plan)`` for every plan of the grid, in the grid's order: each
+    set of :func:`candidate_sets` with shared clones, then with clones per
+    group of readers (:data:`READER_GAPS`) where that makes clones; sets
+    that cannot be recomputed are left out.  Not predicted (see
+    :func:`evaluate_grid`)."""
     for label, dropped in candidate_sets(problem, points):
         for gap in (None, *READER_GAPS):
             try:
@@ -609,11 +610,22 @@ def evaluate_grid(problem: RecomputeProblem, predict: Callable[[Graph, Recompute
                 continue
             if gap is not None and not plan.clones:
                 continue
-            graph, _ = rewrite_graph(problem, plan)
-            prediction = predict(graph, plan)
-            name = label if gap is None else f"{label}, clones per reader {gap}"
-            out.append(Choice(name, plan, prediction.total_peak(problem.batch_size),
-                              prediction))
+            yield (label if gap is None else f"{label}, clones per reader {gap}"), plan
+
+
+def evaluate_grid(problem: RecomputeProblem, predict: Callable[[Graph, RecomputePlan], object],
+                  points: int = 16,
+                  keep: Optional[Callable[[RecomputePlan], bool]] = None) -> List[Choice]:
+    """:class:`Choice` for every plan of :func:`grid_plans` (only those
+    ``keep`` accepts, when given); ``predict`` gives a rewritten graph's
+    prediction (``.total_peak(batch)`` in bytes)."""
+    out = []
+    for name, plan in grid_plans(problem, points):
+        if keep is not None and not keep(plan):
+            continue
+        graph, _ = rewrite_graph(problem, plan)
+        prediction = predict(graph, plan)
+        out.append(Choice(name, plan, prediction.total_peak(problem.batch_size), prediction))
     return out
 
 

@@ -21,9 +21,12 @@ Columns (one markdown table):
   ``--repeat`` fresh processes), then the (median) step
   time over the default's (target <= 1.25 at 50%), or ``err`` for a
   BudgetError; monotone: the peak never rises as the budget falls;
-- ``batch in budget``: the largest batch whose plan fits the default
-  peak at batch B, as memopt plans it, with its measured peak / budget,
-  against B (target >= 2x);
+- ``batch in budget``: the largest batch ``memory_optimize`` plans into
+  the default peak at batch B (``budget=`` at 4B, or
+  ``BudgetError.largest_batch`` when 4B does not fit: a batch checked by
+  planning there, as ``Analysis.max_batch_size(recompute=True)`` gives it),
+  then run at that batch: its measured peak / budget, against B (target
+  >= 2x);
 - ``auto_recompute``: Paddle's ``paddle.decomposition.recompute.
   auto_recompute`` on the same program: peak over the default, or its error;
 - ``bit-identical``: every rewritten run's losses and parameters equal the
@@ -193,7 +196,8 @@ def bench_model(model: str, steps: int, repeat: int = 1, fractions=FRACTIONS) ->
     for f in fractions:
         r = _repeated(model, batch, int(base["peak"] * f), steps, repeat)
         row["budgets"].append((f, r))
-    # the largest batch fitting the default peak at `batch`, as memopt plans it
+    # the largest batch memory_optimize plans into the default peak at `batch`
+    # (BudgetError.largest_batch: checked by planning at it), then run there
     budget = int(base["peak"])
     probe = run(model, "budget", 4 * batch, budget, 1)
     big = probe.get("largest") if probe.get("error") == "BudgetError" else 4 * batch

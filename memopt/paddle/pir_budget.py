@@ -5,20 +5,30 @@
 :mod:`memopt.analysis` under the current flags: GC, the executor's in-place
 pass, its dataflow schedule), keeps those the model vouches for under
 those flags (:func:`vouched`: no per-reader clone plans on the
-multi-thread executor) and returns the one with the least added
-compute whose predicted peak, with Paddle's garbage collector up to
-:data:`GC_LAG_OPS` ops behind, fits ``budget``, or raises
-:class:`memopt.errors.BudgetError` saying the smallest budget that fits at
-that batch and the largest batch that fits the budget.  The program is
-not touched here (:func:`memopt.paddle.pir_recompute.apply_plan` applies
-the plan; :mod:`memopt.api` wires the steps).
+multi-thread executor) and orders those whose predicted peak, with
+Paddle's garbage collector up to :data:`GC_LAG_OPS` ops behind, fits
+``budget`` by added compute.  :func:`choose_plan` applies the first whose
+rewritten program, read back, still fits (:func:`rewritten_peak`), or
+raises :class:`memopt.errors.BudgetError` with the smallest budget that
+gets a plan at that batch (:func:`smallest_budget`) and the largest batch
+found that gets one within the budget (:func:`largest_planned_batch`):
+both figures checked by planning as ``memory_optimize`` does, so
+``memory_optimize`` given either returns a plan.  The program is changed
+only by the plan :func:`choose_plan` returns (the others are undone);
+:mod:`memopt.api` wires the steps.
 """
 from __future__ import annotations
 
+import logging
+
 from ..errors import BudgetError, UnsupportedProgramError
 
+log = logging.getLogger(__name__)
+
 __all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "guarded_peak", "budget_error",
-           "recompute_choices", "vouched", "largest_batch", "plan_recompute", "require_flat"]
+           "recompute_choices", "vouched", "offered", "estimated_batch", "plan_recompute",
+           "rewritten_peak", "choose_plan", "smallest_budget", "plans_at",
+           "largest_planned_batch", "require_flat"]
 
 #: How many ops late a free may be taken to happen when a plan is checked
 #: against a budget (:meth:`memopt.analysis.Analysis.total_peak_pending`).
@@ -74,16 +84,20 @@ def guarded_peak(prediction, batch: int, window: int = GC_LAG_OPS) -> int:
     return max([peak] + [a.total_peak_pending(window, batch) for a in alternates[1]])
 
 
-def recompute_choices(pg, batch: int, runtime):
+def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
     """The grid of recomputation plans of ``pg`` at ``batch`` with their
-    predictions: ``(problem, [Choice])``."""
+    predictions: ``(problem, [Choice])``; with ``offered_only`` only the
+    plans :func:`vouched` keeps under ``runtime`` are predicted and
+    returned."""
     from .. import recompute
     from . import pir_recompute
     from .pir_inplace import executor_inplace
 
     problem = pir_recompute.problem_of(pg, batch)
     pairs = executor_inplace(pg, (), runtime.device) if runtime.inplace else []
-    choices = recompute.evaluate_grid(problem, pir_recompute.predictor(batch, runtime, pairs))
+    keep = (lambda plan: offered(plan, runtime)) if offered_only else None
+    choices = recompute.evaluate_grid(problem, pir_recompute.predictor(batch, runtime, pairs),
+                                      keep=keep)
     for c in choices:
         c.peak = guarded_peak(c.prediction, batch)
     return problem, choices
@@ -114,27 +128,35 @@ def vouched(choices, runtime) -> list:
     program schedule (``FLAGS_new_executor_sequential_run``) keeps them.
     :func:`plan_recompute` and so :class:`BudgetError`'s smallest budget
     and largest batch use these plans only."""
-    if runtime.schedule != "dataflow":
-        return list(choices)
-    return [c for c in choices if not c.plan.readers]
+    return [c for c in choices if offered(c.plan, runtime)]
 
 
-def largest_batch(choices, budget: int, limit: int = 1 << 20) -> int:
-    """The largest batch size some plan of ``choices`` fits ``budget`` at
-    (:func:`guarded_peak`, the plan's structure taken as it is at the
-    planning batch); 0 if none."""
+def offered(plan, runtime) -> bool:
+    """Whether ``plan`` is one :func:`vouched` keeps under ``runtime``."""
+    return runtime.schedule != "dataflow" or not plan.readers
+
+
+def estimated_batch(choices, budget: int, limit: int = 1 << 20) -> int:
+    """A guess at the largest batch that fits ``budget``: the largest batch
+    some plan of ``choices`` fits at (:func:`guarded_peak`) with each plan's
+    structure kept as it was planned at their batch; 0 if none.  Only a
+    guess: planning at another batch makes other plans, and a plan's
+    rewritten program may predict above its grid figure
+    (:func:`largest_planned_batch` checks; it starts from this).  A plan is
+    looked at only if it fits one batch beyond the best so far (its peak
+    grows with the batch)."""
     best = 0
-    for c in choices:
-        if guarded_peak(c.prediction, 1) > budget:
+    for c in sorted(choices, key=lambda c: c.peak):
+        if best >= limit or guarded_peak(c.prediction, best + 1) > budget:
             continue
-        lo, hi = 1, 2
-        while hi <= limit and guarded_peak(c.prediction, hi) <= budget:
-            lo, hi = hi, hi * 2
-        hi = min(hi, limit + 1)
+        lo, step = best + 1, 1
+        while lo + step <= limit and guarded_peak(c.prediction, lo + step) <= budget:
+            lo, step = lo + step, step * 2
+        hi = min(lo + step, limit + 1)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if guarded_peak(c.prediction, mid) <= budget else (lo, mid)
-        best = max(best, lo)
+        best = lo
     return best
 
 
@@ -155,29 +177,154 @@ def plan_recompute(pg, batch: int, budget: int, runtime):
     under ``runtime`` (``choices``, :func:`vouched`) and those whose guarded
     peak (:func:`guarded_peak`) fits ``budget`` bytes at
     ``batch``, best first: least added compute, then the lower peak (see
-    the module docstring).  The caller applies the first and checks the
-    rewritten program with the same model (:func:`memopt.api.memory_optimize`
-    does), going on to the next if the check fails, and raises
-    :func:`budget_error` when none is left."""
+    the module docstring).  :func:`choose_plan` applies the first and
+    checks the rewritten program with the same model, going on to the next
+    if the check fails."""
     require_flat(pg)
-    _, grid = recompute_choices(pg, batch, runtime)
-    choices = vouched(grid, runtime)
+    _, choices = recompute_choices(pg, batch, runtime, offered_only=True)
     fitting = sorted((c for c in choices if c.peak <= budget),
                      key=lambda c: (c.plan.flops, c.peak))
     return fitting, choices
 
 
-def budget_error(choices, budget: int, batch: int, smallest: int) -> BudgetError:
-    """The :class:`BudgetError` for ``budget`` at ``batch`` given the plans
-    ``choices`` and the smallest budget that fits (the leanest plan's
-    guarded peak, on the rewritten program)."""
+def rewritten_peak(pg, plan, fetch_names, batch: int, runtime):
+    """``(guarded peak, applied)``: ``plan`` applied to ``pg.program``
+    (:func:`memopt.paddle.pir_recompute.apply_plan`), the rewritten program
+    read back and analysed under ``runtime`` at ``batch``
+    (:func:`guarded_peak`); the caller keeps or undoes ``applied``.  On an
+    error the plan is undone."""
+    from ..analysis import from_graph
+    from . import pir, pir_recompute
+    from .runtime import executed
+
+    applied = pir_recompute.apply_plan(pg, plan)
+    try:
+        read = executed(pir.convert(pg.program, fetch_names), runtime)
+        after = from_graph(read.graph, batch, runtime, read.inplace)
+        return guarded_peak(after, batch), applied
+    except BaseException:
+        applied.undo()
+        raise
+
+
+def choose_plan(pg, fetch_names, batch: int, budget: int, runtime):
+    """What ``memory_optimize(budget=budget, batch_size=batch)`` does to
+    recompute: the best plan of :func:`plan_recompute` whose rewritten
+    program still fits (:func:`rewritten_peak`) is applied and
+    ``(choice, applied)`` returned (``applied`` None for the plan that
+    drops nothing); a plan whose rewritten program does not fit is undone
+    and the next tried.  When none fits, :class:`BudgetError` (see
+    :func:`budget_error`), the program unchanged.  ``fetch_names``: the
+    names the caller fetches (sorted), as ``pg`` was read with."""
+    fitting, choices = plan_recompute(pg, batch, budget, runtime)
+    checked: dict = {}  # id(choice) -> its rewritten program's guarded peak
+    for choice in fitting:
+        if not choice.k:
+            return choice, None
+        actual, applied = rewritten_peak(pg, choice.plan, fetch_names, batch, runtime)
+        checked[id(choice)] = actual
+        if actual <= budget:
+            return choice, applied
+        log.info("recompute plan %s: %d bytes predicted on the rewritten program, over the "
+                 "budget %d; undone", choice.label, actual, budget)
+        applied.undo()
+    smallest = smallest_budget(pg, fetch_names, batch, runtime, choices, checked)
+    largest = largest_planned_batch(pg, fetch_names, budget, runtime,
+                                    start=estimated_batch(choices, budget, batch - 1),
+                                    limit=batch - 1, order=choices)
+    raise budget_error(budget, batch, smallest, largest)
+
+
+def smallest_budget(pg, fetch_names, batch: int, runtime, choices, checked=None) -> int:
+    """The least budget at which :func:`choose_plan` at ``batch`` returns a
+    plan: the least, over the plans ``choices`` (:func:`plan_recompute`'s,
+    at ``batch``), of the larger of the plan's guarded peak and its
+    rewritten program's (the plan that drops nothing: its own).  Exact for
+    that grid: at this budget that plan passes both checks, at any lower
+    one every plan fails one.  ``checked`` (``id(choice)`` -> rewritten
+    peak) spares checks already made; the plans are checked leanest first
+    until the next one's own peak is no lower than the best found."""
+    checked = {} if checked is None else checked
+    best = None
+    for c in sorted(choices, key=lambda c: (c.peak, c.plan.flops)):
+        if best is not None and c.peak >= best:
+            break
+        if c.k and id(c) not in checked:
+            actual, applied = rewritten_peak(pg, c.plan, fetch_names, batch, runtime)
+            applied.undo()
+            checked[id(c)] = actual
+        need = max(c.peak, checked[id(c)]) if c.k else c.peak
+        best = need if best is None else min(best, need)
+    return best if best is not None else 0
+
+
+def plans_at(pg, fetch_names, batch: int, budget: int, runtime, order=()) -> bool:
+    """Whether :func:`choose_plan` at ``batch`` returns a plan for
+    ``budget`` (the program is left as it was).  The same plans and checks,
+    made lazily and stopping at the first plan that passes both: the grid's
+    plans at ``batch`` (:func:`memopt.recompute.grid_plans`) the model vouches
+    for (:func:`offered`), each predicted (:func:`recompute_choices`'s
+    predictor), its guarded peak checked against ``budget`` (the one-worker
+    peak first: the guarded peak is no lower), then its rewritten program
+    (:func:`rewritten_peak`).  ``order``: choices of another batch; plans
+    with their labels are tried first, leanest first (a guess at which
+    passes; the answer does not depend on it)."""
+    from .. import recompute
+    from . import pir_recompute
+    from .pir_inplace import executor_inplace
+
+    require_flat(pg)
+    problem = pir_recompute.problem_of(pg, batch)
+    pairs = executor_inplace(pg, (), runtime.device) if runtime.inplace else []
+    predict = pir_recompute.predictor(batch, runtime, pairs)
+    rank = {c.label: k for k, c in enumerate(sorted(order, key=lambda c: (c.peak, c.plan.flops)))}
+    plans = [(label, plan) for label, plan in recompute.grid_plans(problem)
+             if offered(plan, runtime)]
+    plans.sort(key=lambda lp: rank.get(lp[0], len(rank)))
+    for _, plan in plans:
+        graph, _ = recompute.rewrite_graph(problem, plan)
+        prediction = predict(graph, plan)
+        if prediction.total_peak_pending(GC_LAG_OPS, batch) > budget \
+                or guarded_peak(prediction, batch) > budget:
+            continue
+        if not plan.dropped:
+            return True
+        actual, applied = rewritten_peak(pg, plan, fetch_names, batch, runtime)
+        applied.undo()
+        if actual <= budget:
+            return True
+    return False
+
+
+def largest_planned_batch(pg, fetch_names, budget: int, runtime, *, start: int,
+                          limit: int = 1 << 20, order=()) -> int:
+    """The largest batch found at which ``memory_optimize(budget=budget,
+    batch_size=n)`` under ``runtime`` returns a plan (:func:`plans_at`
+    checked it: the program, planned at ``n``, fits; ``n + 1`` was tried and
+    refused, or ``n == limit``); 0 if batch 1 is refused.  Searched from
+    ``start`` (a guess: :func:`estimated_batch`) by
+    :func:`memopt.batch_search.largest_passing`, each step a planning.
+    The largest such batch if a batch fits whenever a larger one does;
+    otherwise a larger batch beyond a refused one might fit too.  ``order``
+    as for :func:`plans_at`."""
+    from ..batch_search import largest_passing
+
+    return largest_passing(
+        lambda n: plans_at(pg, fetch_names, n, budget, runtime, order), start, limit)
+
+
+def budget_error(budget: int, batch: int, smallest: int, largest: int) -> BudgetError:
+    """The :class:`BudgetError` for ``budget`` at ``batch``: ``smallest``
+    the least budget that gets a plan at ``batch`` (:func:`smallest_budget`),
+    ``largest`` the largest batch found that gets one within ``budget``
+    (:func:`largest_planned_batch`), both checked by planning as
+    ``memory_optimize`` does."""
     from ..report import format_bytes
 
-    fits = largest_batch(choices, budget)
     return BudgetError(
         f"no plan fits the budget {format_bytes(budget)} at batch size {batch}: the smallest "
-        f"budget memopt can fit at this batch is {format_bytes(smallest)} (the leanest "
-        f"recomputation plan's predicted peak with Paddle's garbage collector up to "
-        f"{GC_LAG_OPS} ops behind); the largest batch that fits {format_bytes(budget)} is {fits}"
-        + (" (none)" if fits == 0 else "") + ". The program is unchanged.",
-        budget, batch, smallest, fits)
+        f"budget memopt can fit at this batch is {format_bytes(smallest)} (with Paddle's "
+        f"garbage collector up to {GC_LAG_OPS} ops behind); the largest batch that fits "
+        f"{format_bytes(budget)} is {largest}" + (" (none)" if largest == 0 else "")
+        + " (both checked by planning at them). The program is unchanged.",
+        budget, batch, smallest, largest)

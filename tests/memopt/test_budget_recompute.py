@@ -118,16 +118,49 @@ def test_budget_arguments(paddle):
         memopt.memory_optimize(legacy.main, budget="6GiB", batch_size=4)
 
 
-def test_max_batch_size_with_recompute(paddle):
+def test_budget_error_figures_are_kept_by_memory_optimize(paddle):
+    """BudgetError's largest_batch and smallest_budget are promises
+    memory_optimize keeps: given either (fresh program, same budget and
+    flags) it returns a plan, and one batch more / one byte less it
+    refuses.  The case that broke the promise before the figures were
+    checked by planning: U-Net at batch 20 under the unchanged program's
+    predicted peak at batch 16 (12.7 MB), where the grid of batch 20 said
+    19 and planning at 19 refused (13.1 MB at least).
+    ``max_batch_size(recompute=True)`` gives the same figure."""
     import memopt
+    from memopt.paddle import flags, pir, pir_budget
 
-    model = models.build("unet", "pir")
-    analysis = memopt.analyze(model.main, model.batch_size)
-    budget = analysis.total_peak()
-    plain = analysis.max_batch_size(budget)
-    more = analysis.max_batch_size(budget, recompute=True)
-    assert plain >= model.batch_size - 1
-    assert more > plain
+    def build(batch):
+        return models.build("unet", "pir", batch_size=batch)
+
+    budget = memopt.analyze(build(16).main, 16).total_peak()
+    model = build(20)
+    before = str(model.main)
+    with pytest.raises(memopt.BudgetError) as info:
+        memopt.memory_optimize(model.main, budget=budget, batch_size=20)
+    err = info.value
+    assert str(model.main) == before
+    n = err.largest_batch
+    assert 16 <= n < 20 and err.smallest_budget > budget
+    fresh = build(n)
+    report = memopt.memory_optimize(fresh.main, budget=budget, batch_size=n)
+    assert report.recomputed and report.peak_after <= budget
+    runtime = flags.runtime_model("pir")
+    assert not pir_budget.plans_at(pir.convert(build(n + 1).main), [], n + 1, budget, runtime)
+    fresh = build(20)
+    report = memopt.memory_optimize(fresh.main, budget=err.smallest_budget, batch_size=20)
+    assert report.recomputed and report.peak_after <= err.smallest_budget
+    assert not pir_budget.plans_at(pir.convert(build(20).main), [], 20,
+                                   err.smallest_budget - 1, runtime)
+    # the analysis' figure is the same search; without recompute it is lower
+    fresh = build(16)
+    before = str(fresh.main)
+    analysis = memopt.analyze(fresh.main, 16)
+    assert analysis.max_batch_size(budget, recompute=True) == n
+    assert analysis.max_batch_size(budget) < n
+    with pytest.raises(ValueError, match="include_persistable"):
+        analysis.max_batch_size(budget, recompute=True, include_persistable=False)
+    assert str(fresh.main) == before
 
 
 def test_a_later_failure_takes_the_recomputation_back(paddle, monkeypatch):
