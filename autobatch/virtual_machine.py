@@ -53,6 +53,8 @@ from autobatch.ir import (
 )
 from autobatch.backends.base import MAX_CHAIN
 from autobatch.lowering import LoweredProgram
+from autobatch.projection import apply as apply_projection, projection
+from autobatch.register_sharing import register_names
 from autobatch.pipeline import DEFAULT_MAX_STACK_DEPTH, argument_types, batch_size, prepare
 
 __all__ = ["VirtualMachine", "execute", "is_staging", "prepare", "argument_types", "batch_size",
@@ -99,6 +101,9 @@ class _BlockCompiler:
         self.values: Dict[str, Any] = {}   # var -> pattern of local names
         self.in_frame: set = set()         # popped, not yet gathered, unchanged
         self.dirty: set = set()
+        #: local name -> the register key it was read from under ``sel``
+        #: (unchanged: writing it back there would change nothing)
+        self.clean: Dict[str, str] = {}
         self.count = 0
         self.sel = "sel"                   # the selection the code runs under
         self.arm: Optional[Tuple[str, bool, Dict[str, Any]]] = None  # (split, side, outer values)
@@ -172,6 +177,8 @@ class _BlockCompiler:
             for key in self.keyed(var):
                 name = self.local()
                 self.emit(f"{name} = B.read(state[{key}], {self.sel})")
+                if self.sel == "sel":
+                    self.clean[name] = key
                 leaves.append(name)
         value = self.skeleton(var, leaves)
         self.values[var] = value
@@ -373,6 +380,8 @@ class _BlockCompiler:
         for op in block.instructions:
             if not self.vector_work:
                 self.vector_work = self.touches_vectors(op)
+            if isinstance(op, PrimOp) and self.project(op):
+                continue
             if isinstance(op, PrimOp):
                 fn = self.constant(op.function)
                 args = ", ".join(self.as_expr(self.read(v)) for v in op.vars_in)
@@ -401,6 +410,40 @@ class _BlockCompiler:
                 raise ProgramError(f"block {block.name!r}: the VM cannot run "
                                    f"{type(op).__name__}; lower the program first")
 
+    def project(self, op: PrimOp) -> bool:
+        """Bind the outputs of a primop that only picks tuple components of
+        its inputs (:mod:`autobatch.projection`) to those inputs' locals,
+        without calling it; False (nothing bound) for any other primop."""
+        recipe = projection(op.function, len(op.vars_in))
+        if recipe is None:
+            return False
+        value = apply_projection(recipe, [self.read(v) for v in op.vars_in])
+        if value is None or not self.fits(op.vars_out, value):
+            return False
+        self.bind_picked(op.vars_out, value)
+        return True
+
+    def fits(self, pattern: Any, value: Any) -> bool:
+        """Whether ``value`` (a pattern of locals) has the structure of the
+        output ``pattern`` and its variables' types."""
+        if isinstance(pattern, tuple):
+            return isinstance(value, tuple) and len(value) == len(pattern) and all(
+                self.fits(p, v) for p, v in zip(pattern, value))
+
+        def same_shape(tensors: Any, v: Any) -> bool:
+            if isinstance(tensors, tuple):
+                return isinstance(v, tuple) and len(v) == len(tensors) and all(
+                    same_shape(t, w) for t, w in zip(tensors, v))
+            return not isinstance(v, tuple)
+        return same_shape(self.lowered.var_types[pattern].tensors, value)
+
+    def bind_picked(self, pattern: Any, value: Any) -> None:
+        if isinstance(pattern, tuple):
+            for part, sub in zip(pattern, value):
+                self.bind_picked(part, sub)
+        else:
+            self.assign(pattern, self.skeleton(pattern, pattern_leaves(value)))
+
     def touches_vectors(self, op: Any) -> bool:
         """Whether ``op`` reads or writes a variable with a non-scalar leaf."""
         if isinstance(op, (PushOp, PopOp)):
@@ -428,6 +471,8 @@ class _BlockCompiler:
                                    f"{self.block.name!r}; the allocation is wrong")
             leaves = pattern_leaves(self.read(var))
             for key, leaf in zip(self.keyed(var), leaves):
+                if self.clean.get(leaf) == key:
+                    continue  # read from this very register, unchanged
                 self.emit(f"state[{key}] = B.write(state[{key}], sel, {leaf})")
 
     def call_frame(self, block: Any) -> None:
@@ -495,13 +540,14 @@ class VirtualMachine:
         self.index = lowered.block_index()
         self.halt = len(lowered.blocks)
         self.pc_full = lowered.pc_alloc == FULL
-        self.register_keys: Dict[str, List[str]] = {}
+        #: storage key of each leaf of a REGISTER or FULL variable; REGISTER
+        #: leaves that never hold different live values share one
+        #: (:mod:`autobatch.register_sharing`)
+        self.register_keys: Dict[str, List[str]] = register_names(lowered)
         self.stack_keys: Dict[str, List[str]] = {}
         for var in sorted(lowered.var_types):
             alloc = lowered.var_alloc[var]
             n = len(lowered.var_types[var].leaves())
-            if alloc > TEMPORARY:
-                self.register_keys[var] = [f"{var}#{i}" for i in range(n)]
             if alloc == FULL:
                 self.stack_keys[var] = [f"{var}#{i}@stack" for i in range(n)]
         #: block index -> indices of the blocks that may run right before it
@@ -567,7 +613,8 @@ class VirtualMachine:
         state: Dict[str, Any] = {}
         for var, keys in self.register_keys.items():
             for key, typ in zip(keys, lowered.var_types[var].leaves()):
-                state[key] = backend.fill(typ, batch)
+                if key not in state:  # a key shared by several variables
+                    state[key] = backend.fill(typ, batch)
         for var, keys in self.stack_keys.items():
             for key, typ in zip(keys, lowered.var_types[var].leaves()):
                 state[key] = backend.stack(typ, batch, frames)
