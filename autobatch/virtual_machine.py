@@ -11,7 +11,9 @@ Storage (per :class:`~autobatch.instructions.VariableAllocation`):
 
 - NULL: none; a write is dropped, a read raises NullVariableError.
 - TEMPORARY: none; the value lives in a Python local of the block's code.
-- REGISTER: one array ``[batch, ...]`` per leaf of the variable's type.
+- REGISTER: one array ``[batch, ...]`` per leaf of the variable's type;
+  leaves related by a copy that never hold different live values share one
+  (:mod:`autobatch.register_sharing`), so such a copy moves nothing.
 - FULL: a register plus a stack ``[max_stack_depth + 1, batch, ...]``.
 
 Calls: with a stacked program counter (``pc_alloc`` FULL) each thread has a
@@ -31,7 +33,11 @@ slow threads does not pay for the whole batch at every step.
 Block code is generated Python (see :meth:`VirtualMachine.block_source`),
 straight-line calls to the :class:`~autobatch.backends.base.Backend`: each
 variable is read from its register at most once per block run, and written
-back only where it is live after the block (``LoweredProgram.live_out``).
+back only where it is live after the block (``LoweredProgram.live_out``) and
+changed (a value read from the same register is not written back).  A
+primop that only picks tuple components of its inputs
+(:mod:`autobatch.projection`) is not called: its outputs are bound to the
+inputs' values.
 """
 from __future__ import annotations
 
@@ -675,21 +681,22 @@ class VirtualMachine:
             s["steps"] = s["steps"] + 1
             return s
 
-        if running_above is None and stop is not None and self._plain_loop:
+        if running_above is None and self._plain_loop:
             return self._run_plain(state, stop)
         state["next"] = backend.reduce_min(state["pc"])
         return backend.while_loop(cond, body, state)
 
-    def _run_plain(self, state: dict, stop: int) -> dict:
-        """:meth:`_run_loop` up to step ``stop`` as a plain Python loop, for a
+    def _run_plain(self, state: dict, stop: Optional[int]) -> dict:
+        """:meth:`_run_loop` (up to step ``stop``) as a plain Python loop, for a
         backend whose ``while_loop`` and ``switch_case`` are the base
         class's: the same steps without their closures and calls (about
         1 us a step)."""
         blocks, halt, reduce_min = self.block_functions, self.halt, self.backend.reduce_min
         steps = state["steps"]
+        stop = float("inf") if stop is None else stop
         nxt = reduce_min(state["pc"])
         while nxt < halt and steps < stop:
-            state = blocks[nxt](state)
+            state = blocks[int(nxt)](state)  # as Backend.switch_case
             nxt = reduce_min(state["pc"])
             steps += 1
         state["next"], state["steps"] = nxt, steps
