@@ -620,18 +620,18 @@ class VirtualMachine:
         leaves_per_input = [pattern_leaves(as_pattern(a)) for a in args]
         frames = self.max_stack_depth + 1
         state: Dict[str, Any] = {}
-        for var, keys in self.register_keys.items():
-            for key, typ in zip(keys, lowered.var_types[var].leaves()):
-                if key not in state:  # a key shared by several variables
-                    state[key] = backend.fill(typ, batch)
-        for var, keys in self.stack_keys.items():
-            for key, typ in zip(keys, lowered.var_types[var].leaves()):
-                state[key] = backend.stack(typ, batch, frames)
         for var, leaves in zip(lowered.inputs, leaves_per_input):
             if var in self.register_keys:
                 for key, leaf, typ in zip(self.register_keys[var], leaves,
                                           lowered.var_types[var].leaves()):
                     state[key] = backend.as_batched(leaf, typ, batch)
+        for var, keys in self.register_keys.items():
+            for key, typ in zip(keys, lowered.var_types[var].leaves()):
+                if key not in state:  # not an input's, nor filled for another variable
+                    state[key] = backend.fill(typ, batch)
+        for var, keys in self.stack_keys.items():
+            for key, typ in zip(keys, lowered.var_types[var].leaves()):
+                state[key] = backend.stack(typ, batch, frames)
         main_entry = self.index[lowered.entry]
         state["pc"] = backend.fill(_PC_TYPE, batch, main_entry)
         if self.pc_full:
