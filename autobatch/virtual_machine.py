@@ -11,7 +11,9 @@ Storage (per :class:`~autobatch.instructions.VariableAllocation`):
 
 - NULL: none; a write is dropped, a read raises NullVariableError.
 - TEMPORARY: none; the value lives in a Python local of the block's code.
-- REGISTER: one array ``[batch, ...]`` per leaf of the variable's type.
+- REGISTER: one array ``[batch, ...]`` per leaf of the variable's type;
+  leaves related by a copy that never hold different live values share one
+  (:mod:`autobatch.register_sharing`), so such a copy moves nothing.
 - FULL: a register plus a stack ``[max_stack_depth + 1, batch, ...]``.
 
 Calls: with a stacked program counter (``pc_alloc`` FULL) each thread has a
@@ -31,7 +33,11 @@ slow threads does not pay for the whole batch at every step.
 Block code is generated Python (see :meth:`VirtualMachine.block_source`),
 straight-line calls to the :class:`~autobatch.backends.base.Backend`: each
 variable is read from its register at most once per block run, and written
-back only where it is live after the block (``LoweredProgram.live_out``).
+back only where it is live after the block (``LoweredProgram.live_out``) and
+changed (a value read from the same register is not written back).  A
+primop that only picks tuple components of its inputs
+(:mod:`autobatch.projection`) is not called: its outputs are bound to the
+inputs' values.
 """
 from __future__ import annotations
 
@@ -51,8 +57,10 @@ from autobatch.ir import (
     TensorType, VariableAllocation, as_pattern, pattern_leaves, pattern_map,
     pattern_unflatten, tuple_expr,
 )
-from autobatch.backends.base import MAX_CHAIN
+from autobatch.backends.base import MAX_CHAIN, Backend
 from autobatch.lowering import LoweredProgram
+from autobatch.projection import apply as apply_projection, projection
+from autobatch.register_sharing import register_names
 from autobatch.pipeline import DEFAULT_MAX_STACK_DEPTH, argument_types, batch_size, prepare
 
 __all__ = ["VirtualMachine", "execute", "is_staging", "prepare", "argument_types", "batch_size",
@@ -99,6 +107,9 @@ class _BlockCompiler:
         self.values: Dict[str, Any] = {}   # var -> pattern of local names
         self.in_frame: set = set()         # popped, not yet gathered, unchanged
         self.dirty: set = set()
+        #: local name -> the register key it was read from under ``sel``
+        #: (unchanged: writing it back there would change nothing)
+        self.clean: Dict[str, str] = {}
         self.count = 0
         self.sel = "sel"                   # the selection the code runs under
         self.arm: Optional[Tuple[str, bool, Dict[str, Any]]] = None  # (split, side, outer values)
@@ -172,6 +183,8 @@ class _BlockCompiler:
             for key in self.keyed(var):
                 name = self.local()
                 self.emit(f"{name} = B.read(state[{key}], {self.sel})")
+                if self.sel == "sel":
+                    self.clean[name] = key
                 leaves.append(name)
         value = self.skeleton(var, leaves)
         self.values[var] = value
@@ -373,6 +386,8 @@ class _BlockCompiler:
         for op in block.instructions:
             if not self.vector_work:
                 self.vector_work = self.touches_vectors(op)
+            if isinstance(op, PrimOp) and self.project(op):
+                continue
             if isinstance(op, PrimOp):
                 fn = self.constant(op.function)
                 args = ", ".join(self.as_expr(self.read(v)) for v in op.vars_in)
@@ -401,6 +416,40 @@ class _BlockCompiler:
                 raise ProgramError(f"block {block.name!r}: the VM cannot run "
                                    f"{type(op).__name__}; lower the program first")
 
+    def project(self, op: PrimOp) -> bool:
+        """Bind the outputs of a primop that only picks tuple components of
+        its inputs (:mod:`autobatch.projection`) to those inputs' locals,
+        without calling it; False (nothing bound) for any other primop."""
+        recipe = projection(op.function, len(op.vars_in))
+        if recipe is None:
+            return False
+        value = apply_projection(recipe, [self.read(v) for v in op.vars_in])
+        if value is None or not self.fits(op.vars_out, value):
+            return False
+        self.bind_picked(op.vars_out, value)
+        return True
+
+    def fits(self, pattern: Any, value: Any) -> bool:
+        """Whether ``value`` (a pattern of locals) has the structure of the
+        output ``pattern`` and its variables' types."""
+        if isinstance(pattern, tuple):
+            return isinstance(value, tuple) and len(value) == len(pattern) and all(
+                self.fits(p, v) for p, v in zip(pattern, value))
+
+        def same_shape(tensors: Any, v: Any) -> bool:
+            if isinstance(tensors, tuple):
+                return isinstance(v, tuple) and len(v) == len(tensors) and all(
+                    same_shape(t, w) for t, w in zip(tensors, v))
+            return not isinstance(v, tuple)
+        return same_shape(self.lowered.var_types[pattern].tensors, value)
+
+    def bind_picked(self, pattern: Any, value: Any) -> None:
+        if isinstance(pattern, tuple):
+            for part, sub in zip(pattern, value):
+                self.bind_picked(part, sub)
+        else:
+            self.assign(pattern, self.skeleton(pattern, pattern_leaves(value)))
+
     def touches_vectors(self, op: Any) -> bool:
         """Whether ``op`` reads or writes a variable with a non-scalar leaf."""
         if isinstance(op, (PushOp, PopOp)):
@@ -428,6 +477,8 @@ class _BlockCompiler:
                                    f"{self.block.name!r}; the allocation is wrong")
             leaves = pattern_leaves(self.read(var))
             for key, leaf in zip(self.keyed(var), leaves):
+                if self.clean.get(leaf) == key:
+                    continue  # read from this very register, unchanged
                 self.emit(f"state[{key}] = B.write(state[{key}], sel, {leaf})")
 
     def call_frame(self, block: Any) -> None:
@@ -495,13 +546,14 @@ class VirtualMachine:
         self.index = lowered.block_index()
         self.halt = len(lowered.blocks)
         self.pc_full = lowered.pc_alloc == FULL
-        self.register_keys: Dict[str, List[str]] = {}
+        #: storage key of each leaf of a REGISTER or FULL variable; REGISTER
+        #: leaves that never hold different live values share one
+        #: (:mod:`autobatch.register_sharing`)
+        self.register_keys: Dict[str, List[str]] = register_names(lowered)
         self.stack_keys: Dict[str, List[str]] = {}
         for var in sorted(lowered.var_types):
             alloc = lowered.var_alloc[var]
             n = len(lowered.var_types[var].leaves())
-            if alloc > TEMPORARY:
-                self.register_keys[var] = [f"{var}#{i}" for i in range(n)]
             if alloc == FULL:
                 self.stack_keys[var] = [f"{var}#{i}@stack" for i in range(n)]
         #: block index -> indices of the blocks that may run right before it
@@ -515,6 +567,9 @@ class VirtualMachine:
                 self.predecessors[self.index[term.return_target]].add(-1)
         self.predecessors[self.index[lowered.entry]].add(-1)
         self.steps = 0
+        #: the backend loops and switches as the base class does
+        self._plain_loop = (type(backend).while_loop is Backend.while_loop
+                            and type(backend).switch_case is Backend.switch_case)
         self._sources: Dict[int, str] = {}
         self.block_functions: List[Callable[[dict], dict]] = [
             self._block_function(i, block_code_cache) for i in range(self.halt)]
@@ -565,17 +620,18 @@ class VirtualMachine:
         leaves_per_input = [pattern_leaves(as_pattern(a)) for a in args]
         frames = self.max_stack_depth + 1
         state: Dict[str, Any] = {}
-        for var, keys in self.register_keys.items():
-            for key, typ in zip(keys, lowered.var_types[var].leaves()):
-                state[key] = backend.fill(typ, batch)
-        for var, keys in self.stack_keys.items():
-            for key, typ in zip(keys, lowered.var_types[var].leaves()):
-                state[key] = backend.stack(typ, batch, frames)
         for var, leaves in zip(lowered.inputs, leaves_per_input):
             if var in self.register_keys:
                 for key, leaf, typ in zip(self.register_keys[var], leaves,
                                           lowered.var_types[var].leaves()):
                     state[key] = backend.as_batched(leaf, typ, batch)
+        for var, keys in self.register_keys.items():
+            for key, typ in zip(keys, lowered.var_types[var].leaves()):
+                if key not in state:  # not an input's, nor filled for another variable
+                    state[key] = backend.fill(typ, batch)
+        for var, keys in self.stack_keys.items():
+            for key, typ in zip(keys, lowered.var_types[var].leaves()):
+                state[key] = backend.stack(typ, batch, frames)
         main_entry = self.index[lowered.entry]
         state["pc"] = backend.fill(_PC_TYPE, batch, main_entry)
         if self.pc_full:
@@ -625,8 +681,26 @@ class VirtualMachine:
             s["steps"] = s["steps"] + 1
             return s
 
+        if running_above is None and self._plain_loop:
+            return self._run_plain(state, stop)
         state["next"] = backend.reduce_min(state["pc"])
         return backend.while_loop(cond, body, state)
+
+    def _run_plain(self, state: dict, stop: Optional[int]) -> dict:
+        """:meth:`_run_loop` (up to step ``stop``) as a plain Python loop, for a
+        backend whose ``while_loop`` and ``switch_case`` are the base
+        class's: the same steps without their closures and calls (about
+        1 us a step)."""
+        blocks, halt, reduce_min = self.block_functions, self.halt, self.backend.reduce_min
+        steps = state["steps"]
+        stop = float("inf") if stop is None else stop
+        nxt = reduce_min(state["pc"])
+        while nxt < halt and steps < stop:
+            state = blocks[int(nxt)](state)  # as Backend.switch_case
+            nxt = reduce_min(state["pc"])
+            steps += 1
+        state["next"], state["steps"] = nxt, steps
+        return state
 
     def _run_phases(self, state: dict, batch: int,
                     sizes: Sequence[int]) -> Tuple[dict, List[Any]]:

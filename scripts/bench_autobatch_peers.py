@@ -49,7 +49,9 @@ Peers, side by side:
 
 Every engine's result is checked against plain Python.  Steady times are
 medians of ``--repeat`` runs (plain Python: one run where a run takes over
-2 s); ratios are of times measured in this run.  BLAS runs one thread
+2 s); ratios are of times measured in this run.  The NumPy column and hand
+NumPy are timed alternately (one run of each, ``--repeat`` times), so that
+their ratio holds under load that drifts during the run.  BLAS runs one thread
 (set before NumPy is imported) in this process and in JAX's.
 """
 import argparse
@@ -95,6 +97,19 @@ def median_time(fn: Callable[[], Any], repeat: int, slow: float = 2.0) -> float:
         if times[-1] > slow and len(times) >= 1 and repeat > 1 and fn.__name__ == "python":
             break
     return statistics.median(times)
+
+
+def paired_medians(a: Callable[[], Any], b: Callable[[], Any], repeat: int
+                   ) -> Tuple[float, float]:
+    """Median times of ``a`` and ``b`` run alternately (a, b, a, b, ...), so
+    that load drifting on a shared machine during the run weighs on both."""
+    times: Tuple[List[float], List[float]] = ([], [])
+    for _ in range(repeat):
+        for fn, out in ((a, times[0]), (b, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def same(got: Any, want: Any) -> bool:
@@ -346,7 +361,8 @@ def run_ours(work: Workload, repeat: int, backend: Any, want: Any = None
         return {"engine": engine, "first": first, "steady": steady, "want": want,
                 "cached": cached[3]}
     steady = median_time(lambda: runner.run(work.args), repeat)
-    return {"engine": engine, "first": first, "steady": steady, "want": want}
+    return {"engine": engine, "first": first, "steady": steady, "want": want,
+            "rerun": lambda: runner.run(work.args)}
 
 
 def tfp_run(python: str, work: Workload, repeat: int, want: Any, timeout: float
@@ -474,7 +490,9 @@ def main() -> None:
         if work.hand is not None:
             if not same(work.hand(), want):
                 raise AssertionError(f"{work.label}: hand NumPy disagrees with plain Python")
-            hand = median_time(work.hand, args.repeat)
+            # the NumPy engine again, alternating with the hand loop: the
+            # "NumPy / hand" ratio is of times taken side by side
+            ours["steady"], hand = paired_medians(ours["rerun"], work.hand, args.repeat)
 
         def python():
             return work.python()

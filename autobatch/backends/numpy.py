@@ -84,7 +84,8 @@ class NumpyBackend(Backend):
         return (pc == block).nonzero()[0]
 
     def read(self, array: np.ndarray, selection: np.ndarray) -> np.ndarray:
-        return array[selection]
+        # ``take`` gathers the same rows as ``array[selection]``, faster
+        return array.take(selection, axis=0)
 
     def write(self, array: np.ndarray, selection: np.ndarray, value: Any) -> np.ndarray:
         array[selection] = value

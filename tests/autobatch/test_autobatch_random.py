@@ -2,7 +2,10 @@
 
 Programs have several functions calling each other (recursion bounded by a
 counter that every call decreases), nested if/else (with and without else,
-early returns), bounded while loops, tuple-typed variables, and tail calls.
+early returns), bounded while loops, tuple-typed variables, tail calls, and
+values moved around by projection primops (swaps, copies, tuples packed and
+taken apart: the VM binds those without calling them and may store the
+variables involved in one array, see :mod:`autobatch.register_sharing`).
 The batched VM (on the compact and the masking NumPy backends) and the
 stackless executor must give, thread by thread, what the reference gives.
 """
@@ -90,6 +93,8 @@ class _Generator:
             ab.primop(fn, target, vars_in=[rng.choice(defined), rng.choice(defined)])
             if target not in defined:
                 defined.append(target)
+        elif kind < 0.45:
+            self.shuffle(defined)
         elif kind < 0.55:
             _, test = rng.choice(CONDITIONS)
             cond = self.fresh()
@@ -119,6 +124,29 @@ class _Generator:
             with ab.while_(lambda c: c > 0, vars_in=[counter]):
                 self.block(list(defined), depth + 1, in_loop=True)
                 ab.primop(lambda c: c - 1, counter, vars_in=[counter])
+
+
+    def shuffle(self, defined):
+        """Move values without computing: a swap, a copy, or a tuple packed
+        and taken apart (each a primop that only picks its inputs)."""
+        rng, ab = self.rng, self.ab
+        movable = [v for v in defined if v != "n"]  # keep the recursion counter
+        kind = rng.random()
+        if kind < 0.35 and len(movable) >= 2:
+            a, b = rng.sample(movable, 2)
+            ab.primop(lambda x, y: (y, x), (a, b), vars_in=[a, b])
+        elif kind < 0.7:
+            target = rng.choice(movable + [self.fresh()])
+            ab.primop(lambda x: x, target, vars_in=[rng.choice(defined)])
+            if target not in defined:
+                defined.append(target)
+        else:
+            pair, target = self.fresh(), rng.choice(movable + [self.fresh()])
+            ab.primop(lambda x, y: (x, y), pair, vars_in=[rng.choice(defined),
+                                                          rng.choice(defined)])
+            ab.primop(lambda p: p[1], target, vars_in=[pair])
+            if target not in defined:
+                defined.append(target)
 
 
 def _python_reference(program, args):
