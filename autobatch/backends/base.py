@@ -233,9 +233,9 @@ class Backend(Abilities, TfpMethods):
         thread ``t``; other entries unchanged."""
 
     @abc.abstractmethod
-    def where(self, cond: Any, x: Any, y: Any, name: Any = None) -> Any:
-        """Elementwise ``x if cond else y`` on selection values or scalars
-        (``name``: TFP's argument, unused)."""
+    def where(self, condition: Any, x: Any, y: Any, name: Any = None) -> Any:
+        """Elementwise ``x if condition else y`` on selection values or scalars
+        (TFP's argument names; ``name`` unused)."""
 
     @abc.abstractmethod
     def split(self, selection: Any, cond: Any) -> Any:
@@ -265,8 +265,8 @@ class Backend(Abilities, TfpMethods):
 
     # -- control -------------------------------------------------------------------------
     @abc.abstractmethod
-    def reduce_min(self, array: Any, name: Any = None) -> Any:
-        """The smallest element of ``array`` (the next block to run: every
+    def reduce_min(self, t: Any, name: Any = None) -> Any:
+        """The smallest element of ``t`` (TFP's name; the next block to run: every
         halted thread's pc is the largest index, so ``reduce_min(pc) < halt``
         means some thread is still active)."""
 

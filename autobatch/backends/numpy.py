@@ -99,8 +99,8 @@ class NumpyBackend(Backend):
         stack[frame, selection] = value
         return stack
 
-    def where(self, cond: Any, x: Any, y: Any, name: Any = None) -> Any:
-        return np.where(cond, x, y)
+    def where(self, condition: Any, x: Any, y: Any, name: Any = None) -> Any:
+        return np.where(condition, x, y)
 
     def split(self, selection: np.ndarray, cond: Any) -> Tuple[np.ndarray, ...]:
         """``(selection, positions where cond holds, positions where not)``;
@@ -138,8 +138,8 @@ class NumpyBackend(Backend):
         return np.take(array, selection, axis=axis)
 
     # -- control -------------------------------------------------------------------------
-    def reduce_min(self, array: np.ndarray, name: Any = None) -> int:
-        return int(array.min())
+    def reduce_min(self, t: np.ndarray, name: Any = None) -> int:
+        return int(t.min())
 
     def check(self, ok: Any, selection: np.ndarray,
               make_error: Callable[[], Exception]) -> None:

@@ -776,8 +776,8 @@ class TensorFlowBackend(Backend):
         """A ``[batch, frames, ...]`` stack tensor as ``[batch * frames, ...]``."""
         return tf.reshape(stack, tf.concat([[-1], tf.shape(stack)[2:]], 0))
 
-    def where(self, cond: Any, x: Any, y: Any, name: Any = None) -> tf.Tensor:
-        return tf.where(cond, x, y)
+    def where(self, condition: Any, x: Any, y: Any, name: Any = None) -> tf.Tensor:
+        return tf.where(condition, x, y)
 
     def split(self, selection: Any, cond: Any) -> Tuple[Any, ...]:
         """Mask and bucket: ``(selection, cond)``.  Gather: ``(selection, positions of
@@ -875,8 +875,8 @@ class TensorFlowBackend(Backend):
         return tf.is_tensor(value) and value.shape.rank is not None and value.shape.rank >= 1
 
     # -- control -------------------------------------------------------------------------
-    def reduce_min(self, array: tf.Tensor, name: Any = None) -> tf.Tensor:
-        smallest = tf.reduce_min(self.to_numpy(array))
+    def reduce_min(self, t: tf.Tensor, name: Any = None) -> tf.Tensor:
+        smallest = tf.reduce_min(self.to_numpy(t))
         return int(smallest) if tf.executing_eagerly() else smallest
 
     def check(self, ok: Any, selection: Any, make_error: Callable[[], Exception]) -> None:
