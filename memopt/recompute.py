@@ -32,8 +32,10 @@ Candidates are ranked by bytes freed per FLOP of their one-op recipe
 
 The sets of values tried (:func:`candidate_sets`, fixed for a program and
 batch, whatever the budget) are prefixes of that ranking and checkpoint
-segments (a candidate kept every ``1/m`` of the candidates' bytes, or the
-smallest one of each such segment); each plan's peak is predicted by
+segments (a candidate kept every ``1/m`` of the candidates' bytes, the
+smallest one of each such segment, or a whole cut of the forward part
+(:func:`forward_cuts`): everything later forward ops read, held for the
+clones even where no backward op reads it); each plan's peak is predicted by
 :mod:`memopt.analysis` on the rewritten graph (clones placed right before
 the first backward op that reads them, backward reads redirected to them),
 and the plan for a budget is the one with the least added compute whose
