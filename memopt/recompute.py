@@ -32,8 +32,10 @@ Candidates are ranked by bytes freed per FLOP of their one-op recipe
 
 The sets of values tried (:func:`candidate_sets`, fixed for a program and
 batch, whatever the budget) are prefixes of that ranking and checkpoint
-segments (a candidate kept every ``1/m`` of the candidates' bytes, or the
-smallest one of each such segment); each plan's peak is predicted by
+segments (a candidate kept every ``1/m`` of the candidates' bytes, the
+smallest one of each such segment, or a whole cut of the forward part
+(:func:`forward_cuts`): everything later forward ops read, held for the
+clones even where no backward op reads it); each plan's peak is predicted by
 :mod:`memopt.analysis` on the rewritten graph (clones placed right before
 the first backward op that reads them, backward reads redirected to them),
 and the plan for a budget is the one with the least added compute whose
@@ -54,7 +56,7 @@ from .graph import Block, Graph, Op, OpFacts
 __all__ = ["RecomputeProblem", "RecomputePlan", "Clone", "Choice", "saved_values",
            "candidates", "candidate_sets", "make_plan", "rewrite_graph", "prefix_grid",
            "grid_plans", "evaluate_grid", "plan_for_budget", "problem_from_graph", "kept_inplace",
-           "CLONE_SUFFIX", "ORDER_OP", "is_copy_dep"]
+           "CLONE_SUFFIX", "ORDER_OP", "is_copy_dep", "forward_cuts"]
 
 #: A recomputed value's name: the original's plus this suffix.
 CLONE_SUFFIX = "@RECOMPUTE"
@@ -131,6 +133,10 @@ class RecomputePlan:
     #: backward op position -> ``{dropped name: tag}`` for the readers that
     #: read their own group's clones (others read the shared ``""`` clones)
     readers: Dict[int, Dict[str, str]] = field(default_factory=dict)
+    #: forward values the backward part does not read that the clones read
+    #: as they are (held alive from the forward part instead of made again:
+    #: a checkpoint of :func:`forward_cuts` that is no saved value)
+    held: List[str] = field(default_factory=list)
 
     @property
     def added_percent(self) -> float:
@@ -280,7 +286,7 @@ def _holdable(problem: RecomputeProblem, name: str) -> bool:
 
 
 def make_plan(problem: RecomputeProblem, dropped: Sequence[str],
-              per_reader: Optional[int] = None) -> RecomputePlan:
+              per_reader: Optional[int] = None, held: Sequence[str] = ()) -> RecomputePlan:
     """The clones that recompute ``dropped`` (saved values) for the backward
     part, each placed right before the first backward op that needs it
     (directly or through a later clone).  PlanError if one cannot be
@@ -292,17 +298,28 @@ def make_plan(problem: RecomputeProblem, dropped: Sequence[str],
     compute, but a value read at both ends of the backward part is not
     held across it).  Values made from parameters and feeds alone stay
     kept in this mode (such a clone could not be held back, see
-    :attr:`Clone.dep`)."""
+    :attr:`Clone.dep`).
+
+    ``held``: forward values (not saved) the clones read as they are, kept
+    alive until then rather than made again; PlanError unless each may be
+    (:func:`_holdable`: dense, never written over)."""
     ops = problem.ops
     saved = saved_values(problem)
     makers = _makers(problem)
     dropped = list(dict.fromkeys(dropped))
+    held = [n for n in dict.fromkeys(held) if n not in saved]
+    for name in held:
+        if name not in makers or not _holdable(problem, name):
+            raise PlanError(f"cannot hold {name} for the clones: it is written over or "
+                            "not made in the forward part")
     if per_reader is not None:
         dropped = [n for n in dropped if _ordering(problem, makers[n], len(ops) - 1,
                                                    _first_backward(ops)) is not None]
-        return _plan_per_reader(problem, dropped, set(saved) - set(dropped), saved, makers,
-                                per_reader)
-    kept = set(saved) - set(dropped)
+        plan = _plan_per_reader(problem, dropped, (set(saved) - set(dropped)) | set(held),
+                                saved, makers, per_reader)
+        plan.held = _held_read(problem, plan, held)
+        return plan
+    kept = (set(saved) - set(dropped)) | set(held)
     recipe = _recipe(problem, dropped, kept, makers)
     if recipe is None:
         raise PlanError(f"cannot recompute {dropped}: an op on the way may not run twice")
@@ -332,7 +349,15 @@ def make_plan(problem: RecomputeProblem, dropped: Sequence[str],
     clones.sort(key=lambda c: (c.before, c.op))
     flops = sum(problem.flops[c.op] for c in clones)
     step = 3 * sum(problem.flops[:start])
-    return RecomputePlan(dropped, clones, flops, step)
+    plan = RecomputePlan(dropped, clones, flops, step)
+    plan.held = _held_read(problem, plan, held)
+    return plan
+
+
+def _held_read(problem: RecomputeProblem, plan: RecomputePlan, held: Sequence[str]) -> List[str]:
+    """The names of ``held`` some clone of ``plan`` reads."""
+    read = {n for c in plan.clones for n in problem.ops[c.op].reads}
+    return [n for n in held if n in read]
 
 
 def _plan_per_reader(problem: RecomputeProblem, dropped: List[str], kept: set,
@@ -503,9 +528,11 @@ def prefix_grid(n: int, points: int = 16) -> List[int]:
 SEGMENTS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 
 
-def candidate_sets(problem: RecomputeProblem, points: int = 16) -> List[Tuple[str, List[str]]]:
+def candidate_sets(problem: RecomputeProblem,
+                   points: int = 16) -> List[Tuple[str, List[str], List[str]]]:
     """The sets of saved values to drop that are tried, each ``(label,
-    names)``; fixed for a program and batch, whatever the budget:
+    names, held)`` (``held``: values the clones read as they are, see
+    :func:`make_plan`); fixed for a program and batch, whatever the budget:
 
     - ``cheap k``: the first ``k`` candidates by bytes per FLOP
       (:func:`candidates`), ``k`` on :func:`prefix_grid`;
@@ -515,19 +542,24 @@ def candidate_sets(problem: RecomputeProblem, points: int = 16) -> List[Tuple[st
       so the backward part recomputes one segment at a time from its
       checkpoint (``m`` in :data:`SEGMENTS`);
     - ``small checkpoints m``: the same segments with each checkpoint moved
-      to the smallest value of its segment (:func:`_small_checkpoints`).
+      to the smallest value of its segment (:func:`_small_checkpoints`);
+    - ``cuts m``: segments of about ``1/m`` of the candidates' bytes again,
+      each ending at a whole cut of the forward part
+      (:func:`forward_cuts`, :func:`_cut_checkpoints`): everything the later
+      forward part reads is kept there, so a segment is made again from its
+      cut alone, never from the segment before it.
 
     Dropping every candidate at once would recompute the whole forward part
     in one go at the start of the backward part, which saves nothing: the
     segments are what bound the recomputed values alive at once."""
     ranked = candidates(problem)
-    out: List[Tuple[str, List[str]]] = []
+    out: List[Tuple[str, List[str], List[str]]] = []
     seen: set = set()
     for k in prefix_grid(len(ranked), points):
         key = frozenset(ranked[:k])
         if key not in seen:
             seen.add(key)
-            out.append((f"cheap {k}", ranked[:k]))
+            out.append((f"cheap {k}", ranked[:k], []))
     makers = _makers(problem)
     ordered = sorted(ranked, key=lambda n: (makers[n], n))
     total = sum(problem.size(n) for n in ordered)
@@ -546,13 +578,93 @@ def candidate_sets(problem: RecomputeProblem, points: int = 16) -> List[Tuple[st
         key = frozenset(dropped)
         if key not in seen:
             seen.add(key)
-            out.append((f"segments {m}", dropped))
+            out.append((f"segments {m}", dropped, []))
         dropped = _small_checkpoints(problem, ordered, total / m)
         key = frozenset(dropped)
         if key not in seen:
             seen.add(key)
-            out.append((f"small checkpoints {m}", dropped))
+            out.append((f"small checkpoints {m}", dropped, []))
+    cuts = forward_cuts(problem)
+    for m in SEGMENTS:
+        if m >= len(ordered):
+            break
+        dropped, held = _cut_checkpoints(problem, ordered, cuts, total / m)
+        key = frozenset(dropped)
+        if key not in seen:
+            seen.add(key)
+            out.append((f"cuts {m}", dropped, held))
     return out
+
+
+def forward_cuts(problem: RecomputeProblem) -> List[Tuple[int, frozenset]]:
+    """``[(position, values)]``: the forward positions where the forward
+    part could be cut -- after op ``position``, the values made so far
+    that a later forward op still reads (``values``, never parameters or
+    feeds) are each a saved value or may be held for the clones
+    (:func:`_holdable`), so keeping them lets every later forward value be
+    made again from them alone.  A residual block's output, a U-Net
+    decoder level's input together with the encoder's skips still to come,
+    a dense block's features so far (each layer's output, read by every
+    later concat: the concats, their batch norms and ReLUs are then made
+    again from them, as in memory-efficient DenseNets)."""
+    ops = problem.ops
+    start = _first_backward(ops)
+    saved = saved_values(problem)
+    variables = problem.graph.blocks[0].vars
+    makers = _makers(problem)
+    last: Dict[str, int] = {}
+    for i, op in enumerate(ops[:start]):
+        for name in op.reads:
+            if name in makers and makers[name] < i:
+                last[name] = i
+    live: set = set()
+    out: List[Tuple[int, frozenset]] = []
+    for i, op in enumerate(ops[:start]):
+        for name in op.writes:
+            var = variables.get(name)
+            if last.get(name, -1) > i and name not in problem.available \
+                    and not (var is not None and (var.persistable or var.is_feed or var.is_data)):
+                live.add(name)
+        live = {n for n in live if last[n] > i}
+        if live and all(n in saved or _holdable(problem, n) for n in live):
+            out.append((i, frozenset(live)))
+    return out
+
+
+def _cut_checkpoints(problem: RecomputeProblem, ordered: Sequence[str],
+                     cuts: Sequence[Tuple[int, frozenset]],
+                     limit: float) -> Tuple[List[str], List[str]]:
+    """``(dropped, held)`` when the checkpoints are whole forward cuts
+    (:func:`forward_cuts`): walking the forward part, once the candidates'
+    bytes made since the last cut reach ``limit`` the cut with the fewest
+    bytes among those passed since (the latest of equals) is taken and
+    its values are kept (``held``: those no backward op reads); every
+    other candidate is dropped.  A segment's
+    recipes then stop at its cut instead of reaching into the segment
+    before it (a checkpoint inside a residual block leaves the shortcut's
+    input to be made again from further back)."""
+    makers = _makers(problem)
+    made_at: Dict[int, int] = {}
+    for n in ordered:
+        made_at[makers[n]] = made_at.get(makers[n], 0) + problem.size(n)
+    kept: set = set()
+    window: List[Tuple[int, int, frozenset]] = []  # (bytes, position, values)
+    last_cut, run, k = -1, 0, 0
+    positions = sorted(made_at)
+    for pos, values in cuts:
+        while k < len(positions) and positions[k] <= pos:
+            run += made_at[positions[k]]
+            k += 1
+        window.append((sum(problem.size(n) for n in values), pos, values))
+        if run < limit:
+            continue
+        _, cut, values = min(window, key=lambda w: (w[0], -w[1]))
+        kept.update(values)
+        last_cut = cut
+        run = sum(b for p, b in made_at.items() if last_cut < p <= pos)
+        window = [w for w in window if w[1] > last_cut]
+    saved = saved_values(problem)
+    return [n for n in ordered if n not in kept], sorted(n for n in kept if n not in saved)
 
 
 def _small_checkpoints(problem: RecomputeProblem, ordered: Sequence[str],
@@ -602,10 +714,10 @@ def grid_plans(problem: RecomputeProblem, points: int = 16) -> Iterator[Tuple[st
     group of readers (:data:`READER_GAPS`) where that makes clones; sets
     that cannot be recomputed are left out.  Not predicted (see
     :func:`evaluate_grid`)."""
-    for label, dropped in candidate_sets(problem, points):
+    for label, dropped, held in candidate_sets(problem, points):
         for gap in (None, *READER_GAPS):
             try:
-                plan = make_plan(problem, dropped, gap)
+                plan = make_plan(problem, dropped, gap, held)
             except PlanError:
                 continue
             if gap is not None and not plan.clones:

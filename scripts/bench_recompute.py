@@ -65,6 +65,12 @@ BENCH_MODELS = {
     # step (so no budget of 50% or less can fit any plan there)
     "bert-8L": (16, {"seq_len": 64, "layers": 8}),
     "gpt-8L": (16, {"seq_len": 64, "layers": 8}),
+    # the CNNs at the sizes where they run out of memory: larger batches and
+    # images, activations >= 70% of the default step's peak
+    "resnet50-b32": (32, {"image_size": 96}),
+    "mobilenet_v2-b32": (32, {"image_size": 128}),
+    "unet-256": (8, {"image_size": 256}),
+    "densenet-128": (16, {"image_size": 128}),
 }
 FRACTIONS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3)
 

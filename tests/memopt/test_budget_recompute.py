@@ -250,3 +250,32 @@ def test_multi_thread_executor_is_offered_no_per_reader_plans(paddle):
     _, program_order = pir_budget.plan_recompute(pg, model.batch_size, 1 << 40,
                                                  replace(runtime, schedule="program"))
     assert any(c.plan.readers for c in program_order)
+
+
+def test_cut_checkpoints_hold_features_and_are_bit_identical(paddle):
+    """DenseNet: the ``cuts`` plans keep whole forward cuts -- within a
+    dense block each layer's output, which no backward op reads, held for
+    the clones of the concats, batch norms and ReLUs.  A budget under every
+    plan of the other families (the planner before them raised
+    BudgetError there) gets a cuts plan whose rewritten program checks
+    within it (frees late, fewer workers) and trains exactly as the
+    unchanged program."""
+    import memopt
+    from memopt.paddle import flags, pir, pir_budget
+
+    opts = {"image_size": 16, "blocks": 2, "batch_size": 16}
+    reference = models.run_steps(models.build("densenet", "pir", **opts), steps=2)
+    model = models.build("densenet", "pir", **opts)
+    runtime = flags.runtime_model("pir")
+    _, grid = pir_budget.recompute_choices(pir.convert(model.main), 16, runtime)
+    choices = pir_budget.vouched(grid, runtime)
+    cuts = [c for c in choices if c.label.startswith("cuts ")]
+    assert any(c.plan.held for c in cuts), "a dense block's cut holds outputs no backward op reads"
+    others = min(c.peak for c in choices if not c.label.startswith("cuts "))
+    assert min(c.peak for c in cuts) < 0.97 * others
+    budget = others - 1
+    report = memopt.memory_optimize(model.main, budget=budget, skip_opt_set=model.fetch_list,
+                                    batch_size=16)
+    assert any(note.startswith("recompute (cuts ") for note in report.notes), report.notes
+    assert pir_budget.guarded_peak(memopt.analyze(model.main, 16), 16) <= budget
+    _same(reference, models.run_steps(model, steps=2))
