@@ -56,7 +56,7 @@ from .graph import Block, Graph, Op, OpFacts
 __all__ = ["RecomputeProblem", "RecomputePlan", "Clone", "Choice", "saved_values",
            "candidates", "candidate_sets", "make_plan", "rewrite_graph", "prefix_grid",
            "grid_plans", "evaluate_grid", "plan_for_budget", "problem_from_graph", "kept_inplace",
-           "CLONE_SUFFIX", "ORDER_OP", "is_copy_dep", "forward_cuts"]
+           "CLONE_SUFFIX", "ORDER_OP", "is_copy_dep", "forward_cuts", "CloneSpelling"]
 
 #: A recomputed value's name: the original's plus this suffix.
 CLONE_SUFFIX = "@RECOMPUTE"
@@ -82,6 +82,13 @@ class RecomputeProblem:
     reusable: List[Optional[str]]
     available: frozenset
     batch_size: int
+    #: how :func:`rewrite_graph` spells a clone as ops (the adapter's, so
+    #: that the rewritten graph has the ops the applied program has)
+    spelling: "CloneSpelling" = None
+
+    def __post_init__(self):
+        if self.spelling is None:
+            self.spelling = CloneSpelling()
 
     @property
     def ops(self) -> List[Op]:
@@ -454,15 +461,50 @@ def is_copy_dep(graph: Graph, dep: Optional[Tuple[str, str]]) -> bool:
 ORDER_OP = "memopt.after"
 
 
+class CloneSpelling:
+    """How :func:`rewrite_graph` spells one clone as ops of the rewritten
+    graph.  This generic spelling is one :data:`ORDER_OP` for a
+    :attr:`Clone.dep` and the cloned op itself; an adapter whose applied
+    program has other ops there (Paddle: a few tiny ops per ordering, the
+    out-of-place form of an in-place op) spells them as it emits them, so
+    that schedules and late frees see the same op sequence."""
+
+    def order_ops(self, problem: RecomputeProblem, clone: Clone, waited: str,
+                  variables: Dict[str, object]) -> List[Op]:
+        """The ops that make ``waited``: ``clone.dep``'s input once
+        ``clone.dep``'s trigger exists (declaring any new value in
+        ``variables``)."""
+        x, trigger = clone.dep
+        copy = is_copy_dep(problem.graph, clone.dep)
+        return [Op(ORDER_OP, (x, trigger), (waited,), (), "backward", False,
+                   {"recompute_of": clone.op},
+                   OpFacts(overwrites=() if copy else ((x, waited),),
+                           no_need_buffer=(trigger,)))]
+
+    def clone_ops(self, problem: RecomputeProblem, clone: Clone, op: Op,
+                  variables: Dict[str, object]) -> List[Op]:
+        """The ops that run ``op`` (the clone of ``problem.ops[clone.op]``,
+        reads and writes already renamed), in order."""
+        return [op]
+
+    def finish(self, problem: RecomputeProblem, plan: RecomputePlan, ops: List[Op],
+               origin: List[Optional[int]]) -> List[Op]:
+        """The rewritten block's ops once every clone is placed (``origin``:
+        each op's position in ``problem.ops``, None for an added op)."""
+        return ops
+
+
 def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph, List[str]]:
     """The graph with ``plan`` applied: each clone (an op reading the
     clones of its group's recomputed inputs) inserted right before its
     backward op, and backward reads of dropped values redirected to the
     clones (a reader in :attr:`RecomputePlan.readers` to its group's).
     Returns the graph and its clone names.  Shape-only reads keep the
-    original value (see :func:`saved_values`)."""
+    original value (see :func:`saved_values`).  Each clone is spelled by
+    ``problem.spelling`` (:class:`CloneSpelling`)."""
     ops = problem.ops
     block0 = problem.graph.blocks[0]
+    spelling = problem.spelling
     variables = dict(block0.vars)
     made: Dict[str, set] = {}  # tag -> names its clones make
     for c in plan.clones:
@@ -479,6 +521,7 @@ def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph
     dropped = set(plan.dropped)
     shared = made.get("", set())
     new_ops: List[Op] = []
+    origin: List[Optional[int]] = []
     for i, op in enumerate(ops):
         for c in before.get(i, ()):
             src = ops[c.op]
@@ -488,19 +531,19 @@ def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph
             group = made[c.tag]
             reads = [n + CLONE_SUFFIX + c.tag if n in group else n for n in src.reads]
             if c.dep is not None:
-                x, trigger = c.dep
+                x = c.dep[0]
                 waited = f"{x}@AFTER{len(new_ops)}"
-                variables[waited] = replace(block0.vars[x], name=waited, is_fetch=False)
-                variables[waited] = replace(variables[waited], is_feed=False, is_data=False)
-                copy = is_copy_dep(problem.graph, c.dep)
-                new_ops.append(Op(ORDER_OP, (x, trigger), (waited,), (), "backward", False,
-                                  {"recompute_of": c.op},
-                                  OpFacts(overwrites=() if copy else ((x, waited),),
-                                          no_need_buffer=(trigger,))))
+                variables[waited] = replace(block0.vars[x], name=waited, is_fetch=False,
+                                            is_feed=False, is_data=False)
+                added = spelling.order_ops(problem, c, waited, variables)
+                new_ops.extend(added)
+                origin.extend([None] * len(added))
                 reads = [waited if n == x else n for n in reads]
-            new_ops.append(Op(src.type, tuple(reads),
-                              tuple(c.name(n) for n in src.writes), (), "backward", False,
-                              attrs, facts))
+            added = spelling.clone_ops(problem, c, Op(
+                src.type, tuple(reads), tuple(c.name(n) for n in src.writes), (), "backward",
+                False, attrs, facts), variables)
+            new_ops.extend(added)
+            origin.extend([None] * len(added))
         if i >= start:
             shape_only = set(op.facts.no_need_buffer)
             own = plan.readers.get(i, {})
@@ -511,6 +554,8 @@ def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph
             if reads != op.reads:
                 op = replace(op, reads=reads)
         new_ops.append(op)
+        origin.append(i)
+    new_ops = spelling.finish(problem, plan, new_ops, origin)
     graph = Graph(blocks=[Block(0, -1, new_ops, variables)],
                   fetch_names=problem.graph.fetch_names)
     return graph, sorted(c.name(n) for c in plan.clones for n in c.outputs)

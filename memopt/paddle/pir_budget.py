@@ -91,16 +91,24 @@ def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
     returned."""
     from .. import recompute
     from . import pir_recompute
-    from .pir_inplace import executor_inplace
 
     problem = pir_recompute.problem_of(pg, batch)
-    pairs = executor_inplace(pg, (), runtime.device) if runtime.inplace else []
     keep = (lambda plan: offered(plan, runtime)) if offered_only else None
-    choices = recompute.evaluate_grid(problem, pir_recompute.predictor(batch, runtime, pairs),
-                                      keep=keep)
+    choices = recompute.evaluate_grid(problem, _predictor(pg, batch, runtime), keep=keep)
     for c in choices:
         c.peak = guarded_peak(c.prediction, batch)
     return problem, choices
+
+
+def _predictor(pg, batch: int, runtime):
+    """The predictor of ``pg``'s rewritten graphs
+    (:func:`memopt.paddle.pir_recompute.predictor`), the executor's
+    in-place pass run again on each (its options read from ``pg``)."""
+    from . import pir_recompute
+    from .pir_inplace import inplace_options
+
+    options = inplace_options(pg, runtime.device) if runtime.inplace else {}
+    return pir_recompute.predictor(batch, runtime, [], options, pg.graph)
 
 
 def vouched(choices, runtime) -> list:
@@ -271,12 +279,10 @@ def plans_at(pg, fetch_names, batch: int, budget: int, runtime, order=()) -> boo
     passes; the answer does not depend on it)."""
     from .. import recompute
     from . import pir_recompute
-    from .pir_inplace import executor_inplace
 
     require_flat(pg)
     problem = pir_recompute.problem_of(pg, batch)
-    pairs = executor_inplace(pg, (), runtime.device) if runtime.inplace else []
-    predict = pir_recompute.predictor(batch, runtime, pairs)
+    predict = _predictor(pg, batch, runtime)
     rank = {c.label: k for k, c in enumerate(sorted(order, key=lambda c: (c.peak, c.plan.flops)))}
     plans = [(label, plan) for label, plan in recompute.grid_plans(problem)
              if offered(plan, runtime)]

@@ -342,3 +342,89 @@ def _inplace_allowed(op_name: str, vin, vout, dying: set) -> bool:
     elif str(vin.type()) != str(vout.type()):
         return False
     return vin.id in dying
+
+
+def inplace_options(pg: PirGraph, device: str = "cpu") -> dict:
+    """``{position: [(input name, output name)]}``: the pairs Paddle's
+    in-place pass would take at each top-level op of ``pg`` if the inputs
+    died there -- every test of :func:`executor_inplace` but those that
+    depend on where values die or on other ops (see :func:`inplace_where`).
+    Ops already in place and ops without a variant are left out."""
+    top = [(i, op) for i, op in enumerate(pg.ops) if op is not None and is_top_level(op)]
+    if not top:
+        return {}
+    program_block = top[0][1].get_parent_block()
+    inplace_maps(program_block.program, [op for _, op in top])
+    from paddle.base import core
+
+    external = _ids(core.pir.get_used_external_value(program_block))
+    out = {}
+    for position, op in top:
+        name = op.name()
+        if not name.startswith("pd_op.") or op.num_regions() or is_inplace_op(op) \
+                or (device == "cpu" and name in CPU_NO_INPLACE) or not has_inplace_variant(name):
+            continue
+        operands, results = list(op.operands_source()), list(op.results())
+        pairs = []
+        for out_slot, in_slot in inplace_map(op, program_block.program).items():
+            vin, vout = operands[in_slot], results[out_slot]
+            if not (_static_allowed(name, vin, vout) and _deletable(vout)
+                    and vin.id not in external and vout.id not in external
+                    and vin.id in pg.name_of and vout.id in pg.name_of):
+                pairs = []
+                break
+            pairs.append((pg.name_of[vin.id], pg.name_of[vout.id]))
+        if pairs:
+            out[position] = pairs
+    return out
+
+
+def _static_allowed(op_name: str, vin, vout) -> bool:
+    """:func:`_inplace_allowed` but for the input dying at the op."""
+    if not vin.initialized() or not vout.initialized():
+        return False
+    if vin.is_dense_tensor_type() and vout.is_dense_tensor_type():
+        if vin.dtype != vout.dtype:
+            return False
+        return op_name in _RESHAPE_LIKE or _numel_fits(vin, vout, op_name in _RELAXED_NUMEL)
+    return str(vin.type()) == str(vout.type())
+
+
+def inplace_where(graph, options: list) -> list:
+    """``[(position, input, output)]``: the in-place pass of
+    :func:`executor_inplace` run on ``graph`` (one flat block) given each
+    op's possible pairs (``options[position]``, names of ``graph``; see
+    :func:`inplace_options`): an op's pairs are taken, all or none, where
+    each input's data is last read at that op, is no fed, fetched or
+    persistable value, and no input or output was taken by an earlier
+    pair or in-place op."""
+    ops = graph.blocks[0].ops
+    var = graph.blocks[0].vars
+    fetched = set(graph.fetch_names)
+    last: dict = {}
+    for k, op in enumerate(ops):
+        shape_only = set(op.facts.no_need_buffer)
+        for n in op.reads:
+            if n not in shape_only:
+                last[n] = k
+        for n in op.writes:
+            last[n] = k
+    reused_in, reused_out, chosen = set(), set(), []
+    for k, op in enumerate(ops):
+        if op.facts.overwrites or (op.type.startswith("pd_op.") and op.type.endswith("_")):
+            reused_in.update(op.reads)
+            reused_out.update(op.writes)
+            continue
+        pairs = options[k]
+        if not pairs:
+            continue
+        ok = all(last.get(i) == k and i not in fetched and i not in reused_in
+                 and o not in reused_out and i in var and not (
+                     var[i].persistable or var[i].is_feed or var[i].is_data)
+                 for i, o in pairs)
+        if ok:
+            for i, o in pairs:
+                reused_in.add(i)
+                reused_out.add(o)
+                chosen.append((k, i, o))
+    return chosen

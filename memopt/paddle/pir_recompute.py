@@ -31,17 +31,19 @@ ready ops lowest index first).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import PlanError
-from ..recompute import CLONE_SUFFIX, RecomputePlan, RecomputeProblem, is_copy_dep
-from ..graph import Graph
+from ..recompute import CLONE_SUFFIX, CloneSpelling, RecomputePlan, RecomputeProblem, is_copy_dep
+from ..graph import Graph, Op, OpFacts, Var
 from .pir import COMBINE_OP, SPLIT_OP, SLICE_OP, PirGraph
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RANDOM_OPS", "OUT_OF_PLACE", "PIR_RULES", "op_flops", "problem_of", "predictor",
-           "apply_plan", "verify_defined_before_use", "waiting_for", "redirect_data_uses"]
+           "PirSpelling", "rewritten_options", "apply_plan", "verify_defined_before_use",
+           "waiting_for", "redirect_data_uses"]
 
 #: Ops drawing random numbers: never run twice (their values would differ).
 RANDOM_OPS = frozenset({
@@ -135,21 +137,195 @@ def problem_of(pg: PirGraph, batch: int) -> RecomputeProblem:
     """The :class:`RecomputeProblem` of a flat PIR program at ``batch``."""
     from ..recompute import problem_from_graph
 
-    return problem_from_graph(pg.graph, batch, PIR_RULES)
+    problem = problem_from_graph(pg.graph, batch, PIR_RULES)
+    problem.spelling = PirSpelling(pg)
+    return problem
 
 
-def predictor(batch: int, runtime, inplace_pairs: list):
+class PirSpelling(CloneSpelling):
+    """A clone spelled as :func:`apply_plan` emits it into the program and
+    :func:`memopt.paddle.pir.convert` reads it back, op for op: the
+    ordering ops of :func:`waiting_for`, a ``builtin.combine`` per vector
+    operand, ``batch_norm_`` as ``full``/``full_like`` twice and
+    ``batch_norm`` (:func:`_out_of_place`), a ``builtin.split`` /
+    ``builtin.slice`` per forward unpacking of its results, and the
+    backward part's vectors of redirected values moved to their readers
+    (:func:`_sink_glue`)."""
+
+    def __init__(self, pg: PirGraph):
+        self._pg = pg
+
+    def _new(self, variables, stem: str, shape, dtype: str) -> str:
+        """Declare a fresh dense temporary ``stem@k`` in ``variables``."""
+        name = f"{stem}@{len(variables)}"
+        variables[name] = Var(name, tuple(shape), dtype)
+        return name
+
+    def order_ops(self, problem, clone, waited, variables):
+        """:func:`waiting_for`'s ops: ``shape64`` of the input and of the
+        trigger, the trigger's first dim (two ``full_int_array``, ``slice``),
+        times zero (``full``, ``scale``), added to the dims (``add``) and
+        the input viewed through ``reshape_`` (``reshape`` for a fed one)."""
+        x, trigger = clone.dep
+        var = problem.graph.blocks[0].vars
+        tag = {"recompute_of": clone.op}
+
+        def op(kind, reads, writes, inplace=None, **facts):
+            attrs = dict(tag, inplace=inplace) if inplace else dict(tag)
+            return Op(kind, tuple(reads), tuple(writes), (), "backward", False, attrs,
+                      OpFacts(**facts))
+
+        dims = self._new(variables, "dims", (len(var[x].shape),), "int64")
+        tdims = self._new(variables, "dims", (len(var[trigger].shape),), "int64")
+        lo = self._new(variables, "index", (1,), "int64")
+        hi = self._new(variables, "index", (1,), "int64")
+        first = self._new(variables, "dim", (), "int64")
+        factor = self._new(variables, "zero", (1,), "float32")
+        zero = self._new(variables, "dim", (), "int64")
+        same = self._new(variables, "dims", (len(var[x].shape),), "int64")
+        copy = is_copy_dep(problem.graph, clone.dep)
+        return [op("pd_op.shape64", [x], [dims], no_need_buffer=(x,)),
+                op("pd_op.shape64", [trigger], [tdims], no_need_buffer=(trigger,)),
+                op("pd_op.full_int_array", [], [lo]), op("pd_op.full_int_array", [], [hi]),
+                op("pd_op.slice", [tdims, lo, hi], [first]), op("pd_op.full", [], [factor]),
+                op("pd_op.scale", [first, factor], [zero], inplace=((first, zero),)),
+                op("pd_op.add", [dims, zero], [same], inplace=((dims, same),)),
+                op("pd_op.reshape" if copy else "pd_op.reshape_", [x, same], [waited],
+                   overwrites=() if copy else ((x, waited),))]
+
+    def clone_ops(self, problem, clone, op, variables):
+        """The combines of its vector operands, the op (``batch_norm_``:
+        its out-of-place form on fresh statistics), the forward
+        splits/slices of its results."""
+        src = self._pg.ops[clone.op]
+        glue = {"recompute_of": clone.op}
+        out = [Op(COMBINE_OP, (), (), (), "backward", False, dict(glue))
+               for v in src.operands_source() if v.initialized()
+               and v.get_defining_op() is not None
+               and v.get_defining_op().name() == COMBINE_OP]
+        if op.type in OUT_OF_PLACE:
+            reads = list(op.reads)
+            for k in (1, 2):
+                var = variables[reads[k]]
+                fill = self._new(variables, "zero", (1,), "float32")
+                stat = self._new(variables, "stat", var.shape, var.dtype)
+                out += [Op("pd_op.full", (), (fill,), (), "backward", False, dict(glue)),
+                        Op("pd_op.full_like", (reads[k], fill), (stat,), (), "backward", False,
+                           dict(glue))]
+                reads[k] = stat
+            # its in-place variant (the executor's pass) writes the new
+            # statistics over the fresh ones
+            pairs = ((reads[1], op.writes[1]), (reads[2], op.writes[2]))
+            op = replace(op, type="pd_op." + OUT_OF_PLACE[op.type], reads=tuple(reads),
+                         attrs=dict(op.attrs, inplace=pairs))
+        out.append(op)
+        forward = set(self._forward_ids())
+        for r in src.results():
+            if not r.initialized():
+                continue
+            for user in r.all_used_ops_in_same_block():
+                if user.name() in (SPLIT_OP, SLICE_OP) and user.id() in forward:
+                    out.append(Op(user.name(), (), (), (), "backward", False, dict(glue)))
+        return out
+
+    def _forward_ids(self) -> List[int]:
+        """``id()`` of the PIR ops of the forward part."""
+        ids = self.__dict__.get("_fwd")
+        if ids is None:
+            ops = self._pg.graph.blocks[0].ops
+            start = next((i for i, op in enumerate(ops)
+                          if op.role in ("backward", "optimize")), len(ops))
+            ids = [op.id() for op in self._pg.ops[:start] if op is not None]
+            self._fwd = ids
+        return ids
+
+    def finish(self, problem, plan, ops, origin):
+        """:func:`_sink_glue`: a backward ``builtin.combine`` whose vector
+        a reader reads with a clone made after it moves right before its
+        first reader."""
+        where = {p: k for k, p in enumerate(origin) if p is not None}
+        writer = {n: k for k, op in enumerate(ops) for n in op.writes}
+        moves = []
+        for k, (op, p) in enumerate(zip(ops, origin)):
+            if p is None or op.type != COMBINE_OP or self._pg.ops[p] is None:
+                continue
+            comb = self._pg.ops[p]
+            names = {self._pg.name_of.get(v.id) for v in comb.operands_source()
+                     if v.initialized()}
+            users = sorted(where[q] for q in (self._position(u, p) for u in
+                                              comb.result(0).all_used_ops_in_same_block())
+                           if q is not None and q in where)
+            if not users:
+                continue
+            read = {n for u in users for n in ops[u].reads
+                    if CLONE_SUFFIX in n and n.split(CLONE_SUFFIX)[0] in names}
+            if any(writer.get(n, -1) > k for n in read):
+                moves.append((k, users[0]))
+        if not moves:
+            return ops
+        order = list(range(len(ops)))
+        for k, target in moves:
+            order.remove(k)
+            order.insert(order.index(target), k)
+        return [ops[k] for k in order]
+
+    def _position(self, pir_op, near: int) -> Optional[int]:
+        """The position of ``pir_op`` in the program as read (searched
+        from ``near`` on)."""
+        ops = self._pg.ops
+        for q in range(near, len(ops)):
+            if ops[q] is not None and ops[q].id() == pir_op.id():
+                return q
+        return None
+
+
+def predictor(batch: int, runtime, inplace_pairs: list, options: Optional[dict] = None,
+              graph: Optional[Graph] = None):
     """``predict(graph, plan) -> Analysis`` for graphs rewritten from a
-    program's: :func:`memopt.analysis.from_graph` under ``runtime``, with the
-    executor's in-place pairs of the original that still hold
+    program's: :func:`memopt.analysis.from_graph` under ``runtime``.  The
+    executor's in-place pairs: with ``options`` (the original program's
+    :func:`memopt.paddle.pir_inplace.inplace_options`, ``graph`` its graph)
+    its pass run again on the rewritten graph
+    (:func:`rewritten_options`, :func:`memopt.paddle.pir_inplace.inplace_where`);
+    else the original's ``inplace_pairs`` that still hold
     (:func:`memopt.recompute.kept_inplace`)."""
     from ..analysis import from_graph
     from ..recompute import kept_inplace
+    from .pir_inplace import inplace_where
 
-    def predict(graph, plan: RecomputePlan):
-        return from_graph(graph, batch, runtime, kept_inplace(graph, inplace_pairs))
+    def predict(rewritten, plan: RecomputePlan):
+        if options is None or not runtime.inplace:
+            pairs = kept_inplace(rewritten, inplace_pairs) if runtime.inplace else []
+        else:
+            pairs = inplace_where(rewritten, rewritten_options(graph, rewritten, options))
+        return from_graph(rewritten, batch, runtime, pairs)
 
     return predict
+
+
+def rewritten_options(original: Graph, rewritten: Graph, options: dict) -> list:
+    """Per op of ``rewritten`` (from ``original`` by
+    :func:`memopt.recompute.rewrite_graph`), the in-place pairs the
+    executor's pass may take there: the original op's ``options``
+    (clones and redirected readers: their operands renamed alike), the
+    pairs :class:`PirSpelling` declares for the ops it adds (``attrs``
+    ``"inplace"``)."""
+    ops = original.blocks[0].ops
+    at = {op.attrs["pir_id"]: k for k, op in enumerate(ops) if op.attrs and "pir_id" in op.attrs}
+    out = []
+    for op in rewritten.blocks[0].ops:
+        attrs = op.attrs or {}
+        if "inplace" in attrs:
+            out.append(list(attrs["inplace"]))
+            continue
+        k = at.get(attrs.get("pir_id"))
+        if k is None or k not in options or ops[k].type != op.type:
+            out.append([])
+            continue
+        src = ops[k]
+        out.append([(op.reads[src.reads.index(i)], op.writes[src.writes.index(o)])
+                    for i, o in options[k]])
+    return out
 
 
 class AppliedRecompute:
@@ -189,7 +365,9 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
     A clone's :attr:`~memopt.recompute.Clone.dep` becomes a few tiny ops
     right before it: ``s = shape64(input) + 0 * shape64(trigger)[0]`` (int64)
     and ``input' = reshape_(input, s)`` -- the same dims, in place (no copy,
-    no change to the data) -- which the clone reads instead of ``input``.
+    no change to the data) -- which the clone reads instead of ``input``,
+    directly or as an element of the vector it reads (so that a ``concat``
+    clone waits too).
     """
     import paddle
     from paddle import pir
@@ -223,7 +401,10 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
                 if d is not None and d.name() == COMBINE_OP:
                     inner = paddle.pir.IrMapping()
                     for e in d.operands_source():
-                        inner.add(e, new_of.get(e.id, e))
+                        if waited is not None and e.id == pg.values[c.dep[0]].id:
+                            inner.add(e, waited)  # the clone waits through its vector too
+                        else:
+                            inner.add(e, new_of.get(e.id, e))
                     comb = d.clone(inner, options)
                     comb.move_before(anchor)
                     made.append(comb)

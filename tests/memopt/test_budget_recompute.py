@@ -280,3 +280,25 @@ def test_cut_checkpoints_hold_features_and_are_bit_identical(paddle):
     assert any(note.startswith("recompute (cuts ") for note in report.notes), report.notes
     assert pir_budget.guarded_peak(memopt.analyze(model.main, 16), 16) <= budget
     _same(reference, models.run_steps(model, steps=2))
+
+
+def test_grid_predicts_the_applied_program_to_the_byte(paddle):
+    """Each offered plan's grid peak (the rewritten graph, as checked:
+    frees late, fewer workers) is its applied program's, read back and
+    checked the same way: the graph spells each clone with the ops the
+    program gets (ordering ops, batch_norm's fresh statistics, vectors)
+    and the executor's in-place pass is run again on it.  DenseNet: batch
+    norms, concats of vectors, cut plans."""
+    from memopt.paddle import flags, pir, pir_budget
+
+    model = models.build("densenet", "pir", image_size=16, blocks=2, batch_size=16)
+    runtime = flags.runtime_model("pir")
+    pg = pir.convert(model.main)
+    _, choices = pir_budget.recompute_choices(pg, 16, runtime, offered_only=True)
+    plans = [c for c in choices if c.k]
+    assert len(plans) > 20
+    for c in plans:
+        actual, applied = pir_budget.rewritten_peak(pg, c.plan, sorted(pg.graph.fetch_names),
+                                                    16, runtime)
+        applied.undo()
+        assert actual == c.peak, (c.label, c.peak, actual)
