@@ -152,19 +152,16 @@ def estimated_batch(choices, budget: int, limit: int = 1 << 20) -> int:
     rewritten program may predict above its grid figure
     (:func:`largest_planned_batch` checks; it starts from this).  A plan is
     looked at only if it fits one batch beyond the best so far (its peak
-    grows with the batch)."""
+    grows with the batch); its batch is searched by
+    :func:`memopt.batch_search.largest_passing` from there."""
+    from ..batch_search import largest_passing
+
     best = 0
     for c in sorted(choices, key=lambda c: c.peak):
         if best >= limit or guarded_peak(c.prediction, best + 1) > budget:
             continue
-        lo, step = best + 1, 1
-        while lo + step <= limit and guarded_peak(c.prediction, lo + step) <= budget:
-            lo, step = lo + step, step * 2
-        hi = min(lo + step, limit + 1)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if guarded_peak(c.prediction, mid) <= budget else (lo, mid)
-        best = lo
+        best = largest_passing(lambda n, c=c: guarded_peak(c.prediction, n) <= budget,
+                               best + 1, limit, {best + 1: True})
     return best
 
 
