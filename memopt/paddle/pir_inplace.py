@@ -329,19 +329,9 @@ def executor_inplace(pg: PirGraph, fetch_list=(), device: str = "cpu",
 
 
 def _inplace_allowed(op_name: str, vin, vout, dying: set) -> bool:
-    """``CanDoInplace`` of Paddle's pass: may ``vout`` be written over ``vin``?"""
-    if not vin.initialized() or not vout.initialized():
-        return False
-    if vin.is_dense_tensor_type() and vout.is_dense_tensor_type():
-        if vin.dtype != vout.dtype:
-            return False
-        if op_name in _RESHAPE_LIKE and vin.id in dying:
-            return True
-        if not _numel_fits(vin, vout, op_name in _RELAXED_NUMEL):
-            return False
-    elif str(vin.type()) != str(vout.type()):
-        return False
-    return vin.id in dying
+    """``CanDoInplace`` of Paddle's pass: may ``vout`` be written over ``vin``
+    (:func:`_static_allowed`, and ``vin`` dies at the op)?"""
+    return _static_allowed(op_name, vin, vout) and vin.id in dying
 
 
 def inplace_options(pg: PirGraph, device: str = "cpu") -> dict:
@@ -380,7 +370,9 @@ def inplace_options(pg: PirGraph, device: str = "cpu") -> dict:
 
 
 def _static_allowed(op_name: str, vin, vout) -> bool:
-    """:func:`_inplace_allowed` but for the input dying at the op."""
+    """The tests of Paddle's ``CanDoInplace`` that do not depend on where
+    ``vin`` dies: both initialized; dense tensors of one dtype whose element
+    counts fit (reshape-like ops: any count), or the same type."""
     if not vin.initialized() or not vout.initialized():
         return False
     if vin.is_dense_tensor_type() and vout.is_dense_tensor_type():
