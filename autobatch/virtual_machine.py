@@ -57,7 +57,7 @@ from autobatch.ir import (
     TensorType, VariableAllocation, as_pattern, pattern_leaves, pattern_map,
     pattern_unflatten, tuple_expr,
 )
-from autobatch.backends.base import MAX_CHAIN, Backend
+from autobatch.backends.base import MAX_CHAIN
 from autobatch.lowering import LoweredProgram
 from autobatch.projection import apply as apply_projection, projection
 from autobatch.register_sharing import register_names
@@ -567,9 +567,6 @@ class VirtualMachine:
                 self.predecessors[self.index[term.return_target]].add(-1)
         self.predecessors[self.index[lowered.entry]].add(-1)
         self.steps = 0
-        #: the backend loops and switches as the base class does
-        self._plain_loop = (type(backend).while_loop is Backend.while_loop
-                            and type(backend).switch_case is Backend.switch_case)
         self._sources: Dict[int, str] = {}
         self.block_functions: List[Callable[[dict], dict]] = [
             self._block_function(i, block_code_cache) for i in range(self.halt)]
@@ -681,26 +678,8 @@ class VirtualMachine:
             s["steps"] = s["steps"] + 1
             return s
 
-        if running_above is None and self._plain_loop:
-            return self._run_plain(state, stop)
         state["next"] = backend.reduce_min(state["pc"])
         return backend.while_loop(cond, body, state)
-
-    def _run_plain(self, state: dict, stop: Optional[int]) -> dict:
-        """:meth:`_run_loop` (up to step ``stop``) as a plain Python loop, for a
-        backend whose ``while_loop`` and ``switch_case`` are the base
-        class's: the same steps without their closures and calls (about
-        1 us a step)."""
-        blocks, halt, reduce_min = self.block_functions, self.halt, self.backend.reduce_min
-        steps = state["steps"]
-        stop = float("inf") if stop is None else stop
-        nxt = reduce_min(state["pc"])
-        while nxt < halt and steps < stop:
-            state = blocks[int(nxt)](state)  # as Backend.switch_case
-            nxt = reduce_min(state["pc"])
-            steps += 1
-        state["next"], state["steps"] = nxt, steps
-        return state
 
     def _run_phases(self, state: dict, batch: int,
                     sizes: Sequence[int]) -> Tuple[dict, List[Any]]:
