@@ -17,8 +17,7 @@ from conftest import need, need_file
 
 #: tests/ (conftest, shared helpers)
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "benchmarks",
-                    "minimalloc")
+DATA = os.path.join(os.path.dirname(__file__), "..", "data", "minimalloc")  # A and K, vendored
 
 
 def bufs(*spec):
@@ -157,7 +156,7 @@ def test_zero_sizes_and_symbolic_sizes():
 
 def test_a_minimalloc_problem_reaches_its_bound():
     path = need_file(os.path.join(DATA, "A.1048576.csv"),
-                     "the MiniMalloc benchmark data (../shared/benchmarks/minimalloc)")
+                     "the MiniMalloc problems (tests/data/minimalloc)")
     problem = read_csv(path)
     plan = plan_arena(problem, mode="exact")  # stops as soon as it is on the bound
     assert check_offsets(problem.buffers, plan.offsets, capacity=1048576) == 1048576
@@ -239,7 +238,7 @@ def test_the_hardest_minimalloc_problem_in_a_few_thousand_nodes():
     """K (454 buffers) at its lower bound with MiniMalloc's placement order."""
     need("numba")  # plain Python is too slow for 454 buffers
     path = need_file(os.path.join(DATA, "K.1048576.csv"),
-                     "the MiniMalloc benchmark data (../shared/benchmarks/minimalloc)")
+                     "the MiniMalloc problems (tests/data/minimalloc)")
     problem = read_csv(path)
     search = CanonicalSearch(*arrays(problem.buffers))
     status, offsets = search.solve(1048576, 20_000, orders=("TWA/m",))

@@ -8,8 +8,7 @@ from memopt.graph import Graph, Op, Size, Var
 from memopt.problems import Buffer, Problem, problem_from_graph, read_csv, write_csv
 from conftest import need_file
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "benchmarks",
-                    "minimalloc")
+DATA = os.path.join(os.path.dirname(__file__), "..", "data", "minimalloc")  # A and K, vendored
 
 
 def write(tmp_path, text, name="p.csv"):
@@ -83,7 +82,7 @@ def test_symbolic_sizes_are_not_written(tmp_path):
 
 def test_minimalloc_files_load():
     path = need_file(os.path.join(DATA, "A.1048576.csv"),
-                     "the MiniMalloc benchmark data (../shared/benchmarks/minimalloc)")
+                     "the MiniMalloc problems (tests/data/minimalloc)")
     problem = read_csv(path)
     assert problem.name == "A" and problem.capacity == 1048576
     assert len(problem) == 154
