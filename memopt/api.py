@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import gc as python_gc
 import logging
+import math
 import time
 from typing import Any, Iterable, List, Optional
 
@@ -427,13 +428,17 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
 
 
 def parse_budget(budget) -> int:
-    """``budget`` (an int of bytes or a string such as ``"6GiB"``) in bytes;
+    """``budget`` (bytes as an int or a float such as ``1.5e9``, whole bytes
+    rounded down as for ``"1.5GiB"``; or a string such as ``"6GiB"``) in bytes;
     TypeError / ValueError naming the value otherwise."""
     from .report import parse_bytes
 
-    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer, str)):
-        raise TypeError(f"budget must be bytes (int) or a string such as '6GiB', "
-                        f"got {budget!r}")
+    numeric = (int, float, np.integer, np.floating)
+    if isinstance(budget, bool) or not isinstance(budget, numeric + (str,)):
+        raise TypeError(f"budget must be bytes (int or float) or a string such as "
+                        f"'6GiB', got {budget!r}")
+    if isinstance(budget, (float, np.floating)) and not math.isfinite(budget):
+        raise ValueError(f"budget must be a finite number of bytes, got {budget!r}")
     value = parse_bytes(budget) if isinstance(budget, str) else int(budget)
     if value <= 0:
         raise ValueError(f"budget must be positive, got {budget!r}")

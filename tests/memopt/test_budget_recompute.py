@@ -111,8 +111,18 @@ def test_budget_arguments(paddle):
         memopt.memory_optimize(model.main, budget="6GiB")
     with pytest.raises(ValueError, match="bytes"):
         memopt.memory_optimize(model.main, budget="six gigs", batch_size=4)
-    with pytest.raises(TypeError):
-        memopt.memory_optimize(model.main, budget=1.5, batch_size=4)
+    with pytest.raises(TypeError, match="budget must be bytes"):
+        memopt.memory_optimize(model.main, budget=[6e9], batch_size=4)
+    with pytest.raises(ValueError, match="finite"):
+        memopt.memory_optimize(model.main, budget=float("inf"), batch_size=4)
+    # users write budgets as floats (1.5e9): whole bytes, rounded down as "1.5GiB" is
+    from memopt.api import parse_budget
+    assert parse_budget(12.9e6) == parse_budget(12_900_000) == 12_900_000
+    assert parse_budget(1000.7) == 1000
+    as_float = memopt.memory_optimize(models.build("mlp", "pir").main, budget=6e9, batch_size=4)
+    as_int = memopt.memory_optimize(models.build("mlp", "pir").main, budget=6 * 10**9,
+                                    batch_size=4)
+    assert (as_float.peak_before, as_float.peak_after) == (as_int.peak_before, as_int.peak_after)
     legacy = models.build("mlp", "legacy")
     with pytest.raises(memopt.UnsupportedProgramError, match="PIR"):
         memopt.memory_optimize(legacy.main, budget="6GiB", batch_size=4)
