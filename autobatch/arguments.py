@@ -24,11 +24,16 @@ def _shape(value: Any) -> Tuple[int, ...]:
     return tuple(shape) if shape is not None else np.shape(value)
 
 
-def batch_size(args: Sequence[Any], types: Sequence[Type]) -> int:
+def batch_size(args: Sequence[Any], types: Sequence[Type], backend: Any = None) -> Any:
     """The batch size of arguments of the given per-thread types: the leading
     dimension of the leaves that have one beyond their type's shape (size 1
-    broadcasts); 1 where none has.  Raises ProgramError for two sizes."""
+    broadcasts); 1 where none has.  Raises ProgramError for two sizes.
+
+    Where no leaf's batch dimension is static but one's is unknown (a TF1
+    placeholder of shape ``[None, ...]``), ``backend.batch_size`` of that
+    leaf: a scalar tensor (given a ``backend``)."""
     sizes = set()
+    unknown = None
     for arg, typ in zip(args, types):
         leaves = pattern_leaves(as_pattern(arg))
         if len(leaves) != len(typ.leaves()):
@@ -36,12 +41,16 @@ def batch_size(args: Sequence[Any], types: Sequence[Type]) -> int:
                                f"has {len(typ.leaves())}")
         for leaf, leaf_type in zip(leaves, typ.leaves()):
             shape = _shape(leaf)
-            if len(shape) == len(leaf_type.shape) + 1 and shape[0] != 1:
+            if len(shape) == len(leaf_type.shape) + 1 and shape[0] is None:
+                unknown = leaf
+            elif len(shape) == len(leaf_type.shape) + 1 and shape[0] != 1:
                 sizes.add(shape[0])
     if len(sizes) > 1:
         raise ProgramError(f"arguments have different batch sizes {sorted(sizes)}; "
                            f"give them one batch size (size-1 and scalars broadcast)")
-    return sizes.pop() if sizes else 1
+    if sizes:
+        return sizes.pop()
+    return backend.batch_size(unknown) if unknown is not None and backend is not None else 1
 
 
 def argument_types(args: Sequence[Any], backend: Any) -> List[Type]:
@@ -50,5 +59,7 @@ def argument_types(args: Sequence[Any], backend: Any) -> List[Type]:
     every thread) has type ``(dtype, ())``."""
     def leaf_type(leaf: Any) -> TensorType:
         shape = _shape(leaf)
-        return backend.type_of(leaf, shape[0] if shape else 1).strong()
+        # By keyword: an unknown batch dimension (None, a TF1 placeholder's
+        # [None, ...]) is still autobatch's batch_size, not TFP's dtype_hint.
+        return backend.type_of(leaf, batch_size=shape[0] if shape else 1).strong()
     return [Type(pattern_map(leaf_type, as_pattern(a))) for a in args]

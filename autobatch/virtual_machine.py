@@ -613,7 +613,7 @@ class VirtualMachine:
         if len(args) != len(lowered.inputs):
             raise ProgramError(f"the program takes {len(lowered.inputs)} argument(s) "
                                f"{lowered.inputs}, got {len(args)}")
-        batch = batch_size(args, [lowered.var_types[v] for v in lowered.inputs])
+        batch = batch_size(args, [lowered.var_types[v] for v in lowered.inputs], backend)
         leaves_per_input = [pattern_leaves(as_pattern(a)) for a in args]
         frames = self.max_stack_depth + 1
         state: Dict[str, Any] = {}
@@ -643,13 +643,16 @@ class VirtualMachine:
         backend = self.backend
         state, batch = self.initial_state(args)
         out_keys = self.register_keys[self.lowered.output]
-        phases = backend.phase_sizes(batch, self.lowered) if batch else []
-        if batch and backend.compaction:
+        # A batch size not known while tracing (a tensor) is taken as nonzero.
+        static = isinstance(batch, numbers.Integral)
+        running = batch > 0 if static else True
+        phases = backend.phase_sizes(batch, self.lowered) if static and batch else []
+        if running and backend.compaction:
             state, outputs = self._run_compacting(state)
         elif phases:
             state, outputs = self._run_phases(state, batch, phases)
         else:
-            if batch:
+            if running:
                 state = self._run_loop(state)
             outputs = [state[k] for k in out_keys]
         self.steps = state["steps"]

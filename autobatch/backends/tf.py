@@ -499,7 +499,9 @@ class TensorFlowBackend(Backend):
             else:
                 with tf.Graph().as_default():
                     t = tf.convert_to_tensor(t, dtype_hint)
-        if t.shape.rank is None or None in t.shape.as_list():
+        # The batch dimension (the first) may be unknown, as a TF1
+        # placeholder of shape [None, ...] leaves it: the signature drops it.
+        if t.shape.rank is None or None in t.shape.as_list()[1:]:
             raise TypeError(f"type_of needs a static shape, got {t.shape}")
         return TensorType(t.dtype.as_numpy_dtype, tuple(t.shape.as_list()))
 
