@@ -29,7 +29,7 @@ import contextlib
 import logging
 import threading
 from dataclasses import replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 _KIND_ORDER = "biufc"  # bool < int < uint < float < complex, for weak values
 
 
-def _merge_leaf(a: TensorType, b: TensorType, what: str) -> TensorType:
+def _merge_leaf(a: TensorType, b: TensorType, what: str,
+                merge_dtypes: Optional[Callable[[Any, Any], Any]] = None) -> TensorType:
     if a.shape != b.shape:
         # As TFP: shapes that broadcast together give the broadcast shape (the
         # variable's storage has it; smaller values are broadcast when written).
@@ -74,13 +75,23 @@ def _merge_leaf(a: TensorType, b: TensorType, what: str) -> TensorType:
         raise TypeInferenceError(f"{what} is a Python {weak.dtype.kind!r}-kind constant in "
                                  f"one place and {strong.dtype.name} in another; write the "
                                  f"constant with a matching type")
+    if merge_dtypes is not None and a.shape == b.shape:
+        # As TFP: the backend's merge_dtypes decides (NumPy promotes: int32
+        # and int64 give int64; TensorFlow raises ValueError, reported below).
+        try:
+            return TensorType(np.dtype(merge_dtypes(a.dtype, b.dtype)), a.shape)
+        except ValueError:
+            pass
     raise TypeInferenceError(f"{what} is {a.dtype.name} in one place and {b.dtype.name} "
                              f"in another; cast one of them so that they agree")
 
 
-def merge_types(a: Optional[Type], b: Optional[Type], what: str) -> Optional[Type]:
+def merge_types(a: Optional[Type], b: Optional[Type], what: str,
+                merge_dtypes: Optional[Callable[[Any, Any], Any]] = None) -> Optional[Type]:
     """The type that covers ``a`` and ``b`` (None: unknown yet); raises
-    TypeInferenceError naming ``what`` where they disagree."""
+    TypeInferenceError naming ``what`` where they disagree.  Two different
+    dtypes merge by ``merge_dtypes`` (a backend's: NumPy promotes) where
+    given, else (or where it raises ValueError) disagree."""
     if a is None:
         return b
     if b is None:
@@ -95,7 +106,7 @@ def merge_types(a: Optional[Type], b: Optional[Type], what: str) -> Optional[Typ
                 raise TypeInferenceError(f"{what} is a {type(x).__name__} in one place and "
                                          f"a {type(y).__name__} in another")
             return rebuild(x if is_namedtuple(x) else y, (merge(p, q) for p, q in zip(x, y)))
-        return _merge_leaf(x, y, what)
+        return _merge_leaf(x, y, what, merge_dtypes)
 
     return Type(merge(a.tensors, b.tensors))
 
@@ -166,6 +177,9 @@ class _Inference:
     def __init__(self, program: Program, backend: Any) -> None:
         self.program = program
         self.backend = backend
+        #: How two different dtypes of one variable merge (TFP's backend
+        #: ``merge_dtypes``: NumPy promotes, TensorFlow refuses).
+        self.merge_dtypes = getattr(backend, "merge_dtypes", None)
         self.params: Dict[str, List[Optional[Type]]] = {}
         self.vars: Dict[str, Dict[str, Type]] = {fn.name: {} for fn in program.functions}
         self.ret: Dict[str, Optional[Type]] = {fn.name: None for fn in program.functions}
@@ -174,7 +188,7 @@ class _Inference:
 
     def set_var(self, fn: str, var: str, typ: Type) -> None:
         old = self.vars[fn].get(var)
-        new = merge_types(old, typ, f"variable {var!r} of function {fn!r}")
+        new = merge_types(old, typ, f"variable {var!r} of function {fn!r}", self.merge_dtypes)
         if new != old:
             self.vars[fn][var] = new
             self.changed = True
@@ -187,14 +201,16 @@ class _Inference:
         known = self.params.setdefault(fn.name, [None] * len(fn.params))
         for i, (name, typ) in enumerate(zip(fn.params, types)):
             new = merge_types(known[i], typ,
-                              f"parameter {name!r} of function {fn.name!r} (called from {where})")
+                              f"parameter {name!r} of function {fn.name!r} (called from {where})",
+                              self.merge_dtypes)
             if new != known[i]:
                 known[i] = new
                 self.changed = True
             self.set_var(fn.name, name, new)
 
     def set_ret(self, fn: str, typ: Type) -> None:
-        new = merge_types(self.ret[fn], typ, f"the return value of function {fn!r}")
+        new = merge_types(self.ret[fn], typ, f"the return value of function {fn!r}",
+                          self.merge_dtypes)
         if new != self.ret[fn]:
             self.ret[fn] = new
             self.changed = True

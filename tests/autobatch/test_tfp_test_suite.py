@@ -1,6 +1,8 @@
 """What TFP's own ``auto_batching`` tests (frontend, stackless, tf_backend,
 ...) do that autobatch failed at, each written here as a TFP user would:
-a TF1 graph fed a placeholder whose batch dimension is unknown, ..."""
+a TF1 graph fed a placeholder whose batch dimension is unknown; int32
+meeting int64 on the NumPy backend, which promotes as TFP's ``merge_dtypes``;
+..."""
 
 import numpy as np
 import pytest
@@ -9,7 +11,9 @@ tf = pytest.importorskip("tensorflow")
 
 import autobatch  # noqa: E402
 from autobatch import instructions  # noqa: E402
+from autobatch.backends.numpy import NumpyBackend  # noqa: E402
 from autobatch.backends.tf import TensorFlowBackend  # noqa: E402
+from autobatch.errors import TypeInferenceError  # noqa: E402
 
 
 def _fibonacci(n):
@@ -33,3 +37,29 @@ def test_tf1_graph_input_with_unknown_batch_dimension():
         with tf.compat.v1.Session(graph=graph) as sess:
             assert sess.run(answer).tolist() == [13, 21, 34]
             assert sess.run(answer, {x: np.array([1, 9], np.int64)}).tolist() == [1, 55]
+
+
+def test_numpy_backend_promotes_int32_meeting_int64_as_tfp():
+    """``x + np.array(1)`` is int64 for int32 ``x`` in NumPy; the declared
+    type (int32) and the body's (int64) merge by the backend's merge_dtypes
+    (was TypeInferenceError "int32 in one place and int64 in another")."""
+    ctx = autobatch.Context()
+
+    @ctx.batch(type_inference=lambda args: args[0])
+    def plus_one(x):
+        return x + np.array(1)
+
+    got = plus_one(np.array([1, 5, 60], np.int32), max_stack_depth=3, backend=NumpyBackend())
+    assert got.tolist() == [2, 6, 61] and got.dtype == np.int64
+
+
+def test_tensorflow_backend_still_refuses_two_dtypes():
+    """TensorFlow's merge_dtypes refuses two dtypes, as TFP's."""
+    ctx = autobatch.Context()
+
+    @ctx.batch(type_inference=lambda args: args[0])
+    def to_float(x):
+        return tf.cast(x, tf.float32)
+
+    with pytest.raises(TypeInferenceError, match="int32 in one place and float32"):
+        to_float(np.array([1, 5], np.int32), max_stack_depth=3, backend=TensorFlowBackend())
