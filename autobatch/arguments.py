@@ -13,7 +13,7 @@ import numpy as np
 from autobatch.errors import ProgramError
 from autobatch.ir import TensorType, Type, as_pattern, pattern_leaves, pattern_map
 
-__all__ = ["DEFAULT_MAX_STACK_DEPTH", "batch_size", "argument_types"]
+__all__ = ["DEFAULT_MAX_STACK_DEPTH", "batch_size", "argument_types", "lists_as_arrays"]
 
 #: Default bound on pending calls per thread (as in TFP's auto_batching).
 DEFAULT_MAX_STACK_DEPTH = 15
@@ -63,3 +63,14 @@ def argument_types(args: Sequence[Any], backend: Any) -> List[Type]:
         # [None, ...]) is still autobatch's batch_size, not TFP's dtype_hint.
         return backend.type_of(leaf, batch_size=shape[0] if shape else 1).strong()
     return [Type(pattern_map(leaf_type, as_pattern(a))) for a in args]
+
+
+def lists_as_arrays(args: Sequence[Any], types: Sequence[Any]) -> List[Any]:
+    """``args`` with each list given for a parameter whose type (``types``,
+    None where unknown) is a single tensor made an array of that dtype
+    (TFP's tests pass batches as lists; a list is otherwise a tuple value)."""
+    out = list(args)
+    for i, typ in enumerate(list(types)[:len(out)]):
+        if isinstance(out[i], list) and typ is not None and isinstance(typ.tensors, TensorType):
+            out[i] = np.asarray(out[i], dtype=typ.tensors.dtype)
+    return out

@@ -25,6 +25,7 @@ from autobatch.ir import (
     BranchOp, FunctionCallOp, Function, GotoOp, PrimOp, Program, ReturnOp, TensorType, Type,
     as_pattern, bind_pattern, pattern_leaves, pattern_map, pattern_unflatten,
 )
+from autobatch.arguments import lists_as_arrays
 from autobatch.pipeline import DEFAULT_MAX_STACK_DEPTH, argument_types, batch_size
 
 __all__ = ["execute", "is_running"]
@@ -170,6 +171,11 @@ def execute(program: Program, args: Any, backend: Any = None,
     if backend is None:
         from autobatch.backends.numpy import NumpyBackend
         backend = NumpyBackend()
+    # A list for a parameter known (typed, or declared in TFP's var_defs) to
+    # be one tensor is that tensor, as TFP's tests pass batches.
+    declared, main = program.given_var_defs or {}, program.main_function()
+    args = lists_as_arrays(args, [(main.var_types or {}).get(p) or declared.get(p)
+                                  for p in main.params])
     if any(fn.return_type is None for fn in program.functions
            if fn.name == program.main):
         from autobatch.type_inference import infer_types

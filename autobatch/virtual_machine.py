@@ -62,6 +62,7 @@ from autobatch.lowering import LoweredProgram
 from autobatch.projection import apply as apply_projection, projection
 from autobatch.register_sharing import register_names
 from autobatch.pipeline import DEFAULT_MAX_STACK_DEPTH, argument_types, batch_size, prepare
+from autobatch.arguments import lists_as_arrays
 
 __all__ = ["VirtualMachine", "execute", "is_staging", "prepare", "argument_types", "batch_size",
            "DEFAULT_MAX_STACK_DEPTH", "MAX_CHAIN"]
@@ -760,11 +761,7 @@ def _as_declared(program: Any, args: Sequence[Any]) -> List[Any]:
     else:
         declared = program.given_var_defs or {}
         types = [declared.get(p) for p in program.main_function().params]
-    out = list(args)
-    for i, typ in enumerate(types[:len(out)]):
-        if isinstance(out[i], list) and typ is not None and isinstance(typ.tensors, TensorType):
-            out[i] = np.asarray(out[i], dtype=typ.tensors.dtype)
-    return out
+    return lists_as_arrays(args, types)
 
 
 def _settings(settings: Sequence[Any], backend: Any, max_stack_depth: Optional[int],

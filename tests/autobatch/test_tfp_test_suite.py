@@ -14,6 +14,7 @@ from autobatch import instructions  # noqa: E402
 from autobatch.backends.numpy import NumpyBackend  # noqa: E402
 from autobatch.backends.tf import TensorFlowBackend  # noqa: E402
 from autobatch.errors import TypeInferenceError  # noqa: E402
+import tfp_programs as tp  # noqa: E402
 
 
 def _fibonacci(n):
@@ -63,3 +64,14 @@ def test_tensorflow_backend_still_refuses_two_dtypes():
 
     with pytest.raises(TypeInferenceError, match="int32 in one place and float32"):
         to_float(np.array([1, 5], np.int32), max_stack_depth=3, backend=TensorFlowBackend())
+
+
+def test_stackless_execute_takes_a_list_batch_in_tfps_order():
+    """TFP's ``stackless.execute(program, backend, None, [5, 6, 8, 9])``: a
+    list for a parameter typed as one tensor is that batch (was
+    ProgramError "an argument has 4 part(s)"), as ``vm.execute`` takes it."""
+    from autobatch import allocation_strategy, stackless
+
+    program = allocation_strategy.optimize(tp.fibonacci_calls())
+    got = stackless.execute(program, NumpyBackend(), None, [5, 6, 8, 9])
+    assert list(got) == [8, 13, 34, 55]
