@@ -43,6 +43,7 @@ from memopt.liveness import FlowNode, analyze
 
 from autobatch.errors import ProgramError
 from autobatch.ir import (
+    ControlFlowGraph,
     Block, BranchOp, CopyOp, Function, FunctionCallOp, GotoOp, IndirectGotoOp, PopOp,
     PrimOp, Program, PushGotoOp, PushOp, ReturnOp, Type, VariableAllocation, call_graph,
     drop_repushes, function_flow, pattern_map, reachable,
@@ -87,6 +88,14 @@ class LoweredProgram:
 
     def block_index(self) -> Dict[str, int]:
         return {b.name: i for i, b in enumerate(self.blocks)}
+
+    @property
+    def graph(self) -> ControlFlowGraph:
+        """TFP's view of a lowered program's blocks: a
+        :class:`~autobatch.ir.ControlFlowGraph` (``exit_index()``,
+        ``block(i)``, each block's ``terminator``), as TFP's tests inspect
+        ``ctx.lowered_for_args(...).graph``."""
+        return ControlFlowGraph(self.blocks)
 
     def format(self) -> str:
         lines = [f"lowered program: inputs ({', '.join(self.inputs)}) -> {self.output}, "

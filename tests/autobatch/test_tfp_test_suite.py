@@ -75,3 +75,28 @@ def test_stackless_execute_takes_a_list_batch_in_tfps_order():
     program = allocation_strategy.optimize(tp.fibonacci_calls())
     got = stackless.execute(program, NumpyBackend(), None, [5, 6, 8, 9])
     assert list(got) == [8, 13, 34, 55]
+
+
+def test_lowered_program_has_tfps_graph_view():
+    """``ctx.lowered_for_args(...).graph``: TFP's tests walk a lowered
+    program's ``graph.block(i).terminator`` (was AttributeError: no
+    ``graph``).  A self tail call pushes no return address; fibonacci's
+    calls do."""
+    ctx = autobatch.Context()
+
+    @ctx.batch(type_inference=lambda args: args[0])
+    def iota_sum(n, acc):
+        if n <= 0:
+            return acc
+        else:
+            return iota_sum(n - 1, acc + n)
+
+    ctx.batch_uncurried(_fibonacci, lambda args: args[0])
+
+    def pushes(name, inputs):
+        graph = ctx.lowered_for_args(name, inputs, backend=NumpyBackend()).graph
+        terminators = [graph.block(i).terminator for i in range(graph.exit_index())]
+        return sum(isinstance(t, instructions.PushGotoOp) for t in terminators)
+
+    assert pushes("iota_sum", [np.array([3, 0], np.int32), np.array([0, 0], np.int32)]) == 0
+    assert pushes("_fibonacci", [np.array([3, 5], np.int64)]) > 0
