@@ -589,10 +589,17 @@ class TensorFlowBackend(Backend):
         elementwise there, identity in TF1 graphs."""
         inputs = dummies_for(self, input_types)
         if _legacy_graph(tf.compat.v1.get_default_graph()):
-            with context.eager_mode():
-                inputs = tf.nest.map_structure(
-                    lambda v: tf.ones(v.shape, v.dtype) if tf.is_tensor(v) else v, inputs)
-                return primitive_callable(*inputs)
+            try:
+                with context.eager_mode():
+                    eager = tf.nest.map_structure(
+                        lambda v: tf.ones(v.shape, v.dtype) if tf.is_tensor(v) else v, inputs)
+                    return primitive_callable(*eager)
+            except TypeError as exc:
+                if "out of scope" not in str(exc):
+                    raise
+                # The primitive closes over a tensor of the user's TF1 graph
+                # (TypeError "... is out of scope"): it runs in that graph, as
+                # TFP's run_on_dummies always does.
         return primitive_callable(*inputs)
 
     # -- TFP's variable objects (autobatch.backends.variables) -------------------------

@@ -100,3 +100,26 @@ def test_lowered_program_has_tfps_graph_view():
 
     assert pushes("iota_sum", [np.array([3, 0], np.int32), np.array([0, 0], np.int32)]) == 0
     assert pushes("_fibonacci", [np.array([3, 5], np.int64)]) > 0
+
+
+def test_tf1_graph_primop_closing_over_a_graph_tensor():
+    """A primop that closes over a tensor of the user's TF1 graph: type
+    inference runs it in that graph, as TFP's ``run_on_dummies`` (was
+    TypeError "... is out of scope", TFP's testClosingOverTensorDoesntRaise,
+    and the same through the frontend)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        scale = tf.constant(3, tf.int64)
+        backend = TensorFlowBackend()
+        out = backend.run_on_dummies(lambda y: y * tf.cast(scale, tf.float32),
+                                     [instructions.Type(instructions.TensorType(np.float32, ()))])
+        assert out.graph is graph
+        ctx = autobatch.Context()
+
+        @ctx.batch(type_inference=lambda args: args[0])
+        def times_scale(x):
+            return x * scale
+
+        answer = times_scale(np.array([1, 2], np.int64), backend=backend)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            assert sess.run(answer).tolist() == [3, 6]
