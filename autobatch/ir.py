@@ -704,6 +704,8 @@ def push_op(vars_in: Pattern, vars_out: Pattern) -> PrimOp:
     def assign(*values: Any) -> Any:
         return values if len(values) != 1 or isinstance(as_pattern(vars_out), tuple) \
             else values[0]
+    # Printed as TFP's copy is written (``str(program)`` gives TFP's text).
+    assign.__tfp_source__ = "def assign(*x):\n  return x"
     return PrimOp(_names(pattern_leaves(as_pattern(vars_in))), vars_out, assign, name="copy")
 
 
@@ -1370,9 +1372,12 @@ def _tfp_label(target: Any) -> str:
 
 
 def _tfp_source(function: Callable) -> str:
-    """The source lines defining ``function`` (whole lines, dedented), or
-    its ``str`` where Python has no source for it."""
+    """The source lines defining ``function`` (whole lines, dedented; its
+    ``__tfp_source__`` where it has one), or its ``str`` where Python has no
+    source for it."""
     import inspect
+    if isinstance(getattr(function, "__tfp_source__", None), str):
+        return function.__tfp_source__
     try:
         return textwrap.dedent(inspect.getsource(function)).rstrip()
     except (OSError, TypeError):

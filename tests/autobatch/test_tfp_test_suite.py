@@ -123,3 +123,16 @@ def test_tf1_graph_primop_closing_over_a_graph_tensor():
         answer = times_scale(np.array([1, 2], np.int64), backend=backend)
         with tf.compat.v1.Session(graph=graph) as sess:
             assert sess.run(answer).tolist() == [3, 6]
+
+
+def test_push_op_prints_as_tfps_copy():
+    """``str(program)`` of a program with TFP's ``push_op`` prints the copy
+    as TFP writes it (TFP's instructions_test / stack_optimization_test
+    compare the whole text; was autobatch's own ``assign`` source)."""
+    block = instructions.Block([instructions.push_op(["a"], ["b"])], instructions.halt_op())
+    program = instructions.Program(
+        instructions.ControlFlowGraph([block]), [],
+        {"a": instructions.single_type(np.int64, ()), "b": instructions.single_type(np.int64, ())},
+        ["a"], "b")
+    assert "    b = prim(a) by\n      def assign(*x):\n        return x\n" in str(program)
+    assert instructions.interpret(program, 7) == 7
