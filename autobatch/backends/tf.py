@@ -142,6 +142,23 @@ def _in_xla_context(graph: Any) -> bool:
     return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
+def _leave_autobatch_to_python() -> None:
+    """AutoGraph (``tf.function``'s default) calls autobatch's own code as
+    Python, unconverted, as TensorFlow's rules already do for TFP's
+    (``DoNotConvert('tensorflow_probability')``): a batched function first
+    called inside a ``tf.function`` was converted and failed while compiling
+    (TypeError ``tf__fibonacci() missing 1 required positional argument``).
+    The user's functions are still run by autobatch, which batches them."""
+    from tensorflow.python.autograph.core import config
+    if not any(isinstance(rule, config.DoNotConvert) and getattr(rule, "_prefix", None)
+               == "autobatch" for rule in config.CONVERSION_RULES):
+        config.CONVERSION_RULES = (config.DoNotConvert("autobatch"),) + \
+            tuple(config.CONVERSION_RULES)
+
+
+_leave_autobatch_to_python()
+
+
 def _legacy_graph(graph: Any) -> bool:
     """Whether ``graph`` is built as TF1 code (a ``tf.compat.v1.Graph``, not
     a function), where ``==`` on tensors compares identity."""

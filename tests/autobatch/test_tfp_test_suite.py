@@ -136,3 +136,17 @@ def test_push_op_prints_as_tfps_copy():
         ["a"], "b")
     assert "    b = prim(a) by\n      def assign(*x):\n        return x\n" in str(program)
     assert instructions.interpret(program, 7) == 7
+
+
+def test_first_call_inside_an_autograph_tf_function():
+    """A batched function first called inside ``tf.function`` (AutoGraph on,
+    the default; also under ``jit_compile``): autobatch's own code is not
+    converted, as TensorFlow leaves TFP's (was TypeError "tf__fibonacci()
+    missing 1 required positional argument" while compiling)."""
+    for jit in (False, True):
+        batched = autobatch.Context().batch_uncurried(
+            _fibonacci, lambda *args: instructions.TensorType(np.int64, ()))
+        run = tf.function(lambda x: batched(x, max_stack_depth=15,
+                                            backend=TensorFlowBackend(safety_checks=False)),
+                          jit_compile=jit)
+        assert run(tf.constant([3, 7, 4], tf.int64)).numpy().tolist() == [3, 21, 5]
