@@ -183,6 +183,18 @@ def _has_inplace(op_type: str) -> bool:
         return False
 
 
+#: Forward ops with a dims-only ``XShape`` output whose ``X -> Out`` pair
+#: stays in place when both are one variable: their shape inference reads
+#: ``X``'s dims into ``XShape`` before it resizes ``Out`` (measured on Paddle
+#: 3.3.1: the grad gets ``X``'s shape back).  ``flatten_contiguous_range``
+#: resizes ``Out`` first, so one variable gives ``XShape`` -- and the grad op
+#: reading it -- the flattened dims: ``X@GRAD`` comes back flattened, and a
+#: conv bias grad reading it fails (``conv2d_grad``: end row index out of
+#: bound).  Other ``XShape`` ops (``flatten2``) are unmeasured and so kept
+#: out of place.
+_XSHAPE_INPLACE_OK = frozenset({"reshape2", "squeeze2", "unsqueeze2"})
+
+
 def _inplace_pair(op_type: str, inputs: Mapping[str, list],
                   outputs: Mapping[str, list]) -> Optional[Tuple[str, str]]:
     """The ``(input var, output var)`` pair Paddle may run in place, or None.
@@ -195,6 +207,8 @@ def _inplace_pair(op_type: str, inputs: Mapping[str, list],
     and only where neither name is used in another slot of the op.
     """
     if not _has_inplace(op_type):
+        return None
+    if outputs.get("XShape") and op_type not in _XSHAPE_INPLACE_OK:
         return None
     if op_type == "softmax_with_cross_entropy_grad":
         src, dst = "Softmax", "Logits@GRAD"
