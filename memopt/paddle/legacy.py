@@ -474,6 +474,7 @@ def program_to_graph(program) -> Graph:
         for name in meta.intersection(block.vars):
             block.vars[name].kind = META
     graph = Graph(blocks=blocks)
+    _mark_scaled_loss(graph)
     _declare_borrowed(graph)
     _drop_unsafe_inplace(graph)
     _find_dims_only_reads(graph, dims_slots)
@@ -487,6 +488,31 @@ def program_to_graph(program) -> Graph:
             var.is_feed = True
     graph.fetch_names = tuple(dict.fromkeys(fetched))
     return mark_in_flight(graph)
+
+
+#: Ops AMP puts after the user's loss to scale it (``paddle.static.amp``:
+#: ``elementwise_mul`` by the persistable ``loss_scaling_*``); Paddle gives
+#: the Loss role to that op, not to the one that writes the user's loss.
+_LOSS_SCALING_OPS = frozenset({"elementwise_mul", "scale"})
+
+
+def _mark_scaled_loss(graph: Graph) -> None:
+    """Mark the op writing the user's loss as a loss op where the Loss-role
+    op only scales it (AMP's loss scaling, :data:`_LOSS_SCALING_OPS`, its
+    other operand persistable): the name the user holds and fetches as the
+    loss is that op's input, and is kept like the loss (measured: under
+    ``paddle.static.amp.decorate`` without ``fetch_list`` the user's loss was
+    merged with a gradient and its fetch refused)."""
+    ops = graph.global_block.ops
+    for index, op in enumerate(ops):
+        if not (op.facts.loss and op.type in _LOSS_SCALING_OPS and op.role == "forward"):
+            continue
+        unscaled = [n for n in op.reads if not graph.var(n, 0).persistable]
+        if len(unscaled) != 1:
+            continue
+        writer = next((w for w in reversed(ops[:index]) if unscaled[0] in w.writes), None)
+        if writer is not None and not writer.sub_blocks:
+            writer.facts.loss = True
 
 
 #: Grad ops whose CPU kernels are bit-exact in place when the other input is

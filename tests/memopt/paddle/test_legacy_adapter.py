@@ -287,17 +287,18 @@ def test_unary_einsum_output_is_never_merged(legacy, paddle):
     assert all(out not in group and operand not in group for group in plan.groups)
 
 
-def _train_legacy(paddle, build, feed, optimize=None, steps=3, fetch=()):
-    """``steps`` SGD steps of a legacy program from ``build()`` (returning the
-    loss), rewritten first by ``optimize(main, loss)`` if given: the fetches
-    of every step and every parameter afterwards."""
+def _train_legacy(paddle, build, feed, optimize=None, steps=3, fetch=(), optimizer=None):
+    """``steps`` steps of a legacy program from ``build()`` (returning the
+    loss; SGD unless ``optimizer()`` makes another), rewritten first by
+    ``optimize(main, loss)`` if given: the fetches of every step and every
+    parameter afterwards."""
     import numpy as np
 
     with models.ir_guard("legacy"):
         main, startup = paddle.static.Program(), paddle.static.Program()
         with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
             loss = build()
-            paddle.optimizer.SGD(0.1).minimize(loss)
+            (optimizer or (lambda: paddle.optimizer.SGD(0.1)))().minimize(loss)
         if optimize is not None:
             optimize(main, loss)
         scope = paddle.static.Scope()
@@ -340,3 +341,35 @@ def test_flatten_is_not_made_in_place(legacy, paddle):
             assert a.shape == b.shape and np.array_equal(a, b)
     ops = {r.op for rep in reports for r in rep.reuses if r.how == "in-place"}
     assert "reshape2" in ops and "flatten_contiguous_range" not in ops
+
+
+def test_amp_scaled_loss_is_kept(legacy, paddle):
+    """Under AMP loss scaling Paddle gives the Loss role to the op scaling
+    the loss; the user's loss (its input) is kept like the loss all the same:
+    it was merged with a gradient and its fetch refused."""
+    import numpy as np
+
+    import memopt
+
+    def build():
+        x = paddle.static.data("x", [-1, 8], "float32")
+        y = paddle.static.data("y", [-1, 1], "int64")
+        h = paddle.nn.functional.relu(paddle.nn.Linear(8, 16)(x))
+        return paddle.mean(paddle.mean(paddle.nn.functional.cross_entropy(
+            paddle.nn.Linear(16, 4)(h), y)))
+
+    def amp():
+        return paddle.static.amp.decorate(paddle.optimizer.SGD(0.1), level="O1",
+                                          dtype="float16", use_dynamic_loss_scaling=False)
+
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.random((4, 8), dtype=np.float32),
+            "y": rng.integers(0, 4, (4, 1)).astype("int64")}
+    want = _train_legacy(paddle, build, feed, optimizer=amp)
+    reports = []
+    with models.flags(eager_delete_tensor_gb=-1.0):  # GC off: the loss was merged
+        got = _train_legacy(paddle, build, feed, optimizer=amp, optimize=lambda main, loss: (
+            reports.append(memopt.memory_optimize(main, level=1, skip_grads=False))))
+    assert reports[0].reuses, "the rest is merged"
+    for a, b in zip([*sum(want[0], []), *want[1]], [*sum(got[0], []), *got[1]]):
+        assert np.array_equal(a, b)
