@@ -825,6 +825,17 @@ def install_fetch_guard() -> None:
     from . import fetch_guard
 
     fetch_guard.add_hook(_fetch_hook)
+    fetch_guard.add_normalize_hook(_save_hook)
+
+
+def _save_hook(program, fetch_vars) -> None:
+    """The :mod:`memopt.paddle.fetch_guard` normalize hook: a legacy
+    ``save_inference_model`` of a merged variable raises
+    :class:`MergedVariableError` naming it (Paddle pruned the program to
+    nothing and blamed the first feed: "'img' doesn't exist in pruned
+    inference program")."""
+    if is_legacy_program(program):
+        check_fetch(program, fetch_vars)
 
 
 def known_names(program) -> set:
