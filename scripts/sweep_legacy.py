@@ -246,6 +246,25 @@ def _fluid_cnn(batch=4):
     return feed, _ce(logits, y), logits, paddle.optimizer.Momentum(0.01, 0.9)
 
 
+def _clip_decay():
+    """Gradient clipping by norm (ClipGradByGlobalNorm fails in the legacy IR of
+    Paddle 3.3.1: sqrt() takes PIR Values only), L2 weight decay, a learning-rate
+    schedule, Adam, a second loss term and a frozen layer."""
+    import paddle
+
+    x, y = _data("x", [-1, 16]), _data("label", [-1, 1], "int64")
+    frozen = paddle.nn.Linear(16, 16)
+    frozen.weight.stop_gradient = True
+    h = paddle.nn.functional.relu(frozen(x))
+    h = paddle.nn.Dropout(0.2)(paddle.nn.functional.relu(paddle.nn.Linear(16, 32)(h)))
+    logits = paddle.nn.Linear(32, 4)(h)
+    loss = _ce(logits, y) + 0.01 * paddle.mean(paddle.square(h))
+    lr = paddle.optimizer.lr.PiecewiseDecay([2], [0.01, 0.001])
+    opt = paddle.optimizer.Adam(lr, weight_decay=paddle.regularizer.L2Decay(1e-4),
+                                grad_clip=paddle.nn.ClipGradByNorm(1.0))
+    return _mlp_feed(), loss, logits, opt
+
+
 MODELS = {
     "vgg11": _image(_vision("vgg11", num_classes=0, with_pool=False), 32, head=_vgg_head),
     "squeezenet1_1": _image(_vision("squeezenet1_1", num_classes=10), 64),
@@ -264,6 +283,7 @@ MODELS = {
     "grad_merge": _grad_merge,
     "while_cond": _control,
     "fluid_cnn": _fluid_cnn,
+    "clip_decay_adam": _clip_decay,
 }
 #: Models also checked as a forward-only (inference) program.
 INFER_ONLY = ("resnet18", "transformer")
