@@ -10,7 +10,8 @@ print_log=True``; ``B``: ``skip_grads=False, skip_opt_set={an activation}``
 
 - ``train``: 3 steps planned and run with the garbage collector off
   (``FLAGS_eager_delete_tensor_gb=-1``) and on (``0``); every fetch of every
-  step and every parameter afterwards ``np.array_equal``;
+  step and every parameter afterwards ``np.array_equal``; ``cross_off`` /
+  ``cross_on``: planned with the GC off / on, run with it the other way;
 - ``fetch``: one more step fetching every name a user could fetch (each
   persistable tensor, each feed, the fetch list, the loss, every other
   name the rewritten program still declares) gives the unchanged program's
@@ -265,6 +266,33 @@ def _clip_decay():
     return _mlp_feed(), loss, logits, opt
 
 
+def _tied_two_losses(batch=4, seq=6, vocab=30, d=16):
+    """A language model whose output projection reuses the embedding table
+    (one parameter read twice: its grads summed through ``@RENAME@``
+    names), and a second loss minimized by a second optimizer over the head
+    only (two backward passes in one program)."""
+    import paddle
+
+    ids = _data("ids", [-1, seq], "int64")
+    nxt = _data("next", [-1, seq, 1], "int64")
+    emb = paddle.nn.Embedding(vocab, d)
+    h = paddle.nn.functional.relu(paddle.nn.Linear(d, d)(emb(ids)))
+    logits = paddle.einsum("bsd,vd->bsv", h, emb.weight)
+    loss = paddle.mean(paddle.nn.functional.cross_entropy(logits, nxt))
+    head = paddle.nn.Linear(d, 1)
+    aux = paddle.mean(paddle.square(head(h.detach()) - 1.0))
+
+    class Both:
+        def minimize(self, loss):
+            paddle.optimizer.SGD(0.1).minimize(loss)
+            paddle.optimizer.SGD(0.05, parameters=head.parameters()).minimize(aux)
+
+    def feed(rng):
+        return {"ids": rng.integers(0, vocab, (batch, seq)).astype("int64"),
+                "next": rng.integers(0, vocab, (batch, seq, 1)).astype("int64")}
+    return feed, loss, logits, Both()
+
+
 MODELS = {
     "vgg11": _image(_vision("vgg11", num_classes=0, with_pool=False), 32, head=_vgg_head),
     "squeezenet1_1": _image(_vision("squeezenet1_1", num_classes=10), 64),
@@ -284,7 +312,10 @@ MODELS = {
     "while_cond": _control,
     "fluid_cnn": _fluid_cnn,
     "clip_decay_adam": _clip_decay,
+    "tied_two_losses": _tied_two_losses,
 }
+#: Feeds the prediction does not read (left out of the inference model).
+LABELS = ("label", "click", "next")
 #: Models also checked as a forward-only (inference) program.
 INFER_ONLY = ("resnet18", "transformer")
 
@@ -500,8 +531,7 @@ def save_inference(b, prefix):
 
     scope = paddle.static.Scope()
     train(b, scope=scope)
-    feeds = [b.main.global_block().var(n) for n in b.feed_names if n != "label"
-             and n != "click"]
+    feeds = [b.main.global_block().var(n) for n in b.feed_names if n not in LABELS]
     with paddle.static.scope_guard(scope):
         exe = paddle.static.Executor(paddle.CPUPlace())
         paddle.static.save_inference_model(prefix, feeds, [b.pred], exe, program=b.main)
@@ -588,6 +618,14 @@ def check_model(name):
                     want = ref[mode] if variant == "A" else (
                         [s[:1] for s in ref[mode][0]], ref[mode][1])
                     r[f"train_gc_{mode}"] = got if isinstance(got, str) else (
+                        "ok" if same(want, got) else "DIFFERS")
+                    # the flag changed between planning and running
+                    other = "on" if mode == "off" else "off"
+                    with gc_mode(other):
+                        got = _try(train, b, None, STEPS, None, None, variant)
+                    want = ref[other] if variant == "A" else (
+                        [s[:1] for s in ref[other][0]], ref[other][1])
+                    r[f"cross_{mode}"] = got if isinstance(got, str) else (
                         "ok" if same(want, got) else "DIFFERS")
                     if mode != "off":
                         continue
@@ -689,7 +727,7 @@ def main(argv):
         print(json.dumps(peak(argv[1], int(argv[2]))))
         return 0
     names = argv or list(MODELS)
-    cols = ["train_gc_off", "train_gc_on", "fetch", "clone", "save", "parse", "infer"]
+    cols = ["train_gc_off", "train_gc_on", "cross_off", "cross_on", "fetch", "clone", "save", "parse", "infer"]
     print("| model | merged L0/L1 | " + " | ".join(cols) +
           " | peak before | L0 after | L1 after |")
     print("|" + "---|" * (len(cols) + 5))
