@@ -25,9 +25,10 @@ print_log=True``; ``B``: ``skip_grads=False, skip_opt_set={an activation}``
   process, gives the unchanged model's outputs (variant A only: B may merge
   the prediction away, and then saving it must fail naming it).
 
-``peak``: the allocator's peak of one step with the GC off
-(``host_memory_stat_peak_value``), unchanged / rewritten, each measured in a
-fresh process.
+``peak``: the allocator's peak over the startup program and two steps with
+the GC off (``host_memory_stat_peak_value``: parameters and optimizer state
+included), unchanged, and rewritten at levels 0 and 1 as a ratio to it, each
+measured in a fresh process.
 
 Usage::
 
@@ -673,7 +674,10 @@ def check_infer_only(name):
 
 
 def peak(name, level):
-    """The allocator's peak of step 2 with the GC off (this process only)."""
+    """The allocator's peak over the startup program and two steps with the
+    GC off (``host_memory_stat_peak_value``; this process only, so run each
+    configuration in a fresh one) and the memory held after the startup
+    program (parameters, optimizer state); ``level`` -1: unchanged."""
     import paddle
     from paddle.base import core
 
@@ -689,11 +693,10 @@ def peak(name, level):
             exe = paddle.static.Executor(paddle.CPUPlace())
             paddle.seed(1)
             exe.run(b.startup)
-            exe.run(b.main, feed=b.feed(rng), fetch_list=b.fetch())
-            base = core.host_memory_stat_current_value("Allocated", 0)
-            core.host_memory_stat_reset_peak_value("Allocated", 0)
-            exe.run(b.main, feed=b.feed(rng), fetch_list=b.fetch())
-            return core.host_memory_stat_peak_value("Allocated", 0) - base
+            state = core.host_memory_stat_current_value("Allocated", 0)
+            for _ in range(2):
+                exe.run(b.main, feed=b.feed(rng), fetch_list=b.fetch())
+            return [core.host_memory_stat_peak_value("Allocated", 0), state]
 
 
 def _child(*args):
@@ -721,6 +724,16 @@ def _summary(results):
     return cells
 
 
+def _peak_cells(peaks):
+    """'before MiB | L0 ratio | L1 ratio | L0, L1 ratio above the state'."""
+    if not all(isinstance(p, list) for p in peaks):
+        return " | ".join(str(p) for p in peaks) + " | -"
+    (base, state), rest = peaks[0], peaks[1:]
+    whole = [f"{p / base:.2f}x" for p, _ in rest]
+    above = "/".join(f"{(p - s) / (base - state):.2f}x" for p, s in rest)
+    return f"{base / 2**20:.1f} MiB | " + " | ".join(whole) + f" | {above}"
+
+
 def main(argv):
     if argv[:1] == ["--check"]:
         out = check_model(argv[1])
@@ -734,8 +747,8 @@ def main(argv):
     names = argv or list(MODELS)
     cols = ["train_gc_off", "train_gc_on", "cross_off", "cross_on", "fetch", "clone", "save", "parse", "infer"]
     print("| model | merged L0/L1 | " + " | ".join(cols) +
-          " | peak before | L0 after | L1 after |")
-    print("|" + "---|" * (len(cols) + 5))
+          " | peak before | L0 after | L1 after | L0/L1 above state |")
+    print("|" + "---|" * (len(cols) + 6))
     details = {}
     for name in names:
         res = _child("--check", name)
@@ -746,11 +759,8 @@ def main(argv):
         cells = _summary(res)
         merged = "/".join(str(res.get(f"L{k}A", {}).get("merged", "-")) for k in (0, 1))
         peaks = [_child("--peak", name, str(level)) for level in (-1, 0, 1)]
-        base = peaks[0] if isinstance(peaks[0], int) else None
-        pk = [f"{p / 2**20:.2f} MiB" if isinstance(p, int) else str(p) for p in peaks[:1]]
-        pk += [f"{p / base:.2f}x" if isinstance(p, int) and base else str(p) for p in peaks[1:]]
         print(f"| {name} | {merged} | " + " | ".join(cells.get(c, "-") for c in cols) +
-              " | " + " | ".join(pk) + " |", flush=True)
+              " | " + _peak_cells(peaks) + " |", flush=True)
     with open(os.environ.get("SWEEP_JSON", "/tmp/sweep_legacy.json"), "w") as f:
         json.dump(details, f, indent=1)
     return 0
