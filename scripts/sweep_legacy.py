@@ -35,6 +35,8 @@ Usage::
     python scripts/sweep_legacy.py                 # every model, the table
     python scripts/sweep_legacy.py resnet18 lstm   # some models
     python scripts/sweep_legacy.py --check NAME    # one model's checks, JSON
+    python scripts/sweep_legacy.py --peak NAME LEVEL [grads]  # one peak, bytes
+                                                   # (grads: skip_grads=False)
 """
 import os
 
@@ -681,7 +683,7 @@ def check_infer_only(name):
     return "ok" if bits_equal(*outs) else "DIFFERS"
 
 
-def peak(name, level):
+def peak(name, level, skip_grads=True):
     """The allocator's peak over the startup program and two steps with the
     GC off (``host_memory_stat_peak_value``; this process only, so run each
     configuration in a fresh one) and the memory held after the startup
@@ -694,7 +696,8 @@ def peak(name, level):
     b = Built(name)
     with gc_mode("off"):
         if level >= 0:
-            memopt.memory_optimize(b.main, level=level, fetch_list=b.fetch())
+            memopt.memory_optimize(b.main, level=level, fetch_list=b.fetch(),
+                                   skip_grads=skip_grads)
         scope = paddle.static.Scope()
         rng = np.random.default_rng(1)
         with paddle.static.scope_guard(scope):
@@ -750,7 +753,7 @@ def main(argv):
         print(json.dumps(out))
         return 0
     if argv[:1] == ["--peak"]:
-        print(json.dumps(peak(argv[1], int(argv[2]))))
+        print(json.dumps(peak(argv[1], int(argv[2]), argv[3:4] != ["grads"])))
         return 0
     names = argv or list(MODELS)
     cols = ["train_gc_off", "train_gc_on", "cross_off", "cross_on", "fetch", "clone", "save", "parse", "infer"]
