@@ -145,6 +145,34 @@ RELEASE_OP = "share_buffer"
 _KIND_OF_TYPE: Dict[int, str] = {}
 
 
+def _lod_names(program) -> set:
+    """Names of the tensors of ``program`` that may carry a LoD (sequence
+    lengths) at run time: its desc's ``lod_level`` is above 0, or it is the
+    gradient of one.
+
+    Never merged (the writing op's ``facts.aliases``): a kernel that does
+    not set its output's LoD leaves the LoD its buffer last held, so a
+    tensor written into the memory of a LoD tensor came back with that LoD
+    (measured, level 1: a fetched ``transpose`` behind a ``reduce_mean``
+    that took a ``sequence_conv`` output's memory carried ``[[0, 3, 7]]``,
+    which ``return_numpy=True`` refuses and a sequence op reading it would
+    take for its lengths)."""
+    carriers = {name for pblock in program.blocks for name, pvar in pblock.vars.items()
+                if _desc_lod_level(pvar.desc) > 0}
+    if not carriers:
+        return carriers
+    grads = {name for pblock in program.blocks for name in pblock.vars
+             if "@GRAD" in name and name.split("@GRAD", 1)[0] in carriers}
+    return carriers | grads
+
+
+def _desc_lod_level(desc) -> int:
+    try:
+        return int(desc.lod_level())
+    except Exception:  # a variable type without a LoD level (readers, scopes)
+        return 0
+
+
 def is_legacy_program(obj) -> bool:
     """Whether ``obj`` is a legacy ``paddle.base.framework.Program``."""
     try:
@@ -413,6 +441,7 @@ def program_to_graph(program) -> Graph:
     meta: set = set()
     fetched: List[str] = []
     fed: set = set()
+    lod = _lod_names(program)
     for pblock in program.blocks:
         block = Block(pblock.idx, pblock.parent_idx)
         blocks.append(block)
@@ -454,6 +483,8 @@ def program_to_graph(program) -> Graph:
                 if len(desc.input("Operands")) == 1:
                     aliases += tuple(desc.output("Out"))
                 facts.aliases = aliases
+            if lod:
+                facts.aliases += tuple(n for n in writes if n in lod)
             subs = _sub_block_ids(desc)
             if op_type in _GRAD_CONTROL_OPS:
                 _control_grad_facts(facts, op_type, desc,

@@ -373,3 +373,45 @@ def test_amp_scaled_loss_is_kept(legacy, paddle):
     assert reports[0].reuses, "the rest is merged"
     for a, b in zip([*sum(want[0], []), *want[1]], [*sum(got[0], []), *got[1]]):
         assert np.array_equal(a, b)
+
+
+def test_lod_tensors_are_never_merged(legacy, paddle):
+    """A kernel that does not set its output's LoD leaves the LoD its buffer
+    last held: a tensor that took a sequence_conv output's memory came back
+    with its sequence lengths ([[0, 3, 7]]), so its fetch failed
+    (return_numpy=True refuses a LoD).  LoD tensors share no memory."""
+    import numpy as np
+
+    import memopt
+    from paddle.base import core
+
+    def build():
+        x = paddle.static.data("words", [-1, 8], "float32", lod_level=1)
+        conv = paddle.static.nn.sequence_conv(x, num_filters=8, filter_size=3)
+        pooled = paddle.static.nn.sequence_pool(conv, "sum")
+        outs = [paddle.mean(pooled, axis=1, keepdim=True) * paddle.ones([1, 8])]
+        outs.append(paddle.transpose(paddle.transpose(pooled, [1, 0]), [1, 0]))
+        outs.append(paddle.concat([pooled[:, :4], pooled[:, 4:]], axis=1))
+        return [paddle.mean(paddle.add_n(outs)), *outs]
+
+    words = core.DenseTensor()
+    words.set(np.random.default_rng(0).random((7, 8), dtype=np.float32), core.CPUPlace())
+    words.set_recursive_sequence_lengths([[3, 4]])
+    runs = []
+    with models.ir_guard("legacy"), models.flags(eager_delete_tensor_gb=-1.0):
+        for level in (None, 0, 1):
+            main, startup = paddle.static.Program(), paddle.static.Program()
+            with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+                fetch = build()
+            if level is not None:
+                report = memopt.memory_optimize(main, level=level, fetch_list=fetch)
+                assert report.reuses, "the tensors without a LoD still share"
+                lod = legacy._lod_names(main)
+                assert lod and not {n for r in report.reuses for n in (r.var, r.takes)} & lod
+            with paddle.static.scope_guard(paddle.static.Scope()):
+                exe = paddle.static.Executor(paddle.CPUPlace())
+                paddle.seed(1)
+                exe.run(startup)
+                runs.append(exe.run(main, feed={"words": words}, fetch_list=fetch))
+    for run in runs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(runs[0], run))
