@@ -156,9 +156,13 @@ def _dispatch(program, options: Options, release: bool) -> Report:
         if pir.is_pir_program(program):
             return _pir_release(program, options) if release \
                 else _pir_optimize(program, options)
+    hint = ""
+    if getattr(program, "_program", None) is not None:  # a CompiledProgram wraps one
+        hint = (f": pass the Program the {type(program).__name__} was made from, "
+                "before compiling it")
     raise UnsupportedProgramError(
         f"memory_optimize takes a Paddle static program (paddle.base.framework.Program "
-        f"or paddle.pir.Program), got {type(program).__name__}")
+        f"or paddle.pir.Program), got {type(program).__name__}{hint}")
 
 
 def _legacy_optimize(program, options: Options) -> Report:

@@ -9,6 +9,12 @@ passes every run's program (a ``CompiledProgram``'s inner program) and fetch
 list through the hooks in registration order.  Programs no rewrite touched
 pass through unchanged.
 
+Normalize hooks ``hook(program, fetch_vars)`` (raise to refuse) run before
+``paddle.static.normalize_program`` prunes a program to its fetch targets,
+as every legacy ``save_inference_model`` / ``serialize_program`` does first:
+a target the program no longer declares would otherwise be pruned to
+nothing and Paddle's error would name a feed.
+
 Save hooks ``hook(fetch_vars)`` (raise to refuse) run before Paddle's PIR
 ``save_inference_model`` writes a model: a check that must happen while the
 program still carries what a saved file cannot.  Serialize hooks
@@ -26,6 +32,7 @@ Hook = Callable[[object, object], object]
 _HOOKS: List[Hook] = []
 _SAVE_HOOKS: List[Callable[[object], None]] = []
 _SERIALIZE_HOOKS: List[Callable[[object], None]] = []
+_NORMALIZE_HOOKS: List[Hook] = []
 
 
 def add_hook(hook: Hook) -> None:
@@ -103,3 +110,30 @@ def add_save_hook(hook: Callable[[object], None]) -> None:
     save.__memopt_hooks__ = True
     save.__memopt_original__ = original
     io.save_inference_model_pir = save
+
+
+def add_normalize_hook(hook: Hook) -> None:
+    """Register ``hook(program, fetch_vars)`` (once) to run before every
+    ``paddle.static.normalize_program`` (``paddle.static.io``'s, which the
+    legacy ``save_inference_model`` and ``serialize_program`` call, and
+    ``paddle.static``'s own name for it)."""
+    if hook not in _NORMALIZE_HOOKS:
+        _NORMALIZE_HOOKS.append(hook)
+    import paddle.static
+    import paddle.static.io as io
+
+    original = io.normalize_program
+    if getattr(original, "__memopt_hooks__", False):
+        return
+
+    @functools.wraps(original)
+    def normalize(program, feed_vars, fetch_vars, **kwargs):
+        for check in list(_NORMALIZE_HOOKS):
+            check(program, fetch_vars)
+        return original(program, feed_vars, fetch_vars, **kwargs)
+
+    normalize.__memopt_hooks__ = True
+    normalize.__memopt_original__ = original
+    io.normalize_program = normalize
+    if paddle.static.normalize_program is original:
+        paddle.static.normalize_program = normalize

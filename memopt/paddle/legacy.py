@@ -145,6 +145,34 @@ RELEASE_OP = "share_buffer"
 _KIND_OF_TYPE: Dict[int, str] = {}
 
 
+def _lod_names(program) -> set:
+    """Names of the tensors of ``program`` that may carry a LoD (sequence
+    lengths) at run time: its desc's ``lod_level`` is above 0, or it is the
+    gradient of one.
+
+    Never merged (the writing op's ``facts.aliases``): a kernel that does
+    not set its output's LoD leaves the LoD its buffer last held, so a
+    tensor written into the memory of a LoD tensor came back with that LoD
+    (measured, level 1: a fetched ``transpose`` behind a ``reduce_mean``
+    that took a ``sequence_conv`` output's memory carried ``[[0, 3, 7]]``,
+    which ``return_numpy=True`` refuses and a sequence op reading it would
+    take for its lengths)."""
+    carriers = {name for pblock in program.blocks for name, pvar in pblock.vars.items()
+                if _desc_lod_level(pvar.desc) > 0}
+    if not carriers:
+        return carriers
+    grads = {name for pblock in program.blocks for name in pblock.vars
+             if "@GRAD" in name and name.split("@GRAD", 1)[0] in carriers}
+    return carriers | grads
+
+
+def _desc_lod_level(desc) -> int:
+    try:
+        return int(desc.lod_level())
+    except Exception:  # a variable type without a LoD level (readers, scopes)
+        return 0
+
+
 def is_legacy_program(obj) -> bool:
     """Whether ``obj`` is a legacy ``paddle.base.framework.Program``."""
     try:
@@ -183,6 +211,18 @@ def _has_inplace(op_type: str) -> bool:
         return False
 
 
+#: Forward ops with a dims-only ``XShape`` output whose ``X -> Out`` pair
+#: stays in place when both are one variable: their shape inference reads
+#: ``X``'s dims into ``XShape`` before it resizes ``Out`` (measured on Paddle
+#: 3.3.1: the grad gets ``X``'s shape back).  ``flatten_contiguous_range``
+#: resizes ``Out`` first, so one variable gives ``XShape`` -- and the grad op
+#: reading it -- the flattened dims: ``X@GRAD`` comes back flattened, and a
+#: conv bias grad reading it fails (``conv2d_grad``: end row index out of
+#: bound).  Other ``XShape`` ops (``flatten2``) are unmeasured and so kept
+#: out of place.
+_XSHAPE_INPLACE_OK = frozenset({"reshape2", "squeeze2", "unsqueeze2"})
+
+
 def _inplace_pair(op_type: str, inputs: Mapping[str, list],
                   outputs: Mapping[str, list]) -> Optional[Tuple[str, str]]:
     """The ``(input var, output var)`` pair Paddle may run in place, or None.
@@ -195,6 +235,8 @@ def _inplace_pair(op_type: str, inputs: Mapping[str, list],
     and only where neither name is used in another slot of the op.
     """
     if not _has_inplace(op_type):
+        return None
+    if outputs.get("XShape") and op_type not in _XSHAPE_INPLACE_OK:
         return None
     if op_type == "softmax_with_cross_entropy_grad":
         src, dst = "Softmax", "Logits@GRAD"
@@ -399,6 +441,7 @@ def program_to_graph(program) -> Graph:
     meta: set = set()
     fetched: List[str] = []
     fed: set = set()
+    lod = _lod_names(program)
     for pblock in program.blocks:
         block = Block(pblock.idx, pblock.parent_idx)
         blocks.append(block)
@@ -440,6 +483,8 @@ def program_to_graph(program) -> Graph:
                 if len(desc.input("Operands")) == 1:
                     aliases += tuple(desc.output("Out"))
                 facts.aliases = aliases
+            if lod:
+                facts.aliases += tuple(n for n in writes if n in lod)
             subs = _sub_block_ids(desc)
             if op_type in _GRAD_CONTROL_OPS:
                 _control_grad_facts(facts, op_type, desc,
@@ -460,6 +505,7 @@ def program_to_graph(program) -> Graph:
         for name in meta.intersection(block.vars):
             block.vars[name].kind = META
     graph = Graph(blocks=blocks)
+    _mark_scaled_loss(graph)
     _declare_borrowed(graph)
     _drop_unsafe_inplace(graph)
     _find_dims_only_reads(graph, dims_slots)
@@ -473,6 +519,31 @@ def program_to_graph(program) -> Graph:
             var.is_feed = True
     graph.fetch_names = tuple(dict.fromkeys(fetched))
     return mark_in_flight(graph)
+
+
+#: Ops AMP puts after the user's loss to scale it (``paddle.static.amp``:
+#: ``elementwise_mul`` by the persistable ``loss_scaling_*``); Paddle gives
+#: the Loss role to that op, not to the one that writes the user's loss.
+_LOSS_SCALING_OPS = frozenset({"elementwise_mul", "scale"})
+
+
+def _mark_scaled_loss(graph: Graph) -> None:
+    """Mark the op writing the user's loss as a loss op where the Loss-role
+    op only scales it (AMP's loss scaling, :data:`_LOSS_SCALING_OPS`, its
+    other operand persistable): the name the user holds and fetches as the
+    loss is that op's input, and is kept like the loss (measured: under
+    ``paddle.static.amp.decorate`` without ``fetch_list`` the user's loss was
+    merged with a gradient and its fetch refused)."""
+    ops = graph.global_block.ops
+    for index, op in enumerate(ops):
+        if not (op.facts.loss and op.type in _LOSS_SCALING_OPS and op.role == "forward"):
+            continue
+        unscaled = [n for n in op.reads if not graph.var(n, 0).persistable]
+        if len(unscaled) != 1:
+            continue
+        writer = next((w for w in reversed(ops[:index]) if unscaled[0] in w.writes), None)
+        if writer is not None and not writer.sub_blocks:
+            writer.facts.loss = True
 
 
 #: Grad ops whose CPU kernels are bit-exact in place when the other input is
@@ -785,6 +856,17 @@ def install_fetch_guard() -> None:
     from . import fetch_guard
 
     fetch_guard.add_hook(_fetch_hook)
+    fetch_guard.add_normalize_hook(_save_hook)
+
+
+def _save_hook(program, fetch_vars) -> None:
+    """The :mod:`memopt.paddle.fetch_guard` normalize hook: a legacy
+    ``save_inference_model`` of a merged variable raises
+    :class:`MergedVariableError` naming it (Paddle pruned the program to
+    nothing and blamed the first feed: "'img' doesn't exist in pruned
+    inference program")."""
+    if is_legacy_program(program):
+        check_fetch(program, fetch_vars)
 
 
 def known_names(program) -> set:

@@ -388,7 +388,8 @@ def test_compiled_program_is_refused(paddle):
 
     main, _, _ = legacy_program(paddle, body)
     before = snapshot(main)
-    with pytest.raises(UnsupportedProgramError, match="CompiledProgram"):
+    with pytest.raises(UnsupportedProgramError,
+                       match="CompiledProgram: pass the Program the CompiledProgram was made"):
         memopt.memory_optimize(paddle.static.CompiledProgram(main))
     with pytest.raises(UnsupportedProgramError, match="got str"):
         memopt.release_memory("main")

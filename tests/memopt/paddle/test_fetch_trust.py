@@ -505,6 +505,25 @@ def test_pir_fetch_list_keeps_values(paddle):
                    for w in where)
 
 
+def test_legacy_inference_save_refuses_a_merged_target(paddle, tmp_path):
+    """Legacy save_inference_model of a variable merged away raises
+    MergedVariableError naming it (Paddle pruned the program to nothing and
+    blamed the first feed: "'x' doesn't exist in pruned inference program");
+    nothing is written."""
+    model = build("accuracy", "legacy")
+    logits = model.fetch_list[2]
+    optimize_legacy(model, "off", 1, release=False)
+    assert not model.main.global_block().has_var(logits.name), "merged without fetch_list"
+    with paddle.static.scope_guard(paddle.static.Scope()), models.ir_guard("legacy"):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        model.initialize(exe)
+        x = model.main.global_block().var("x")
+        with pytest.raises(MergedVariableError, match=re.escape(repr(logits.name))):
+            paddle.static.save_inference_model(str(tmp_path / "m"), [x], [logits], exe,
+                                               program=model.main)
+    assert not list(tmp_path.iterdir())
+
+
 def test_pir_inference_save_refuses_an_overwritten_target(paddle, tmp_path):
     model = build("mlp", "pir")
     memopt.memory_optimize(model.main)

@@ -285,3 +285,133 @@ def test_unary_einsum_output_is_never_merged(legacy, paddle):
     plan = plan_memory(graph, Options(skip_grads=False, level=1), gc=False)
     assert plan.groups, "the other temporaries share"
     assert all(out not in group and operand not in group for group in plan.groups)
+
+
+def _train_legacy(paddle, build, feed, optimize=None, steps=3, fetch=(), optimizer=None):
+    """``steps`` steps of a legacy program from ``build()`` (returning the
+    loss; SGD unless ``optimizer()`` makes another), rewritten first by
+    ``optimize(main, loss)`` if given: the fetches of every step and every
+    parameter afterwards."""
+    import numpy as np
+
+    with models.ir_guard("legacy"):
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+            loss = build()
+            (optimizer or (lambda: paddle.optimizer.SGD(0.1)))().minimize(loss)
+        if optimize is not None:
+            optimize(main, loss)
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            exe = paddle.static.Executor(paddle.CPUPlace())
+            paddle.seed(1)
+            exe.run(startup)
+            out = [[np.array(a) for a in exe.run(main, feed=feed, fetch_list=[loss, *fetch])]
+                   for _ in range(steps)]
+            params = [np.array(scope.find_var(p.name).get_tensor())
+                      for p in main.all_parameters()]
+    return out, params
+
+
+def test_flatten_is_not_made_in_place(legacy, paddle):
+    """flatten_contiguous_range's shape inference resizes Out before it reads
+    X's dims into XShape: with X and Out one variable, flatten's grad gave
+    X@GRAD the flattened shape, and a conv bias grad reading it failed
+    (conv2d_grad: end row index out of bound).  Its pair is not in place;
+    reshape2's (which reads X's dims first) still is."""
+    import numpy as np
+
+    import memopt
+
+    def build():
+        x = paddle.static.data("x", [-1, 2, 3, 3], "float32")
+        h = paddle.nn.Conv2D(2, 4, 1)(x)
+        flat = paddle.flatten(paddle.nn.Conv2D(4, 4, 1)(h), 1)
+        return paddle.mean(flat * paddle.reshape(h * 2.0, [-1, 36]))
+
+    feed = {"x": np.random.default_rng(0).random((2, 2, 3, 3), dtype=np.float32)}
+    fetch = ["conv2d_1.tmp_1@GRAD"]  # flatten's X@GRAD
+    want = _train_legacy(paddle, build, feed, fetch=fetch)
+    reports = []
+    for skip_grads in (True, False):
+        got = _train_legacy(paddle, build, feed, lambda main, loss: reports.append(
+            memopt.memory_optimize(main, level=1, skip_grads=skip_grads,
+                                   fetch_list=[loss, *fetch])), fetch=fetch)
+        for a, b in zip([*sum(want[0], []), *want[1]], [*sum(got[0], []), *got[1]]):
+            assert a.shape == b.shape and np.array_equal(a, b)
+    ops = {r.op for rep in reports for r in rep.reuses if r.how == "in-place"}
+    assert "reshape2" in ops and "flatten_contiguous_range" not in ops
+
+
+def test_amp_scaled_loss_is_kept(legacy, paddle):
+    """Under AMP loss scaling Paddle gives the Loss role to the op scaling
+    the loss; the user's loss (its input) is kept like the loss all the same:
+    it was merged with a gradient and its fetch refused."""
+    import numpy as np
+
+    import memopt
+
+    def build():
+        x = paddle.static.data("x", [-1, 8], "float32")
+        y = paddle.static.data("y", [-1, 1], "int64")
+        h = paddle.nn.functional.relu(paddle.nn.Linear(8, 16)(x))
+        return paddle.mean(paddle.mean(paddle.nn.functional.cross_entropy(
+            paddle.nn.Linear(16, 4)(h), y)))
+
+    def amp():
+        return paddle.static.amp.decorate(paddle.optimizer.SGD(0.1), level="O1",
+                                          dtype="float16", use_dynamic_loss_scaling=False)
+
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.random((4, 8), dtype=np.float32),
+            "y": rng.integers(0, 4, (4, 1)).astype("int64")}
+    want = _train_legacy(paddle, build, feed, optimizer=amp)
+    reports = []
+    with models.flags(eager_delete_tensor_gb=-1.0):  # GC off: the loss was merged
+        got = _train_legacy(paddle, build, feed, optimizer=amp, optimize=lambda main, loss: (
+            reports.append(memopt.memory_optimize(main, level=1, skip_grads=False))))
+    assert reports[0].reuses, "the rest is merged"
+    for a, b in zip([*sum(want[0], []), *want[1]], [*sum(got[0], []), *got[1]]):
+        assert np.array_equal(a, b)
+
+
+def test_lod_tensors_are_never_merged(legacy, paddle):
+    """A kernel that does not set its output's LoD leaves the LoD its buffer
+    last held: a tensor that took a sequence_conv output's memory came back
+    with its sequence lengths ([[0, 3, 7]]), so its fetch failed
+    (return_numpy=True refuses a LoD).  LoD tensors share no memory."""
+    import numpy as np
+
+    import memopt
+    from paddle.base import core
+
+    def build():
+        x = paddle.static.data("words", [-1, 8], "float32", lod_level=1)
+        conv = paddle.static.nn.sequence_conv(x, num_filters=8, filter_size=3)
+        pooled = paddle.static.nn.sequence_pool(conv, "sum")
+        outs = [paddle.mean(pooled, axis=1, keepdim=True) * paddle.ones([1, 8])]
+        outs.append(paddle.transpose(paddle.transpose(pooled, [1, 0]), [1, 0]))
+        outs.append(paddle.concat([pooled[:, :4], pooled[:, 4:]], axis=1))
+        return [paddle.mean(paddle.add_n(outs)), *outs]
+
+    words = core.DenseTensor()
+    words.set(np.random.default_rng(0).random((7, 8), dtype=np.float32), core.CPUPlace())
+    words.set_recursive_sequence_lengths([[3, 4]])
+    runs = []
+    with models.ir_guard("legacy"), models.flags(eager_delete_tensor_gb=-1.0):
+        for level in (None, 0, 1):
+            main, startup = paddle.static.Program(), paddle.static.Program()
+            with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+                fetch = build()
+            if level is not None:
+                report = memopt.memory_optimize(main, level=level, fetch_list=fetch)
+                assert report.reuses, "the tensors without a LoD still share"
+                lod = legacy._lod_names(main)
+                assert lod and not {n for r in report.reuses for n in (r.var, r.takes)} & lod
+            with paddle.static.scope_guard(paddle.static.Scope()):
+                exe = paddle.static.Executor(paddle.CPUPlace())
+                paddle.seed(1)
+                exe.run(startup)
+                runs.append(exe.run(main, feed={"words": words}, fetch_list=fetch))
+    for run in runs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(runs[0], run))
