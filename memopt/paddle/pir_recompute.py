@@ -335,11 +335,14 @@ class AppliedRecompute:
     points every redirected use back at the original value and erases every
     op the plan added, leaving the block as it was read; memory_optimize
     calls it when a later step of the same call fails, so the call changes
-    the program all at once or not at all."""
+    the program all at once or not at all.  The original ops go back to
+    their original order too (:func:`_sink_glue` may have moved a
+    ``builtin.combine``): the block reads as it was, op for op."""
 
     def __init__(self, block, original_ops, redirected, clones):
         self.clones: Dict[str, object] = clones
         self._block = block
+        self._original = list(original_ops)
         self._known = {op.id() for op in original_ops}
         self._redirected = redirected
 
@@ -353,6 +356,16 @@ class AppliedRecompute:
             if op.id() not in self._known:
                 op.erase()
         self._redirected = []
+        restore_order(self._block, self._original)
+
+
+def restore_order(block, original_ops) -> None:
+    """Put the ops of ``block`` (the same ops as ``original_ops``) back in
+    the order of ``original_ops``; nothing moves when it already is."""
+    if [op.id() for op in block.ops] == [op.id() for op in original_ops]:
+        return
+    for k in range(len(original_ops) - 2, -1, -1):
+        original_ops[k].move_before(original_ops[k + 1])
 
 
 def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:

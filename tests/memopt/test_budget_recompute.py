@@ -312,3 +312,35 @@ def test_grid_predicts_the_applied_program_to_the_byte(paddle):
                                                     16, runtime)
         applied.undo()
         assert actual == c.peak, (c.label, c.peak, actual)
+
+
+def _two_layer_lstm(paddle):
+    """A 2-layer ``nn.LSTM`` classifier (one ``rnn`` op whose gradient reads
+    ``builtin.combine`` vectors of forward values), Adam; its fetch list."""
+    nn = paddle.nn
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 8, 12], "float32")
+        y = paddle.static.data("label", [-1, 1], "int64")
+        out, _ = nn.LSTM(12, 16, num_layers=2)(x)
+        logits = nn.Linear(16, 4)(out[:, -1])
+        loss = paddle.mean(nn.functional.cross_entropy(logits, y))
+        paddle.optimizer.Adam(1e-3).minimize(loss)
+    return main, [loss, logits]
+
+
+def test_budget_error_leaves_an_lstm_program_op_for_op(paddle):
+    """An undone plan puts back the ``builtin.combine`` ops it moved: a
+    budget below every plan of a 2-layer LSTM raised PlanError ("the program
+    changed since it was read") and left the program's ops reordered, since
+    the largest-batch search applies and undoes several plans."""
+    import memopt
+
+    main, fetch = _two_layer_lstm(paddle)
+    before = str(main)
+    with pytest.raises(memopt.BudgetError) as info:
+        memopt.memory_optimize(main, budget=100_000.0, batch_size=16, fetch_list=fetch)
+    assert str(main) == before
+    report = memopt.memory_optimize(main, budget=info.value.smallest_budget, batch_size=16,
+                                    fetch_list=fetch)
+    assert report.peak_after <= info.value.smallest_budget
