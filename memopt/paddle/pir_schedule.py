@@ -5,7 +5,8 @@
 chains, plus: an op that overwrites a value -- ``relu_``, ``sgd_``,
 ``batch_norm_``'s running statistics -- keeps its place relative to every
 other reader of that value and of the views of it; ops without results keep
-their relative order); :func:`plan_order` makes the candidate orders of
+their relative order, and so do ops that draw random numbers, each of which
+takes the generator's next numbers); :func:`plan_order` makes the candidate orders of
 :mod:`memopt.schedule`, applies each to a clone of the program and keeps
 the one :mod:`memopt.analysis` predicts the lowest peak for under the
 runtime's flags (the executor's in-place pass recomputed on each order);
@@ -23,7 +24,8 @@ from typing import List, Optional, Tuple
 
 from ..errors import PlanError
 from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topological
-from .pir import DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert, flat_program
+from .pir import (DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert, draws_random,
+                  flat_program)
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
         readers.setdefault(root, set()).update(readers.get(vid, ()))
     from paddle.base import core
 
-    last_sink = None
+    last_sink = last_random = None
     for i, op in enumerate(ops):
         if op.name().endswith("_") and not op.name().startswith("builtin."):
             try:
@@ -90,6 +92,10 @@ def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
             if last_sink is not None:
                 after[i].add(last_sink)
             last_sink = i
+        if draws_random(op):
+            if last_random is not None:
+                after[i].add(last_random)
+            last_random = i
     var_of = {var.name: var for _, var in pg.graph.all_vars()}
     keep = frozenset(name for name, var in var_of.items()
                      if var.persistable or var.is_feed or var.is_data or var.is_fetch

@@ -220,3 +220,31 @@ def test_any_order_bound_holds_for_every_candidate_order(paddle, name):
     assert all(peak >= bound for peak in peaks.values())
     if name == "bert":
         assert peaks["program"] <= bound * 1.001
+
+
+def test_random_ops_keep_their_order(paddle):
+    """Each dropout takes the generator's next numbers: an order that swaps
+    two would give each the other's mask.  Four independent dropouts of
+    different widths: the greedy order finishes the smallest branch first
+    (it swapped them before random ops were chained), now every candidate
+    keeps them in program order."""
+    from paddle.utils import unique_name
+
+    from memopt.paddle import pir, pir_schedule
+
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with unique_name.guard(), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 16], "float32")
+        drops = [paddle.nn.functional.dropout(paddle.nn.Linear(16, w)(x), 0.5)
+                 for w in (4096, 512, 2048, 1024)]
+        out = paddle.add_n([paddle.mean(d) for d in drops])
+    problem = pir_schedule.order_problem(pir.convert(main, [out]), 8)
+    ops = list(main.global_block().ops)
+    drop = [i for i, op in enumerate(ops) if pir.draws_random(op)]
+    assert len(drop) == 4
+    orders = candidate_orders(problem)
+    assert [name for name, _ in orders][:2] == ["program", "greedy"]
+    for name, order in orders:
+        check_topological(problem, order)
+        at = [order.index(i) for i in drop]
+        assert at == sorted(at), name
