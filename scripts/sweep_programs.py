@@ -193,6 +193,33 @@ def _amp_autocast_grads(paddle):
     return feed, [loss] + grads + [out]
 
 
+def _misc_ops(paddle):
+    """accuracy, top-k, argmax, gather/scatter, where, cumsum, layer_norm,
+    switch_case: odd dtypes and a region.  (paddle.static.create_global_var
+    fails in PIR: "full: argument (position 3) must be one of
+    paddle::DataType, but got paddle.base.libpaddle.VarType".)"""
+    x = paddle.static.data("x", [-1, 16], "float32")
+    label = paddle.static.data("label", [-1, 1], "int64")
+    h = paddle.nn.LayerNorm(16)(paddle.nn.Linear(16, 16)(x))
+    h = paddle.where(h > 0, h, 0.1 * h)
+    h = paddle.cumsum(h, axis=1)
+    idx = paddle.argmax(h, axis=1, keepdim=True)
+    picked = paddle.gather(h, paddle.full([4], 1, "int64"), axis=1)
+    h = paddle.scatter(h, paddle.full([1], 0, "int64"), h[1:2] * 2, overwrite=True)
+    branch = paddle.full([1], 1, "int64")
+    h = paddle.static.nn.switch_case(branch, {0: lambda: h * 3, 1: lambda: paddle.tanh(h)})
+    logits = paddle.nn.Linear(16, 4)(h) + paddle.mean(picked) + idx.astype("float32") * 0
+    acc = paddle.metric.accuracy(paddle.nn.functional.softmax(logits), label, k=2)
+    _, top = paddle.topk(logits, 2)
+    loss = paddle.nn.functional.cross_entropy(logits, label)
+    _optimizer(paddle, "adam").minimize(loss)
+
+    def feed(rng):
+        return {"x": rng.standard_normal((BATCH, 16)).astype("float32"),
+                "label": rng.integers(0, 4, (BATCH, 1)).astype("int64")}
+    return feed, [loss, acc, top, logits]
+
+
 def _control_flow(paddle):
     x = paddle.static.data("x", [-1, 16], "float32")
     lin = paddle.nn.Linear(16, 16)
@@ -248,12 +275,13 @@ PROGRAMS = {
     "amp_o1_fp16": _amp("O1", "float16"),
     "amp_autocast_bf16_grads": _amp_autocast_grads,
     "cond_while": _control_flow,
+    "misc_ops": _misc_ops,
     "inference_mobilenet_v2": _inference,
 }
 INFERENCE = {"inference_mobilenet_v2"}
 # paddle.static.save aborts (SIGABRT in pir::WriteModule: "Destroyed a op_result that
 # is still in use by pd_op.sigmoid_grad ... cf.tuple_pop") on these programs unchanged
-PADDLE_CANNOT_SAVE = {"cond_while"}
+PADDLE_CANNOT_SAVE = {"cond_while", "misc_ops"}
 CONFIGS = [("L0", dict(level=0)), ("L1", dict(level=1)), ("L2", dict(level=2)),
            ("L1 grads", dict(level=1, skip_grads=False)), ("L0 log", dict(level=0, print_log=True))]
 
