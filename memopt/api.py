@@ -294,7 +294,8 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None,
     replaced = pir_rewrite.apply_inplace(pg, rewrites) if rewrites else {}
     if rewrites:
         pir_rewrite.record_rewrite(program, replaced)
-        after = _pir_analysis(pir.convert(program), batch, model)
+        # (an in-place variant takes its op's place: the values keep their names)
+        after = _pir_analysis(pir.convert(program, sorted(options.fetch_list)), batch, model)
     else:
         after = before
     report = pir_report(pg.graph, before, after, reuses, reasons, len(rewrites), options,
@@ -318,7 +319,9 @@ def _variants_pay(program, options: Options, batch: int, model: RuntimeModel) ->
     clone = program.clone()
     _pir_optimize(clone, options, batch, any_order=True)
     modes = executor_modes(model)
-    before, after = mode_peaks(program, batch, modes), mode_peaks(clone, batch, modes)
+    fetch = sorted(options.fetch_list)
+    before, after = (mode_peaks(program, batch, modes, fetch=fetch),
+                     mode_peaks(clone, batch, modes, fetch=fetch))
     return after["own"] < before["own"] and all(after[m] <= before[m] for m in before)
 
 
@@ -523,12 +526,14 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             if applied is not None:
                 applied.undo()
             raise
+        # the fetched Values: their "%N" names change when ops are added or moved
+        fetched = _fetched_values(program, options.fetch_list)
         if options.level == 2 and applied is None:
             _, note = pir_concat_slices.slice_if_lower(program, batch, model,
-                                                       options.fetch_list)
+                                                       options.fetch_list, fetched)
             notes += [note] if note else []
         if options.level == 2:
-            choice = pir_schedule.plan_order(program, batch, model)
+            choice = pir_schedule.plan_order(program, batch, model, fetched)
             if choice.order is not None:
                 pir_schedule.apply_order(program, choice.order)
                 notes.append(f"level 2: ops reordered ({choice.name} order): predicted peak "
@@ -538,7 +543,8 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
                 tried = ", ".join(f"{k} {format_bytes(v)}" for k, v in choice.peaks.items())
                 notes.append(choice.note or ("level 2: the program's own order kept: no other "
                                              f"order lowers the predicted peak ({tried})"))
-        report.peak_after = _pir_analysis(pir.convert(program), batch, model).total_peak(batch)
+        report.peak_after = _pir_analysis(pir.convert(program, fetched), batch,
+                                          model).total_peak(batch)
     report.peak_before = before
     report.level = options.level
     report.notes = list(report.notes) + notes
@@ -547,6 +553,14 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     report.budget = limit
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _fetched_values(program, names) -> list:
+    """The PIR Values of ``program`` that ``names`` (fetch_list names) name
+    now: analyses after ops are added or moved take these, as a fetched
+    value stays alive to the end of the step."""
+    values = pir.convert(program, sorted(names)).values
+    return [values[name] for name in sorted(names) if name in values]
 
 
 def _recompute_within(program, pg, options: Options, batch: int, limit: int, model):

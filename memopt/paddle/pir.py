@@ -89,6 +89,8 @@ __all__ = [
     "is_pir_value",
     "value_name",
     "flat_program",
+    "RANDOM_OPS",
+    "draws_random",
 ]
 
 #: PIR op names of the constructs handled specially.
@@ -98,6 +100,34 @@ PARAMETER_OP, DATA_OPS = "builtin.parameter", ("pd_op.data", "pd_op.feed")
 FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
 STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
 RNN_OP, RNN_GRAD_OP = "pd_op.rnn", "pd_op.rnn_grad"
+
+#: Ops drawing from Paddle's random generator (``pd_op.rnn``: its dropout
+#: between layers).  Each draw moves the generator on, so such an op may not
+#: run twice (a second draw gives other values) and two of them may not
+#: swap places (each would get the other's numbers).
+RANDOM_OPS = frozenset({
+    "pd_op.dropout", "pd_op.uniform", "pd_op.gaussian", "pd_op.randint", "pd_op.randperm",
+    "pd_op.bernoulli", "pd_op.multinomial", "pd_op.truncated_gaussian_random",
+    "pd_op.uniform_random", "pd_op.gaussian_random", "pd_op.rrelu", "pd_op.exponential_",
+    "pd_op.poisson", "pd_op.random_routing", "pd_op.class_center_sample",
+    "pd_op.fused_dropout_add", "pd_op.fused_bias_dropout_residual_layer_norm",
+    "pd_op.sampling_id", "pd_op.top_p_sampling", "pd_op.randn", "pd_op.rnn",
+    "pd_op.uniform_inplace", "pd_op.uniform_inplace_", "pd_op.gaussian_inplace",
+    "pd_op.gaussian_inplace_", "pd_op.gumbel_softmax", "pd_op.binomial",
+    "pd_op.standard_gamma", "pd_op.dirichlet", "pd_op.fused_attention",
+    "pd_op.fused_feedforward"})
+
+
+def draws_random(op) -> bool:
+    """Whether PIR operation ``op`` draws from the random generator: a
+    :data:`RANDOM_OPS` op, or any op with a ``seed`` attribute (random ops
+    not listed, custom ones included)."""
+    if op.name() in RANDOM_OPS:
+        return True
+    try:
+        return "seed" in op.attrs()
+    except Exception:  # an op whose attributes Python cannot read
+        return False
 ADD_GRAD_OP = "pd_op.add_grad"
 #: convolutions whose CPU kernels hold an im2col buffer (kernel_memory.conv_workspace)
 CONV_OPS = frozenset({"pd_op.conv2d", "pd_op.conv2d_grad", "pd_op.depthwise_conv2d",

@@ -193,12 +193,15 @@ def apply_slices(pg: PirGraph, slices: List[SliceOut]):
 MIN_GAIN = 0.01
 
 
-def slice_if_lower(program, batch: int, runtime, fetch_names=()) -> Tuple[int, str]:
+def slice_if_lower(program, batch: int, runtime, fetch_names=(),
+                   fetch_values=()) -> Tuple[int, str]:
     """Apply :func:`plan_slices`' slices to ``program`` if the predicted peak
     falls by :data:`MIN_GAIN` under the runtime's own executor mode and
     rises under none of :func:`memopt.paddle.pir_schedule.executor_modes`
     (frees on time or late); otherwise leave it unchanged.  Returns ``(how
-    many values were sliced out, a note for the report)``."""
+    many values were sliced out, a note for the report)``.  ``fetch_values``:
+    the Values ``fetch_names`` name (alive to the end of the step in the
+    predicted peaks; Values, as the slices added renumber ``%N`` names)."""
     from ..report import format_bytes
     from .pir import convert
     from .pir_schedule import executor_modes, mode_peaks
@@ -208,10 +211,11 @@ def slice_if_lower(program, batch: int, runtime, fetch_names=()) -> Tuple[int, s
     if not slices:
         return 0, ""
     modes = executor_modes(runtime)
-    before = mode_peaks(program, batch, modes)
+    fetch = list(fetch_values)
+    before = mode_peaks(program, batch, modes, fetch=fetch)
     applied = apply_slices(pg, slices)
     try:
-        after = mode_peaks(program, batch, modes)
+        after = mode_peaks(program, batch, modes, fetch=fetch)
     except BaseException:
         applied.undo()
         raise

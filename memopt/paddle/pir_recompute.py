@@ -37,22 +37,13 @@ from typing import Dict, List, Optional, Tuple
 from ..errors import PlanError
 from ..recompute import CLONE_SUFFIX, CloneSpelling, RecomputePlan, RecomputeProblem, is_copy_dep
 from ..graph import Graph, Op, OpFacts, Var
-from .pir import COMBINE_OP, SPLIT_OP, SLICE_OP, PirGraph
+from .pir import COMBINE_OP, RANDOM_OPS, SPLIT_OP, SLICE_OP, PirGraph
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RANDOM_OPS", "OUT_OF_PLACE", "PIR_RULES", "op_flops", "problem_of", "predictor",
            "PirSpelling", "rewritten_options", "apply_plan", "verify_defined_before_use",
            "waiting_for", "redirect_data_uses"]
-
-#: Ops drawing random numbers: never run twice (their values would differ).
-RANDOM_OPS = frozenset({
-    "pd_op.dropout", "pd_op.uniform", "pd_op.gaussian", "pd_op.randint", "pd_op.randperm",
-    "pd_op.bernoulli", "pd_op.multinomial", "pd_op.truncated_gaussian_random",
-    "pd_op.uniform_random", "pd_op.gaussian_random", "pd_op.rrelu", "pd_op.exponential_",
-    "pd_op.poisson", "pd_op.random_routing", "pd_op.class_center_sample",
-    "pd_op.fused_dropout_add", "pd_op.fused_bias_dropout_residual_layer_norm",
-    "pd_op.sampling_id", "pd_op.top_p_sampling", "pd_op.randn"})
 
 #: In-place ops cloned as their out-of-place form: ``batch_norm_`` writes
 #: the running statistics over its ``mean``/``variance`` operands; a clone

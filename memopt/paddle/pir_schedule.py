@@ -5,7 +5,8 @@
 chains, plus: an op that overwrites a value -- ``relu_``, ``sgd_``,
 ``batch_norm_``'s running statistics -- keeps its place relative to every
 other reader of that value and of the views of it; ops without results keep
-their relative order); :func:`plan_order` makes the candidate orders of
+their relative order, and so do ops that draw random numbers, each of which
+takes the generator's next numbers); :func:`plan_order` makes the candidate orders of
 :mod:`memopt.schedule`, applies each to a clone of the program and keeps
 the one :mod:`memopt.analysis` predicts the lowest peak for under the
 runtime's flags (the executor's in-place pass recomputed on each order);
@@ -23,7 +24,8 @@ from typing import List, Optional, Tuple
 
 from ..errors import PlanError
 from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topological
-from .pir import DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert, flat_program
+from .pir import (DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert, draws_random,
+                  flat_program)
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
         readers.setdefault(root, set()).update(readers.get(vid, ()))
     from paddle.base import core
 
-    last_sink = None
+    last_sink = last_random = None
     for i, op in enumerate(ops):
         if op.name().endswith("_") and not op.name().startswith("builtin."):
             try:
@@ -90,6 +92,10 @@ def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
             if last_sink is not None:
                 after[i].add(last_sink)
             last_sink = i
+        if draws_random(op):
+            if last_random is not None:
+                after[i].add(last_random)
+            last_random = i
     var_of = {var.name: var for _, var in pg.graph.all_vars()}
     keep = frozenset(name for name, var in var_of.items()
                      if var.persistable or var.is_feed or var.is_data or var.is_fetch
@@ -172,21 +178,29 @@ def executor_modes(runtime) -> List[Tuple[str, object]]:
     return modes
 
 
-def mode_peaks(program, batch: int, modes, order: Optional[List[int]] = None) -> dict:
+def mode_peaks(program, batch: int, modes, order: Optional[List[int]] = None,
+               fetch=()) -> dict:
     """``{mode label: predicted total peak}`` and ``{mode label + "+lag":
     the same with frees GC_LAG_OPS ops late}`` of ``program`` (with its
     top-level ops in ``order``, if given: applied to a clone), analysed as
     :func:`memopt.analyze` does under each of ``modes``
-    (:func:`executor_modes`)."""
+    (:func:`executor_modes`).  ``fetch``: the Values of ``program`` the
+    user fetches, alive to the end of the step (the executor's fetch ops
+    read them last), as in the peak memory_optimize reports."""
     from .. import analysis
     from .pir_budget import GC_LAG_OPS
     from .pir_inplace import executor_inplace
 
     clone = program
+    fetch = list(fetch)
     if order is not None:
-        clone = program.clone()
+        import paddle
+
+        mapping = paddle.pir.IrMapping()
+        clone = program.clone(mapping)
+        fetch = [mapping.look_up(v) for v in fetch]
         apply_order(clone, order)
-    pg = convert(clone)
+    pg = convert(clone, fetch)
     own = modes[0][1]
     pairs = executor_inplace(pg, (), own.device) if own.inplace else []
     out = {}
@@ -206,7 +220,7 @@ def mode_peaks(program, batch: int, modes, order: Optional[List[int]] = None) ->
 MIN_GAIN = 0.01
 
 
-def plan_order(program, batch: int, runtime=None) -> OrderChoice:
+def plan_order(program, batch: int, runtime=None, fetch=()) -> OrderChoice:
     """Choose the top-level order of ``program`` with the lowest predicted
     peak at ``batch`` (see the module docstring); the program is not
     changed.
@@ -217,11 +231,13 @@ def plan_order(program, batch: int, runtime=None) -> OrderChoice:
     executor modes of :func:`executor_modes`, with frees on time or up to
     :data:`memopt.paddle.pir_budget.GC_LAG_OPS` ops late.  Otherwise the
     program's own order stays (``OrderChoice.note`` names the mode that
-    would have risen)."""
+    would have risen).  ``fetch``: the Values of ``program`` the user
+    fetches (alive to the end of the step, see :func:`mode_peaks`)."""
     from .flags import runtime_model
 
     runtime = runtime or runtime_model("pir")
-    pg = convert(program)
+    fetch = list(fetch)
+    pg = convert(program, fetch)
     if not flat_program(pg):
         return OrderChoice("program", None, {}, "level 2: the order of programs with "
                            "if/while regions is left as it is")
@@ -231,7 +247,7 @@ def plan_order(program, batch: int, runtime=None) -> OrderChoice:
     orders = {}
     for name, order in candidate_orders(problem):
         check_topological(problem, order)
-        table[name] = mode_peaks(program, batch, modes, order)
+        table[name] = mode_peaks(program, batch, modes, order, fetch)
         orders[name] = order
     peaks = {name: row["own"] for name, row in table.items()}
     base = table["program"]
@@ -251,7 +267,7 @@ def plan_order(program, batch: int, runtime=None) -> OrderChoice:
     return OrderChoice("program", None, peaks, note)
 
 
-def any_order_bound(program, batch: int, runtime=None) -> Tuple[int, int]:
+def any_order_bound(program, batch: int, runtime=None, fetch=()) -> Tuple[int, int]:
     """``(bytes, op position)``: a lower bound on the predicted total peak
     of every order of ``program``'s top-level ops that keeps the
     dependencies of :func:`order_problem`, and the op where it is reached.
@@ -267,7 +283,7 @@ def any_order_bound(program, batch: int, runtime=None) -> Tuple[int, int]:
     from .. import analysis
 
     runtime = runtime or runtime_model("pir")
-    pg = convert(program)
+    pg = convert(program, list(fetch))
     if not flat_program(pg):
         raise ValueError("any_order_bound: the program's top-level block runs if/while "
                          "regions; the bound is for flat programs")
