@@ -485,7 +485,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             "level 2: the memory-aware op order is made for PIR programs; this legacy "
             "program got level 1"]
         return report
-    from .paddle import pir_budget, pir_concat_slices, pir_recompute, pir_schedule
+    from .paddle import pir_budget
 
     start = time.perf_counter()
     batch = int(batch_size or REFERENCE_BATCH)
@@ -528,21 +528,9 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             raise
         # the fetched Values: their "%N" names change when ops are added or moved
         fetched = _fetched_values(program, options.fetch_list)
-        if options.level == 2 and applied is None:
-            _, note = pir_concat_slices.slice_if_lower(program, batch, model,
-                                                       options.fetch_list, fetched)
-            notes += [note] if note else []
         if options.level == 2:
-            choice = pir_schedule.plan_order(program, batch, model, fetched)
-            if choice.order is not None:
-                pir_schedule.apply_order(program, choice.order)
-                notes.append(f"level 2: ops reordered ({choice.name} order): predicted peak "
-                             f"{format_bytes(choice.peaks['program'])} -> "
-                             f"{format_bytes(choice.peaks[choice.name])}")
-            else:
-                tried = ", ".join(f"{k} {format_bytes(v)}" for k, v in choice.peaks.items())
-                notes.append(choice.note or ("level 2: the program's own order kept: no other "
-                                             f"order lowers the predicted peak ({tried})"))
+            notes += _slices_and_order(program, batch, model, options.fetch_list, fetched,
+                                       slices=applied is None)
         report.peak_after = _pir_analysis(pir.convert(program, fetched), batch,
                                           model).total_peak(batch)
     report.peak_before = before
@@ -553,6 +541,45 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     report.budget = limit
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _slices_and_order(program, batch: int, model, fetch_names, fetched, slices: bool) -> list:
+    """Level 2's zero-FLOP steps after the in-place rewrite: the concat
+    slices (``slices``: not after a recomputation) and the memory-aware
+    order; returns the report's notes.  Both only lower a predicted peak, so
+    if either fails the program goes back to what the in-place rewrite left
+    (its slices undone, the ops in their order) and a note says what was
+    left out and why: the call never returns a half-applied step."""
+    from .paddle import pir_concat_slices, pir_recompute, pir_schedule
+    from .report import format_bytes
+
+    notes: List[str] = []
+    applied_slices, order = None, [op.id() for op in program.global_block().ops]
+    original_ops = list(program.global_block().ops)
+    try:
+        if slices:
+            _, note, applied_slices = pir_concat_slices.slice_if_lower(
+                program, batch, model, fetch_names, fetched)
+            notes += [note] if note else []
+        choice = pir_schedule.plan_order(program, batch, model, fetched)
+        if choice.order is not None:
+            pir_schedule.apply_order(program, choice.order)
+            notes.append(f"level 2: ops reordered ({choice.name} order): predicted peak "
+                         f"{format_bytes(choice.peaks['program'])} -> "
+                         f"{format_bytes(choice.peaks[choice.name])}")
+        else:
+            tried = ", ".join(f"{k} {format_bytes(v)}" for k, v in choice.peaks.items())
+            notes.append(choice.note or ("level 2: the program's own order kept: no other "
+                                         f"order lowers the predicted peak ({tried})"))
+    except Exception as exc:  # noqa: BLE001 - reported in the notes, program restored
+        if applied_slices is not None:
+            applied_slices.undo()
+        elif [op.id() for op in program.global_block().ops] != order:
+            pir_recompute.restore_order(program.global_block(), original_ops)
+        logging.getLogger("memopt").warning("level 2's slices / order left out: %r", exc)
+        return [f"level 2: the concat slices and the memory-aware order left out: "
+                f"{type(exc).__name__}: {exc} (the program keeps level 1's rewrite)"]
+    return notes
 
 
 def _fetched_values(program, names) -> list:

@@ -194,12 +194,13 @@ MIN_GAIN = 0.01
 
 
 def slice_if_lower(program, batch: int, runtime, fetch_names=(),
-                   fetch_values=()) -> Tuple[int, str]:
+                   fetch_values=()) -> Tuple[int, str, Optional[AppliedRecompute]]:
     """Apply :func:`plan_slices`' slices to ``program`` if the predicted peak
     falls by :data:`MIN_GAIN` under the runtime's own executor mode and
     rises under none of :func:`memopt.paddle.pir_schedule.executor_modes`
     (frees on time or late); otherwise leave it unchanged.  Returns ``(how
-    many values were sliced out, a note for the report)``.  ``fetch_values``:
+    many values were sliced out, a note for the report, the applied slices
+    (``undo()`` takes them back) or None)``.  ``fetch_values``:
     the Values ``fetch_names`` name (alive to the end of the step in the
     predicted peaks; Values, as the slices added renumber ``%N`` names)."""
     from ..report import format_bytes
@@ -209,7 +210,7 @@ def slice_if_lower(program, batch: int, runtime, fetch_names=(),
     pg = convert(program, sorted(fetch_names))
     slices = plan_slices(pg, batch)
     if not slices:
-        return 0, ""
+        return 0, "", None
     modes = executor_modes(runtime)
     fetch = list(fetch_values)
     before = mode_peaks(program, batch, modes, fetch=fetch)
@@ -224,9 +225,9 @@ def slice_if_lower(program, batch: int, runtime, fetch_names=(),
         applied.undo()
         why = f"higher under {', '.join(risen)}" if risen else "not lower by 1%"
         return 0, (f"level 2: {len(slices)} saved values held again inside a saved concat "
-                   f"left as they are (slicing them out predicted {why})")
+                   f"left as they are (slicing them out predicted {why})"), None
     return len(slices), (
         f"level 2: {len(slices)} saved values held again inside a saved concat are sliced "
         f"out of it in the backward part instead of being kept (zero FLOPs, a copy of "
         f"their bytes): predicted peak {format_bytes(before['own'])} -> "
-        f"{format_bytes(after['own'])}")
+        f"{format_bytes(after['own'])}"), applied

@@ -281,3 +281,41 @@ def test_level2_counts_fetched_values_to_the_end_of_the_step(paddle):
     n = len(main.global_block().ops)
     assert pir_schedule.mode_peaks(main, 8, modes, list(range(n)), [out, wide]) == held
     assert pir.value_name(wide) in pir.convert(main, [wide]).graph.fetch_names
+
+
+def test_level2_steps_that_fail_leave_no_half_rewrite(paddle, monkeypatch):
+    """If level 2's order step fails after the concat slices were applied
+    (a fault injected into plan_order), the slices are undone: the program
+    is exactly what level 2 makes without slices or a new order (level 1's
+    in-place rewrite), and the report says what was left out and why."""
+    import memopt
+    from memopt.paddle import pir_concat_slices, pir_schedule
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    sliced = []
+    real_slices = pir_concat_slices.slice_if_lower
+
+    def counting(*args, **kwargs):
+        result = real_slices(*args, **kwargs)
+        sliced.append(result[0])
+        return result
+
+    monkeypatch.setattr(pir_schedule, "plan_order", broken)
+    monkeypatch.setattr(pir_concat_slices, "slice_if_lower", counting)
+    failed = models.build("densenet", "pir")
+    report = memopt.memory_optimize(failed.main, level=2, batch_size=failed.batch_size,
+                                    skip_opt_set=failed.fetch_list)
+    assert sliced and sliced[0] > 0  # the slices were applied before the failure
+    assert any("left out: RuntimeError: injected failure" in n for n in report.notes)
+
+    monkeypatch.setattr(pir_concat_slices, "slice_if_lower",
+                        lambda *args, **kwargs: (0, "", None))
+    plain = models.build("densenet", "pir")
+    memopt.memory_optimize(plain.main, level=2, batch_size=plain.batch_size,
+                           skip_opt_set=plain.fetch_list)
+    assert [op.name() for op in failed.main.global_block().ops] == \
+        [op.name() for op in plain.main.global_block().ops]
+    assert "pd_op.slice" not in {op.name() for op in failed.main.global_block().ops} - \
+        {op.name() for op in models.build("densenet", "pir").main.global_block().ops}
