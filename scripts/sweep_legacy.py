@@ -451,11 +451,7 @@ def check_fetch(b_ref, b_opt, variant):
         scope = paddle.static.Scope()
         rng = np.random.default_rng(1)
         with paddle.static.scope_guard(scope):
-            exe = paddle.static.Executor(paddle.CPUPlace())
-            paddle.seed(1)
-            exe.run(b.startup)
-            for _ in range(2):
-                exe.run(b.main, feed=b.feed(rng), fetch_list=[b.loss])
+            exe = two_steps(b, rng)
             feed = b.feed(rng)
             out = exe.run(b.main, feed=feed, fetch_list=keep, return_numpy=False)
             results.append([np.array(t) if t._is_initialized() else None for t in out])
@@ -478,6 +474,19 @@ def check_fetch(b_ref, b_opt, variant):
     if bad:
         return f"differ: {bad[:5]} ({len(bad)}/{len(keep)})"
     return f"ok ({len(keep)} kept, {len(gone)} refused)"
+
+
+def two_steps(b, rng):
+    """Startup (seed 1) and two training steps of ``b`` in the current
+    scope; returns the executor."""
+    import paddle
+
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    paddle.seed(1)
+    exe.run(b.startup)
+    for _ in range(2):
+        exe.run(b.main, feed=b.feed(rng), fetch_list=[b.loss])
+    return exe
 
 
 def check_clone(b_ref, b_opt, variant):
@@ -512,11 +521,7 @@ def check_save_load(b_ref, b_opt, tmp):
         scope = paddle.static.Scope()
         rng = np.random.default_rng(1)
         with paddle.static.scope_guard(scope):
-            exe = paddle.static.Executor(paddle.CPUPlace())
-            paddle.seed(1)
-            exe.run(b.startup)
-            for _ in range(2):
-                exe.run(b.main, feed=b.feed(rng), fetch_list=[b.loss])
+            two_steps(b, rng)
             paddle.static.save(b.main, prefix)
         scope = paddle.static.Scope()
         with paddle.static.scope_guard(scope):
@@ -756,6 +761,11 @@ def main(argv):
         print(json.dumps(peak(argv[1], int(argv[2]), argv[3:4] != ["grads"])))
         return 0
     names = argv or list(MODELS)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        print(f"usage: sweep_legacy.py [MODEL ...]; unknown {', '.join(unknown)}; the "
+              f"models: {', '.join(MODELS)}", file=sys.stderr)
+        return 2
     cols = ["train_gc_off", "train_gc_on", "cross_off", "cross_on", "fetch", "clone", "save", "parse", "infer"]
     print("| model | merged L0/L1 | " + " | ".join(cols) +
           " | peak before | L0 after | L1 after | L0/L1 above state |")
