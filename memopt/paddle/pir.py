@@ -99,6 +99,7 @@ FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
 STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
 RNN_OP, RNN_GRAD_OP = "pd_op.rnn", "pd_op.rnn_grad"
 ADD_GRAD_OP = "pd_op.add_grad"
+LAYER_NORM_GRAD_OP = "pd_op.layer_norm_grad"
 #: convolutions whose CPU kernels hold an im2col buffer (kernel_memory.conv_workspace)
 CONV_OPS = frozenset({"pd_op.conv2d", "pd_op.conv2d_grad", "pd_op.depthwise_conv2d",
                       "pd_op.depthwise_conv2d_grad"})
@@ -421,6 +422,8 @@ class _Converter:
             self._add_grad_memory(pir_op, facts)
         if name in CONV_OPS:
             self._conv_memory(pir_op, facts)
+        if name == LAYER_NORM_GRAD_OP:
+            self._layer_norm_grad_memory(pir_op, facts)
         if name == POP_OP:
             stack = self._stack_index(pir_op.operand_source(0))
             held = self.pushed.get(stack, [])
@@ -458,7 +461,7 @@ class _Converter:
             return
         shape, dtype = tuple(int(d) for d in out.shape), _dtype_name(out)
         if pir_op.name() == RNN_GRAD_OP:
-            facts.workspace = kernel_memory.rnn_grad_workspace(mode, shape, dtype)
+            facts.workspace = self._rnn_grad_workspace(pir_op, mode, shape, dtype)
             return
         real = kernel_memory.rnn_outputs(mode, int(op_attrs.get("num_layers", 1)),
                                          bool(op_attrs.get("is_test", False)), shape, dtype)
@@ -468,6 +471,38 @@ class _Converter:
             var = block.vars.get(nm) if nm is not None else None
             if var is not None and var.is_dense:
                 var.shape, var.dtype = real_shape, real_dtype
+
+    @staticmethod
+    def _rnn_grad_workspace(pir_op, mode: str, shape: tuple, dtype: str):
+        """``rnn_grad``'s workspace from the op: whether it has an ``x_grad``
+        and which of its ``pre_state_grad`` nothing reads
+        (:func:`memopt.paddle.kernel_memory.rnn_grad_workspace`)."""
+        from . import kernel_memory
+
+        attrs = pir_op.attrs()
+        outs = list(pir_op.get_output_names())
+        x = pir_op.operand_source(list(pir_op.get_input_names()).index("x"))
+        x_grad = pir_op.result(outs.index("x_grad")) if "x_grad" in outs else None
+        no_x_grad = x_grad is None or not x_grad.initialized() \
+            or not x_grad.is_dense_tensor_type()
+        states = pir_op.result(outs.index("pre_state_grad")) \
+            if "pre_state_grad" in outs else None
+        has_states = states is not None and states.initialized() \
+            and states.type().as_vec_type() is not None
+        ins = list(pir_op.get_input_names())
+        lengths = pir_op.operand_source(ins.index("sequence_length")) \
+            if "sequence_length" in ins else None
+        unread = ()
+        if has_states and states.use_empty():
+            unread = tuple(tuple(int(d) for d in t.shape)
+                           for t in states.type().as_vec_type().as_list())
+        return kernel_memory.rnn_grad_workspace(
+            mode, shape, dtype, int(attrs.get("num_layers", 1)),
+            x_shape=tuple(int(d) for d in x.shape) if no_x_grad else None,
+            unread_state_grads=unread, has_state_grads=has_states,
+            directions=2 if attrs.get("is_bidirec", False) else 1,
+            sequence_length=lengths is not None and lengths.initialized()
+            and lengths.is_dense_tensor_type())
 
     def _conv_memory(self, pir_op, facts: OpFacts) -> None:
         """A convolution's im2col workspace (:mod:`memopt.paddle.kernel_memory`)."""
@@ -505,6 +540,30 @@ class _Converter:
         workspace = kernel_memory.add_grad_workspace(
             tuple(int(d) for d in y.shape), tuple(int(d) for d in out_grad.shape),
             _dtype_name(out_grad), wanted)
+        if workspace is not None:
+            facts.workspace = workspace
+
+    def _layer_norm_grad_memory(self, pir_op, facts: OpFacts) -> None:
+        """``layer_norm_grad``'s workspace (:mod:`memopt.paddle.kernel_memory`)."""
+        from . import kernel_memory
+
+        ins, outs = list(pir_op.get_input_names()), list(pir_op.get_output_names())
+        if "x" not in ins or "mean" not in ins:
+            return
+        x, mean = pir_op.operand_source(ins.index("x")), pir_op.operand_source(ins.index("mean"))
+        if not all(v.initialized() and v.is_dense_tensor_type() for v in (x, mean)):
+            return
+
+        def made(slot):  # the kernel fills a typed result even if nothing reads it
+            if slot not in outs:
+                return False
+            r = pir_op.result(outs.index(slot))
+            return r.initialized() and r.is_dense_tensor_type()
+
+        workspace = kernel_memory.layer_norm_grad_workspace(
+            tuple(int(d) for d in x.shape), _dtype_name(x),
+            tuple(int(d) for d in mean.shape), _dtype_name(mean),
+            made("x_grad") or made("scale_grad"))
         if workspace is not None:
             facts.workspace = workspace
 
