@@ -100,6 +100,8 @@ STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
 RNN_OP, RNN_GRAD_OP = "pd_op.rnn", "pd_op.rnn_grad"
 ADD_GRAD_OP = "pd_op.add_grad"
 LAYER_NORM_GRAD_OP = "pd_op.layer_norm_grad"
+#: how PIR prints a value's missing type
+NULL_TYPE = "<<NULL TYPE>>"
 #: convolutions whose CPU kernels hold an im2col buffer (kernel_memory.conv_workspace)
 CONV_OPS = frozenset({"pd_op.conv2d", "pd_op.conv2d_grad", "pd_op.depthwise_conv2d",
                       "pd_op.depthwise_conv2d_grad"})
@@ -487,18 +489,22 @@ class _Converter:
             or not x_grad.is_dense_tensor_type()
         states = pir_op.result(outs.index("pre_state_grad")) \
             if "pre_state_grad" in outs else None
-        has_states = states is not None and states.initialized() \
-            and states.type().as_vec_type() is not None
+        vec = states.type().as_vec_type() if states is not None and states.initialized() \
+            and str(states.type()) != NULL_TYPE else None
+        # a legacy program translated to PIR may type an element as null: the
+        # kernel then gets no such gradient
+        elems = [None if str(t) == NULL_TYPE else tuple(int(d) for d in t.shape)
+                 for t in (vec.as_list() if vec is not None else [])]
+        has_states = bool(elems) and elems[0] is not None
         ins = list(pir_op.get_input_names())
         lengths = pir_op.operand_source(ins.index("sequence_length")) \
             if "sequence_length" in ins else None
-        unread = ()
-        if has_states and states.use_empty():
-            unread = tuple(tuple(int(d) for d in t.shape)
-                           for t in states.type().as_vec_type().as_list())
+        unread = tuple(e for e in elems if e is not None) if states is not None \
+            and states.initialized() and states.use_empty() else ()
+        known_x = x.initialized() and x.is_dense_tensor_type()
         return kernel_memory.rnn_grad_workspace(
             mode, shape, dtype, int(attrs.get("num_layers", 1)),
-            x_shape=tuple(int(d) for d in x.shape) if no_x_grad else None,
+            x_shape=tuple(int(d) for d in x.shape) if no_x_grad and known_x else None,
             unread_state_grads=unread, has_state_grads=has_states,
             directions=2 if attrs.get("is_bidirec", False) else 1,
             sequence_length=lengths is not None and lengths.initialized()
