@@ -37,7 +37,9 @@ with ``[T, B, D * H]`` the forward ``out`` shape (``D`` directions):
   hidden state's, the LSTM's last cell state's, and a GRU's (or LSTM's
   without ``pre_state_grad``) previous-state buffer; with per-row
   ``sequence_length`` one more (two for LSTM: the cell backs up the state
-  gradients it masks) and a ``[T, B]`` mask of the output's dtype.
+  gradients it masks) and a ``[T, B]`` mask of the output's dtype;
+- bidirectional: copies of ``out`` and of its gradient split into the two
+  directions, ``[T, B, D * H]`` each.
 
 Measured (``paddle.nn.GRU(24, 48)`` / ``LSTM`` on ``[B, 16, 24]``, mean,
 SGD, batch 16, peak over the startup's memory): the model with only the
@@ -46,6 +48,8 @@ gate gradients fell short by 33,712 bytes for one GRU layer (x_grad 24,576
 (+ 2 x 49,152 + 3,072 more), 187,152 for three (+ 49,152 + 3,072), 141,312
 for a two-layer LSTM (init_c grad 6,144 more): every gap exactly this
 count (to 80 bytes), and twice the two-layer figure at batch 32.
+Bidirectional GRU (1 and 2 layers) and LSTM (2 layers) then fell short by
+196,608 bytes each, the two split copies ([16, 16, 96] float32 each).
 
 ``pd_op.add_grad`` where ``y`` is broadcast (a bias) and its gradient is
 wanted reduces ``out_grad`` through a temporary of ``out_grad``'s size
@@ -118,6 +122,8 @@ def rnn_grad_workspace(mode: str, out_shape: tuple, dtype: str, num_layers: int 
     total = size_of((GATES[mode], *out_shape), dtype)
     layer = size_of(tuple(out_shape), dtype)
     parts = [layer] * (0 if num_layers < 2 else 2 if num_layers == 2 else 3)
+    if directions == 2:
+        parts += [layer, layer]   # out and out_grad split into their two directions
     if x_shape is not None:
         parts.append(size_of(tuple(x_shape), dtype))
     parts += [size_of(tuple(s), dtype) for s in unread_state_grads]

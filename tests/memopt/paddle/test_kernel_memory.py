@@ -43,21 +43,27 @@ def _op(paddle, main, name):
     return next(op for _, op in pg.graph.walk_ops() if op.type == name)
 
 
-def test_two_layer_gru_grad_counts_every_kernel_buffer(paddle):
+@pytest.mark.parametrize("direction", ["forward", "bidirect"])
+def test_two_layer_gru_grad_counts_every_kernel_buffer(paddle, direction):
     """rnn_grad of a 2-layer GRU over a feed: the gate gradients, the
     x_grad PIR leaves out, a layer's input and its gradient, the h0
-    gradient nothing reads, two [B, H] state buffers; the model had been
-    135,168 bytes (13.6%) short of the allocator at batch 16."""
+    gradient nothing reads, two [B, H] state buffers per direction's pass,
+    and bidirectional the split copies of out and its gradient; the model
+    had been 135,168 bytes (13.6%) short of the allocator at batch 16, and
+    bidirectional 196,608 more."""
     T, F, H = 16, 24, 48
+    D = 2 if direction == "bidirect" else 1
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup):
         x = paddle.static.data("x", [-1, T, F], "float32")
-        out, _ = paddle.nn.GRU(F, H, num_layers=2)(x)
+        out, _ = paddle.nn.GRU(F, H, num_layers=2, direction=direction)(x)
         loss = paddle.mean(out)
         paddle.optimizer.SGD(0.1).minimize(loss)
     grad = _op(paddle, main, "pd_op.rnn_grad")
+    layer = T * D * H                                # [T, B, D * H]
     assert grad.facts.workspace == Size(
-        (3 * T * H + 2 * T * H + T * F + 2 * H + 2 * H) * 4, 1)
+        (3 * layer + 2 * layer + T * F + 2 * D * H + 2 * H + (2 * layer if D == 2 else 0)) * 4,
+        1)
     predicted = analyze(main, B, fetch_list=[loss]).peak()
     feed = {"x": np.random.default_rng(0).random((B, T, F)).astype("float32")}
     measured = _lowest_step_peak(paddle, main, startup, feed, [loss])
