@@ -36,7 +36,7 @@ while it runs one step:
   (:mod:`memopt.paddle.kernel_memory`): the real size of outputs typed
   empty (``rnn``'s ``reserve``), and an op's scratch memory held while it
   runs (``OpFacts.workspace``, category ``"workspace"``; ``rnn_grad``,
-  ``add_grad``, convolutions' im2col buffer).
+  ``layer_norm_grad``, ``add_grad``, convolutions' im2col buffer).
 
 Not modelled: other kernels' temporary workspaces, and which branch of an
 ``if`` runs (values saved in either branch are counted: an upper bound).  ``scripts/bench_analysis.py`` measures the error against

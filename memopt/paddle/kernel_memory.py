@@ -19,9 +19,37 @@ here come from Paddle 3.3.1's CPU kernels and were checked against
 - ``dropout_state_out`` is filled with ones of the output's shape, one byte
   per element (uint8), whether dropout is on or not.
 
-``pd_op.rnn_grad`` allocates the gradient of one layer's gates,
-``[T * directions, B, H * gates]`` of the output's dtype (gates: 4 LSTM, 3
-GRU, 1 simple RNN), for as long as the op runs: its *workspace*.
+``pd_op.rnn_grad`` holds, for as long as the op runs (its *workspace*),
+with ``[T, B, D * H]`` the forward ``out`` shape (``D`` directions):
+
+- the gradient of one layer's gates, ``[T * D, B, H * gates]`` of the
+  output's dtype (gates: 4 LSTM, 3 GRU, 1 simple RNN);
+- the gradient of ``x`` when PIR gives the op no ``x_grad`` (``x`` is a feed
+  or stops gradient): the kernel allocates ``x``'s shape all the same;
+- with ``num_layers > 1`` the dropped-out input of a layer and the gradient
+  of a layer's input, ``[T, B, D * H]`` each, and with ``num_layers > 2`` a
+  third such buffer the layers swap with;
+- the gradients of the initial states (``pre_state_grad``, ``[L * D, B,
+  H]`` each: one for GRU / simple RNN, two for LSTM) when PIR types them
+  but nothing reads them (the vector has no consumer, so the model sees no
+  value);
+- per direction, ``[B, H]`` copies of the running state gradients: the last
+  hidden state's, the LSTM's last cell state's, and a GRU's (or LSTM's
+  without ``pre_state_grad``) previous-state buffer; with per-row
+  ``sequence_length`` one more (two for LSTM: the cell backs up the state
+  gradients it masks) and a ``[T, B]`` mask of the output's dtype;
+- bidirectional: copies of ``out`` and of its gradient split into the two
+  directions, ``[T, B, D * H]`` each.
+
+Measured (``paddle.nn.GRU(24, 48)`` / ``LSTM`` on ``[B, 16, 24]``, mean,
+SGD, batch 16, peak over the startup's memory): the model with only the
+gate gradients fell short by 33,712 bytes for one GRU layer (x_grad 24,576
++ init_h grad 3,072 + two [B, H] 6,144 = 33,792), 135,168 for two layers
+(+ 2 x 49,152 + 3,072 more), 187,152 for three (+ 49,152 + 3,072), 141,312
+for a two-layer LSTM (init_c grad 6,144 more): every gap exactly this
+count (to 80 bytes), and twice the two-layer figure at batch 32.
+Bidirectional GRU (1 and 2 layers) and LSTM (2 layers) then fell short by
+196,608 bytes each, the two split copies ([16, 16, 96] float32 each).
 
 ``pd_op.add_grad`` where ``y`` is broadcast (a bias) and its gradient is
 wanted reduces ``out_grad`` through a temporary of ``out_grad``'s size
@@ -37,6 +65,16 @@ over 24 channels at 32x32 holds 884,736 bytes beyond what PIR's types
 show, the gap between the model and the allocator's peak).  NCHW only:
 an NHWC convolution also transposes its input and output on CPU (not
 modelled).
+
+``pd_op.layer_norm_grad`` (when ``x``'s or ``scale``'s gradient is
+wanted) holds two temporaries of ``x``'s shape and dtype (the normalised
+``x`` and a product with ``out_grad``) and one of ``mean``'s shape
+(``[left]``, the rows normalised) for as long as it runs.  Measured
+(``paddle.nn.LayerNorm`` on ``[16, S, D]``, mean, ``append_backward``,
+sequential executor, lowest step peak): the allocator's peak exceeded the
+model by 264,192 bytes at S=32, D=64 (2 x 131,072 + 512 x 4), 133,120 at
+S=32, D=32 (2 x 65,536 + 2,048) and 132,096 at S=16, D=64 (2 x 65,536 +
+1,024).
 
 Sizes keep the batch dimension symbolic (``-1``), as everywhere in memopt.
 """
@@ -65,12 +103,42 @@ def rnn_outputs(mode: str, num_layers: int, is_test: bool, out_shape: tuple,
             "dropout_state_out": (tuple(out_shape), "uint8")}
 
 
-def rnn_grad_workspace(mode: str, out_shape: tuple, dtype: str) -> Optional[Size]:
-    """Bytes ``pd_op.rnn_grad`` holds while it runs (one layer's gate
-    gradients), given the forward ``out`` shape; None for an unknown mode."""
+def rnn_grad_workspace(mode: str, out_shape: tuple, dtype: str, num_layers: int = 1,
+                       x_shape: Optional[tuple] = None,
+                       unread_state_grads: Tuple[tuple, ...] = (),
+                       has_state_grads: bool = True, directions: int = 1,
+                       sequence_length: bool = False) -> Optional[Size]:
+    """Bytes ``pd_op.rnn_grad`` holds while it runs (see the module
+    docstring), given the forward ``out`` shape ``[T, B, D * H]``;
+    ``x_shape`` when the op has no ``x_grad`` result (the kernel allocates
+    one anyway), ``unread_state_grads`` the shapes of ``pre_state_grad``
+    elements nothing reads, ``has_state_grads`` whether the op has
+    ``pre_state_grad`` results at all, ``directions`` 2 when
+    bidirectional, ``sequence_length`` whether the op reads per-row
+    lengths.  None for an unknown mode; parts that
+    do not grow with the batch as the gates do are left out."""
     if mode not in GATES or len(out_shape) != 3:
         return None
-    return size_of((GATES[mode], *out_shape), dtype)
+    total = size_of((GATES[mode], *out_shape), dtype)
+    layer = size_of(tuple(out_shape), dtype)
+    parts = [layer] * (0 if num_layers < 2 else 2 if num_layers == 2 else 3)
+    if directions == 2:
+        parts += [layer, layer]   # out and out_grad split into their two directions
+    if x_shape is not None:
+        parts.append(size_of(tuple(x_shape), dtype))
+    parts += [size_of(tuple(s), dtype) for s in unread_state_grads]
+    _, batch, width = out_shape
+    state = size_of((batch, int(width) // max(1, directions)), dtype)   # [B, H]
+    rows = 1 + (mode == "LSTM") + (not has_state_grads) \
+        + (mode == "GRU" or (mode == "LSTM" and not has_state_grads))
+    if sequence_length:
+        rows += 1 + (mode == "LSTM")          # the cell's backups of the state gradients
+        parts.append(size_of((int(out_shape[0]), batch), dtype))   # the [T, B] mask
+    parts += [state] * rows
+    for part in parts:
+        if part.power == total.power:
+            total = total + part
+    return total
 
 
 def add_grad_workspace(y_shape: tuple, out_grad_shape: tuple, dtype: str,
@@ -104,3 +172,17 @@ def conv_workspace(filter_shape: tuple, out_shape: tuple, strides, paddings, dil
         return None
     return size_of((int(filter_shape[1]) * kh * kw, int(out_shape[2]) * int(out_shape[3])),
                    dtype)
+
+
+def layer_norm_grad_workspace(x_shape: tuple, x_dtype: str, mean_shape: tuple,
+                              mean_dtype: str, wanted: bool) -> Optional[Size]:
+    """Bytes ``pd_op.layer_norm_grad`` holds while it runs: two temporaries of
+    ``x``'s shape and one of ``mean``'s, when ``x``'s or ``scale``'s gradient
+    is ``wanted``; None otherwise (or when the parts grow differently with
+    the batch)."""
+    if not wanted:
+        return None
+    total = size_of(tuple(x_shape), x_dtype)
+    total = total + total
+    rows = size_of(tuple(mean_shape), mean_dtype)
+    return total + rows if rows.power == total.power else total

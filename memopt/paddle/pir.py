@@ -129,6 +129,9 @@ def draws_random(op) -> bool:
     except Exception:  # an op whose attributes Python cannot read
         return False
 ADD_GRAD_OP = "pd_op.add_grad"
+LAYER_NORM_GRAD_OP = "pd_op.layer_norm_grad"
+#: how PIR prints a value's missing type
+NULL_TYPE = "<<NULL TYPE>>"
 #: convolutions whose CPU kernels hold an im2col buffer (kernel_memory.conv_workspace)
 CONV_OPS = frozenset({"pd_op.conv2d", "pd_op.conv2d_grad", "pd_op.depthwise_conv2d",
                       "pd_op.depthwise_conv2d_grad"})
@@ -451,6 +454,8 @@ class _Converter:
             self._add_grad_memory(pir_op, facts)
         if name in CONV_OPS:
             self._conv_memory(pir_op, facts)
+        if name == LAYER_NORM_GRAD_OP:
+            self._layer_norm_grad_memory(pir_op, facts)
         if name == POP_OP:
             stack = self._stack_index(pir_op.operand_source(0))
             held = self.pushed.get(stack, [])
@@ -488,7 +493,7 @@ class _Converter:
             return
         shape, dtype = tuple(int(d) for d in out.shape), _dtype_name(out)
         if pir_op.name() == RNN_GRAD_OP:
-            facts.workspace = kernel_memory.rnn_grad_workspace(mode, shape, dtype)
+            facts.workspace = self._rnn_grad_workspace(pir_op, mode, shape, dtype)
             return
         real = kernel_memory.rnn_outputs(mode, int(op_attrs.get("num_layers", 1)),
                                          bool(op_attrs.get("is_test", False)), shape, dtype)
@@ -498,6 +503,42 @@ class _Converter:
             var = block.vars.get(nm) if nm is not None else None
             if var is not None and var.is_dense:
                 var.shape, var.dtype = real_shape, real_dtype
+
+    @staticmethod
+    def _rnn_grad_workspace(pir_op, mode: str, shape: tuple, dtype: str):
+        """``rnn_grad``'s workspace from the op: whether it has an ``x_grad``
+        and which of its ``pre_state_grad`` nothing reads
+        (:func:`memopt.paddle.kernel_memory.rnn_grad_workspace`)."""
+        from . import kernel_memory
+
+        attrs = pir_op.attrs()
+        outs = list(pir_op.get_output_names())
+        x = pir_op.operand_source(list(pir_op.get_input_names()).index("x"))
+        x_grad = pir_op.result(outs.index("x_grad")) if "x_grad" in outs else None
+        no_x_grad = x_grad is None or not x_grad.initialized() \
+            or not x_grad.is_dense_tensor_type()
+        states = pir_op.result(outs.index("pre_state_grad")) \
+            if "pre_state_grad" in outs else None
+        vec = states.type().as_vec_type() if states is not None and states.initialized() \
+            and str(states.type()) != NULL_TYPE else None
+        # a legacy program translated to PIR may type an element as null: the
+        # kernel then gets no such gradient
+        elems = [None if str(t) == NULL_TYPE else tuple(int(d) for d in t.shape)
+                 for t in (vec.as_list() if vec is not None else [])]
+        has_states = bool(elems) and elems[0] is not None
+        ins = list(pir_op.get_input_names())
+        lengths = pir_op.operand_source(ins.index("sequence_length")) \
+            if "sequence_length" in ins else None
+        unread = tuple(e for e in elems if e is not None) if states is not None \
+            and states.initialized() and states.use_empty() else ()
+        known_x = x.initialized() and x.is_dense_tensor_type()
+        return kernel_memory.rnn_grad_workspace(
+            mode, shape, dtype, int(attrs.get("num_layers", 1)),
+            x_shape=tuple(int(d) for d in x.shape) if no_x_grad and known_x else None,
+            unread_state_grads=unread, has_state_grads=has_states,
+            directions=2 if attrs.get("is_bidirec", False) else 1,
+            sequence_length=lengths is not None and lengths.initialized()
+            and lengths.is_dense_tensor_type())
 
     def _conv_memory(self, pir_op, facts: OpFacts) -> None:
         """A convolution's im2col workspace (:mod:`memopt.paddle.kernel_memory`)."""
@@ -535,6 +576,30 @@ class _Converter:
         workspace = kernel_memory.add_grad_workspace(
             tuple(int(d) for d in y.shape), tuple(int(d) for d in out_grad.shape),
             _dtype_name(out_grad), wanted)
+        if workspace is not None:
+            facts.workspace = workspace
+
+    def _layer_norm_grad_memory(self, pir_op, facts: OpFacts) -> None:
+        """``layer_norm_grad``'s workspace (:mod:`memopt.paddle.kernel_memory`)."""
+        from . import kernel_memory
+
+        ins, outs = list(pir_op.get_input_names()), list(pir_op.get_output_names())
+        if "x" not in ins or "mean" not in ins:
+            return
+        x, mean = pir_op.operand_source(ins.index("x")), pir_op.operand_source(ins.index("mean"))
+        if not all(v.initialized() and v.is_dense_tensor_type() for v in (x, mean)):
+            return
+
+        def made(slot):  # the kernel fills a typed result even if nothing reads it
+            if slot not in outs:
+                return False
+            r = pir_op.result(outs.index(slot))
+            return r.initialized() and r.is_dense_tensor_type()
+
+        workspace = kernel_memory.layer_norm_grad_workspace(
+            tuple(int(d) for d in x.shape), _dtype_name(x),
+            tuple(int(d) for d in mean.shape), _dtype_name(mean),
+            made("x_grad") or made("scale_grad"))
         if workspace is not None:
             facts.workspace = workspace
 

@@ -64,9 +64,15 @@ def test_pir_gc_off_prediction_within_ten_percent(paddle, name, options, batch):
 def test_rnn_outputs_get_their_real_sizes(paddle):
     """The LSTM's reserve is 6 blocks of the output (4 gates, cell, cell
     activation), the GRU's 4; the dropout state one byte per output element;
-    rnn_grad's workspace the gate gradients; all symbolic in the batch."""
-    T, H = RNN["seq_len"], RNN["hidden"]
+    rnn_grad's workspace the gate gradients, the x_grad PIR leaves out (x is
+    a feed), the initial-state gradients nothing reads and the [B, H] state
+    buffers (two, and for the GRU's sequence_length a backup and the [T, B]
+    mask); all symbolic in the batch."""
+    T, H, F = RNN["seq_len"], RNN["hidden"], RNN["features"]
     block = Size(T * H * 4, 1)                       # [T, B, H] float32
+    state = H * 4                                    # [B, H] float32
+    extra = {"lstm": T * F * 4 + 2 * state + 2 * state,          # x_grad, h0/c0 grads, 2 rows
+             "gru": T * F * 4 + state + 3 * state + T * 4}       # x_grad, h0 grad, 3 rows, mask
     for name, rows, gates in (("lstm", 6, 4), ("gru", 4, 3)):
         pg = convert(models.build(name, "pir", 8, **RNN).main)
         rnn = next(op for _, op in pg.graph.walk_ops() if op.type == "pd_op.rnn")
@@ -75,7 +81,7 @@ def test_rnn_outputs_get_their_real_sizes(paddle):
         assert Size(rows * block.coefficient, 1).coefficient in sizes
         assert T * H in sizes                        # dropout state, uint8
         grad = next(op for _, op in pg.graph.walk_ops() if op.type == "pd_op.rnn_grad")
-        assert grad.facts.workspace == Size(gates * block.coefficient, 1)
+        assert grad.facts.workspace == Size(gates * block.coefficient + extra[name], 1)
 
 
 def test_kernel_memory_rules():
@@ -86,7 +92,12 @@ def test_kernel_memory_rules():
     assert kernel_memory.rnn_outputs("GRU", 1, False, out, "float32")["reserve"][0][0] == 4
     assert kernel_memory.rnn_outputs("LSTM", 1, True, out, "float32") == {}   # inference
     assert kernel_memory.rnn_outputs("MYSTERY", 1, False, out, "float32") == {}
-    assert kernel_memory.rnn_grad_workspace("GRU", out, "float32") == Size(3 * 10 * 64 * 4, 1)
+    # gate gradients and two [B, H] state buffers
+    assert kernel_memory.rnn_grad_workspace("GRU", out, "float32") \
+        == Size(3 * 10 * 64 * 4 + 2 * 64 * 4, 1)
+    # two layers: + a layer's input and its gradient; no x_grad result: + x
+    assert kernel_memory.rnn_grad_workspace("GRU", out, "float32", 2, x_shape=(10, -1, 8)) \
+        == Size((3 * 10 * 64 + 2 * 10 * 64 + 10 * 8 + 2 * 64) * 4, 1)
     assert kernel_memory.rnn_grad_workspace("MYSTERY", out, "float32") is None
 
 
