@@ -128,6 +128,8 @@ def draws_random(op) -> bool:
         return "seed" in op.attrs()
     except Exception:  # an op whose attributes Python cannot read
         return False
+
+
 ADD_GRAD_OP = "pd_op.add_grad"
 LAYER_NORM_GRAD_OP = "pd_op.layer_norm_grad"
 #: how PIR prints a value's missing type
