@@ -106,18 +106,18 @@ def _is_recipe(value: Any) -> bool:
     return isinstance(value, tuple) and all(_is_recipe(p) for p in value)
 
 
-def apply(recipe: Any, args: Sequence[Any]) -> Optional[Any]:
-    """``recipe`` on ``args`` (values as patterns: tuples for tuple values,
-    anything else a leaf): the picked parts, or None where a path indexes
-    into a leaf (an array: real indexing, not a projection) or out of
-    range."""
+def apply(recipe: Any, args: Sequence[Any], node: type = tuple) -> Optional[Any]:
+    """``recipe`` on ``args`` (values as patterns: ``node`` -- tuples by
+    default -- for tuple values, anything else a leaf): the picked parts
+    (built as ``node``), or None where a path indexes into a leaf (an array:
+    real indexing, not a projection) or out of range."""
     if isinstance(recipe, Pick):
         value = args[recipe.arg]
         for k in recipe.path:
-            if not isinstance(value, tuple) or not -len(value) <= k < len(value):
+            if not isinstance(value, node) or not -len(value) <= k < len(value):
                 return None
             value = value[k]
         return value
-    parts = [apply(p, args) for p in recipe]
-    return None if any(p is None for p in parts) else tuple(parts)
+    parts = [apply(p, args, node) for p in recipe]
+    return None if any(p is None for p in parts) else node(parts)
 

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Set, Tuple
 
 from autobatch.ir import CopyOp, PrimOp, VariableAllocation, pattern_leaves
 from autobatch.lowering import LoweredProgram
-from autobatch.projection import Pick, projection
+from autobatch.projection import apply as apply_projection, projection
 
 __all__ = ["register_names"]
 
@@ -79,7 +79,8 @@ def _same_values(lowered: LoweredProgram, op: Any) -> List[Tuple[Leaf, Leaf]]:
     recipe = projection(op.function, len(op.vars_in))
     if recipe is None:
         return []
-    picked = _pick(recipe, [_value(lowered, var) for var in op.vars_in])
+    # _value's patterns are lists (its leaves are (var, index) tuples)
+    picked = apply_projection(recipe, [_value(lowered, var) for var in op.vars_in], list)
     if picked is None or not _fits(lowered, op.vars_out, picked):
         return []
     return list(zip(_pattern_leaves(lowered, op.vars_out), _flat(picked)))
@@ -94,20 +95,6 @@ def _value(lowered: LoweredProgram, var: str) -> Any:
             return [walk(p) for p in t]
         return (var, next(counter))
     return walk(lowered.var_types[var].tensors)
-
-
-def _pick(recipe: Any, args: List[Any]) -> Any:
-    """:func:`autobatch.projection.apply` on :func:`_value` patterns; None
-    where a pick indexes a leaf or out of range."""
-    if isinstance(recipe, Pick):
-        value = args[recipe.arg]
-        for k in recipe.path:
-            if not isinstance(value, list) or not -len(value) <= k < len(value):
-                return None
-            value = value[k]
-        return value
-    parts = [_pick(p, args) for p in recipe]
-    return None if any(p is None for p in parts) else parts
 
 
 def _flat(value: Any) -> List[Leaf]:
