@@ -554,8 +554,7 @@ def _slices_and_order(program, batch: int, model, fetch_names, fetched, slices: 
     from .report import format_bytes
 
     notes: List[str] = []
-    applied_slices, order = None, [op.id() for op in program.global_block().ops]
-    original_ops = list(program.global_block().ops)
+    applied_slices, original_ops = None, list(program.global_block().ops)
     try:
         if slices:
             _, note, applied_slices = pir_concat_slices.slice_if_lower(
@@ -573,8 +572,8 @@ def _slices_and_order(program, batch: int, model, fetch_names, fetched, slices: 
                                          f"order lowers the predicted peak ({tried})"))
     except Exception as exc:  # noqa: BLE001 - reported in the notes, program restored
         if applied_slices is not None:
-            applied_slices.undo()
-        elif [op.id() for op in program.global_block().ops] != order:
+            applied_slices.undo()  # its ops removed, the others in their order again
+        else:
             pir_recompute.restore_order(program.global_block(), original_ops)
         logging.getLogger("memopt").warning("level 2's slices / order left out: %r", exc)
         return [f"level 2: the concat slices and the memory-aware order left out: "
