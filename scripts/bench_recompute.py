@@ -50,6 +50,8 @@ import subprocess
 import sys
 import time
 
+import _bench
+
 #: row -> (batch size, size options): small enough for 2 CPU cores.  A row
 #: ``name-<label>`` builds model ``name`` (the rows after the first six).
 BENCH_MODELS = {
@@ -255,7 +257,8 @@ def floors(rows: list) -> str:
             "params + optimizer", "fed inputs", "kept activations",
             "backward values (grads, recomputed)", "conv workspace", "late-free allowance",
             "FLOPs"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines: list = []
+    _bench.Table(head, out=lines.append)
     return "\n".join(lines + [floor_row(r) for r in rows])
 def bench_l2(model: str, steps: int, repeat: int) -> dict:
     """``level=2`` against the default, each in ``repeat`` fresh processes
@@ -293,7 +296,8 @@ def l2_table(rows: list) -> str:
             "L2 / default, floor", "L2 / default, steady", "L2 / default, worst",
             "step time L2 / default",
             "L2 predicted", "any-order bound / default floor", "bit-identical"]
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out: list = []
+    _bench.Table(head, out=out.append)
     for row in rows:
         if "error" in row:
             out.append(f"| {row['model']} | {row['batch']} | {row['error']} |")
@@ -313,7 +317,8 @@ def table(rows: list) -> str:
     fractions = [f for f, _ in rows[0]["budgets"]] if rows else FRACTIONS
     head = ["model", "batch", "default", "L2"] + [f"b={round(f * 100)}%" for f in fractions] \
         + ["monotone", "batch in budget", "auto_recompute", "bit-identical"]
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out: list = []
+    _bench.Table(head, out=out.append)
     for row in rows:
         base = row["base"]
         if "peak" not in base:

@@ -31,6 +31,8 @@ import os
 import subprocess
 import sys
 
+import _bench
+
 FRACTIONS = (1.0, 0.8, 0.6, 0.45)
 
 
@@ -292,7 +294,8 @@ def table(rows) -> str:
     fr = [f for f, _ in rows[0]["budgets"]] if rows else FRACTIONS
     head = ["model", "batch", "default peak"] + [f"b={round(f * 100)}%" for f in fr] \
         + ["monotone", "bit-identical", "BudgetError follow-ups"]
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out: list = []
+    _bench.Table(head, out=out.append)
     for row in rows:
         base = row["base"]
         if "peak" not in base:
