@@ -230,7 +230,7 @@ class AutoParallelConfig:
     mode : a :data:`memopt.paddle.auto_parallel_models.MODES` entry, or
         ``"pir_dp"``: a plain PIR data-parallel program
         (:func:`memopt.paddle.fleet_models.build_pir_dp`, ``pd_op.all_reduce_``).
-    level : None (unoptimized) or memory_optimize's level (0 or 1), applied
+    level : None (unoptimized) or memory_optimize's level (0, 1 or 2), applied
         to the rank's PIR program after Paddle's parallel passes, before
         its first step.
     gc : Paddle's garbage collector on or off.

@@ -13,7 +13,9 @@ clone (``OpOperand.set_source``; shape-only reads keep the original), all
 or nothing.
 
 Not recomputed: random ops (:data:`RANDOM_OPS`: a second draw gives other
-values), ops that write over an operand (``batch_norm_``'s running
+values), communication ops (:func:`memopt.paddle.distributed.is_communication`:
+a tensor-parallel ``all_reduce`` run again on one rank's schedule is a
+collective every rank must join in the same order), ops that write over an operand (``batch_norm_``'s running
 statistics, ``sgd_``: a second run would update twice), ops that run
 regions, and the glue of vectors on their own (``builtin.combine`` /
 ``builtin.split`` are cloned along with the op that uses them).
@@ -37,6 +39,7 @@ from typing import Dict, List, Optional, Tuple
 from ..errors import PlanError
 from ..recompute import CLONE_SUFFIX, CloneSpelling, RecomputePlan, RecomputeProblem, is_copy_dep
 from ..graph import Graph, Op, OpFacts, Var
+from .distributed import is_communication
 from .pir import COMBINE_OP, RANDOM_OPS, SPLIT_OP, SLICE_OP, PirGraph
 
 log = logging.getLogger(__name__)
@@ -94,6 +97,8 @@ def _reason(op) -> Optional[str]:
     name = op.type
     if name in RANDOM_OPS:
         return "random"
+    if is_communication(name):
+        return "communication"
     if op.sub_blocks:
         return "runs regions"
     if name.startswith("builtin.") or name.startswith("cf.") or op.facts.synthetic:

@@ -6,8 +6,10 @@ chains, plus: an op that overwrites a value -- ``relu_``, ``sgd_``,
 ``batch_norm_``'s running statistics -- keeps its place relative to every
 other reader of that value and of the views of it; ops without results keep
 their relative order, and so do ops that draw random numbers, each of which
-takes the generator's next numbers); :func:`plan_order` makes the candidate orders of
-:mod:`memopt.schedule`, applies each to a clone of the program and keeps
+takes the generator's next numbers, and communication ops, which every rank
+must run in one order -- a pipeline stage's ``p_recv`` moved before its
+``p_send`` would wait for a peer that waits for it); :func:`plan_order`
+makes the candidate orders of :mod:`memopt.schedule`, applies each to a clone of the program and keeps
 the one :mod:`memopt.analysis` predicts the lowest peak for under the
 runtime's flags (the executor's in-place pass recomputed on each order);
 :func:`apply_order` moves the real program's ops (``Operation.move_before``)
@@ -24,6 +26,7 @@ from typing import List, Optional, Tuple
 
 from ..errors import PlanError
 from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topological
+from .distributed import is_communication
 from .pir import (DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert, draws_random,
                   flat_program)
 
@@ -69,7 +72,7 @@ def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
         readers.setdefault(root, set()).update(readers.get(vid, ()))
     from paddle.base import core
 
-    last_sink = last_random = None
+    last_sink = last_random = last_comm = None
     for i, op in enumerate(ops):
         if op.name().endswith("_") and not op.name().startswith("builtin."):
             try:
@@ -96,6 +99,10 @@ def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
             if last_random is not None:
                 after[i].add(last_random)
             last_random = i
+        if is_communication(op.name()):
+            if last_comm is not None:
+                after[i].add(last_comm)
+            last_comm = i
     var_of = {var.name: var for _, var in pg.graph.all_vars()}
     keep = frozenset(name for name, var in var_of.items()
                      if var.persistable or var.is_feed or var.is_data or var.is_fetch

@@ -201,7 +201,8 @@ def test_auto_parallel_two_ranks_bit_identical_after_memory_optimize(mode):
     of a communication op alone, and the rewritten program trains
     bit-identically on every rank.  ``pir_dp``: a plain PIR data-parallel
     program (paddle.distributed.all_reduce on each gradient:
-    pd_op.all_reduce_), the same checks."""
+    pd_op.all_reduce_), the same checks; at level 2 (the memory-aware order)
+    too."""
     from conftest import need
 
     need("paddle")
@@ -210,7 +211,7 @@ def test_auto_parallel_two_ranks_bit_identical_after_memory_optimize(mode):
     base = launch_auto_parallel(AutoParallelConfig(mode=mode, gc=False), tempfile.mkdtemp())
     runs = [launch_auto_parallel(AutoParallelConfig(mode=mode, level=level, gc=gc),
                                  tempfile.mkdtemp())
-            for level, gc in ((1, False), (0, True))]
+            for level, gc in ((1, False), (0, True), (2, True))]
     for rank, a in enumerate(base):
         if mode == "pir_dp":
             assert a["comm_ops"] == ["pd_op.all_reduce_"] * 4, a["comm_ops"]
@@ -261,3 +262,55 @@ def test_auto_parallel_cross_mesh_program_send_recv():
     # rank 0 sends the activation and receives its gradient: both held
     assert records[0]["not_merged"][
         "communication buffer (in flight until the end of the step)"] > 0
+
+
+def _program_with_forward_all_reduce(paddle):
+    """A PIR training program whose forward part all-reduces an activation
+    (as tensor parallelism does after a row-parallel matmul; Paddle builds
+    no gradient through it, so the first Linear is not trained)."""
+    main, start = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, start):
+        x = paddle.static.data("x", [-1, 64], "float32")
+        h = paddle._C_ops.all_reduce(paddle.nn.Linear(64, 256)(x), 0, 0)
+        h = paddle.tanh(paddle.nn.functional.relu(h))
+        loss = paddle.mean(paddle.nn.Linear(256, 1)(h))
+        paddle.optimizer.SGD(0.1).minimize(loss)
+    return main, loss
+
+
+def test_budget_never_runs_a_collective_twice(paddle):
+    """A clone of an all_reduce would be one more collective on this rank's
+    schedule: communication ops may not run twice (the relu / tanh after it
+    may, reading the all-reduced value held alive)."""
+    from memopt import recompute
+    from memopt.paddle import pir, pir_recompute
+
+    main, loss = _program_with_forward_all_reduce(paddle)
+    problem = pir_recompute.problem_of(pir.convert(main, [loss]), 16)
+    reasons = {op.type: r for op, r in zip(problem.ops, problem.reusable)}
+    assert reasons["pd_op.all_reduce"] == "communication"
+    assert reasons["pd_op.tanh"] is None
+    made_by = {name: op.type for op in problem.ops for name in op.writes}
+    for name in recompute.candidates(problem):
+        plan = recompute.make_plan(problem, [name])
+        assert all(problem.ops[c.op].type != "pd_op.all_reduce" for c in plan.clones), name
+        assert made_by[name] != "pd_op.all_reduce"
+
+
+def test_level2_order_keeps_communication_ops_in_their_order(paddle):
+    """Each rank runs its collectives in the program's order, which the
+    peers' programs match: level 2's order problem chains them (each after
+    the one before), as it chains random ops."""
+    from memopt.paddle import pir, pir_schedule
+
+    main, loss = _program_with_forward_all_reduce(paddle)
+    block = main.global_block()
+    matmul_grad = next(op for op in block.ops if op.name() == "pd_op.matmul_grad")
+    with paddle.static.program_guard(main):
+        for g in matmul_grad.results():  # two independent collectives, backward part
+            paddle._C_ops.all_reduce(g, 0, 0)
+    problem = pir_schedule.order_problem(pir.convert(main, [loss]), 16)
+    comm = [i for i, op in enumerate(block.ops) if distributed.is_communication(op.name())]
+    assert len(comm) == 3
+    for before, later in zip(comm, comm[1:]):
+        assert before in problem.ops[later].after, (before, later)
