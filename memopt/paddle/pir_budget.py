@@ -167,7 +167,8 @@ def estimated_batch(choices, budget: int, limit: int = 1 << 20) -> int:
 
 def require_flat(pg) -> None:
     """UnsupportedProgramError unless the program's top-level block runs no
-    if/while regions (what recomputation handles)."""
+    if/while regions.  No longer called by budget=: recomputation treats
+    region ops as opaque (:mod:`memopt.paddle.pir_regions`)."""
     from .pir import flat_program
 
     if not flat_program(pg):
@@ -185,7 +186,6 @@ def plan_recompute(pg, batch: int, budget: int, runtime):
     the module docstring).  :func:`choose_plan` applies the first and
     checks the rewritten program with the same model, going on to the next
     if the check fails."""
-    require_flat(pg)
     _, choices = recompute_choices(pg, batch, runtime, offered_only=True)
     fitting = sorted((c for c in choices if c.peak <= budget),
                      key=lambda c: (c.plan.flops, c.peak))
@@ -277,7 +277,6 @@ def plans_at(pg, fetch_names, batch: int, budget: int, runtime, order=()) -> boo
     from .. import recompute
     from . import pir_recompute
 
-    require_flat(pg)
     problem = pir_recompute.problem_of(pg, batch)
     predict = _predictor(pg, batch, runtime)
     rank = {c.label: k for k, c in enumerate(sorted(order, key=lambda c: (c.peak, c.plan.flops)))}
