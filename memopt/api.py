@@ -485,7 +485,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             "level 2: the memory-aware op order is made for PIR programs; this legacy "
             "program got level 1"]
         return report
-    from .paddle import pir_budget
+    from .paddle import pir_budget, pir_loops
 
     start = time.perf_counter()
     batch = int(batch_size or REFERENCE_BATCH)
@@ -494,6 +494,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     with _without_cycle_collection():
         pg = pir.convert(program, sorted(options.fetch_list))
         pir_rewrite.check_user_names(pg, options)
+        model = pir_loops.runtime_for(program, model, budget=limit is not None)
         before = _pir_analysis(pg, batch, model).total_peak(batch)
         recomputed, added, applied = [], 0.0, None
         if limit is not None:
