@@ -12,8 +12,10 @@ never cloned or split, and
   data dependency of the op;
 - every value of the top-level block an op inside it writes over
   (``assign_out_``, ``array_write_``, any in-place op on an outer value; a
-  ``while``'s carried values, written by its body) is *written by the
-  region*, with every view of it (:data:`VIEW_OPS`): a clone never reads
+  ``while``'s carried values, written by its body; the stack a
+  ``cf.tuple_push`` / ``cf.tuple_pop`` inside changes, as its stack, inlet
+  and outlet values) is *written by the region*, with every view of it
+  (:data:`VIEW_OPS`): a clone never reads
   it or makes it again (its data depends on whether the region ran yet),
   and the order keeps the region on the same side of every other reader.
 
@@ -25,9 +27,10 @@ every list is ``pg.ops``.
 """
 from __future__ import annotations
 
+import re
 from typing import Dict, List, Tuple
 
-from .pir import COMBINE_OP, PirGraph
+from .pir import COMBINE_OP, POP_OP, PUSH_OP, PirGraph
 
 __all__ = ["VIEW_OPS", "top_level_ops", "region_reads", "region_writes", "regions_of",
            "graph_ops_of"]
@@ -114,6 +117,8 @@ def regions_of(pg: PirGraph) -> Dict[int, Tuple[frozenset, frozenset]]:
                             and not inner.facts.overwrites:
                         written = list(inner.reads)  # in place, slots unknown: all of them
                     written += list(inner.writes)
+                    if inner.type in (PUSH_OP, POP_OP) and inner.reads:
+                        written += _stack_names(inner.reads[0])
                     writes.update(n for n in written if n in outer)
         reads.update(_external_names(pg, pop))
         if not any(g.sub_blocks for g in gops):
@@ -121,6 +126,19 @@ def regions_of(pg: PirGraph) -> Dict[int, Tuple[frozenset, frozenset]]:
         head = next(k for k in positions if top[k] is not None)
         out[head] = (frozenset(reads), frozenset(writes))
     return out
+
+
+_STACK_VALUE = re.compile(r"^%(stack|inlet|outlet)_(\d+)$")
+
+
+def _stack_names(name: str) -> List[str]:
+    """All three values of the ``cf.stack_create`` that made ``name`` (a
+    stack, its inlet or its outlet): a push or a pop changes the stack each
+    names, as ``cf.has_elements`` (a while_grad's condition) reads it."""
+    m = _STACK_VALUE.match(name)
+    if m is None:
+        return []
+    return [f"%{kind}_{m.group(2)}" for kind in ("stack", "inlet", "outlet")]
 
 
 def _external_names(pg: PirGraph, pir_op) -> List[str]:

@@ -96,7 +96,7 @@ def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
             root = alias_of.get(v.id, v.id)
             # readers before it stay before it, readers after it (of the
             # same data, as a same-dims reshape_ leaves it) stay after
-            for r in readers.get(root, ()) | readers.get(v.id, ()):
+            for r in readers.get(root, set()) | readers.get(v.id, set()):
                 if r < i:
                     after[i].add(r)
                 elif r > i:
