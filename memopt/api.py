@@ -381,8 +381,10 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     budget : (keyword only) bytes (int) or a string such as ``"6GiB"``: the allocator peak
         one training step at ``batch_size`` may reach, parameters and
         optimizer state included.  memopt recomputes forward values in the
-        backward part (PIR programs without if/while regions) so the
-        predicted peak fits with the least added compute; the report says
+        backward part (PIR programs; an if/while op is kept whole, with
+        every value it reads, and a training while loop needs a constant
+        trip count) so the predicted peak fits with the least added
+        compute; the report says
         what is recomputed, the added compute and the predicted peak.
     batch_size : (keyword only) the batch size the budget is for (needed with ``budget``).
 

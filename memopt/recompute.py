@@ -28,7 +28,11 @@ forward ops.  An input whose own op may not run twice (a dropout's output,
 a constant ``assign_value_`` wrote in place, as a causal mask) is held
 alive for the clone instead, unless some op writes over it later.
 Candidates are ranked by bytes freed per FLOP of their one-op recipe
-(largest first: a ReLU, a concat or a GELU before a convolution).
+(largest first: a ReLU, a concat or a GELU before a convolution).  The
+adapter may pin values (:attr:`RecomputeProblem.pinned`: read where no
+clone can be read, inside a region op's blocks; never dropped) and bar
+others (:attr:`RecomputeProblem.barred`: written over where the block does
+not show it; never read, held or made again by a clone).
 
 The sets of values tried (:func:`candidate_sets`, fixed for a program and
 batch, whatever the budget) are prefixes of that ranking and checkpoint
