@@ -25,7 +25,8 @@ first entry is the loss.
   decoder: causal attention, next-token loss); in both IRs ``"lstm"``, ``"gru"``,
   ``"ctr"``, ``"vgg"``, ``"gpt_einsum"`` and, legacy only, ``"amp_bf16"`` (see
   :data:`EXTRA_MODEL_NAMES`); PIR only, with a ``cond`` or ``while_loop``
-  between plain layers: ``"cond_mlp"``, ``"while_mlp"`` (:data:`REGION_MODEL_NAMES`).
+  between plain layers: ``"cond_mlp"``, ``"while_mlp"``, ``"dense_cond"``
+  (:data:`REGION_MODEL_NAMES`).
   Every model has a backward pass and an optimizer when
   ``train=True``.
 
@@ -66,6 +67,7 @@ DEFAULT_BATCH = {
     "amp_bf16": 4,
     "cond_mlp": 512,
     "while_mlp": 512,
+    "dense_cond": 512,
 }
 
 #: Models built in both IRs.
@@ -83,8 +85,10 @@ EXTRA_MODEL_NAMES = ("lstm", "gru", "ctr", "vgg", "gpt_einsum", "amp_bf16")
 #: plain layers, sized so that the saved activations matter next to the
 #: parameters (``budget=``, ``level=2`` on regions): ``"cond_mlp"`` (a
 #: ``static.nn.cond`` on a fed flag between ReLU layers) and ``"while_mlp"``
-#: (a ``static.nn.while_loop`` of a shared tanh layer between them).
-REGION_MODEL_NAMES = ("cond_mlp", "while_mlp")
+#: (a ``static.nn.while_loop`` of a shared tanh layer between them);
+#: ``"dense_cond"``: dense-block features (each ReLU layer reads the concat
+#: of all earlier ones, as in DenseNet) then a cond head on a fed flag.
+REGION_MODEL_NAMES = ("cond_mlp", "while_mlp", "dense_cond")
 IRS = ("legacy", "pir")
 
 
@@ -380,7 +384,8 @@ def _nested_cond(ir, batch, opts):
 def _region_mlp(kind):
     """``"cond_mlp"`` / ``"while_mlp"`` (see :data:`REGION_MODEL_NAMES`):
     ``layers // 2`` ReLU layers, the region, ``layers // 2`` ReLU layers,
-    a classifier; PIR only."""
+    a classifier; ``"dense_cond"``: ``layers`` dense-block layers of
+    ``hidden // 4`` features each, a cond head; PIR only."""
     def build(ir, batch, opts):
         import paddle
 
@@ -392,9 +397,14 @@ def _region_mlp(kind):
         x = paddle.static.data("x", [-1, width], "float32")
         y = paddle.static.data("label", [-1, 1], "int64")
         h = x
-        for _ in range(layers // 2):
+        if kind == "dense_cond":
+            grow = width // 4
+            for _ in range(layers):
+                h = paddle.concat([h, relu(linear(h.shape[1], grow)(h))], axis=1)
+            h = relu(linear(h.shape[1], width)(h))
+        for _ in range(layers // 2 if kind != "dense_cond" else 0):
             h = relu(linear(width, width)(h))
-        if kind == "cond_mlp":
+        if kind in ("cond_mlp", "dense_cond"):
             flag = paddle.static.data("flag", [1], "float32")
             fa, fb = linear(width, width), linear(width, width)
             h = paddle.static.nn.cond(paddle.mean(flag) > 0, lambda: relu(fa(h)) * 2.0,
@@ -407,14 +417,14 @@ def _region_mlp(kind):
             _, h = paddle.static.nn.while_loop(
                 lambda i, v: i < n, lambda i, v: [i + 1, paddle.tanh(cell(v)) + v * 0.5],
                 [paddle.full([1], 0, "int64"), h])
-        for _ in range(layers // 2):
+        for _ in range(layers // 2 if kind != "dense_cond" else 0):
             h = relu(linear(width, width)(h))
         logits = linear(width, classes)(h)
         vector = _vector_feed(batch, width, classes)
 
         def feed(rng):
             out = vector(rng)
-            if kind == "cond_mlp":
+            if kind != "while_mlp":
                 out["flag"] = np.array([rng.choice([-1.0, 1.0])], "float32")
             return out
 
@@ -712,6 +722,7 @@ _BUILDERS = {
     "amp_bf16": _transformer,
     "cond_mlp": _region_mlp("cond_mlp"),
     "while_mlp": _region_mlp("while_mlp"),
+    "dense_cond": _region_mlp("dense_cond"),
 }
 #: Models trained under AMP: name -> the dtype of ``paddle.static.amp.decorate``
 #: (level O1, no loss scaling); legacy IR only (see :func:`build`).

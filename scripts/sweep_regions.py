@@ -130,7 +130,7 @@ def table(name: str, steps: int, fractions, repeat: int) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", nargs=4, metavar=("MODEL", "CONFIG", "FRACTION", "STEPS"))
-    parser.add_argument("--models", default="cond_mlp,while_mlp")
+    parser.add_argument("--models", default="cond_mlp,while_mlp,dense_cond")
     parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=2,

@@ -3,7 +3,8 @@ an if / a while (memopt.paddle.pir_regions: region ops opaque).
 
 Real programs (memopt.models "cond_mlp": a static.nn.cond on a fed flag
 between ReLU layers; "while_mlp": a static.nn.while_loop of a shared tanh
-layer), real executor, three training steps compared bit for bit with the
+layer; "dense_cond": DenseNet-style concat features, then a cond), real
+executor, three training steps compared bit for bit with the
 unchanged program (losses, logits, every parameter).
 """
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from memopt import models
 
-REGION_MODELS = ("cond_mlp", "while_mlp")
+REGION_MODELS = ("cond_mlp", "while_mlp", "dense_cond")
 
 
 def _same(a, b) -> None:
@@ -122,6 +123,9 @@ def test_level2_orders_region_programs_bit_identically(paddle, name):
                                     fetch_list=model.fetch_list)
     assert report.peak_after <= report.peak_before
     assert not any("left out" in n and "order" in n for n in report.notes), report.notes
+    if name == "dense_cond":  # the concat slices too (the last concat: read in the branches)
+        assert any("are sliced out" in n for n in report.notes), report.notes
+        assert report.peak_after < 0.9 * report.peak_before
     _same(reference, models.run_steps(model, steps=3))
 
 
