@@ -94,6 +94,9 @@ def regions_of(pg: PirGraph) -> Dict[int, Tuple[frozenset, frozenset]]:
     of the top-level block: the names of the top-level values it reads and
     writes over (see the module docstring; views not added yet, see
     :func:`region_writes`).  Its synthetic ops count as part of it."""
+    cached = pg.__dict__.get("_regions")
+    if cached is not None:
+        return cached
     graph = pg.graph
     outer = graph.blocks[0].vars
     top = top_level_ops(pg)
@@ -125,6 +128,7 @@ def regions_of(pg: PirGraph) -> Dict[int, Tuple[frozenset, frozenset]]:
             writes.update(reads)  # regions the graph does not walk: any of it may be written
         head = next(k for k in positions if top[k] is not None)
         out[head] = (frozenset(reads), frozenset(writes))
+    pg.__dict__["_regions"] = out
     return out
 
 

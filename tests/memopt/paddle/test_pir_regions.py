@@ -303,3 +303,24 @@ def test_a_value_a_branch_writes_over_is_never_recomputed_nor_crossed(paddle):
     assert report.recomputed and pg.name(buf) not in report.recomputed
     assert all(np.array_equal(a, b) for a, b in zip(reference, run(main, startup, loss)))
     assert pir_regions.region_writes(pg) >= {pg.name(buf)}
+
+
+@pytest.mark.parametrize("name", ("cond_mlp", "while_mlp"))
+def test_grid_predicts_region_programs_to_the_byte(paddle, name):
+    """The rewritten graph of every offered plan (block 0 rewritten, the
+    region blocks kept, the executor's in-place options keyed by flat
+    position) predicts its applied program, read back, to the byte."""
+    from memopt.paddle import flags, pir, pir_budget
+    from memopt.paddle.pir_loops import runtime_for
+
+    model = models.build(name, "pir")
+    runtime = runtime_for(model.main, flags.runtime_model("pir"), budget=True)
+    pg = pir.convert(model.main)
+    _, choices = pir_budget.recompute_choices(pg, model.batch_size, runtime, offered_only=True)
+    plans = [c for c in choices if c.k]
+    assert len(plans) >= 5
+    for c in plans:
+        actual, applied = pir_budget.rewritten_peak(pg, c.plan, sorted(pg.graph.fetch_names),
+                                                    model.batch_size, runtime)
+        applied.undo()
+        assert actual == c.peak, (c.label, c.peak, actual)
