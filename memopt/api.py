@@ -612,14 +612,15 @@ def _batch_planner(program, fetch_list: list, runtime: RuntimeModel):
     program as it is when called, searched from the estimate of the grid
     at ``start_batch``); the program is left as it was."""
     def planner(budget: int, start_batch: int, limit: int) -> int:
-        from .paddle import pir_budget
+        from .paddle import pir_budget, pir_loops
 
         fetch_names = sorted(_names(fetch_list, "fetch_list"))  # as memory_optimize reads them
         with pir_inplace.static_mode(), _without_cycle_collection():
             pg = pir.convert(program, fetch_names)
-            _, choices = pir_budget.plan_recompute(pg, start_batch, budget, runtime)
+            model = pir_loops.runtime_for(program, runtime, budget=True)  # as budget= does
+            _, choices = pir_budget.plan_recompute(pg, start_batch, budget, model)
             return pir_budget.largest_planned_batch(
-                pg, fetch_names, budget, runtime, limit=limit, order=choices,
+                pg, fetch_names, budget, model, limit=limit, order=choices,
                 start=pir_budget.estimated_batch(choices, budget, limit))
 
     return planner
@@ -693,7 +694,7 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     rt = runtime or flags.runtime_model(ir or "pir")
     read = paddle_runtime.read_program(program_or_graph, fetch_list, rt)
     analysis = from_graph(read.graph, batch_size, rt, read.inplace, read.same_variable)
-    if ir == "pir" and len(read.graph.blocks) == 1:
+    if ir == "pir":
         analysis.batch_planner = _batch_planner(program_or_graph, fetch_list, rt)
     return analysis
 

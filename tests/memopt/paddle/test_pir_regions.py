@@ -324,3 +324,23 @@ def test_grid_predicts_region_programs_to_the_byte(paddle, name):
                                                     model.batch_size, runtime)
         applied.undo()
         assert actual == c.peak, (c.label, c.peak, actual)
+
+
+def test_largest_batch_of_a_loop_program_is_kept_and_analyze_agrees(paddle):
+    """BudgetError's largest_batch on a while program (its trip count read
+    from the program) plans with memory_optimize, and
+    ``analyze(...).max_batch_size(recompute=True)`` gives the same figure."""
+    import memopt
+
+    model = models.build("while_mlp", "pir")
+    with pytest.raises(memopt.BudgetError) as info:
+        memopt.memory_optimize(model.main, budget=1, batch_size=512)
+    budget = int(info.value.smallest_budget * 0.9)
+    with pytest.raises(memopt.BudgetError) as info:
+        memopt.memory_optimize(model.main, budget=budget, batch_size=512)
+    n = info.value.largest_batch
+    assert 0 < n < 512
+    assert memopt.analyze(model.main, 512).max_batch_size(budget, recompute=True) == n
+    report = memopt.memory_optimize(models.build("while_mlp", "pir", batch_size=n).main,
+                                    budget=budget, batch_size=n)
+    assert report.peak_after <= budget
