@@ -9,8 +9,10 @@ count: :func:`loop_iterations` reads it from loops of the form
 ``paddle.static.nn.while_loop`` builds for ``for i in range(a, n, c)``:
 the condition ``less_than(i, n)`` (or ``less_equal``) with ``i`` and ``n``
 ``pd_op.full`` constants, the body's next ``i`` made by ``scale(i, 1.0,
-bias=c)`` or ``add(i, full(c))``, ``c > 0``, and the body's next
-condition the same comparison against the same ``n``.
+bias=c)``, ``add(i, full(c))`` or ``increment(i, c)``, ``c > 0``, and the body's next
+condition the same comparison against the same ``n``; or, as
+``paddle.increment(i)`` builds it, ``i`` not carried but increased in place
+once per iteration by the body's one ``increment_``.
 """
 from __future__ import annotations
 
@@ -36,8 +38,8 @@ def _constant(value) -> Optional[float]:
 
 
 def _step(value, arg) -> Optional[float]:
-    """``c`` when ``value`` is ``arg + c`` (``scale(arg, 1, bias=c)`` or
-    ``add(arg, full(c))``), else None."""
+    """``c`` when ``value`` is ``arg + c`` (``scale(arg, 1, bias=c)``,
+    ``add(arg, full(c))`` or ``increment(arg, c)``), else None."""
     op = value.get_defining_op() if value.initialized() else None
     if op is None or not op.num_operands() or not op.operand_source(0).is_same(arg):
         return None
@@ -47,6 +49,8 @@ def _step(value, arg) -> Optional[float]:
             return float(attrs.get("bias", 0.0))
     if op.name() == "pd_op.add" and op.num_operands() == 2:
         return _constant(op.operand_source(1))
+    if op.name() in ("pd_op.increment", "pd_op.increment_"):  # paddle.increment(i, c)
+        return float(op.attrs().get("value", 1.0))
     return None
 
 
@@ -62,17 +66,30 @@ def trip_count(while_op) -> Optional[int]:
     start, end = _constant(counter), _constant(bound)
     inits = [while_op.operand_source(k) for k in range(1, while_op.num_operands())]
     slot = next((k for k, v in enumerate(inits) if v.is_same(counter)), None)
-    if start is None or end is None or slot is None:
+    if start is None or end is None:
         return None
     (body,) = list(while_op.blocks())
     ops = list(body.ops)
     if not ops or ops[-1].name() != "cf.yield" or ops[-1].num_operands() != len(inits) + 1:
         return None
     done = ops[-1]
-    step = _step(done.operand_source(slot + 1), body.args()[slot])
+    if slot is not None:  # a carried counter: the body yields its next value
+        step = _step(done.operand_source(slot + 1), body.args()[slot])
+        counted = done.operand_source(slot + 1)
+    else:  # paddle.increment: the body adds to the outer counter in place, once
+        bumps = [op for op in ops if op.num_operands()
+                 and op.operand_source(0).is_same(counter)
+                 and op.name() not in _COMPARE]
+        if len(bumps) != 1 or bumps[0].name() != "pd_op.increment_":
+            return None
+        step = float(bumps[0].attrs().get("value", 1.0))
+        counted = counter
     again = done.operand_source(0).get_defining_op()
     if step is None or step <= 0 or again is None or again.name() != compare.name() \
-            or not again.operand_source(0).is_same(done.operand_source(slot + 1)) \
+            or not (again.operand_source(0).is_same(counted)
+                    or again.operand_source(0).get_defining_op() is not None and slot is None
+                    and again.operand_source(0).get_defining_op().name() == "pd_op.increment_"
+                    and again.operand_source(0).get_defining_op().operand_source(0).is_same(counter)) \
             or _constant(again.operand_source(1)) != end:
         return None
     span = end - start

@@ -344,3 +344,31 @@ def test_largest_batch_of_a_loop_program_is_kept_and_analyze_agrees(paddle):
     report = memopt.memory_optimize(models.build("while_mlp", "pir", batch_size=n).main,
                                     budget=budget, batch_size=n)
     assert report.peak_after <= budget
+
+
+@pytest.mark.parametrize("variant", ["scale", "add", "less_equal", "increment", "increment_by_3"])
+def test_trip_count_read_from_the_program_is_the_count_it_runs(paddle, variant):
+    """pir_loops.loop_iterations against the loop's own count of its
+    iterations (a carried ``c + 1``), for the counters while_loop builds:
+    ``i + 1`` (scale), ``i + full(2)`` (add), ``i <= n``, and
+    ``paddle.increment(i, k)`` (the counter not carried: written in place)."""
+    from memopt.paddle import pir_loops
+
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 8], "float32")
+        h = paddle.static.nn.fc(x, 8)
+        n = paddle.full([1], 7, "int64")
+        step = {"scale": lambda i: i + 1, "add": lambda i: i + paddle.full([1], 2, "int64"),
+                "less_equal": lambda i: i + 1, "increment": paddle.increment,
+                "increment_by_3": lambda i: paddle.increment(i, 3)}[variant]
+        cond = (lambda i, v, c: i <= n) if variant == "less_equal" else (lambda i, v, c: i < n)
+        _, h, count = paddle.static.nn.while_loop(
+            cond, lambda i, v, c: [step(i), paddle.tanh(v), c + 1.0],
+            [paddle.full([1], 1, "int64"), h, paddle.full([1], 0.0, "float32")])
+        paddle.optimizer.SGD(0.1).minimize(paddle.mean(h))
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    with paddle.static.scope_guard(paddle.static.Scope()):
+        exe.run(startup)
+        ran = exe.run(main, feed={"x": np.ones((2, 8), "float32")}, fetch_list=[count])[0]
+    assert pir_loops.loop_iterations(main) == int(ran[0]) > 1
