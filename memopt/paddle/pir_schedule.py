@@ -28,8 +28,7 @@ from typing import List, Optional, Tuple
 
 from ..errors import PlanError
 from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topological
-from .pir import (DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert, draws_random,
-                  flat_program)
+from .pir import DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert, draws_random
 from .pir_regions import VIEW_OPS, graph_ops_of, regions_of
 
 log = logging.getLogger(__name__)
@@ -293,16 +292,16 @@ def any_order_bound(program, batch: int, runtime=None, fetch=()) -> Tuple[int, i
     in every such order if ``o`` or an op ``o`` depends on makes it and
     ``o`` or an op depending on ``o`` reads its data (or it is kept to the
     end: fetched, fed); the bound is the largest sum over the ops, plus the
-    persistable bytes.  A flat program only (ValueError otherwise)."""
+    persistable bytes.  A region op counts as one op reading what its
+    regions read; the values made inside regions are left out (still a
+    lower bound, a looser one: 0.62-0.87 of the program order's predicted
+    peak on memopt.models' region programs)."""
     from .flags import runtime_model
     from .pir_inplace import executor_inplace
     from .. import analysis
 
     runtime = runtime or runtime_model("pir")
     pg = convert(program, list(fetch))
-    if not flat_program(pg):
-        raise ValueError("any_order_bound: the program's top-level block runs if/while "
-                         "regions; the bound is for flat programs")
     problem = order_problem(pg, batch)
     pairs = executor_inplace(pg, (), runtime.device) if runtime.inplace else []
     an = analysis.from_graph(pg.graph, batch, runtime, pairs)
