@@ -195,10 +195,10 @@ def test_loop_trip_counts_and_unknown_counts(paddle):
     assert pir_loops.loop_iterations(models.build("while_mlp", "pir", steps=5).main) == 5
     assert pir_loops.loop_iterations(models.build("cond_mlp", "pir").main) == 1
     main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.static.program_guard(main, startup):
+    with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
         x = paddle.static.data("x", [-1, 8], "float32")
         n = paddle.static.data("n", [1], "int64")  # the trip count is fed
-        h = paddle.static.nn.fc(x, 8)
+        h = paddle.nn.Linear(8, 8)(x)
         _, h = paddle.static.nn.while_loop(
             lambda i, v: i < n, lambda i, v: [i + 1, paddle.tanh(v)],
             [paddle.full([1], 0, "int64"), h])
@@ -358,9 +358,9 @@ def test_trip_count_read_from_the_program_is_the_count_it_runs(paddle, variant):
     from memopt.paddle import pir_loops
 
     main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.static.program_guard(main, startup):
+    with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
         x = paddle.static.data("x", [-1, 8], "float32")
-        h = paddle.static.nn.fc(x, 8)
+        h = paddle.nn.Linear(8, 8)(x)
         n = paddle.full([1], 7, "int64")
         step = {"scale": lambda i: i + 1, "add": lambda i: i + paddle.full([1], 2, "int64"),
                 "less_equal": lambda i: i + 1, "increment": paddle.increment,
