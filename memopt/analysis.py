@@ -361,8 +361,8 @@ class Analysis:
         the batch); otherwise a verified lower bound of it.  Persistable
         variables always count (``include_persistable=False`` is refused):
         a budget holds them.  Needs an analysis of a PIR program by
-        :func:`memopt.analyze`; programs with if/while regions get the
-        figure without recomputation.
+        :func:`memopt.analyze` (if/while regions included: their loops'
+        trip counts read as ``budget=`` reads them).
         """
         from .batch_search import largest_passing
 

@@ -381,8 +381,10 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     budget : (keyword only) bytes (int) or a string such as ``"6GiB"``: the allocator peak
         one training step at ``batch_size`` may reach, parameters and
         optimizer state included.  memopt recomputes forward values in the
-        backward part (PIR programs without if/while regions) so the
-        predicted peak fits with the least added compute; the report says
+        backward part (PIR programs; an if/while op is kept whole, with
+        every value it reads, and a training while loop needs a constant
+        trip count) so the predicted peak fits with the least added
+        compute; the report says
         what is recomputed, the added compute and the predicted peak.
     batch_size : (keyword only) the batch size the budget is for (needed with ``budget``).
 
@@ -485,7 +487,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             "level 2: the memory-aware op order is made for PIR programs; this legacy "
             "program got level 1"]
         return report
-    from .paddle import pir_budget
+    from .paddle import pir_budget, pir_loops
 
     start = time.perf_counter()
     batch = int(batch_size or REFERENCE_BATCH)
@@ -494,6 +496,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     with _without_cycle_collection():
         pg = pir.convert(program, sorted(options.fetch_list))
         pir_rewrite.check_user_names(pg, options)
+        model = pir_loops.runtime_for(program, model, budget=limit is not None)
         before = _pir_analysis(pg, batch, model).total_peak(batch)
         recomputed, added, applied = [], 0.0, None
         if limit is not None:
@@ -609,14 +612,15 @@ def _batch_planner(program, fetch_list: list, runtime: RuntimeModel):
     program as it is when called, searched from the estimate of the grid
     at ``start_batch``); the program is left as it was."""
     def planner(budget: int, start_batch: int, limit: int) -> int:
-        from .paddle import pir_budget
+        from .paddle import pir_budget, pir_loops
 
         fetch_names = sorted(_names(fetch_list, "fetch_list"))  # as memory_optimize reads them
         with pir_inplace.static_mode(), _without_cycle_collection():
             pg = pir.convert(program, fetch_names)
-            _, choices = pir_budget.plan_recompute(pg, start_batch, budget, runtime)
+            model = pir_loops.runtime_for(program, runtime, budget=True)  # as budget= does
+            _, choices = pir_budget.plan_recompute(pg, start_batch, budget, model)
             return pir_budget.largest_planned_batch(
-                pg, fetch_names, budget, runtime, limit=limit, order=choices,
+                pg, fetch_names, budget, model, limit=limit, order=choices,
                 start=pir_budget.estimated_batch(choices, budget, limit))
 
     return planner
@@ -690,7 +694,7 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     rt = runtime or flags.runtime_model(ir or "pir")
     read = paddle_runtime.read_program(program_or_graph, fetch_list, rt)
     analysis = from_graph(read.graph, batch_size, rt, read.inplace, read.same_variable)
-    if ir == "pir" and len(read.graph.blocks) == 1:
+    if ir == "pir":
         analysis.batch_planner = _batch_planner(program_or_graph, fetch_list, rt)
     return analysis
 

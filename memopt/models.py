@@ -24,7 +24,10 @@ first entry is the loss.
   GELU feed-forward, dropout when ``dropout > 0``) and ``"gpt"`` (a GPT-like
   decoder: causal attention, next-token loss); in both IRs ``"lstm"``, ``"gru"``,
   ``"ctr"``, ``"vgg"``, ``"gpt_einsum"`` and, legacy only, ``"amp_bf16"`` (see
-  :data:`EXTRA_MODEL_NAMES`).  Every model has a backward pass and an optimizer when
+  :data:`EXTRA_MODEL_NAMES`); PIR only, with a ``cond`` or ``while_loop``
+  between plain layers: ``"cond_mlp"``, ``"while_mlp"``, ``"dense_cond"``
+  (:data:`REGION_MODEL_NAMES`).
+  Every model has a backward pass and an optimizer when
   ``train=True``.
 
 Legacy-IR caveats measured on Paddle 3.3.1: ``paddle.static.nn.cond`` fails
@@ -62,6 +65,9 @@ DEFAULT_BATCH = {
     "vgg": 8,
     "gpt_einsum": 4,
     "amp_bf16": 4,
+    "cond_mlp": 512,
+    "while_mlp": 512,
+    "dense_cond": 512,
 }
 
 #: Models built in both IRs.
@@ -75,6 +81,14 @@ PIR_ONLY = ("unet", "densenet", "bert", "gpt")
 #: GPT-style decoder built from ops the legacy IR accepts (``"gpt_einsum"``)
 #: and the Transformer under bf16 AMP (``"amp_bf16"``, legacy only).
 EXTRA_MODEL_NAMES = ("lstm", "gru", "ctr", "vgg", "gpt_einsum", "amp_bf16")
+#: PIR training programs whose top-level block runs a region op between
+#: plain layers, sized so that the saved activations matter next to the
+#: parameters (``budget=``, ``level=2`` on regions): ``"cond_mlp"`` (a
+#: ``static.nn.cond`` on a fed flag between ReLU layers) and ``"while_mlp"``
+#: (a ``static.nn.while_loop`` of a shared tanh layer between them);
+#: ``"dense_cond"``: dense-block features (each ReLU layer reads the concat
+#: of all earlier ones, as in DenseNet) then a cond head on a fed flag.
+REGION_MODEL_NAMES = ("cond_mlp", "while_mlp", "dense_cond")
 IRS = ("legacy", "pir")
 
 
@@ -367,6 +381,57 @@ def _nested_cond(ir, batch, opts):
     return feed, [loss, logits]
 
 
+def _region_mlp(kind):
+    """``"cond_mlp"`` / ``"while_mlp"`` (see :data:`REGION_MODEL_NAMES`):
+    ``layers // 2`` ReLU layers, the region, ``layers // 2`` ReLU layers,
+    a classifier; ``"dense_cond"``: ``layers`` dense-block layers of
+    ``hidden // 4`` features each, a cond head; PIR only."""
+    def build(ir, batch, opts):
+        import paddle
+
+        if ir != "pir":
+            raise ValueError(f"model {kind!r} is built in PIR only (ir='pir')")
+        width, layers, classes = (opts.setdefault("hidden", 256), opts.setdefault("layers", 4),
+                                  opts.setdefault("classes", 10))
+        relu, linear = paddle.nn.functional.relu, paddle.nn.Linear
+        x = paddle.static.data("x", [-1, width], "float32")
+        y = paddle.static.data("label", [-1, 1], "int64")
+        h = x
+        if kind == "dense_cond":
+            grow = width // 4
+            for _ in range(layers):
+                h = paddle.concat([h, relu(linear(h.shape[1], grow)(h))], axis=1)
+            h = relu(linear(h.shape[1], width)(h))
+        for _ in range(layers // 2 if kind != "dense_cond" else 0):
+            h = relu(linear(width, width)(h))
+        if kind in ("cond_mlp", "dense_cond"):
+            flag = paddle.static.data("flag", [1], "float32")
+            fa, fb = linear(width, width), linear(width, width)
+            h = paddle.static.nn.cond(paddle.mean(flag) > 0, lambda: relu(fa(h)) * 2.0,
+                                      lambda: paddle.tanh(fb(h)) + h)
+        else:
+            # (a relu right before the loop breaks PIR's executor in Paddle 3.3.1)
+            h = linear(width, width)(h)
+            cell = linear(width, width)
+            n = paddle.full([1], opts.setdefault("steps", 3), "int64")
+            _, h = paddle.static.nn.while_loop(
+                lambda i, v: i < n, lambda i, v: [i + 1, paddle.tanh(cell(v)) + v * 0.5],
+                [paddle.full([1], 0, "int64"), h])
+        for _ in range(layers // 2 if kind != "dense_cond" else 0):
+            h = relu(linear(width, width)(h))
+        logits = linear(width, classes)(h)
+        vector = _vector_feed(batch, width, classes)
+
+        def feed(rng):
+            out = vector(rng)
+            if kind != "while_mlp":
+                out["flag"] = np.array([rng.choice([-1.0, 1.0])], "float32")
+            return out
+
+        return feed, [_cross_entropy(logits, y), logits]
+    return build
+
+
 def _unet(ir, batch, opts):
     """A small U-Net: two conv-BN-ReLU per level, max-pool down, nearest
     upsampling up, the encoder's feature map concatenated at each level of
@@ -655,6 +720,9 @@ _BUILDERS = {
     "vgg": _vgg,
     "gpt_einsum": _gpt_einsum,
     "amp_bf16": _transformer,
+    "cond_mlp": _region_mlp("cond_mlp"),
+    "while_mlp": _region_mlp("while_mlp"),
+    "dense_cond": _region_mlp("dense_cond"),
 }
 #: Models trained under AMP: name -> the dtype of ``paddle.static.amp.decorate``
 #: (level O1, no loss scaling); legacy IR only (see :func:`build`).
@@ -686,7 +754,7 @@ def build(name: str, ir: str = "legacy", batch_size: Optional[int] = None,
     """
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}: expected one of "
-                         f"{MODEL_NAMES + PIR_ONLY + EXTRA_MODEL_NAMES}")
+                         f"{MODEL_NAMES + PIR_ONLY + EXTRA_MODEL_NAMES + REGION_MODEL_NAMES}")
     if ir not in IRS:
         raise ValueError(f"ir must be one of {IRS}, got {ir!r}")
     if ir == "legacy" and name in PIR_ONLY:

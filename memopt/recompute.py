@@ -28,7 +28,11 @@ forward ops.  An input whose own op may not run twice (a dropout's output,
 a constant ``assign_value_`` wrote in place, as a causal mask) is held
 alive for the clone instead, unless some op writes over it later.
 Candidates are ranked by bytes freed per FLOP of their one-op recipe
-(largest first: a ReLU, a concat or a GELU before a convolution).
+(largest first: a ReLU, a concat or a GELU before a convolution).  The
+adapter may pin values (:attr:`RecomputeProblem.pinned`: read where no
+clone can be read, inside a region op's blocks; never dropped) and bar
+others (:attr:`RecomputeProblem.barred`: written over where the block does
+not show it; never read, held or made again by a clone).
 
 The sets of values tried (:func:`candidate_sets`, fixed for a program and
 batch, whatever the budget) are prefixes of that ranking and checkpoint
@@ -85,6 +89,12 @@ class RecomputeProblem:
     #: how :func:`rewrite_graph` spells a clone as ops (the adapter's, so
     #: that the rewritten graph has the ops the applied program has)
     spelling: "CloneSpelling" = None
+    #: values never dropped (read where a clone cannot be read: inside a
+    #: region op's blocks); clones may read them
+    pinned: frozenset = frozenset()
+    #: values a clone never reads, holds or makes again (written over
+    #: where the block does not show it: inside a region op's blocks)
+    barred: frozenset = frozenset()
 
     def __post_init__(self):
         if self.spelling is None:
@@ -229,7 +239,7 @@ def candidates(problem: RecomputeProblem) -> List[str]:
     out = []
     for name in saved:
         i = makers[name]
-        if problem.reusable[i] is not None:
+        if problem.reusable[i] is not None or name in problem.pinned or name in problem.barred:
             continue
         if _recipe(problem, [name], set(saved) - {name}, makers) is None:
             continue
@@ -253,8 +263,8 @@ def _recipe(problem: RecomputeProblem, wanted: Sequence[str], kept: set,
             continue
         seen.add(name)
         i = makers.get(name)
-        if i is None:
-            return None  # not made in the forward part: nothing to clone
+        if i is None or name in problem.barred:
+            return None  # not made in the forward part (or written over): nothing to clone
         if problem.reusable[i] is not None:
             if name not in targets and _holdable(problem, name):
                 continue  # an input kept alive to the clone, not made again
@@ -263,6 +273,8 @@ def _recipe(problem: RecomputeProblem, wanted: Sequence[str], kept: set,
             continue
         need.add(i)
         for src in problem.ops[i].reads:
+            if src in problem.barred:
+                return None  # its data depends on whether a region ran yet
             if src in kept or src in problem.available:
                 continue
             var = problem.graph.blocks[0].vars.get(src)
@@ -289,7 +301,7 @@ def _holdable(problem: RecomputeProblem, name: str) -> bool:
                 held.update(op.reads)
         problem.__dict__["_not_holdable"] = held
     var = problem.graph.blocks[0].vars.get(name)
-    return var is not None and var.is_dense and name not in held
+    return var is not None and var.is_dense and name not in held and name not in problem.barred
 
 
 def make_plan(problem: RecomputeProblem, dropped: Sequence[str],
@@ -314,6 +326,9 @@ def make_plan(problem: RecomputeProblem, dropped: Sequence[str],
     saved = saved_values(problem)
     makers = _makers(problem)
     dropped = list(dict.fromkeys(dropped))
+    pinned = [n for n in dropped if n in problem.pinned or n in problem.barred]
+    if pinned:
+        raise PlanError(f"cannot drop {pinned}: a region op reads or writes them")
     held = [n for n in dict.fromkeys(held) if n not in saved]
     for name in held:
         if name not in makers or not _holdable(problem, name):
@@ -420,11 +435,14 @@ def _ordering(problem: RecomputeProblem, op: int, before: int,
     there is no such pair (nothing of the backward part runs before it)."""
     ops = problem.ops
     variables = problem.graph.blocks[0].vars
+    # values a region op writes (a while's carried values live in its body)
+    inner = {n for o in ops if o.sub_blocks or o.facts.synthetic == "before" for n in o.writes}
 
     def dense_temp(name: str) -> bool:
         var = variables.get(name)
         return (var is not None and var.is_dense and not var.persistable
-                and not var.is_feed and not var.is_data)
+                and not var.is_feed and not var.is_data and name not in inner
+                and name not in problem.barred)
 
     inputs = [n for n in ops[op].reads if dense_temp(n) and n not in problem.available]
     if not inputs:
@@ -556,7 +574,8 @@ def rewrite_graph(problem: RecomputeProblem, plan: RecomputePlan) -> Tuple[Graph
         new_ops.append(op)
         origin.append(i)
     new_ops = spelling.finish(problem, plan, new_ops, origin)
-    graph = Graph(blocks=[Block(0, -1, new_ops, variables)],
+    # the blocks region ops run are kept as they are: nothing in them changes
+    graph = Graph(blocks=[Block(0, -1, new_ops, variables), *problem.graph.blocks[1:]],
                   fetch_names=problem.graph.fetch_names)
     return graph, sorted(c.name(n) for c in plan.clones for n in c.outputs)
 

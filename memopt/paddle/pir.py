@@ -88,7 +88,6 @@ __all__ = [
     "is_pir_program",
     "is_pir_value",
     "value_name",
-    "flat_program",
     "RANDOM_OPS",
     "draws_random",
 ]
@@ -1067,8 +1066,3 @@ def value_label(value) -> str:
     pg = convert(owning_program(value))
     return label(pg, pg.name(value))
 
-
-def flat_program(pg: PirGraph) -> bool:
-    """Whether the program's top-level block runs no regions (and so every
-    graph op is one PIR op of that block, in the same order)."""
-    return len(pg.graph.blocks) == 1 and all(op is not None for op in pg.ops)

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import BudgetError, UnsupportedProgramError
+from ..errors import BudgetError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "guarded_peak", "budget_error",
            "recompute_choices", "vouched", "offered", "estimated_batch", "plan_recompute",
            "rewritten_peak", "choose_plan", "smallest_budget", "plans_at",
-           "largest_planned_batch", "require_flat"]
+           "largest_planned_batch"]
 
 #: How many ops late a free may be taken to happen when a plan is checked
 #: against a budget (:meth:`memopt.analysis.Analysis.total_peak_pending`).
@@ -165,18 +165,6 @@ def estimated_batch(choices, budget: int, limit: int = 1 << 20) -> int:
     return best
 
 
-def require_flat(pg) -> None:
-    """UnsupportedProgramError unless the program's top-level block runs no
-    if/while regions (what recomputation handles)."""
-    from .pir import flat_program
-
-    if not flat_program(pg):
-        raise UnsupportedProgramError(
-            "budget=: memopt recomputes in PIR programs whose top-level block runs no "
-            "if/while regions; this one does. Drop budget= (memory_optimize still "
-            "rewrites it) or build the model without static control flow")
-
-
 def plan_recompute(pg, batch: int, budget: int, runtime):
     """``(fitting, choices)``: every plan of the grid the model vouches for
     under ``runtime`` (``choices``, :func:`vouched`) and those whose guarded
@@ -185,7 +173,6 @@ def plan_recompute(pg, batch: int, budget: int, runtime):
     the module docstring).  :func:`choose_plan` applies the first and
     checks the rewritten program with the same model, going on to the next
     if the check fails."""
-    require_flat(pg)
     _, choices = recompute_choices(pg, batch, runtime, offered_only=True)
     fitting = sorted((c for c in choices if c.peak <= budget),
                      key=lambda c: (c.plan.flops, c.peak))
@@ -277,7 +264,6 @@ def plans_at(pg, fetch_names, batch: int, budget: int, runtime, order=()) -> boo
     from .. import recompute
     from . import pir_recompute
 
-    require_flat(pg)
     problem = pir_recompute.problem_of(pg, batch)
     predict = _predictor(pg, batch, runtime)
     rank = {c.label: k for k, c in enumerate(sorted(order, key=lambda c: (c.peak, c.plan.flops)))}

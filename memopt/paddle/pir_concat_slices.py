@@ -87,19 +87,20 @@ def _concat_parts(pg: PirGraph, op) -> Optional[Tuple[List[str], int, List[int]]
 def plan_slices(pg: PirGraph, batch: int) -> List[SliceOut]:
     """The saved values of ``pg``'s top-level block that a saved concat
     holds (see the module docstring), in the order to make them; [] when
-    there are none (or the program runs regions)."""
+    there are none.  A value a region op reads or writes is never sliced
+    out, nor sliced from when one writes it (:mod:`memopt.paddle.pir_regions`)."""
     from ..recompute import saved_values
     from .pir_recompute import problem_of
-    from .pir import flat_program
+    from .pir_regions import top_level_ops
 
-    if not flat_program(pg):
-        return []
     problem = problem_of(pg, batch)
-    saved = saved_values(problem)  # name -> backward reader positions
+    fixed = problem.pinned | problem.barred
+    saved = {name: pos for name, pos in saved_values(problem).items()
+             if name not in problem.barred}  # name -> backward reader positions
     ops = problem.ops
     first = {name: min(pos) for name, pos in saved.items()}
     concats: Dict[str, Tuple[List[str], int, List[int]]] = {}
-    for i, pir_op in enumerate(pg.ops):
+    for i, pir_op in enumerate(top_level_ops(pg)):
         if pir_op is not None and pir_op.name() == CONCAT_OP and ops[i].role == "forward":
             parts = _concat_parts(pg, pir_op)
             if parts is not None and ops[i].writes:
@@ -124,6 +125,8 @@ def plan_slices(pg: PirGraph, batch: int) -> List[SliceOut]:
                     break
     plans: Dict[str, SliceOut] = {}
     for name in sorted(held, key=lambda n: first[n]):
+        if name in fixed:
+            continue
         options = sorted(o for o in held[name] if first[o[1]] < first[name])
         if not options:
             continue
@@ -138,13 +141,16 @@ def plan_slices(pg: PirGraph, batch: int) -> List[SliceOut]:
 def _trigger(pg: PirGraph, position: int, name: str) -> Optional[str]:
     """The operand of op ``position`` made latest by a backward op (not
     ``name``): the slice waits for it."""
-    op = pg.graph.blocks[0].ops[position]
+    ops = pg.graph.blocks[0].ops
+    op = ops[position]
+    makers = {n: k for k, o in reversed(list(enumerate(ops[:position]))) for n in o.writes}
+    carried = {n for o in ops if o.sub_blocks or o.facts.synthetic == "before" for n in o.writes}
     best = None
     for other in op.reads:
-        if other == name:
+        if other == name or other in carried:
             continue
-        maker = pg.defining_op.get(other)
-        if maker is None or pg.graph.blocks[0].ops[maker].role != "backward":
+        maker = makers.get(other)
+        if maker is None or ops[maker].role != "backward":
             continue
         if best is None or maker > best[0]:
             best = (maker, other)
@@ -160,20 +166,25 @@ def apply_slices(pg: PirGraph, slices: List[SliceOut]):
 
     from .pir_recompute import (AppliedRecompute, waiting_for, redirect_data_uses,
                                 verify_defined_before_use)
+    from .pir_regions import top_level_ops
 
     program = pg.program
     block = program.global_block()
     ops = list(block.ops)
-    if len(ops) != len(pg.ops) or any(a.id() != b.id() for a, b in zip(ops, pg.ops)):
+    top = top_level_ops(pg)  # by graph position; None: a synthetic op
+    read = [op for op in top if op is not None]
+    if len(ops) != len(read) or any(a.id() != b.id() for a, b in zip(ops, read)):
         raise PlanError("apply_slices: the program changed since it was read")
     start = next((i for i, op in enumerate(pg.graph.blocks[0].ops)
-                  if op.role in ("backward", "optimize")), len(ops))
-    backward = set(ops[start:])
+                  if op.role in ("backward", "optimize")), len(top))
+    backward = {op for op in top[start:] if op is not None}
     made: Dict[str, object] = {}
     redirected: list = []
     try:
         for s in slices:
-            pir.set_insertion_point(ops[s.before])
+            if top[s.before] is None:
+                raise PlanError(f"apply_slices: op {s.before} is no op of the program")
+            pir.set_insertion_point(top[s.before])
             source = made.get(s.source, pg.values[s.source])
             waited = waiting_for(source, pg.values[s.trigger])
             value = paddle._C_ops.slice(waited, [s.axis], [s.start], [s.end], [1], [])

@@ -19,8 +19,11 @@ collective every rank must join in the same order), ops that write over an opera
 statistics, ``sgd_``: a second run would update twice), ops that run
 regions, and the glue of vectors on their own (``builtin.combine`` /
 ``builtin.split`` are cloned along with the op that uses them).
-Programs with ``if``/``while`` regions in the top-level block are not
-rewritten.
+A region op (``pd_op.if``, ``pd_op.while``) is opaque
+(:mod:`memopt.paddle.pir_regions`): every top-level value it reads, in its
+regions too, is kept (``RecomputeProblem.pinned``), and no clone reads or
+makes again a value it writes over (``RecomputeProblem.barred``); its
+blocks are left as they are.
 
 Forcing the order: Paddle 3.3.1's ``pd_op.depend`` (``paddle._C_ops.depend``)
 builds in PIR but its CPU kernel refuses to run unless the input and the
@@ -130,11 +133,15 @@ PIR_RULES = _PirRules()
 
 
 def problem_of(pg: PirGraph, batch: int) -> RecomputeProblem:
-    """The :class:`RecomputeProblem` of a flat PIR program at ``batch``."""
+    """The :class:`RecomputeProblem` of a PIR program's top-level block at
+    ``batch``; its region ops' values pinned and barred
+    (:mod:`memopt.paddle.pir_regions`)."""
     from ..recompute import problem_from_graph
+    from .pir_regions import region_reads, region_writes
 
     problem = problem_from_graph(pg.graph, batch, PIR_RULES)
     problem.spelling = PirSpelling(pg)
+    problem.pinned, problem.barred = region_reads(pg), region_writes(pg)
     return problem
 
 
@@ -149,7 +156,10 @@ class PirSpelling(CloneSpelling):
     (:func:`_sink_glue`)."""
 
     def __init__(self, pg: PirGraph):
+        from .pir_regions import top_level_ops
+
         self._pg = pg
+        self._top = top_level_ops(pg)  # the PIR op of each graph op of block 0
 
     def _new(self, variables, stem: str, shape, dtype: str) -> str:
         """Declare a fresh dense temporary ``stem@k`` in ``variables``."""
@@ -193,7 +203,7 @@ class PirSpelling(CloneSpelling):
         """The combines of its vector operands, the op (``batch_norm_``:
         its out-of-place form on fresh statistics), the forward
         splits/slices of its results."""
-        src = self._pg.ops[clone.op]
+        src = self._top[clone.op]
         glue = {"recompute_of": clone.op}
         out = [Op(COMBINE_OP, (), (), (), "backward", False, dict(glue))
                for v in src.operands_source() if v.initialized()
@@ -231,7 +241,7 @@ class PirSpelling(CloneSpelling):
             ops = self._pg.graph.blocks[0].ops
             start = next((i for i, op in enumerate(ops)
                           if op.role in ("backward", "optimize")), len(ops))
-            ids = [op.id() for op in self._pg.ops[:start] if op is not None]
+            ids = [op.id() for op in self._top[:start] if op is not None]
             self._fwd = ids
         return ids
 
@@ -243,9 +253,9 @@ class PirSpelling(CloneSpelling):
         writer = {n: k for k, op in enumerate(ops) for n in op.writes}
         moves = []
         for k, (op, p) in enumerate(zip(ops, origin)):
-            if p is None or op.type != COMBINE_OP or self._pg.ops[p] is None:
+            if p is None or op.type != COMBINE_OP or self._top[p] is None:
                 continue
-            comb = self._pg.ops[p]
+            comb = self._top[p]
             names = {self._pg.name_of.get(v.id) for v in comb.operands_source()
                      if v.initialized()}
             users = sorted(where[q] for q in (self._position(u, p) for u in
@@ -268,7 +278,7 @@ class PirSpelling(CloneSpelling):
     def _position(self, pir_op, near: int) -> Optional[int]:
         """The position of ``pir_op`` in the program as read (searched
         from ``near`` on)."""
-        ops = self._pg.ops
+        ops = self._top
         for q in range(near, len(ops)):
             if ops[q] is not None and ops[q].id() == pir_op.id():
                 return q
@@ -306,7 +316,8 @@ def rewritten_options(original: Graph, rewritten: Graph, options: dict) -> list:
     (clones and redirected readers: their operands renamed alike), the
     pairs :class:`PirSpelling` declares for the ops it adds (``attrs``
     ``"inplace"``)."""
-    ops = original.blocks[0].ops
+    # ``options`` is keyed by flat position (every block, walk order)
+    ops = [op for _, op in original.walk_ops()]
     at = {op.attrs["pir_id"]: k for k, op in enumerate(ops) if op.attrs and "pir_id" in op.attrs}
     out = []
     for op in rewritten.blocks[0].ops:
@@ -381,13 +392,18 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
     import paddle
     from paddle import pir
 
+    from .pir_regions import top_level_ops
+
     program = pg.program
     ops = list(program.global_block().ops)
-    if len(ops) != len(pg.ops) or any(a.id() != b.id() for a, b in zip(ops, pg.ops)):
+    top = top_level_ops(pg)  # by graph position; None: a synthetic op
+    read = [op for op in top if op is not None]
+    if len(ops) != len(read) or any(a.id() != b.id() for a, b in zip(ops, read)):
         raise PlanError("apply_plan: the program changed since it was read")
     start = next((i for i, op in enumerate(pg.graph.blocks[0].ops)
-                  if op.role in ("backward", "optimize")), len(ops))
-    backward = set(ops[start:])
+                  if op.role in ("backward", "optimize")), len(top))
+    backward = {op for op in top[start:] if op is not None}
+    forward = {op for op in top[:start] if op is not None}
     options = paddle.pir.CloneOptions(False, True, True)
     new_of: Dict[int, object] = {}    # original value id -> its clone
     made: List[object] = []           # new ops, in insertion order
@@ -396,7 +412,10 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
     block = program.global_block()
     try:
         for c in plan.clones:
-            src, anchor = ops[c.op], ops[c.before]
+            src, anchor = top[c.op], top[c.before]
+            if src is None or anchor is None:
+                raise PlanError(f"apply_plan: clone of op {c.op} before op {c.before}: "
+                                "one of them is no op of the program")
             pir.set_insertion_point(anchor)
             waited = None
             if c.dep is not None:
@@ -436,7 +455,7 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
                     clones[pg.name(r_old) + c.tag] = r_new
                 for user in r_old.all_used_ops_in_same_block():
                     if user.name() in (SPLIT_OP, SLICE_OP) and user.get_parent_block() \
-                            is not None and user in set(ops[:start]):
+                            is not None and user in forward:
                         inner = paddle.pir.IrMapping()
                         inner.add(r_old, r_new)
                         sp = user.clone(inner, options)
@@ -447,7 +466,7 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
                                 new_of[e_old.id] = e_new
                                 if e_old.id in pg.name_of:
                                     clones[pg.name(e_old) + c.tag] = e_new
-        own = {ops[k] for k in plan.readers}
+        own = {top[k] for k in plan.readers}
         for name in plan.dropped:
             new = clones.get(name)
             if new is not None:
@@ -459,7 +478,7 @@ def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
                 new = clones.get(name + tag)
                 if new is None:
                     raise PlanError(f"apply_plan: {name} has no clone for op {k}")
-                redirected.extend(redirect_data_uses(pg.values[name], new, {ops[k]}))
+                redirected.extend(redirect_data_uses(pg.values[name], new, {top[k]}))
         pir.set_insertion_point_to_block_end(block)
         _sink_glue(block)
         verify_defined_before_use(block)
