@@ -496,6 +496,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     with _without_cycle_collection():
         pg = pir.convert(program, sorted(options.fetch_list))
         pir_rewrite.check_user_names(pg, options)
+        pg.kept = frozenset(options.skip_opt_set)  # never dropped by a recomputation
         model = pir_loops.runtime_for(program, model, budget=limit is not None)
         before = _pir_analysis(pg, batch, model).total_peak(batch)
         recomputed, added, applied = [], 0.0, None

@@ -30,7 +30,8 @@ alive for the clone instead, unless some op writes over it later.
 Candidates are ranked by bytes freed per FLOP of their one-op recipe
 (largest first: a ReLU, a concat or a GELU before a convolution).  The
 adapter may pin values (:attr:`RecomputeProblem.pinned`: read where no
-clone can be read, inside a region op's blocks; never dropped) and bar
+clone can be read, inside a region op's blocks, or kept as they are by the
+caller's ``skip_opt_set``; never dropped) and bar
 others (:attr:`RecomputeProblem.barred`: written over where the block does
 not show it; never read, held or made again by a clone).
 
@@ -90,7 +91,8 @@ class RecomputeProblem:
     #: that the rewritten graph has the ops the applied program has)
     spelling: "CloneSpelling" = None
     #: values never dropped (read where a clone cannot be read: inside a
-    #: region op's blocks); clones may read them
+    #: region op's blocks; or the caller's ``skip_opt_set``); clones may
+    #: read them
     pinned: frozenset = frozenset()
     #: values a clone never reads, holds or makes again (written over
     #: where the block does not show it: inside a region op's blocks)
@@ -328,7 +330,8 @@ def make_plan(problem: RecomputeProblem, dropped: Sequence[str],
     dropped = list(dict.fromkeys(dropped))
     pinned = [n for n in dropped if n in problem.pinned or n in problem.barred]
     if pinned:
-        raise PlanError(f"cannot drop {pinned}: a region op reads or writes them")
+        raise PlanError(f"cannot drop {pinned}: pinned (skip_opt_set, or read inside a "
+                        f"region op) or written over inside a region op")
     held = [n for n in dict.fromkeys(held) if n not in saved]
     for name in held:
         if name not in makers or not _holdable(problem, name):

@@ -178,6 +178,8 @@ class PirGraph:
     values : name -> the PIR ``Value`` (the first one, for a vector's element).
     defining_op : name -> flat position of the op that writes it first.
     program : the PIR program read (for a legacy program, its translation).
+    kept : names the caller keeps exactly as they are (``skip_opt_set``):
+        no recomputation drops them.
     """
 
     graph: Graph
@@ -186,6 +188,7 @@ class PirGraph:
     values: dict = field(default_factory=dict)
     defining_op: dict = field(default_factory=dict)
     program: Any = None
+    kept: frozenset = frozenset()
 
     def name(self, value) -> str:
         """The name of a PIR ``Value`` of this program (KeyError if foreign)."""

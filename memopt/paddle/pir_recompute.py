@@ -135,13 +135,13 @@ PIR_RULES = _PirRules()
 def problem_of(pg: PirGraph, batch: int) -> RecomputeProblem:
     """The :class:`RecomputeProblem` of a PIR program's top-level block at
     ``batch``; its region ops' values pinned and barred
-    (:mod:`memopt.paddle.pir_regions`)."""
+    (:mod:`memopt.paddle.pir_regions`), and ``pg.kept`` pinned too."""
     from ..recompute import problem_from_graph
     from .pir_regions import region_reads, region_writes
 
     problem = problem_from_graph(pg.graph, batch, PIR_RULES)
     problem.spelling = PirSpelling(pg)
-    problem.pinned, problem.barred = region_reads(pg), region_writes(pg)
+    problem.pinned, problem.barred = region_reads(pg) | pg.kept, region_writes(pg)
     return problem
 
 

@@ -344,3 +344,24 @@ def test_budget_error_leaves_an_lstm_program_op_for_op(paddle):
     report = memopt.memory_optimize(main, budget=info.value.smallest_budget, batch_size=16,
                                     fetch_list=fetch)
     assert report.peak_after <= info.value.smallest_budget
+
+
+def test_skip_opt_set_values_are_never_recomputed(paddle):
+    """``skip_opt_set`` keeps a value exactly as it is: a budget that drops
+    it when it is free to go keeps it when it is named, and the run stays
+    bit-identical."""
+    import memopt
+    reference = models.run_steps(models.build("unet", "pir"), steps=2)
+    model = models.build("unet", "pir")
+    budget = int(_predicted_default(model) * 0.9)
+    free = memopt.memory_optimize(model.main, budget=budget, batch_size=model.batch_size)
+    assert free.recomputed
+    named = sorted(free.recomputed)[:3]
+    model = models.build("unet", "pir")
+    try:
+        kept = memopt.memory_optimize(model.main, budget=budget, batch_size=model.batch_size,
+                                      skip_opt_set=named)
+    except memopt.BudgetError:
+        return  # keeping them leaves no plan: nothing of theirs was touched
+    assert kept.recomputed and not set(named) & set(kept.recomputed)
+    _same(reference, models.run_steps(model, steps=2))
