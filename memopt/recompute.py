@@ -85,6 +85,9 @@ class RecomputeProblem:
     #: how :func:`rewrite_graph` spells a clone as ops (the adapter's, so
     #: that the rewritten graph has the ops the applied program has)
     spelling: "CloneSpelling" = None
+    #: names the adapter knows some op writes over (a legacy variable
+    #: written by two ops): never held for a clone (:func:`_holdable`)
+    written_over: frozenset = frozenset()
 
     def __post_init__(self):
         if self.spelling is None:
@@ -282,7 +285,7 @@ def _holdable(problem: RecomputeProblem, name: str) -> bool:
     rewritten graph counts them."""
     held = problem.__dict__.setdefault("_not_holdable", None)
     if held is None:
-        held = set()
+        held = set(problem.written_over)
         for op in problem.ops:
             held.update(src for src, _ in op.facts.overwrites)
             if op.type.endswith("_") and not op.facts.overwrites:

@@ -16,6 +16,11 @@ both figures checked by planning as ``memory_optimize`` does, so
 ``memory_optimize`` given either returns a plan.  The program is changed
 only by the plan :func:`choose_plan` returns (the others are undone);
 :mod:`memopt.api` wires the steps.
+
+``pg`` is a read PIR program (:class:`memopt.paddle.pir.PirGraph`) or a
+*target* bringing its IR's steps itself (``problem_of``, ``predictor``,
+``apply``, ``analysis``, ``require_flat``: a legacy program's
+:class:`memopt.paddle.legacy_recompute.LegacyTarget`); the search is the same.
 """
 from __future__ import annotations
 
@@ -90,9 +95,8 @@ def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
     plans :func:`vouched` keeps under ``runtime`` are predicted and
     returned."""
     from .. import recompute
-    from . import pir_recompute
 
-    problem = pir_recompute.problem_of(pg, batch)
+    problem = _problem(pg, batch)
     keep = (lambda plan: offered(plan, runtime)) if offered_only else None
     choices = recompute.evaluate_grid(problem, _predictor(pg, batch, runtime), keep=keep)
     for c in choices:
@@ -100,11 +104,26 @@ def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
     return problem, choices
 
 
+def _is_target(pg) -> bool:
+    """Whether ``pg`` brings its IR's steps (see the module docstring)."""
+    return hasattr(pg, "problem_of") and hasattr(pg, "apply")
+
+
+def _problem(pg, batch: int):
+    """The :class:`memopt.recompute.RecomputeProblem` of ``pg`` at ``batch``."""
+    from . import pir_recompute
+
+    return pg.problem_of(batch) if _is_target(pg) else pir_recompute.problem_of(pg, batch)
+
+
 def _predictor(pg, batch: int, runtime):
     """The predictor of ``pg``'s rewritten graphs
     (:func:`memopt.paddle.pir_recompute.predictor`), the executor's
     in-place pass run again on each (its options read from ``pg``)."""
     from . import pir_recompute
+
+    if _is_target(pg):
+        return pg.predictor(batch, runtime)
     from .pir_inplace import inplace_options
 
     options = inplace_options(pg, runtime.device) if runtime.inplace else {}
@@ -170,6 +189,9 @@ def require_flat(pg) -> None:
     if/while regions (what recomputation handles)."""
     from .pir import flat_program
 
+    if _is_target(pg):
+        pg.require_flat()
+        return
     if not flat_program(pg):
         raise UnsupportedProgramError(
             "budget=: memopt recomputes in PIR programs whose top-level block runs no "
@@ -202,10 +224,13 @@ def rewritten_peak(pg, plan, fetch_names, batch: int, runtime):
     from . import pir, pir_recompute
     from .runtime import executed
 
-    applied = pir_recompute.apply_plan(pg, plan)
+    applied = pg.apply(plan, batch) if _is_target(pg) else pir_recompute.apply_plan(pg, plan)
     try:
-        read = executed(pir.convert(pg.program, fetch_names), runtime)
-        after = from_graph(read.graph, batch, runtime, read.inplace)
+        if _is_target(pg):
+            after = pg.analysis(fetch_names, batch, runtime)
+        else:
+            read = executed(pir.convert(pg.program, fetch_names), runtime)
+            after = from_graph(read.graph, batch, runtime, read.inplace)
         return guarded_peak(after, batch), applied
     except BaseException:
         applied.undo()
@@ -275,10 +300,9 @@ def plans_at(pg, fetch_names, batch: int, budget: int, runtime, order=()) -> boo
     with their labels are tried first, leanest first (a guess at which
     passes; the answer does not depend on it)."""
     from .. import recompute
-    from . import pir_recompute
 
     require_flat(pg)
-    problem = pir_recompute.problem_of(pg, batch)
+    problem = _problem(pg, batch)
     predict = _predictor(pg, batch, runtime)
     rank = {c.label: k for k, c in enumerate(sorted(order, key=lambda c: (c.peak, c.plan.flops)))}
     plans = [(label, plan) for label, plan in recompute.grid_plans(problem)
