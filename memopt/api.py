@@ -556,6 +556,7 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
     from dataclasses import replace
 
     from .paddle import legacy_recompute, pir_budget
+    from .report import format_bytes
 
     if flags.read_flags().pir_executor:
         raise UnsupportedProgramError(
@@ -573,16 +574,31 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
         before = target.analysis(fetch, batch, model).total_peak(batch)
         chosen, applied = pir_budget.choose_plan(target, fetch, batch, limit, model)
         recomputed, added, note = _recompute_note(chosen, limit)
+        notes = [note]
+        lower = replace(options, level=min(options.level, 1))
         try:
-            report = _legacy_optimize(program, replace(options, level=min(options.level, 1)))
+            # the sharing rewrite, tried on a copy first: kept only if the
+            # program it makes still fits the budget as the plan was checked
+            trial = program.clone()
+            _legacy_optimize(trial, lower)
+            shared = pir_budget.guarded_peak(legacy_recompute.LegacyTarget(trial, fetch)
+                                             .analysis(fetch, batch, model), batch)
+            if shared <= limit:
+                report = _legacy_optimize(program, lower)
+            else:
+                report = _legacy_optimize(program, replace(lower, skip_opt_set=frozenset(
+                    legacy.known_names(program))))
+                notes.append(f"level {lower.level}'s sharing left out: the program it makes "
+                             f"is predicted at {format_bytes(shared)}, over the budget")
         except BaseException:
             if applied is not None:
                 applied.undo()
             raise
         report.peak_after = target.analysis(fetch, batch, model).total_peak(batch)
     report.peak_before = before
+    report.batch_size = batch
     report.level = options.level
-    report.notes = list(report.notes) + [note] + (
+    report.notes = list(report.notes) + notes + (
         ["level 2: the memory-aware op order is made for PIR programs; this legacy "
          "program got level 1"] if options.level == 2 else [])
     report.recomputed = recomputed

@@ -18,9 +18,10 @@ Not recomputed: random ops (a :data:`memopt.paddle.pir.RANDOM_OPS` type, a
 ops writing a variable they read or one another op writes too (``sgd``,
 ``increment``, a user's in-place ``assign``: a second run would write
 again), ops running sub-blocks and feed/fetch.  ``batch_norm`` in training
-mode is copied with fresh ``MeanOut`` / ``VarianceOut`` variables: its
-output comes from the batch's own statistics, and the running statistics
-are updated once, by the forward op.
+mode is copied reading and writing fresh statistics (``fill_constant``
+zeros and ones: the legacy op wants ``Mean`` and ``MeanOut`` to be one
+variable): its output comes from the batch's own statistics, and the
+running statistics are updated once, by the forward op.
 
 Keeping a copy in the backward part: Paddle 3.3.1 runs a legacy program on
 its ProgramInterpreter, which runs an op as soon as its inputs are ready;
@@ -268,6 +269,22 @@ def _insert_copy(block, at: int, src_desc, inputs: Dict[str, List[str]],
     return op
 
 
+def _insert_fill(block, at: int, name: str, value: float):
+    """Insert at ``at`` ``fill_constant`` writing ``value`` into all of
+    ``name`` (its declared shape and dtype)."""
+    from paddle.base.framework import Operator
+
+    from .legacy import ROLE_BACKWARD
+
+    var = block.var(name)
+    new = block.desc._insert_op(at)
+    op = Operator(block, new, type="fill_constant", outputs={"Out": [var]},
+                  attrs={"shape": list(var.shape), "dtype": var.dtype, "value": value,
+                         "op_role": ROLE_BACKWARD})
+    block.ops.insert(at, op)
+    return op
+
+
 def _insert_depend(block, at: int, x: str, trigger: str):
     """Insert at ``at`` ``depend(X=x, Dep=trigger) -> Out=x``: ``x`` as it is,
     once ``trigger`` exists."""
@@ -322,6 +339,14 @@ def apply_plan(program, problem: RecomputeProblem, plan: RecomputePlan) -> Appli
                     applied._declared.append(new)
                     applied.clones[n + c.tag] = new
                     outputs[slot].append(new)
+            for out_slot, in_slot in LEGACY_OUT_OF_PLACE.get(src.type(), {}).items():
+                # batch_norm reads and writes its running statistics as one
+                # variable: the copy's are fresh ones, filled first
+                fresh = outputs[out_slot]
+                value = 1.0 if in_slot == "Variance" else 0.0
+                applied._inserted.append(_insert_fill(block, at, fresh[0], value))
+                at += 1
+                inputs[in_slot] = list(fresh)
             applied._inserted.append(_insert_copy(block, at, src, inputs, outputs))
             made.setdefault(c.tag, set()).update(c.outputs)
         dropped = set(plan.dropped)
@@ -387,10 +412,19 @@ class LegacyTarget:
 
     def predictor(self, batch: int, runtime):
         """``predict(graph, plan) -> Analysis``: the rewritten graph under
-        ``runtime`` (legacy programs run no in-place pass)."""
+        ``runtime`` (legacy programs run no in-place pass); for the plan
+        that drops nothing, the program's own :meth:`analysis` (what the
+        rewritten programs of the other plans are checked with, so that
+        the unchanged program is never predicted lower than it is)."""
         from ..analysis import from_graph
 
+        own = []
+
         def predict(rewritten, plan):
+            if not plan.dropped:
+                if not own:
+                    own.append(self.analysis(self.fetch_names, batch, runtime))
+                return own[0]
             return from_graph(rewritten, batch, runtime, [])
 
         return predict
