@@ -13,33 +13,9 @@ from memopt import models
 STEPS = 3
 
 
-def _ffn_dropout(batch=256, width=64, layers=3):
-    """A legacy transformer-style feed-forward stack with dropout: per layer
-    ``layer_norm(h + dropout(fc2(relu(fc1(h)))))``, then a classifier."""
-    import paddle
-    from paddle.pir_utils import OldIrGuard
-
-    nn = paddle.nn
-    with OldIrGuard():
-        main, startup = paddle.static.Program(), paddle.static.Program()
-        with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
-            x = paddle.static.data("x", [-1, width], "float32")
-            y = paddle.static.data("label", [-1, 1], "int64")
-            h = x
-            for _ in range(layers):
-                inner = nn.functional.relu(nn.Linear(width, 4 * width)(h))
-                h = nn.LayerNorm(width)(h + nn.functional.dropout(nn.Linear(4 * width, width)(inner),
-                                                                  p=0.1))
-            logits = nn.Linear(width, 10)(h)
-            loss = paddle.mean(nn.functional.cross_entropy(logits, y))
-            paddle.optimizer.Momentum(0.01, momentum=0.9).minimize(loss)
-
-    def feed(rng):
-        return {"x": rng.standard_normal((batch, width)).astype("float32"),
-                "label": rng.integers(0, 10, (batch, 1)).astype("int64")}
-
-    return models.BuiltModel(name="ffn_dropout", ir="legacy", main=main, startup=startup,
-                             feed=feed, fetch_list=[loss, logits], batch_size=batch)
+def _ffn_dropout():
+    """Linear/ReLU/dropout/layer_norm layers (memopt.models "ffn_dropout")."""
+    return models.build("ffn_dropout", "legacy")
 
 
 def _cnn():
