@@ -292,10 +292,15 @@ def _insert_depend(block, at: int, x: str, trigger: str):
 
     from .legacy import ROLE_BACKWARD
 
+    # spelled on the desc: building it through Operator(type=...) would run
+    # its shape inference, which writes into X's declaration (a LoD level)
     new = block.desc._insert_op(at)
-    op = Operator(block, new, type=ORDER_OP, inputs={"X": [block.var(x)],
-                                                      "Dep": [block.var(trigger)]},
-                  outputs={"Out": [block.var(x)]}, attrs={"op_role": ROLE_BACKWARD})
+    new.set_type(ORDER_OP)
+    new.set_input("X", [x])
+    new.set_input("Dep", [trigger])
+    new.set_output("Out", [x])
+    new._set_attr("op_role", ROLE_BACKWARD)
+    op = Operator(block, new)
     block.ops.insert(at, op)
     return op
 
