@@ -381,7 +381,8 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     budget : (keyword only) bytes (int) or a string such as ``"6GiB"``: the allocator peak
         one training step at ``batch_size`` may reach, parameters and
         optimizer state included.  memopt recomputes forward values in the
-        backward part (PIR programs without if/while regions) so the
+        backward part (PIR programs without if/while regions; legacy
+        programs without sub-blocks, run on the legacy executor) so the
         predicted peak fits with the least added compute; the report says
         what is recomputed, the added compute and the predicted peak.
     batch_size : (keyword only) the batch size the budget is for (needed with ``budget``).
@@ -526,13 +527,15 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     return report
 
 
-def _recompute_note(chosen, limit: int) -> tuple:
+def _recompute_note(chosen, limit: int, lag: Optional[int] = None) -> tuple:
     """``(recomputed names, added compute %, the report's note)`` for the
     recomputation plan ``chosen`` (a :class:`memopt.recompute.Choice`) made
-    for the budget ``limit``."""
+    for the budget ``limit``, checked with frees ``lag`` ops late (default
+    :data:`memopt.paddle.pir_budget.GC_LAG_OPS`)."""
     from .paddle.pir_budget import GC_LAG_OPS
     from .report import format_bytes
 
+    lag = GC_LAG_OPS if lag is None else lag
     if not chosen.k:
         return [], 0.0, (f"recompute: none needed: the predicted peak "
                          f"{format_bytes(chosen.peak)} fits the budget {format_bytes(limit)}")
@@ -543,8 +546,9 @@ def _recompute_note(chosen, limit: int) -> tuple:
         f"made again in the backward part by {len(chosen.plan.clones)} cloned "
         f"forward ops ({shown}); added compute {added:.1f}% of the step (FLOPs "
         f"estimate); predicted peak {format_bytes(chosen.peak)} for the budget "
-        f"{format_bytes(limit)} (frees taken up to {GC_LAG_OPS} ops "
-        f"late: Paddle's CPU collector frees on its own thread)")
+        f"{format_bytes(limit)} (" + (f"frees taken up to {lag} ops late: Paddle's CPU "
+                                      "collector frees on its own thread)" if lag else
+                                      "the legacy executor's steady step: frees at their op)"))
 
 
 def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> Report:
@@ -573,7 +577,7 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
     with _without_cycle_collection():
         before = target.analysis(fetch, batch, model).total_peak(batch)
         chosen, applied = pir_budget.choose_plan(target, fetch, batch, limit, model)
-        recomputed, added, note = _recompute_note(chosen, limit)
+        recomputed, added, note = _recompute_note(chosen, limit, target.gc_lag_ops)
         notes = [note]
         lower = replace(options, level=min(options.level, 1))
         try:
@@ -582,7 +586,8 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
             trial = program.clone()
             _legacy_optimize(trial, lower)
             shared = pir_budget.guarded_peak(legacy_recompute.LegacyTarget(trial, fetch)
-                                             .analysis(fetch, batch, model), batch)
+                                             .analysis(fetch, batch, model), batch,
+                                             target.gc_lag_ops)
             if shared <= limit:
                 report = _legacy_optimize(program, lower)
             else:

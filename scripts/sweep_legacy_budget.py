@@ -29,14 +29,14 @@ import sys
 
 #: name -> memopt.models.build arguments
 MODELS = {
-    "cnn": dict(name="cnn", batch_size=16, image_size=32),
-    "ffn_dropout": dict(name="ffn_dropout"),
-    "vgg": dict(name="vgg", batch_size=16),
+    "cnn": dict(name="cnn", batch_size=32, image_size=64),
+    "ffn_dropout": dict(name="ffn_dropout", batch_size=1024, width=256),
+    "vgg": dict(name="vgg", batch_size=32, image_size=64),
 }
 FRACTIONS = (1.0, 0.8, 0.6)
 
 
-def worker(model: str, budget: float, steps: int, pause: float) -> dict:
+def worker(model: str, budget: float, steps: int, pause: float, lag: int) -> dict:
     import time
 
     import numpy as np
@@ -47,6 +47,10 @@ def worker(model: str, budget: float, steps: int, pause: float) -> dict:
 
     import memopt
     from memopt import models
+    from memopt.paddle import legacy_recompute
+
+    if lag >= 0:  # what-if: the frees' lateness plans are checked with
+        legacy_recompute.LEGACY_GC_LAG_OPS = lag
 
     m = models.build(ir="legacy", **MODELS[model])
     out: dict = {"model": model, "batch": m.batch_size, "budget": budget}
@@ -83,9 +87,9 @@ def worker(model: str, budget: float, steps: int, pause: float) -> dict:
     return out
 
 
-def run(model: str, budget: float, steps: int, pause: float) -> dict:
+def run(model: str, budget: float, steps: int, pause: float, lag: int = -1) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, repr(float(budget)),
-           str(steps), str(pause)]
+           str(steps), str(pause), str(lag)]
     env = dict(os.environ, GLOG_minloglevel="2", FLAGS_enable_pir_api="0")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -120,16 +124,19 @@ def table(rows) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker", nargs=4)
+    parser.add_argument("--worker", nargs=5)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--pause", type=float, default=0.0,
                         help="seconds between steps (0: back to back)")
+    parser.add_argument("--lag", type=int, default=-1,
+                        help="check plans with frees this many ops late "
+                             "(default: memopt's LEGACY_GC_LAG_OPS)")
     args = parser.parse_args(argv)
     if args.worker:
-        model, budget, steps, pause = args.worker
-        print(json.dumps(worker(model, float(budget), int(steps), float(pause))))
+        model, budget, steps, pause, lag = args.worker
+        print(json.dumps(worker(model, float(budget), int(steps), float(pause), int(lag))))
         return 0
     rows = []
     for model in args.models.split(","):
@@ -137,7 +144,8 @@ def main(argv=None) -> int:
         results = []
         if "peak" in base:
             for f in map(float, args.fractions.split(",")):
-                results.append((f, run(model, f * base["peak"], args.steps, args.pause)))
+                results.append((f, run(model, f * base["peak"], args.steps, args.pause,
+                                       args.lag)))
         rows.append((base, results))
     print(table(rows))
     return 0

@@ -40,8 +40,22 @@ from ..graph import Graph
 from ..recompute import RecomputePlan, RecomputeProblem
 from .pir import RANDOM_OPS
 
-__all__ = ["LEGACY_OUT_OF_PLACE", "draws_random", "op_flops", "LegacyRules", "problem_of",
+__all__ = ["LEGACY_GC_LAG_OPS", "LEGACY_OUT_OF_PLACE", "draws_random", "op_flops", "LegacyRules", "problem_of",
            "AppliedLegacyRecompute", "apply_plan", "LegacyTarget", "ORDER_OP"]
+
+#: How many ops late the legacy executor's frees are taken to happen when a
+#: plan is checked (:func:`memopt.paddle.pir_budget.gc_lag`; PIR: 4).
+#: Measured 2026-11-26 (``scripts/sweep_legacy_budget.py --steps 6``, 2
+#: shared cores, fresh processes; CNN with batch_norm at batch 32 64x64, the
+#: ``ffn_dropout`` stack at batch 1024 width 256, VGG at batch 32 64x64):
+#: with frees 1 op late the unchanged programs' own check is already above
+#: their measured step peaks (CNN 22.3 MiB modelled, 21.0-23.0 measured,
+#: VGG 46.6 against 43.1-44.1), so no budget under the default peak could
+#: be met (2 ops: 26.3, 41.4, 56.8 MiB); frees at their op (0) give plans
+#: whose lowest step peak is 0.77-0.94 of the budget at 100% and 80% of
+#: the default peak, and whose largest of 6 steps reached 1.08x it (CNN at
+#: 80%), the collector's lag.
+LEGACY_GC_LAG_OPS = 0
 
 #: The legacy op that makes a copy wait for a backward value (see the module docstring).
 ORDER_OP = "depend"
@@ -394,6 +408,9 @@ class LegacyTarget:
     :func:`memopt.analyze` gives it."""
 
     def __init__(self, program, fetch_names=()):
+        #: frees taken this many ops late when a plan is checked
+        #: (:func:`memopt.paddle.pir_budget.gc_lag`; see :data:`LEGACY_GC_LAG_OPS`)
+        self.gc_lag_ops = LEGACY_GC_LAG_OPS
         self.program = program
         self.fetch_names = tuple(fetch_names)
         self._problems: Dict[int, RecomputeProblem] = {}

@@ -30,7 +30,7 @@ from ..errors import BudgetError, UnsupportedProgramError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "guarded_peak", "budget_error",
+__all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "gc_lag", "guarded_peak", "budget_error",
            "recompute_choices", "vouched", "offered", "estimated_batch", "plan_recompute",
            "rewritten_peak", "choose_plan", "smallest_budget", "plans_at",
            "largest_planned_batch", "require_flat"]
@@ -61,6 +61,12 @@ GC_LAG_OPS = 4
 WORKERS_CHECKED = (1, 2)
 
 _ALTERNATES: dict = {}
+
+
+def gc_lag(pg) -> int:
+    """How many ops late frees are taken to happen for ``pg``: a target's
+    own ``gc_lag_ops`` (its executor's collector), else :data:`GC_LAG_OPS`."""
+    return getattr(pg, "gc_lag_ops", GC_LAG_OPS)
 
 
 def guarded_peak(prediction, batch: int, window: int = GC_LAG_OPS) -> int:
@@ -100,7 +106,7 @@ def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
     keep = (lambda plan: offered(plan, runtime)) if offered_only else None
     choices = recompute.evaluate_grid(problem, _predictor(pg, batch, runtime), keep=keep)
     for c in choices:
-        c.peak = guarded_peak(c.prediction, batch)
+        c.peak = guarded_peak(c.prediction, batch, gc_lag(pg))
     return problem, choices
 
 
@@ -163,7 +169,8 @@ def offered(plan, runtime) -> bool:
     return runtime.schedule != "dataflow" or not plan.readers
 
 
-def estimated_batch(choices, budget: int, limit: int = 1 << 20) -> int:
+def estimated_batch(choices, budget: int, limit: int = 1 << 20,
+                    window: int = GC_LAG_OPS) -> int:
     """A guess at the largest batch that fits ``budget``: the largest batch
     some plan of ``choices`` fits at (:func:`guarded_peak`) with each plan's
     structure kept as it was planned at their batch; 0 if none.  Only a
@@ -177,9 +184,9 @@ def estimated_batch(choices, budget: int, limit: int = 1 << 20) -> int:
 
     best = 0
     for c in sorted(choices, key=lambda c: c.peak):
-        if best >= limit or guarded_peak(c.prediction, best + 1) > budget:
+        if best >= limit or guarded_peak(c.prediction, best + 1, window) > budget:
             continue
-        best = largest_passing(lambda n, c=c: guarded_peak(c.prediction, n) <= budget,
+        best = largest_passing(lambda n, c=c: guarded_peak(c.prediction, n, window) <= budget,
                                best + 1, limit, {best + 1: True})
     return best
 
@@ -231,7 +238,7 @@ def rewritten_peak(pg, plan, fetch_names, batch: int, runtime):
         else:
             read = executed(pir.convert(pg.program, fetch_names), runtime)
             after = from_graph(read.graph, batch, runtime, read.inplace)
-        return guarded_peak(after, batch), applied
+        return guarded_peak(after, batch, gc_lag(pg)), applied
     except BaseException:
         applied.undo()
         raise
@@ -260,9 +267,10 @@ def choose_plan(pg, fetch_names, batch: int, budget: int, runtime):
         applied.undo()
     smallest = smallest_budget(pg, fetch_names, batch, runtime, choices, checked)
     largest = largest_planned_batch(pg, fetch_names, budget, runtime,
-                                    start=estimated_batch(choices, budget, batch - 1),
+                                    start=estimated_batch(choices, budget, batch - 1,
+                                                          gc_lag(pg)),
                                     limit=batch - 1, order=choices)
-    raise budget_error(budget, batch, smallest, largest)
+    raise budget_error(budget, batch, smallest, largest, gc_lag(pg))
 
 
 def smallest_budget(pg, fetch_names, batch: int, runtime, choices, checked=None) -> int:
@@ -311,8 +319,8 @@ def plans_at(pg, fetch_names, batch: int, budget: int, runtime, order=()) -> boo
     for _, plan in plans:
         graph, _ = recompute.rewrite_graph(problem, plan)
         prediction = predict(graph, plan)
-        if prediction.total_peak_pending(GC_LAG_OPS, batch) > budget \
-                or guarded_peak(prediction, batch) > budget:
+        if prediction.total_peak_pending(gc_lag(pg), batch) > budget \
+                or guarded_peak(prediction, batch, gc_lag(pg)) > budget:
             continue
         if not plan.dropped:
             return True
@@ -340,7 +348,8 @@ def largest_planned_batch(pg, fetch_names, budget: int, runtime, *, start: int,
         lambda n: plans_at(pg, fetch_names, n, budget, runtime, order), start, limit)
 
 
-def budget_error(budget: int, batch: int, smallest: int, largest: int) -> BudgetError:
+def budget_error(budget: int, batch: int, smallest: int, largest: int,
+                 window: int = GC_LAG_OPS) -> BudgetError:
     """The :class:`BudgetError` for ``budget`` at ``batch``: ``smallest``
     the least budget that gets a plan at ``batch`` (:func:`smallest_budget`),
     ``largest`` the largest batch found that gets one within ``budget``
@@ -350,8 +359,10 @@ def budget_error(budget: int, batch: int, smallest: int, largest: int) -> Budget
 
     return BudgetError(
         f"no plan fits the budget {format_bytes(budget)} at batch size {batch}: the smallest "
-        f"budget memopt can fit at this batch is {format_bytes(smallest)} (with Paddle's "
-        f"garbage collector up to {GC_LAG_OPS} ops behind); the largest batch that fits "
+        f"budget memopt can fit at this batch is {format_bytes(smallest)} ("
+        + (f"with Paddle's garbage collector up to {window} ops behind" if window else
+           "each free at the op that last uses the value")
+        + f"); the largest batch that fits "
         f"{format_bytes(budget)} is {largest}" + (" (none)" if largest == 0 else "")
         + " (both checked by planning at them). The program is unchanged.",
         budget, batch, smallest, largest)
