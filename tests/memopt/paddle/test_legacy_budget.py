@@ -158,7 +158,7 @@ def test_legacy_budget_arguments_and_translated_executor(paddle):
     assert model.main.desc.serialize_to_string() == desc
 
 
-def test_every_plan_undone_to_the_byte(paddle):
+def test_plans_undone_to_the_byte(paddle):
     """The legacy Transformer's first plans with ordering ops, applied and
     undone: the program serializes to its bytes before every time (a depend built
     through ``Operator(type=...)`` had run shape inference that wrote a LoD
