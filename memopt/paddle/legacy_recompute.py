@@ -53,8 +53,9 @@ __all__ = ["LEGACY_GC_LAG_OPS", "LEGACY_OUT_OF_PLACE", "draws_random", "op_flops
 #: VGG 46.6 against 43.1-44.1), so no budget under the default peak could
 #: be met (2 ops: 26.3, 41.4, 56.8 MiB); frees at their op (0) give plans
 #: whose lowest step peak is 0.77-0.94 of the budget at 100% and 80% of
-#: the default peak, and whose largest of 6 steps reached 1.08x it (CNN at
-#: 80%), the collector's lag.
+#: the default peak; single steps went over it, the largest of 6 steps up
+#: to 1.08x in one run and 1.44x in another (CNN at 80%): the collector's
+#: lag on loaded cores, not covered.
 LEGACY_GC_LAG_OPS = 0
 
 #: The legacy op that makes a copy wait for a backward value (see the module docstring).
