@@ -381,10 +381,11 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     budget : (keyword only) bytes (int) or a string such as ``"6GiB"``: the allocator peak
         one training step at ``batch_size`` may reach, parameters and
         optimizer state included.  memopt recomputes forward values in the
-        backward part (PIR programs; an if/while op is kept whole, with
+        backward part (PIR programs: an if/while op is kept whole, with
         every value it reads, and a training while loop needs a constant
-        trip count) so the predicted peak fits with the least added
-        compute; the report says
+        trip count; legacy programs without sub-blocks, run on the legacy
+        executor) so the predicted peak fits with the least added compute
+        (values in ``skip_opt_set`` are never dropped); the report says
         what is recomputed, the added compute and the predicted peak.
     batch_size : (keyword only) the batch size the budget is for (needed with ``budget``).
 
@@ -461,10 +462,9 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     concat slices (:mod:`memopt.paddle.pir_concat_slices`; not after a
     recomputation, whose clones may read the same values) and the
     memory-aware order (:mod:`memopt.paddle.pir_schedule`).  A legacy
-    program gets level 1 at level 2 and refuses a budget."""
+    program gets level 1 at level 2, and a budget as
+    :func:`_legacy_within_budget` plans it."""
     from dataclasses import replace
-
-    from .report import format_bytes
 
     limit = None
     if budget is not None:
@@ -477,17 +477,14 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     if not pir.is_pir_program(program):
         if limit is not None:
             if legacy.is_legacy_program(program):
-                raise UnsupportedProgramError(
-                    "memory_optimize(budget=...) recomputes in PIR programs (Paddle 3's "
-                    "default static mode); this is a legacy Program. Build it in PIR to "
-                    "use a budget")
+                return _legacy_within_budget(program, options, limit, int(batch_size))
         report = _dispatch(program, lower, release=False)
         report.level = options.level
         report.notes = list(report.notes) + [
             "level 2: the memory-aware op order is made for PIR programs; this legacy "
             "program got level 1"]
         return report
-    from .paddle import pir_budget, pir_loops
+    from .paddle import pir_loops
 
     start = time.perf_counter()
     batch = int(batch_size or REFERENCE_BATCH)
@@ -502,19 +499,8 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         recomputed, added, applied = [], 0.0, None
         if limit is not None:
             chosen, applied = _recompute_within(program, pg, options, batch, limit, model)
-            if chosen.k:
-                recomputed, added = list(chosen.plan.dropped), chosen.plan.added_percent
-                shown = ", ".join(recomputed[:8]) + (", ..." if len(recomputed) > 8 else "")
-                notes.append(
-                    f"recompute ({chosen.label}): {len(recomputed)} saved values dropped and "
-                    f"made again in the backward part by {len(chosen.plan.clones)} cloned "
-                    f"forward ops ({shown}); added compute {added:.1f}% of the step (FLOPs "
-                    f"estimate); predicted peak {format_bytes(chosen.peak)} for the budget "
-                    f"{format_bytes(limit)} (frees taken up to {pir_budget.GC_LAG_OPS} ops "
-                    f"late: Paddle's CPU collector frees on its own thread)")
-            else:
-                notes.append(f"recompute: none needed: the predicted peak "
-                             f"{format_bytes(chosen.peak)} fits the budget {format_bytes(limit)}")
+            recomputed, added, note = _recompute_note(chosen, limit)
+            notes.append(note)
         try:
             # the in-place rewrite is all or nothing itself; if it fails the
             # recomputation goes too, so the call changes nothing
@@ -540,6 +526,92 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     report.peak_before = before
     report.level = options.level
     report.notes = list(report.notes) + notes
+    report.recomputed = recomputed
+    report.added_compute_percent = added
+    report.budget = limit
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _recompute_note(chosen, limit: int, lag: Optional[int] = None) -> tuple:
+    """``(recomputed names, added compute %, the report's note)`` for the
+    recomputation plan ``chosen`` (a :class:`memopt.recompute.Choice`) made
+    for the budget ``limit``, checked with frees ``lag`` ops late (default
+    :data:`memopt.paddle.pir_budget.GC_LAG_OPS`)."""
+    from .paddle.pir_budget import GC_LAG_OPS
+    from .report import format_bytes
+
+    lag = GC_LAG_OPS if lag is None else lag
+    if not chosen.k:
+        return [], 0.0, (f"recompute: none needed: the predicted peak "
+                         f"{format_bytes(chosen.peak)} fits the budget {format_bytes(limit)}")
+    recomputed, added = list(chosen.plan.dropped), chosen.plan.added_percent
+    shown = ", ".join(recomputed[:8]) + (", ..." if len(recomputed) > 8 else "")
+    return recomputed, added, (
+        f"recompute ({chosen.label}): {len(recomputed)} saved values dropped and "
+        f"made again in the backward part by {len(chosen.plan.clones)} cloned "
+        f"forward ops ({shown}); added compute {added:.1f}% of the step (FLOPs "
+        f"estimate); predicted peak {format_bytes(chosen.peak)} for the budget "
+        f"{format_bytes(limit)} (" + (f"frees taken up to {lag} ops late: Paddle's CPU "
+                                      "collector frees on its own thread)" if lag else
+                                      "the legacy executor's steady step: frees at their op)"))
+
+
+def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> Report:
+    """budget= on a legacy program: the recomputation plan of
+    :func:`memopt.paddle.pir_budget.choose_plan` on its
+    :class:`memopt.paddle.legacy_recompute.LegacyTarget`, then the legacy
+    rewrite at ``min(level, 1)``; if that fails the plan is undone, so the
+    call changes nothing.  The report's peaks are :func:`analyze`'s."""
+    from dataclasses import replace
+
+    from .paddle import legacy_recompute, pir_budget
+    from .report import format_bytes
+
+    if flags.read_flags().pir_executor:
+        raise UnsupportedProgramError(
+            "memory_optimize(budget=...) on a legacy Program needs the legacy executor "
+            "(FLAGS_enable_pir_in_executor=0: a process started with FLAGS_enable_pir_api=0, "
+            "or inside paddle.pir_utils.OldIrGuard()), which runs the depend ops that keep "
+            "recomputed ops in the backward part; the executor now translates it to PIR. "
+            "Call memory_optimize where the program runs, or build it in PIR")
+    start = time.perf_counter()
+    legacy.check_user_names(program, options)
+    model = flags.runtime_model("legacy")
+    fetch = sorted(options.fetch_list)
+    target = legacy_recompute.LegacyTarget(program, fetch, kept=options.skip_opt_set)
+    with _without_cycle_collection():
+        before = target.analysis(fetch, batch, model).total_peak(batch)
+        chosen, applied = pir_budget.choose_plan(target, fetch, batch, limit, model)
+        recomputed, added, note = _recompute_note(chosen, limit, target.gc_lag_ops)
+        notes = [note]
+        lower = replace(options, level=min(options.level, 1))
+        try:
+            # the sharing rewrite, tried on a copy first: kept only if the
+            # program it makes still fits the budget as the plan was checked
+            trial = program.clone()
+            _legacy_optimize(trial, lower)
+            shared = pir_budget.guarded_peak(legacy_recompute.LegacyTarget(trial, fetch)
+                                             .analysis(fetch, batch, model), batch,
+                                             target.gc_lag_ops)
+            if shared <= limit:
+                report = _legacy_optimize(program, lower)
+            else:
+                report = _legacy_optimize(program, replace(lower, skip_opt_set=frozenset(
+                    legacy.known_names(program))))
+                notes.append(f"level {lower.level}'s sharing left out: the program it makes "
+                             f"is predicted at {format_bytes(shared)}, over the budget")
+        except BaseException:
+            if applied is not None:
+                applied.undo()
+            raise
+        report.peak_after = target.analysis(fetch, batch, model).total_peak(batch)
+    report.peak_before = before
+    report.batch_size = batch
+    report.level = options.level
+    report.notes = list(report.notes) + notes + (
+        ["level 2: the memory-aware op order is made for PIR programs; this legacy "
+         "program got level 1"] if options.level == 2 else [])
     report.recomputed = recomputed
     report.added_compute_percent = added
     report.budget = limit

@@ -68,6 +68,7 @@ DEFAULT_BATCH = {
     "cond_mlp": 512,
     "while_mlp": 512,
     "dense_cond": 512,
+    "ffn_dropout": 256,
 }
 
 #: Models built in both IRs.
@@ -79,8 +80,9 @@ PIR_ONLY = ("unet", "densenet", "bert", "gpt")
 #: recurrent (``"lstm"``, ``"gru"`` with per-row ``sequence_length``), a
 #: sparse-embedding CTR model with ``paddle.static.auc``, a VGG-style CNN, a
 #: GPT-style decoder built from ops the legacy IR accepts (``"gpt_einsum"``)
-#: and the Transformer under bf16 AMP (``"amp_bf16"``, legacy only).
-EXTRA_MODEL_NAMES = ("lstm", "gru", "ctr", "vgg", "gpt_einsum", "amp_bf16")
+#: the Transformer under bf16 AMP (``"amp_bf16"``, legacy only) and a
+#: Transformer-style feed-forward stack with dropout (``"ffn_dropout"``).
+EXTRA_MODEL_NAMES = ("lstm", "gru", "ctr", "vgg", "gpt_einsum", "amp_bf16", "ffn_dropout")
 #: PIR training programs whose top-level block runs a region op between
 #: plain layers, sized so that the saved activations matter next to the
 #: parameters (``budget=``, ``level=2`` on regions): ``"cond_mlp"`` (a
@@ -702,6 +704,25 @@ def _gpt_einsum(ir, batch, opts):
     return feed, [loss, logits]
 
 
+def _ffn_dropout(ir, batch, opts):
+    """A Transformer-style feed-forward stack with dropout, per layer
+    ``layer_norm(h + dropout(fc2(relu(fc1(h)))))``, then a classifier: a
+    model whose activations outweigh its parameters at its default batch."""
+    import paddle
+
+    nn = paddle.nn
+    width, layers, p, classes = (opts.setdefault("width", 64), opts.setdefault("layers", 3),
+                                 opts.setdefault("dropout", 0.1), opts.setdefault("classes", 10))
+    x = paddle.static.data("x", [-1, width], "float32")
+    y = paddle.static.data("label", [-1, 1], "int64")
+    h = x
+    for _ in range(layers):
+        inner = nn.functional.relu(nn.Linear(width, 4 * width)(h))
+        h = nn.LayerNorm(width)(h + nn.functional.dropout(nn.Linear(4 * width, width)(inner), p))
+    logits = nn.Linear(width, classes)(h)
+    return _vector_feed(batch, width, classes), [_cross_entropy(logits, y), logits]
+
+
 _BUILDERS = {
     "mlp": _mlp,
     "cnn": _cnn,
@@ -723,6 +744,7 @@ _BUILDERS = {
     "cond_mlp": _region_mlp("cond_mlp"),
     "while_mlp": _region_mlp("while_mlp"),
     "dense_cond": _region_mlp("dense_cond"),
+    "ffn_dropout": _ffn_dropout,
 }
 #: Models trained under AMP: name -> the dtype of ``paddle.static.amp.decorate``
 #: (level O1, no loss scaling); legacy IR only (see :func:`build`).

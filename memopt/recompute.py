@@ -97,6 +97,9 @@ class RecomputeProblem:
     #: values a clone never reads, holds or makes again (written over
     #: where the block does not show it: inside a region op's blocks)
     barred: frozenset = frozenset()
+    #: names the adapter knows some op writes over (a legacy variable
+    #: written by two ops): never held for a clone (:func:`_holdable`)
+    written_over: frozenset = frozenset()
 
     def __post_init__(self):
         if self.spelling is None:
@@ -296,7 +299,7 @@ def _holdable(problem: RecomputeProblem, name: str) -> bool:
     rewritten graph counts them."""
     held = problem.__dict__.setdefault("_not_holdable", None)
     if held is None:
-        held = set()
+        held = set(problem.written_over)
         for op in problem.ops:
             held.update(src for src, _ in op.facts.overwrites)
             if op.type.endswith("_") and not op.facts.overwrites:

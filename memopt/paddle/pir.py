@@ -938,9 +938,13 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
     """
     import paddle
 
+    from .legacy_depend import mark_pass_through, translatable_desc
+
     _init_pir_context()
+    desc = translatable_desc(program)  # in-place depend ops: a copy the translator takes
     try:
-        translated, by_name = paddle.pir.translate_to_pir_with_param_map(program.desc)
+        translated, by_name = paddle.pir.translate_to_pir_with_param_map(
+            program.desc if desc is None else desc)
     except Exception as exc:  # Paddle's translator raises SystemError, ValueError...
         raise untranslatable(program, exc) from None
     value_names: dict = {}
@@ -955,7 +959,10 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
         name = item if isinstance(item, str) else getattr(item, "name", None)
         if name in last_value:
             fetch_values.append(last_value[name])
-    return convert(translated, fetch_values, value_names)
+    result = convert(translated, fetch_values, value_names)
+    if desc is not None:
+        mark_pass_through(result.graph)
+    return result
 
 
 #: How Paddle 3.3.1's translator names the op it refuses: ``[op:rnn_grad]``

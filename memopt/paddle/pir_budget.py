@@ -16,6 +16,11 @@ both figures checked by planning as ``memory_optimize`` does, so
 ``memory_optimize`` given either returns a plan.  The program is changed
 only by the plan :func:`choose_plan` returns (the others are undone);
 :mod:`memopt.api` wires the steps.
+
+``pg`` is a read PIR program (:class:`memopt.paddle.pir.PirGraph`) or a
+*target* bringing its IR's steps itself (``problem_of``, ``predictor``,
+``apply``, ``analysis``, ``require_flat``: a legacy program's
+:class:`memopt.paddle.legacy_recompute.LegacyTarget`); the search is the same.
 """
 from __future__ import annotations
 
@@ -25,10 +30,10 @@ from ..errors import BudgetError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "guarded_peak", "budget_error",
+__all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "gc_lag", "guarded_peak", "budget_error",
            "recompute_choices", "vouched", "offered", "estimated_batch", "plan_recompute",
            "rewritten_peak", "choose_plan", "smallest_budget", "plans_at",
-           "largest_planned_batch"]
+           "largest_planned_batch", "require_supported"]
 
 #: How many ops late a free may be taken to happen when a plan is checked
 #: against a budget (:meth:`memopt.analysis.Analysis.total_peak_pending`).
@@ -56,6 +61,12 @@ GC_LAG_OPS = 4
 WORKERS_CHECKED = (1, 2)
 
 _ALTERNATES: dict = {}
+
+
+def gc_lag(pg) -> int:
+    """How many ops late frees are taken to happen for ``pg``: a target's
+    own ``gc_lag_ops`` (its executor's collector), else :data:`GC_LAG_OPS`."""
+    return getattr(pg, "gc_lag_ops", GC_LAG_OPS)
 
 
 def guarded_peak(prediction, batch: int, window: int = GC_LAG_OPS) -> int:
@@ -90,14 +101,25 @@ def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
     plans :func:`vouched` keeps under ``runtime`` are predicted and
     returned."""
     from .. import recompute
-    from . import pir_recompute
 
-    problem = pir_recompute.problem_of(pg, batch)
+    problem = _problem(pg, batch)
     keep = (lambda plan: offered(plan, runtime)) if offered_only else None
     choices = recompute.evaluate_grid(problem, _predictor(pg, batch, runtime), keep=keep)
     for c in choices:
-        c.peak = guarded_peak(c.prediction, batch)
+        c.peak = guarded_peak(c.prediction, batch, gc_lag(pg))
     return problem, choices
+
+
+def _is_target(pg) -> bool:
+    """Whether ``pg`` brings its IR's steps (see the module docstring)."""
+    return hasattr(pg, "problem_of") and hasattr(pg, "apply")
+
+
+def _problem(pg, batch: int):
+    """The :class:`memopt.recompute.RecomputeProblem` of ``pg`` at ``batch``."""
+    from . import pir_recompute
+
+    return pg.problem_of(batch) if _is_target(pg) else pir_recompute.problem_of(pg, batch)
 
 
 def _predictor(pg, batch: int, runtime):
@@ -105,6 +127,9 @@ def _predictor(pg, batch: int, runtime):
     (:func:`memopt.paddle.pir_recompute.predictor`), the executor's
     in-place pass run again on each (its options read from ``pg``)."""
     from . import pir_recompute
+
+    if _is_target(pg):
+        return pg.predictor(batch, runtime)
     from .pir_inplace import inplace_options
 
     options = inplace_options(pg, runtime.device) if runtime.inplace else {}
@@ -144,7 +169,8 @@ def offered(plan, runtime) -> bool:
     return runtime.schedule != "dataflow" or not plan.readers
 
 
-def estimated_batch(choices, budget: int, limit: int = 1 << 20) -> int:
+def estimated_batch(choices, budget: int, limit: int = 1 << 20,
+                    window: int = GC_LAG_OPS) -> int:
     """A guess at the largest batch that fits ``budget``: the largest batch
     some plan of ``choices`` fits at (:func:`guarded_peak`) with each plan's
     structure kept as it was planned at their batch; 0 if none.  Only a
@@ -158,11 +184,19 @@ def estimated_batch(choices, budget: int, limit: int = 1 << 20) -> int:
 
     best = 0
     for c in sorted(choices, key=lambda c: c.peak):
-        if best >= limit or guarded_peak(c.prediction, best + 1) > budget:
+        if best >= limit or guarded_peak(c.prediction, best + 1, window) > budget:
             continue
-        best = largest_passing(lambda n, c=c: guarded_peak(c.prediction, n) <= budget,
+        best = largest_passing(lambda n, c=c: guarded_peak(c.prediction, n, window) <= budget,
                                best + 1, limit, {best + 1: True})
     return best
+
+
+def require_supported(pg) -> None:
+    """UnsupportedProgramError for a program the target cannot recompute in
+    (a legacy target: :meth:`LegacyTarget.require_flat`).  Every PIR
+    program can be planned: region ops are opaque (:mod:`memopt.paddle.pir_regions`)."""
+    if _is_target(pg):
+        pg.require_flat()
 
 
 def plan_recompute(pg, batch: int, budget: int, runtime):
@@ -173,6 +207,7 @@ def plan_recompute(pg, batch: int, budget: int, runtime):
     the module docstring).  :func:`choose_plan` applies the first and
     checks the rewritten program with the same model, going on to the next
     if the check fails."""
+    require_supported(pg)
     _, choices = recompute_choices(pg, batch, runtime, offered_only=True)
     fitting = sorted((c for c in choices if c.peak <= budget),
                      key=lambda c: (c.plan.flops, c.peak))
@@ -189,11 +224,14 @@ def rewritten_peak(pg, plan, fetch_names, batch: int, runtime):
     from . import pir, pir_recompute
     from .runtime import executed
 
-    applied = pir_recompute.apply_plan(pg, plan)
+    applied = pg.apply(plan, batch) if _is_target(pg) else pir_recompute.apply_plan(pg, plan)
     try:
-        read = executed(pir.convert(pg.program, fetch_names), runtime)
-        after = from_graph(read.graph, batch, runtime, read.inplace)
-        return guarded_peak(after, batch), applied
+        if _is_target(pg):
+            after = pg.analysis(fetch_names, batch, runtime)
+        else:
+            read = executed(pir.convert(pg.program, fetch_names), runtime)
+            after = from_graph(read.graph, batch, runtime, read.inplace)
+        return guarded_peak(after, batch, gc_lag(pg)), applied
     except BaseException:
         applied.undo()
         raise
@@ -222,9 +260,10 @@ def choose_plan(pg, fetch_names, batch: int, budget: int, runtime):
         applied.undo()
     smallest = smallest_budget(pg, fetch_names, batch, runtime, choices, checked)
     largest = largest_planned_batch(pg, fetch_names, budget, runtime,
-                                    start=estimated_batch(choices, budget, batch - 1),
+                                    start=estimated_batch(choices, budget, batch - 1,
+                                                          gc_lag(pg)),
                                     limit=batch - 1, order=choices)
-    raise budget_error(budget, batch, smallest, largest)
+    raise budget_error(budget, batch, smallest, largest, gc_lag(pg))
 
 
 def smallest_budget(pg, fetch_names, batch: int, runtime, choices, checked=None) -> int:
@@ -262,9 +301,9 @@ def plans_at(pg, fetch_names, batch: int, budget: int, runtime, order=()) -> boo
     with their labels are tried first, leanest first (a guess at which
     passes; the answer does not depend on it)."""
     from .. import recompute
-    from . import pir_recompute
 
-    problem = pir_recompute.problem_of(pg, batch)
+    require_supported(pg)
+    problem = _problem(pg, batch)
     predict = _predictor(pg, batch, runtime)
     rank = {c.label: k for k, c in enumerate(sorted(order, key=lambda c: (c.peak, c.plan.flops)))}
     plans = [(label, plan) for label, plan in recompute.grid_plans(problem)
@@ -273,8 +312,8 @@ def plans_at(pg, fetch_names, batch: int, budget: int, runtime, order=()) -> boo
     for _, plan in plans:
         graph, _ = recompute.rewrite_graph(problem, plan)
         prediction = predict(graph, plan)
-        if prediction.total_peak_pending(GC_LAG_OPS, batch) > budget \
-                or guarded_peak(prediction, batch) > budget:
+        if prediction.total_peak_pending(gc_lag(pg), batch) > budget \
+                or guarded_peak(prediction, batch, gc_lag(pg)) > budget:
             continue
         if not plan.dropped:
             return True
@@ -302,7 +341,8 @@ def largest_planned_batch(pg, fetch_names, budget: int, runtime, *, start: int,
         lambda n: plans_at(pg, fetch_names, n, budget, runtime, order), start, limit)
 
 
-def budget_error(budget: int, batch: int, smallest: int, largest: int) -> BudgetError:
+def budget_error(budget: int, batch: int, smallest: int, largest: int,
+                 window: int = GC_LAG_OPS) -> BudgetError:
     """The :class:`BudgetError` for ``budget`` at ``batch``: ``smallest``
     the least budget that gets a plan at ``batch`` (:func:`smallest_budget`),
     ``largest`` the largest batch found that gets one within ``budget``
@@ -312,8 +352,10 @@ def budget_error(budget: int, batch: int, smallest: int, largest: int) -> Budget
 
     return BudgetError(
         f"no plan fits the budget {format_bytes(budget)} at batch size {batch}: the smallest "
-        f"budget memopt can fit at this batch is {format_bytes(smallest)} (with Paddle's "
-        f"garbage collector up to {GC_LAG_OPS} ops behind); the largest batch that fits "
+        f"budget memopt can fit at this batch is {format_bytes(smallest)} ("
+        + (f"with Paddle's garbage collector up to {window} ops behind" if window else
+           "each free at the op that last uses the value")
+        + f"); the largest batch that fits "
         f"{format_bytes(budget)} is {largest}" + (" (none)" if largest == 0 else "")
         + " (both checked by planning at them). The program is unchanged.",
         budget, batch, smallest, largest)
