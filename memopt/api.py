@@ -459,7 +459,8 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     concat slices (:mod:`memopt.paddle.pir_concat_slices`; not after a
     recomputation, whose clones may read the same values) and the
     memory-aware order (:mod:`memopt.paddle.pir_schedule`).  A legacy
-    program gets level 1 at level 2 and refuses a budget."""
+    program gets level 1 and the memory-aware order
+    (:mod:`memopt.paddle.legacy_schedule`) at level 2 and refuses a budget."""
     from dataclasses import replace
 
     from .report import format_bytes
@@ -481,9 +482,8 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
                     "use a budget")
         report = _dispatch(program, lower, release=False)
         report.level = options.level
-        report.notes = list(report.notes) + [
-            "level 2: the memory-aware op order is made for PIR programs; this legacy "
-            "program got level 1"]
+        if legacy.is_legacy_program(program):
+            report.notes = list(report.notes) + _legacy_order(program, options, batch_size)
         return report
     from .paddle import pir_budget
 
@@ -541,6 +541,18 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     report.budget = limit
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _legacy_order(program, options: Options, batch_size) -> List[str]:
+    """Level 2's memory-aware order of a legacy program, after level 1's
+    rewrite (:func:`memopt.paddle.legacy_schedule.level2_order`: all or
+    nothing); returns the report's notes."""
+    from .paddle import legacy_schedule
+
+    with _without_cycle_collection():
+        return legacy_schedule.level2_order(program, int(batch_size or REFERENCE_BATCH),
+                                            sorted(options.fetch_list),
+                                            flags.runtime_model("legacy"))
 
 
 def _slices_and_order(program, batch: int, model, fetch_names, fetched, slices: bool) -> list:

@@ -1,0 +1,291 @@
+"""memory_optimize level 2 on legacy programs: block 0's ops in a memory-aware order.
+
+The legacy counterpart of :mod:`memopt.paddle.pir_schedule`.
+:func:`order_problem` describes block 0 of a legacy ``Program`` as a
+:class:`memopt.schedule.OrderProblem`.  A legacy variable is a name, not an
+SSA value: one name may be written by several ops (an in-place op with the
+same name in and out, ``increment``, ``assign`` to an existing variable,
+optimizer ops writing parameters and moments, and level 1's merged names
+``memopt@buf_<k>``), so an op runs after
+
+- the last earlier op writing a name it reads (read after write),
+- every op reading a name since it was last written, and that writer, for a
+  name it writes (write after read, write after write);
+
+where an op's names include those its sub-blocks (``while``,
+``conditional_block`` and their grads) read and write at any depth.  Ops
+drawing random numbers keep their relative order (each takes the
+generator's next numbers), and so do ops writing nothing and collective /
+synchronising ops; ``feed`` and ``fetch`` ops stay where they are (every op
+keeps its side of them).
+
+:func:`plan_order` makes the candidate orders of :mod:`memopt.schedule`,
+applies each to a clone of the program and keeps the one the analysis of
+:func:`memopt.analyze` (the program translated to PIR, the executor's
+dataflow schedule, the runtime's GC mode) predicts the lowest peak for --
+only if it lowers the runtime's own predicted peak by
+:data:`memopt.paddle.pir_schedule.MIN_GAIN` and raises it under none of
+:func:`memopt.paddle.pir_schedule.executor_modes`.  :func:`apply_order` puts
+the real program's ops in that order with :func:`memopt.paddle.legacy.rewrite`
+(all or nothing) and checks the result op by op.
+
+Paddle's ProgramInterpreter builds its own dependencies from the same names
+(read/write, write/read, write/write, random ops in program order) and runs
+ready ops lowest index first; a new program order changes which ready op
+runs first, which is what the analysis models.  Nothing is computed twice
+and no op changes: the results are bit-identical.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from ..errors import PlanError
+from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topological
+from .distributed import is_communication
+from .legacy import EMPTY_VAR, _sub_block_ids, program_to_graph, rewrite
+from .pir_schedule import MIN_GAIN, OrderChoice, executor_modes
+
+log = logging.getLogger(__name__)
+
+__all__ = ["order_problem", "plan_order", "apply_order", "mode_peaks", "level2_order",
+           "LEGACY_RANDOM_OPS", "draws_random"]
+
+#: Legacy op types drawing from Paddle's random generator.
+LEGACY_RANDOM_OPS = frozenset({
+    "dropout", "uniform_random", "gaussian_random", "randint", "randperm", "bernoulli",
+    "multinomial", "truncated_gaussian_random", "uniform_random_batch_size_like",
+    "gaussian_random_batch_size_like", "sampling_id", "random_crop", "rrelu", "exponential",
+    "poisson", "random_routing", "class_center_sample", "fused_dropout_add",
+    "fused_bias_dropout_residual_layer_norm", "seed", "dirichlet", "binomial"})
+
+#: Ops that stay where they are: every op keeps its side of them.
+_FIXED_OPS = frozenset({"feed", "fetch", "fetch_v2"})
+
+
+def draws_random(desc) -> bool:
+    """Whether legacy op ``desc`` draws random numbers: a
+    :data:`LEGACY_RANDOM_OPS` type or any op with a ``seed`` attribute."""
+    return desc.type() in LEGACY_RANDOM_OPS or desc.has_attr("seed")
+
+
+def _names_at_any_depth(program, desc) -> Tuple[Set[str], Set[str]]:
+    """``(reads, writes)`` of op ``desc`` with those of the ops of the
+    sub-blocks it runs, at any depth (``@EMPTY@`` left out)."""
+    reads = set(desc.input_arg_names())
+    writes = set(desc.output_arg_names())
+    todo = list(_sub_block_ids(desc))
+    seen: Set[int] = set()
+    while todo:
+        idx = todo.pop()
+        if idx in seen or not 0 <= idx < program.num_blocks:
+            continue
+        seen.add(idx)
+        for pop in program.block(idx).ops:
+            reads.update(pop.desc.input_arg_names())
+            writes.update(pop.desc.output_arg_names())
+            todo.extend(_sub_block_ids(pop.desc))
+    reads.discard(EMPTY_VAR)
+    writes.discard(EMPTY_VAR)
+    return reads, writes
+
+
+def name_dependencies(program) -> List[Set[int]]:
+    """For each op of block 0, the earlier ops it must follow (see the
+    module docstring: read/write hazards on names, sub-block names
+    included, random / sink / collective ops chained, feed / fetch fixed)."""
+    ops = program.global_block().ops
+    after: List[Set[int]] = [set() for _ in ops]
+    last_writer: Dict[str, int] = {}
+    readers: Dict[str, Set[int]] = {}
+    last_random = last_sink = last_fixed = None
+    for i, pop in enumerate(ops):
+        desc = pop.desc
+        reads, writes = _names_at_any_depth(program, desc)
+        for name in reads:
+            if name in last_writer:
+                after[i].add(last_writer[name])
+        for name in writes:
+            after[i].update(readers.get(name, ()))
+            if name in last_writer:
+                after[i].add(last_writer[name])
+        for name in reads:
+            readers.setdefault(name, set()).add(i)
+        for name in writes:
+            last_writer[name] = i
+            readers[name] = set()
+        if draws_random(desc):
+            if last_random is not None:
+                after[i].add(last_random)
+            last_random = i
+        if not writes or is_communication(desc.type()):
+            if last_sink is not None:
+                after[i].add(last_sink)
+            last_sink = i
+        if desc.type() in _FIXED_OPS:
+            after[i].update(range(i))
+            last_fixed = i
+        elif last_fixed is not None:
+            after[i].add(last_fixed)
+        after[i].discard(i)
+    return after
+
+
+def order_problem(program, batch: int, graph=None) -> OrderProblem:
+    """The :class:`OrderProblem` of block 0 of legacy ``program`` (see the
+    module docstring); sizes at ``batch``.  ``graph``: the program read by
+    :func:`memopt.paddle.legacy.program_to_graph`, if at hand."""
+    graph = graph or program_to_graph(program)
+    after = name_dependencies(program)
+    block = graph.blocks[0]
+    made: Set[str] = set()
+    out = []
+    for i, op in enumerate(block.ops):
+        makes = {}
+        for name in op.writes:
+            var = graph.var(name, 0)
+            if var is not None and var.is_dense and not var.persistable and name not in made:
+                makes[name] = var.size.at(batch)
+                made.add(name)
+        shape_only = set(op.facts.no_need_buffer)
+        out.append(OrderOp(after=tuple(sorted(after[i])), makes=makes,
+                           reads=tuple(n for n in op.reads if n not in shape_only),
+                           optimize=op.role == "optimize" and not op.sub_blocks))
+    keep = frozenset(var.name for _, var in graph.all_vars()
+                     if var.persistable or var.is_feed or var.is_data or var.is_fetch
+                     or var.name in graph.fetch_names)
+    return OrderProblem(out, keep)
+
+
+def _op_signature(pop) -> tuple:
+    desc = pop.desc
+    return (desc.type(),
+            tuple((s, tuple(desc.input(s))) for s in sorted(desc.input_names())),
+            tuple((s, tuple(desc.output(s))) for s in sorted(desc.output_names())))
+
+
+def apply_order(program, order: List[int]) -> None:
+    """Put block 0's ops of ``program`` in ``order`` (indices into the
+    current order) with :func:`memopt.paddle.legacy.rewrite` (all or
+    nothing), then check that the block holds exactly those ops in that
+    order; otherwise put the program back as it was (its serialized desc)
+    and raise PlanError."""
+    from paddle.base.framework import Program
+
+    block = program.global_block()
+    if sorted(order) != list(range(len(block.ops))):
+        raise PlanError("apply_order: not a permutation of block 0's ops")
+    if list(order) == list(range(len(block.ops))):
+        return
+    want = [_op_signature(block.ops[i]) for i in order]
+    before = program.desc.serialize_to_string()
+    rewrite(program, {}, list(order))
+    got = [_op_signature(pop) for pop in block.ops]
+    desc_ops = [block.desc.op(k).type() for k in range(block.desc.op_size())]
+    if got != want or desc_ops != [w[0] for w in want]:
+        back = Program.parse_from_string(before)
+        _restore_from(program, back)
+        raise PlanError("apply_order: block 0's ops are not in the planned order after the "
+                        "moves (the program's own order is restored)")
+
+
+def _restore_from(program, back) -> None:
+    """Put block 0's ops of ``program`` back in the order of ``back`` (a
+    parse of its serialized desc from before a move)."""
+    block = program.global_block()
+    want = [_op_signature(pop) for pop in back.global_block().ops]
+    have = [_op_signature(pop) for pop in block.ops]
+    order, used = [], set()
+    for sig in want:
+        k = next(k for k, h in enumerate(have) if h == sig and k not in used)
+        used.add(k)
+        order.append(k)
+    rewrite(program, {}, order)
+
+
+def mode_peaks(program, batch: int, modes, order: Optional[Sequence[int]] = None,
+               fetch=()) -> dict:
+    """``{mode label: predicted total peak}`` and ``{label + "+lag": the same
+    with frees GC_LAG_OPS ops late}`` of legacy ``program`` (block 0's ops in
+    ``order``, if given: applied to a clone), analysed as :func:`memopt.analyze`
+    does under each of ``modes``; ``fetch``: names alive to the end."""
+    from .. import analysis
+    from .pir_budget import GC_LAG_OPS
+    from .runtime import read_program
+
+    clone = program
+    if order is not None and list(order) != list(range(len(program.global_block().ops))):
+        clone = program.clone()
+        rewrite(clone, {}, list(order))
+    own = modes[0][1]
+    read = read_program(clone, list(fetch), own)
+    out = {}
+    for label, mode in modes:
+        an = analysis.from_graph(read.graph, batch, mode, read.inplace, read.same_variable)
+        out[label] = an.total_peak(batch)
+        if mode.gc:
+            out[label + "+lag"] = an.total_peak_pending(GC_LAG_OPS, batch)
+    return out
+
+
+def plan_order(program, batch: int, runtime=None, fetch=()) -> OrderChoice:
+    """Choose block 0's order of legacy ``program`` with the lowest predicted
+    peak at ``batch``; the program is not changed.  Kept only if it lowers
+    the runtime's own prediction by :data:`MIN_GAIN` and raises none of
+    :func:`executor_modes` (with frees on time or late); otherwise the
+    program's own order (``OrderChoice.order`` None, ``note`` says why)."""
+    from .flags import runtime_model
+
+    runtime = runtime or runtime_model("legacy")
+    fetch = list(fetch)
+    problem = order_problem(program, batch)
+    modes = executor_modes(runtime)
+    table, orders = {}, {}
+    for name, order in candidate_orders(problem):
+        check_topological(problem, order)
+        table[name] = mode_peaks(program, batch, modes, order, fetch)
+        orders[name] = order
+    peaks = {name: row["own"] for name, row in table.items()}
+    base = table["program"]
+    refused = []
+    for name in sorted(orders, key=lambda n: (peaks[n], list(orders).index(n))):
+        if name == "program" or peaks[name] > base["own"] * (1 - MIN_GAIN):
+            break
+        risen = [m for m, v in table[name].items() if v > base[m]]
+        if risen:
+            refused.append(f"{name} (higher under {', '.join(risen)})")
+            continue
+        return OrderChoice(name, orders[name], peaks)
+    note = ""
+    if refused:
+        note = ("level 2: the program's own order kept: orders predicted lower under the "
+                "executor's own mode would raise the peak under another: " + "; ".join(refused))
+    return OrderChoice("program", None, peaks, note)
+
+
+def level2_order(program, batch: int, fetch=(), runtime=None) -> List[str]:
+    """Level 2's order step on a legacy program (after level 1's rewrite):
+    plan, apply, and return the report's notes.  All or nothing: if
+    anything fails the program is byte-identical to what it was (its
+    serialized desc) and a note says the order was left out and why."""
+    from ..report import format_bytes
+
+    before = program.desc.serialize_to_string()
+    try:
+        choice = plan_order(program, batch, runtime, fetch)
+        if choice.order is None:
+            tried = ", ".join(f"{k} {format_bytes(v)}" for k, v in choice.peaks.items())
+            return [choice.note or ("level 2: the program's own order kept: no other order "
+                                    f"lowers the predicted peak ({tried})")]
+        apply_order(program, choice.order)
+        return [f"level 2: ops reordered ({choice.name} order): predicted peak "
+                f"{format_bytes(choice.peaks['program'])} -> "
+                f"{format_bytes(choice.peaks[choice.name])}"]
+    except Exception as exc:  # noqa: BLE001 - reported in the notes, program restored
+        if program.desc.serialize_to_string() != before:
+            from paddle.base.framework import Program
+
+            _restore_from(program, Program.parse_from_string(before))
+        log.warning("level 2's order left out: %r", exc)
+        return [f"level 2: the memory-aware order left out: {type(exc).__name__}: {exc} "
+                "(the program keeps level 1's rewrite)"]
