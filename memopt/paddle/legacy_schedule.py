@@ -44,6 +44,7 @@ from ..errors import PlanError
 from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topological
 from .distributed import is_communication
 from .legacy import EMPTY_VAR, _sub_block_ids, program_to_graph, rewrite
+from .legacy_depend import insert_depends
 from .pir_schedule import MIN_GAIN, OrderChoice, executor_modes
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,7 @@ def order_problem(program, batch: int, graph=None) -> OrderProblem:
     block = graph.blocks[0]
     made: Set[str] = set()
     out = []
+    pops = program.global_block().ops
     for i, op in enumerate(block.ops):
         makes = {}
         for name in op.writes:
@@ -147,9 +149,9 @@ def order_problem(program, batch: int, graph=None) -> OrderProblem:
             if var is not None and var.is_dense and not var.persistable and name not in made:
                 makes[name] = var.size.at(batch)
                 made.add(name)
-        shape_only = set(op.facts.no_need_buffer)
+        data = set(_data_inputs(pops[i])) if not op.sub_blocks else set(op.reads)
         out.append(OrderOp(after=tuple(sorted(after[i])), makes=makes,
-                           reads=tuple(n for n in op.reads if n not in shape_only),
+                           reads=tuple(n for n in op.reads if n in data),
                            optimize=op.role == "optimize" and not op.sub_blocks))
     keep = frozenset(var.name for _, var in graph.all_vars()
                      if var.persistable or var.is_feed or var.is_data or var.is_fetch
@@ -164,29 +166,34 @@ def _op_signature(pop) -> tuple:
             tuple((s, tuple(desc.output(s))) for s in sorted(desc.output_names())))
 
 
-def apply_order(program, order: List[int]) -> None:
+def apply_order(program, order: List[int]) -> int:
     """Put block 0's ops of ``program`` in ``order`` (indices into the
-    current order) with :func:`memopt.paddle.legacy.rewrite` (all or
-    nothing), then check that the block holds exactly those ops in that
-    order; otherwise put the program back as it was (its serialized desc)
-    and raise PlanError."""
+    current order) and add the ``depend`` ops that make the executor keep
+    it (:func:`enforce_order`), then check that block 0 holds exactly the
+    planned ops; otherwise put the program back as it was (its serialized
+    desc byte for byte) and raise PlanError.  Returns the ``depend`` ops
+    added."""
     from paddle.base.framework import Program
 
     block = program.global_block()
     if sorted(order) != list(range(len(block.ops))):
         raise PlanError("apply_order: not a permutation of block 0's ops")
-    if list(order) == list(range(len(block.ops))):
-        return
     want = [_op_signature(block.ops[i]) for i in order]
     before = program.desc.serialize_to_string()
-    rewrite(program, {}, list(order))
-    got = [_op_signature(pop) for pop in block.ops]
-    desc_ops = [block.desc.op(k).type() for k in range(block.desc.op_size())]
-    if got != want or desc_ops != [w[0] for w in want]:
-        back = Program.parse_from_string(before)
-        _restore_from(program, back)
-        raise PlanError("apply_order: block 0's ops are not in the planned order after the "
-                        "moves (the program's own order is restored)")
+    added: list = []
+    try:
+        added = enforce_order(program, order)
+        got = [_op_signature(pop) for pop in block.ops if not any(pop is op for op in added)]
+        if got != want or block.desc.op_size() != len(block.ops):
+            raise PlanError("apply_order: block 0's ops are not in the planned order after "
+                            "the moves (the program's own order is restored)")
+    except BaseException:
+        for op in reversed(added):
+            block._remove_op(next(k for k, o in enumerate(block.ops) if o is op))
+        if program.desc.serialize_to_string() != before:
+            _restore_from(program, Program.parse_from_string(before))
+        raise
+    return len(added)
 
 
 def _restore_from(program, back) -> None:
@@ -203,6 +210,134 @@ def _restore_from(program, back) -> None:
     rewrite(program, {}, order)
 
 
+def order_edges(program, order: Sequence[int]) -> List[Tuple[int, int, str, str]]:
+    """The ``depend`` ops that make Paddle's executor run block 0 in
+    ``order``: ``(a, b, x, z)`` -- op ``b`` (index of the program as it is)
+    waits for op ``a``, the latest op before it in ``order`` with an output
+    ``z`` to wait for, through ``depend(X=[x], Dep=[z], Out=[x])`` with
+    ``x`` an input ``b`` reads for its data.
+
+    Measured (Paddle 3.3.1, legacy ProgramInterpreter, GC on): the executor
+    does not follow program order among ready ops after its first step --
+    four branches ``linear -> mean`` put one after the other in the program
+    held all four 1 MiB ``linear`` outputs at once (4.0 MiB, as in the
+    branches-last order) in every step but the first (1.0 MiB).  So each op
+    of ``order`` waits for the one before it, unless it already depends on
+    it.  Pruned copies (``save_inference_model``) must stay as they were, so
+    ``x`` is chosen so that no target of inference pulls the wait in where
+    it was not: in the backward and optimizer parts ``x`` is a tensor those
+    parts write (a gradient), which no forward target needs; in the forward
+    part the wait is added only if ``a`` reads no fed data that ``b`` does
+    not (a pruned program keeping ``b`` keeps what ``a`` needs, nothing
+    more is fed).  ``x`` and ``z`` are non-persistable dense tensors
+    (an op writing only parameters, as ``sgd``, is waited for through the
+    op before it); an op without such an input is left unchained, and no
+    op waits across a feed, a
+    fetch or an op running sub-blocks."""
+    block = program.global_block()
+    ops = block.ops
+    after = name_dependencies(program)
+    ancestors = [0] * len(ops)  # bitsets of the ops each op follows, transitively
+    for i, deps in enumerate(after):
+        for j in deps:
+            ancestors[i] |= ancestors[j] | (1 << j)
+    later_part = [bool(_role_of(pop) & _LATER_ROLES) for pop in ops]
+    written_late = {n for pop, late in zip(ops, later_part) if late
+                    for n in pop.desc.output_arg_names()}
+    fed = _fed_by(program, after)
+    edges = []
+    last = None  # (op, its output a depend can wait for) latest in ``order``
+    for b in order:
+        db = ops[b].desc
+        if db.type() in _FIXED_OPS or _sub_block_ids(db):
+            last = None  # nothing waits across them
+            continue
+        if last is not None and not (ancestors[b] >> last[0]) & 1:
+            a, z = last
+            inputs = [n for n in _data_inputs(ops[b]) if _plain_tensor(block, n) and n != z]
+            if later_part[b]:
+                x = next((n for n in inputs if n in written_late), None)
+            else:
+                x = inputs[0] if inputs and fed[a] <= fed[b] else None
+            if x is not None:
+                edges.append((a, b, x, z))
+        z = next((n for slot in db.output_names() if slot not in _NO_DATA_SLOTS
+                  for n in db.output(slot) if _plain_tensor(block, n)), None)
+        if z is not None:
+            last = (b, z)
+    return edges
+
+
+#: op_role bits of the backward and optimizer parts (legacy.ROLE_BACKWARD,
+#: ROLE_OPTIMIZE, ROLE_LR_SCHED).
+_LATER_ROLES = 0x0001 | 0x0002 | 0x0010
+
+
+def _role_of(pop) -> int:
+    desc = pop.desc
+    return int(desc.attr("op_role")) if desc.has_attr("op_role") else 0
+
+
+def _fed_by(program, after: List[Set[int]]) -> List[frozenset]:
+    """For each op of block 0, the data variables (fed: ``is_data`` /
+    ``need_check_feed``) it reads at any distance through the ops it
+    follows."""
+    from .legacy import _is_data
+
+    block = program.global_block()
+    data = {name for name, var in block.vars.items() if _is_data(var)}
+    out: List[frozenset] = []
+    for i, pop in enumerate(block.ops):
+        own = data.intersection(pop.desc.input_arg_names())
+        out.append(frozenset(own.union(*(out[j] for j in after[i]))))
+    return out
+
+
+#: Output slots that hold no data (``XShape``: dims only, never allocated;
+#: einsum's ``InnerCache``): a ``depend`` on them finds no tensor.
+_NO_DATA_SLOTS = frozenset({"XShape", "InnerCache"})
+
+
+def _data_inputs(pop) -> List[str]:
+    """The inputs op ``pop`` reads for their data: its no-need-buffer slots
+    (read for their dims, whose memory the GC may free before the op runs)
+    left out."""
+    from paddle.base import core
+
+    desc = pop.desc
+    inputs = {slot: desc.input(slot) for slot in desc.input_names()}
+    try:
+        dims_only = core.infer_no_need_buffer_slots(
+            desc.type(), inputs, {slot: desc.output(slot) for slot in desc.output_names()},
+            {name: pop.attr(name) for name in pop.attr_names})
+    except Exception:  # an op whose attributes Python cannot read: no inputs offered
+        return []
+    return [n for slot, names in inputs.items() if slot not in dims_only for n in names]
+
+
+def _plain_tensor(block, name: str) -> bool:
+    """A non-persistable dense tensor of ``block``.  (A ``depend`` whose
+    ``Dep`` is a parameter an ``sgd`` op writes fails at run time on Paddle
+    3.3.1: "There are no kernels which are registered in the depend
+    operator", measured.)"""
+    if name == EMPTY_VAR or not block.has_var(name):
+        return False
+    from paddle.base import core
+
+    var = block.var(name)
+    return var.desc.type() == core.VarDesc.VarType.DENSE_TENSOR and not var.persistable
+
+
+def enforce_order(program, order: Sequence[int]) -> list:
+    """Put block 0's ops in ``order`` and add the ``depend`` ops
+    (:func:`order_edges`) that make the executor keep it; returns the
+    Operators added.  Not all or nothing by itself (see :func:`apply_order`)."""
+    edges = order_edges(program, order)
+    position = {i: k for k, i in enumerate(order)}
+    rewrite(program, {}, list(order))
+    return insert_depends(program, [(position[a], position[b], x, z) for a, b, x, z in edges])
+
+
 def mode_peaks(program, batch: int, modes, order: Optional[Sequence[int]] = None,
                fetch=()) -> dict:
     """``{mode label: predicted total peak}`` and ``{label + "+lag": the same
@@ -214,9 +349,9 @@ def mode_peaks(program, batch: int, modes, order: Optional[Sequence[int]] = None
     from .runtime import read_program
 
     clone = program
-    if order is not None and list(order) != list(range(len(program.global_block().ops))):
+    if order is not None:
         clone = program.clone()
-        rewrite(clone, {}, list(order))
+        enforce_order(clone, order)
     own = modes[0][1]
     read = read_program(clone, list(fetch), own)
     out = {}
@@ -241,8 +376,12 @@ def plan_order(program, batch: int, runtime=None, fetch=()) -> OrderChoice:
     problem = order_problem(program, batch)
     modes = executor_modes(runtime)
     table, orders = {}, {}
+    table["program"] = mode_peaks(program, batch, modes, None, fetch)
+    orders["program"] = list(range(len(problem.ops)))
     for name, order in candidate_orders(problem):
         check_topological(problem, order)
+        # every order, the program's own too, with the depend ops keeping it
+        name = "program, kept" if name == "program" else name
         table[name] = mode_peaks(program, batch, modes, order, fetch)
         orders[name] = order
     peaks = {name: row["own"] for name, row in table.items()}
@@ -277,9 +416,9 @@ def level2_order(program, batch: int, fetch=(), runtime=None) -> List[str]:
             tried = ", ".join(f"{k} {format_bytes(v)}" for k, v in choice.peaks.items())
             return [choice.note or ("level 2: the program's own order kept: no other order "
                                     f"lowers the predicted peak ({tried})")]
-        apply_order(program, choice.order)
-        return [f"level 2: ops reordered ({choice.name} order): predicted peak "
-                f"{format_bytes(choice.peaks['program'])} -> "
+        added = apply_order(program, choice.order)
+        return [f"level 2: ops reordered ({choice.name} order, {added} depend ops keep it): "
+                f"predicted peak {format_bytes(choice.peaks['program'])} -> "
                 f"{format_bytes(choice.peaks[choice.name])}"]
     except Exception as exc:  # noqa: BLE001 - reported in the notes, program restored
         if program.desc.serialize_to_string() != before:
