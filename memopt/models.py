@@ -23,7 +23,7 @@ first entry is the loss.
   of all earlier ones), ``"bert"`` (a BERT-like encoder: matmul attention,
   GELU feed-forward, dropout when ``dropout > 0``) and ``"gpt"`` (a GPT-like
   decoder: causal attention, next-token loss); in both IRs ``"lstm"``, ``"gru"``,
-  ``"ctr"``, ``"vgg"``, ``"gpt_einsum"`` and, legacy only, ``"amp_bf16"`` (see
+  ``"ctr"``, ``"vgg"``, ``"gpt_einsum"``, ``"branches"`` and, legacy only, ``"amp_bf16"`` (see
   :data:`EXTRA_MODEL_NAMES`).  Every model has a backward pass and an optimizer when
   ``train=True``.
 
@@ -62,6 +62,7 @@ DEFAULT_BATCH = {
     "vgg": 8,
     "gpt_einsum": 4,
     "amp_bf16": 4,
+    "branches": 64,
 }
 
 #: Models built in both IRs.
@@ -72,9 +73,10 @@ PIR_ONLY = ("unet", "densenet", "bert", "gpt")
 #: Further real-world shapes, for the tests and benchmarks that name them:
 #: recurrent (``"lstm"``, ``"gru"`` with per-row ``sequence_length``), a
 #: sparse-embedding CTR model with ``paddle.static.auc``, a VGG-style CNN, a
-#: GPT-style decoder built from ops the legacy IR accepts (``"gpt_einsum"``)
-#: and the Transformer under bf16 AMP (``"amp_bf16"``, legacy only).
-EXTRA_MODEL_NAMES = ("lstm", "gru", "ctr", "vgg", "gpt_einsum", "amp_bf16")
+#: GPT-style decoder built from ops the legacy IR accepts (``"gpt_einsum"``),
+#: the Transformer under bf16 AMP (``"amp_bf16"``, legacy only) and parallel
+#: linear branches written layer by layer (``"branches"``).
+EXTRA_MODEL_NAMES = ("lstm", "gru", "ctr", "vgg", "gpt_einsum", "amp_bf16", "branches")
 IRS = ("legacy", "pir")
 
 
@@ -637,6 +639,38 @@ def _gpt_einsum(ir, batch, opts):
     return feed, [loss, logits]
 
 
+def _branches(ir, batch, opts):
+    """Parallel linear branches written layer by layer, as a model built one
+    stage at a time for all its heads is: every branch's wide ``Linear``
+    output is made before any is reduced (``mean`` over its features), then
+    the reductions are summed into a regression loss.  The program's order
+    holds every wide output at once (and, in the backward part, every wide
+    gradient); one branch at a time holds one.  ``dropout > 0`` drops out
+    each wide output."""
+    import paddle
+
+    F = paddle.nn.functional
+    width, wide, branches, dropout = (
+        opts.setdefault("width", 32), opts.setdefault("wide", 2048),
+        opts.setdefault("branches", 4), opts.setdefault("dropout", 0.0))
+    x = paddle.static.data("x", [-1, width], "float32")
+    y = paddle.static.data("y", [-1, 1], "float32")
+    outs = [paddle.nn.Linear(width, wide)(x) for _ in range(branches)]
+    if dropout:
+        outs = [F.dropout(h, dropout) for h in outs]
+    means = [paddle.mean(h, axis=1, keepdim=True) for h in outs]
+    pred = means[0]
+    for m in means[1:]:
+        pred = pred + m
+    loss = paddle.mean((pred - y) * (pred - y))
+
+    def feed(rng):
+        return {"x": rng.standard_normal((batch, width)).astype("float32"),
+                "y": rng.standard_normal((batch, 1)).astype("float32")}
+
+    return feed, [loss, pred]
+
+
 _BUILDERS = {
     "mlp": _mlp,
     "cnn": _cnn,
@@ -655,6 +689,7 @@ _BUILDERS = {
     "vgg": _vgg,
     "gpt_einsum": _gpt_einsum,
     "amp_bf16": _transformer,
+    "branches": _branches,
 }
 #: Models trained under AMP: name -> the dtype of ``paddle.static.amp.decorate``
 #: (level O1, no loss scaling); legacy IR only (see :func:`build`).

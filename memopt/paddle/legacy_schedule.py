@@ -16,8 +16,9 @@ where an op's names include those its sub-blocks (``while``,
 ``conditional_block`` and their grads) read and write at any depth.  Ops
 drawing random numbers keep their relative order (each takes the
 generator's next numbers), and so do ops writing nothing and collective /
-synchronising ops; ``feed`` and ``fetch`` ops stay where they are (every op
-keeps its side of them).
+synchronising ops; ``feed`` and ``fetch`` ops, and the first op of the
+backward part (where ``clone(for_test=True)`` cuts the program), stay where
+they are (every op keeps its side of them).
 
 :func:`plan_order` makes the candidate orders of :mod:`memopt.schedule`,
 applies each to a clone of the program and keeps the one the analysis of
@@ -91,15 +92,32 @@ def _names_at_any_depth(program, desc) -> Tuple[Set[str], Set[str]]:
     return reads, writes
 
 
+#: ``op_role`` values that start the backward part for Paddle's
+#: ``clone(for_test=True)`` (``core.prune_backward`` keeps the ops before the
+#: first op whose role is exactly Backward or Backward | Loss).
+_BACKWARD_START_ROLES = (0x0001, 0x0101)
+
+
+def first_backward_op(program) -> Optional[int]:
+    """Index of block 0's op where ``clone(for_test=True)`` cuts the
+    program (its first Backward or Backward | Loss op), or None."""
+    for i, pop in enumerate(program.global_block().ops):
+        desc = pop.desc
+        if desc.has_attr("op_role") and int(desc.attr("op_role")) in _BACKWARD_START_ROLES:
+            return i
+    return None
+
+
 def name_dependencies(program) -> List[Set[int]]:
     """For each op of block 0, the earlier ops it must follow (see the
     module docstring: read/write hazards on names, sub-block names
-    included, random / sink / collective ops chained, feed / fetch fixed)."""
+    included, random / sink / collective ops chained, feed / fetch and the first backward op fixed)."""
     ops = program.global_block().ops
     after: List[Set[int]] = [set() for _ in ops]
     last_writer: Dict[str, int] = {}
     readers: Dict[str, Set[int]] = {}
     last_random = last_sink = last_fixed = None
+    boundary = first_backward_op(program)
     for i, pop in enumerate(ops):
         desc = pop.desc
         reads, writes = _names_at_any_depth(program, desc)
@@ -123,7 +141,7 @@ def name_dependencies(program) -> List[Set[int]]:
             if last_sink is not None:
                 after[i].add(last_sink)
             last_sink = i
-        if desc.type() in _FIXED_OPS:
+        if desc.type() in _FIXED_OPS or i == boundary:
             after[i].update(range(i))
             last_fixed = i
         elif last_fixed is not None:
@@ -173,8 +191,6 @@ def apply_order(program, order: List[int]) -> int:
     planned ops; otherwise put the program back as it was (its serialized
     desc byte for byte) and raise PlanError.  Returns the ``depend`` ops
     added."""
-    from paddle.base.framework import Program
-
     block = program.global_block()
     if sorted(order) != list(range(len(block.ops))):
         raise PlanError("apply_order: not a permutation of block 0's ops")
@@ -188,26 +204,25 @@ def apply_order(program, order: List[int]) -> int:
             raise PlanError("apply_order: block 0's ops are not in the planned order after "
                             "the moves (the program's own order is restored)")
     except BaseException:
-        for op in reversed(added):
-            block._remove_op(next(k for k, o in enumerate(block.ops) if o is op))
         if program.desc.serialize_to_string() != before:
-            _restore_from(program, Program.parse_from_string(before))
+            _restore_block0(program, before)
         raise
     return len(added)
 
 
-def _restore_from(program, back) -> None:
-    """Put block 0's ops of ``program`` back in the order of ``back`` (a
-    parse of its serialized desc from before a move)."""
+def _restore_block0(program, before: bytes) -> None:
+    """Put block 0's ops of ``program`` back as they are in ``before`` (its
+    serialized desc from before a change): every op desc copied back from a
+    parse of it, the Operators made anew."""
+    from paddle.base.framework import Operator, Program
+
+    back = Program.parse_from_string(before).global_block().desc
     block = program.global_block()
-    want = [_op_signature(pop) for pop in back.global_block().ops]
-    have = [_op_signature(pop) for pop in block.ops]
-    order, used = [], set()
-    for sig in want:
-        k = next(k for k, h in enumerate(have) if h == sig and k not in used)
-        used.add(k)
-        order.append(k)
-    rewrite(program, {}, order)
+    desc = block.desc
+    desc._remove_op(0, desc.op_size())
+    for k in range(back.op_size()):
+        desc.append_op().copy_from(back.op(k))
+    block.ops = [Operator(block, desc.op(k)) for k in range(desc.op_size())]
 
 
 def order_edges(program, order: Sequence[int]) -> List[Tuple[int, int, str, str]]:
@@ -422,9 +437,7 @@ def level2_order(program, batch: int, fetch=(), runtime=None) -> List[str]:
                 f"{format_bytes(choice.peaks[choice.name])}"]
     except Exception as exc:  # noqa: BLE001 - reported in the notes, program restored
         if program.desc.serialize_to_string() != before:
-            from paddle.base.framework import Program
-
-            _restore_from(program, Program.parse_from_string(before))
+            _restore_block0(program, before)
         log.warning("level 2's order left out: %r", exc)
         return [f"level 2: the memory-aware order left out: {type(exc).__name__}: {exc} "
                 "(the program keeps level 1's rewrite)"]
