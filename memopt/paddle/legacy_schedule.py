@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from ..errors import PlanError
 from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topological
 from .distributed import is_communication
-from .legacy import EMPTY_VAR, _sub_block_ids, program_to_graph, rewrite
+from .legacy import EMPTY_VAR, _sub_block_ids, install_fetch_guard, program_to_graph, rewrite
 from .legacy_depend import insert_depends
 from .pir_schedule import MIN_GAIN, OrderChoice, executor_modes
 
@@ -60,6 +60,10 @@ LEGACY_RANDOM_OPS = frozenset({
     "gaussian_random_batch_size_like", "sampling_id", "random_crop", "rrelu", "exponential",
     "poisson", "random_routing", "class_center_sample", "fused_dropout_add",
     "fused_bias_dropout_residual_layer_norm", "seed", "dirichlet", "binomial"})
+
+#: The candidate that keeps the program's own order with ``depend`` ops (the
+#: executor runs ready ops in parallel otherwise).
+KEPT = "program, kept"
 
 #: Ops that stay where they are: every op keeps its side of them.
 _FIXED_OPS = frozenset({"feed", "fetch", "fetch_v2"})
@@ -243,12 +247,13 @@ def order_edges(program, order: Sequence[int]) -> List[Tuple[int, int, str, str]
     it was not: in the backward and optimizer parts ``x`` is a tensor those
     parts write (a gradient), which no forward target needs; in the forward
     part the wait is added only if ``a`` reads no fed data that ``b`` does
-    not (a pruned program keeping ``b`` keeps what ``a`` needs, nothing
-    more is fed).  ``x`` and ``z`` are non-persistable dense tensors
-    (an op writing only parameters, as ``sgd``, is waited for through the
-    op before it); an op without such an input is left unchained, and no
-    op waits across a feed, a
-    fetch or an op running sub-blocks."""
+    not (a pruned program keeping ``b`` keeps ``a`` and what it needs:
+    more ops may run there, but nothing more is fed and no value changes).
+    ``x`` and ``z`` are non-persistable dense tensors (an op writing only
+    parameters, as ``sgd``, is waited for through the op before it; a
+    ``depend`` waiting for a parameter fails on Paddle 3.3.1); an op
+    without such an input is left unchained, and no op waits across a
+    feed, a fetch or an op running sub-blocks."""
     block = program.global_block()
     ops = block.ops
     after = name_dependencies(program)
@@ -396,7 +401,7 @@ def plan_order(program, batch: int, runtime=None, fetch=()) -> OrderChoice:
     for name, order in candidate_orders(problem):
         check_topological(problem, order)
         # every order, the program's own too, with the depend ops keeping it
-        name = "program, kept" if name == "program" else name
+        name = KEPT if name == "program" else name
         table[name] = mode_peaks(program, batch, modes, order, fetch)
         orders[name] = order
     peaks = {name: row["own"] for name, row in table.items()}
@@ -423,7 +428,12 @@ def level2_order(program, batch: int, fetch=(), runtime=None) -> List[str]:
     anything fails the program is byte-identical to what it was (its
     serialized desc) and a note says the order was left out and why."""
     from ..report import format_bytes
+    from .flags import read_flags
 
+    if read_flags().pir_executor:
+        return ["level 2: the program's own order kept: the order and the depend ops that "
+                "keep it are made for the legacy executor, and Paddle runs this program "
+                "translated to PIR (FLAGS_enable_pir_in_executor=1)"]
     before = program.desc.serialize_to_string()
     try:
         choice = plan_order(program, batch, runtime, fetch)
@@ -432,8 +442,11 @@ def level2_order(program, batch: int, fetch=(), runtime=None) -> List[str]:
             return [choice.note or ("level 2: the program's own order kept: no other order "
                                     f"lowers the predicted peak ({tried})")]
         added = apply_order(program, choice.order)
-        return [f"level 2: ops reordered ({choice.name} order, {added} depend ops keep it): "
-                f"predicted peak {format_bytes(choice.peaks['program'])} -> "
+        install_fetch_guard()  # names the executor to use if run translated to PIR
+        what = ("the program's own order" if choice.name == KEPT
+                else f"ops reordered ({choice.name} order)")
+        return [f"level 2: {what}, {added} depend ops keep it: predicted peak "
+                f"{format_bytes(choice.peaks['program'])} -> "
                 f"{format_bytes(choice.peaks[choice.name])}"]
     except Exception as exc:  # noqa: BLE001 - reported in the notes, program restored
         if program.desc.serialize_to_string() != before:

@@ -79,7 +79,7 @@ def test_level2_bit_identical_lower_and_measured(legacy_paddle, gc):
     """The branches model: level 2 never predicts more than level 1, runs
     bit-identically to the unchanged program, and where it predicts less
     (GC on: one branch at a time) the allocator's peak is lower too."""
-    plain, one, two = _build(), _build(), _build()
+    plain, one, two = _build(batch=256), _build(batch=256), _build(batch=256)
     _, level1 = _optimize(one, gc, 1)
     report, level2 = _optimize(two, gc, 2)
     assert report.level == 2 and any(n.startswith("level 2") for n in report.notes)
@@ -91,11 +91,12 @@ def test_level2_bit_identical_lower_and_measured(legacy_paddle, gc):
             assert level2 < 0.8 * level1, (level1, level2)
             assert any("depend ops keep it" in n for n in report.notes)
             assert any(op.type == "depend" for op in two.main.global_block().ops)
-            # allocator peaks of steps 2-4 (the first step runs in program
-            # order while Paddle builds its instruction list)
-            peaks1, _ = models.step_peaks(one, 4)
-            peaks2, _ = models.step_peaks(two, 4)
-            assert max(peaks2[1:]) < min(peaks1[1:]), (peaks1, peaks2)
+            # allocator peaks of steps 2-7 (the first step runs in program
+            # order while Paddle builds its instruction list); the median,
+            # as Paddle's collector thread frees late now and then
+            peaks1, _ = models.step_peaks(one, 7)
+            peaks2, _ = models.step_peaks(two, 7)
+            assert np.median(peaks2[1:]) < 0.8 * np.median(peaks1[1:]), (peaks1, peaks2)
 
 
 def test_dropout_masks_stay_identical(legacy_paddle):
@@ -159,3 +160,28 @@ def test_translation_reads_depend_ops(legacy_paddle):
 @pytest.fixture
 def legacy_paddle(paddle):
     return paddle
+
+
+def test_pir_executor_keeps_the_order_and_refuses_depends(legacy_paddle):
+    """Run translated to PIR (FLAGS_enable_pir_in_executor=1), a legacy
+    program keeps its order at level 2; a program level 2 gave depend ops
+    (made for the legacy executor) is refused by name, not run."""
+    from memopt.errors import UnsupportedProgramError
+
+    one, two = _build(), _build()
+    with models.ir_guard("legacy"), models.flags(enable_pir_in_executor=True):
+        report = memopt.memory_optimize(one.main, level=2, batch_size=64,
+                                        fetch_list=one.fetch_list)
+    assert any("translated to PIR" in n for n in report.notes), report.notes
+    assert not any(op.type == "depend" for op in one.main.global_block().ops)
+    _optimize(two, "on", 2)
+    assert any(op.type == "depend" for op in two.main.global_block().ops)
+    paddle = legacy_paddle
+    with paddle.static.scope_guard(paddle.static.Scope()):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        with models.ir_guard("legacy"):
+            two.initialize(exe)
+        # outside OldIrGuard, as a legacy program run from PIR code is
+        with models.flags(enable_pir_in_executor=True), \
+                pytest.raises(UnsupportedProgramError, match="FLAGS_enable_pir_in_executor=0"):
+            exe.run(two.main, feed=two.feed(np.random.default_rng(0)), fetch_list=two.fetch_list)
