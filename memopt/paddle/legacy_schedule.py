@@ -65,8 +65,9 @@ LEGACY_RANDOM_OPS = frozenset({
 #: applied to a legacy program.  Larger than PIR's 1%
 #: (:data:`memopt.paddle.pir_schedule.MIN_GAIN`): measured on Paddle 3.3.1
 #: (``scripts/bench_legacy_level2.py``, GC on), ResNet-50's optimizer order
-#: predicted 2.6% lower (108.5 -> 105.7 MiB) measured 119.0 -> 130.5 MB
-#: (median step), while the branches model's 37% lower measured 17.9 -> 6.4 MB.
+#: predicted 2.6% lower (108.5 -> 105.7 MiB) measured 130.5 MB (median
+#: step) where level 1's program measured 119.0-123.4 MB in three fresh
+#: processes, while the branches model's 37% lower measured 17.9 -> 6.4-8.5 MB.
 MIN_GAIN = 0.05
 
 #: The candidate that keeps the program's own order with ``depend`` ops (the
