@@ -367,8 +367,10 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         each variable's declared dtype.  2 -- level 1 (only its in-place
         variants whose input no other op reads) plus, on PIR, saved values a
         saved concat holds again sliced out of it in the backward part and a
-        memory-aware order of the ops; each kept only where it lowers the
-        predicted peak and raises it under no executor mode modelled.
+        memory-aware order of the ops (legacy programs: the order, kept by
+        ``depend`` ops, :mod:`memopt.paddle.legacy_schedule`); each kept
+        only where it lowers the predicted peak and raises it under no
+        executor mode modelled.
     print_log : print the report (one line per reuse and a summary).
     fetch_list : (keyword only) what you will fetch from the program:
         Variables, PIR Values or names.  They keep their own memory and

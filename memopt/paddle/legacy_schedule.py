@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from ..errors import PlanError
+from ..errors import PlanError, UnsupportedProgramError
 from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topological
 from .distributed import is_communication
 from .legacy import EMPTY_VAR, _sub_block_ids, install_fetch_guard, program_to_graph, rewrite
@@ -457,6 +457,10 @@ def level2_order(program, batch: int, fetch=(), runtime=None) -> List[str]:
         return [f"level 2: {what}, {added} depend ops keep it: predicted peak "
                 f"{format_bytes(choice.peaks['program'])} -> "
                 f"{format_bytes(choice.peaks[choice.name])}"]
+    except UnsupportedProgramError as exc:  # memopt cannot predict its peak: nothing done
+        if program.desc.serialize_to_string() != before:
+            _restore_block0(program, before)
+        return [f"level 2: the program's own order kept: its peak cannot be predicted ({exc})"]
     except Exception as exc:  # noqa: BLE001 - reported in the notes, program restored
         if program.desc.serialize_to_string() != before:
             _restore_block0(program, before)

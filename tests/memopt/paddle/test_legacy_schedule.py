@@ -185,3 +185,16 @@ def test_pir_executor_keeps_the_order_and_refuses_depends(legacy_paddle):
         with models.flags(enable_pir_in_executor=True), \
                 pytest.raises(UnsupportedProgramError, match="FLAGS_enable_pir_in_executor=0"):
             exe.run(two.main, feed=two.feed(np.random.default_rng(0)), fetch_list=two.fetch_list)
+
+
+def test_unreadable_program_keeps_its_order(legacy_paddle):
+    """A program whose peak memopt cannot predict (Paddle's translation to
+    PIR refuses while_grad) keeps level 1's rewrite and its order, runs
+    bit-identically, and the note says why."""
+    plain, two = models.build("while_loop", "legacy"), models.build("while_loop", "legacy")
+    with models.ir_guard("legacy"):
+        report = memopt.memory_optimize(two.main, level=2, fetch_list=two.fetch_list)
+    assert any("cannot be predicted" in n and "while_grad" in n for n in report.notes), \
+        report.notes
+    assert not any(op.type == "depend" for op in two.main.global_block().ops)
+    _same_runs(models.run_steps(plain, steps=2), models.run_steps(two, steps=2))
