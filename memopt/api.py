@@ -476,6 +476,11 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         limit = parse_budget(budget)
     lower = replace(options, level=min(options.level, 1))
     if not pir.is_pir_program(program):
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
+                batch_size, (int, np.integer)) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer, the batch level 2 plans "
+                             f"the order for (got batch_size={batch_size!r}); nothing was "
+                             "changed")
         if limit is not None:
             if legacy.is_legacy_program(program):
                 raise UnsupportedProgramError(

@@ -198,3 +198,12 @@ def test_unreadable_program_keeps_its_order(legacy_paddle):
         report.notes
     assert not any(op.type == "depend" for op in two.main.global_block().ops)
     _same_runs(models.run_steps(plain, steps=2), models.run_steps(two, steps=2))
+
+
+@pytest.mark.parametrize("batch", [0, "64", True])
+def test_bad_batch_size_changes_nothing(legacy_paddle, batch):
+    model = _build()
+    before = model.main.desc.serialize_to_string()
+    with models.ir_guard("legacy"), pytest.raises(ValueError, match="batch_size"):
+        memopt.memory_optimize(model.main, level=2, batch_size=batch)
+    assert model.main.desc.serialize_to_string() == before
