@@ -67,7 +67,7 @@ LEGACY_RANDOM_OPS = frozenset({
 #: (``scripts/bench_legacy_level2.py``, GC on), ResNet-50's optimizer order
 #: predicted 2.6% lower (108.5 -> 105.7 MiB) measured 130.5 MB (median
 #: step) where level 1's program measured 119.0-123.4 MB in three fresh
-#: processes, while the branches model's 37% lower measured 17.9 -> 6.4-8.5 MB.
+#: processes, while the branches model's 37% lower measured 17.9 -> 10.6 MB.
 MIN_GAIN = 0.05
 
 #: The candidate that keeps the program's own order with ``depend`` ops (the
@@ -251,13 +251,14 @@ def order_edges(program, order: Sequence[int]) -> List[Tuple[int, int, str, str]
     held all four 1 MiB ``linear`` outputs at once (4.0 MiB, as in the
     branches-last order) in every step but the first (1.0 MiB).  So each op
     of ``order`` waits for the one before it, unless it already depends on
-    it.  Pruned copies (``save_inference_model``) must stay as they were, so
-    ``x`` is chosen so that no target of inference pulls the wait in where
-    it was not: in the backward and optimizer parts ``x`` is a tensor those
-    parts write (a gradient), which no forward target needs; in the forward
-    part the wait is added only if ``a`` reads no fed data that ``b`` does
-    not (a pruned program keeping ``b`` keeps ``a`` and what it needs:
-    more ops may run there, but nothing more is fed and no value changes).
+    it -- in the backward and optimizer parts only, through a tensor those
+    parts write (a gradient): ``clone(for_test=True)`` and
+    ``save_inference_model`` cut or prune these parts away, so inference
+    programs get no ``depend`` (measured: a forward ``depend`` writing an
+    input of the next op pulled the loss's ``elementwise_sub`` and its
+    label into an inference program pruned to the prediction).  The
+    forward part, whose values are mostly saved for the backward part, is
+    left to the executor.
     ``x`` and ``z`` are non-persistable dense tensors (an op writing only
     parameters, as ``sgd``, is waited for through the op before it; a
     ``depend`` waiting for a parameter fails on Paddle 3.3.1); an op
@@ -273,7 +274,6 @@ def order_edges(program, order: Sequence[int]) -> List[Tuple[int, int, str, str]
     later_part = [bool(_role_of(pop) & _LATER_ROLES) for pop in ops]
     written_late = {n for pop, late in zip(ops, later_part) if late
                     for n in pop.desc.output_arg_names()}
-    fed = _fed_by(program, after)
     edges = []
     last = None  # (op, its output a depend can wait for) latest in ``order``
     for b in order:
@@ -283,11 +283,8 @@ def order_edges(program, order: Sequence[int]) -> List[Tuple[int, int, str, str]
             continue
         if last is not None and not (ancestors[b] >> last[0]) & 1:
             a, z = last
-            inputs = [n for n in _data_inputs(ops[b]) if _plain_tensor(block, n) and n != z]
-            if later_part[b]:
-                x = next((n for n in inputs if n in written_late), None)
-            else:
-                x = inputs[0] if inputs and fed[a] <= fed[b] else None
+            x = next((n for n in _data_inputs(ops[b]) if n in written_late and n != z
+                      and _plain_tensor(block, n)), None) if later_part[b] else None
             if x is not None:
                 edges.append((a, b, x, z))
         z = next((n for slot in db.output_names() if slot not in _NO_DATA_SLOTS
@@ -305,21 +302,6 @@ _LATER_ROLES = 0x0001 | 0x0002 | 0x0010
 def _role_of(pop) -> int:
     desc = pop.desc
     return int(desc.attr("op_role")) if desc.has_attr("op_role") else 0
-
-
-def _fed_by(program, after: List[Set[int]]) -> List[frozenset]:
-    """For each op of block 0, the data variables (fed: ``is_data`` /
-    ``need_check_feed``) it reads at any distance through the ops it
-    follows."""
-    from .legacy import _is_data
-
-    block = program.global_block()
-    data = {name for name, var in block.vars.items() if _is_data(var)}
-    out: List[frozenset] = []
-    for i, pop in enumerate(block.ops):
-        own = data.intersection(pop.desc.input_arg_names())
-        out.append(frozenset(own.union(*(out[j] for j in after[i]))))
-    return out
 
 
 #: Output slots that hold no data (``XShape``: dims only, never allocated;

@@ -207,3 +207,27 @@ def test_bad_batch_size_changes_nothing(legacy_paddle, batch):
     with models.ir_guard("legacy"), pytest.raises(ValueError, match="batch_size"):
         memopt.memory_optimize(model.main, level=2, batch_size=batch)
     assert model.main.desc.serialize_to_string() == before
+
+
+def test_inference_model_of_the_prediction_needs_no_label(legacy_paddle, tmp_path):
+    """save_inference_model of the reordered program, pruned to the
+    prediction: no depend op, only ``x`` fed, the unchanged program's values."""
+    plain, two = _build(batch=256), _build(batch=256)
+    report, _ = _optimize(two, "on", 2)
+    assert any("reordered" in n for n in report.notes), report.notes
+    x = np.random.default_rng(2).standard_normal((8, 32)).astype("float32")
+    got = []
+    for model in (plain, two):
+        prefix = str(tmp_path / ("two" if model is two else "plain"))
+        block = model.main.global_block()
+        with legacy_paddle.static.scope_guard(legacy_paddle.static.Scope()), \
+                models.ir_guard("legacy"):
+            exe = legacy_paddle.static.Executor(legacy_paddle.CPUPlace())
+            model.initialize(exe)
+            legacy_paddle.static.save_inference_model(
+                prefix, [block.var("x")], [model.fetch_list[1]], exe, program=model.main)
+            program, feeds, targets = legacy_paddle.static.load_inference_model(prefix, exe)
+            assert feeds == ["x"]
+            assert not any(op.type == "depend" for op in program.global_block().ops)
+            got.append(exe.run(program, feed={"x": x}, fetch_list=targets)[0])
+    assert np.array_equal(got[0], got[1])
