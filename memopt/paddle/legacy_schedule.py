@@ -20,21 +20,25 @@ synchronising ops; ``feed`` and ``fetch`` ops, and the first op of the
 backward part (where ``clone(for_test=True)`` cuts the program), stay where
 they are (every op keeps its side of them).
 
-:func:`plan_order` makes the candidate orders of :mod:`memopt.schedule`,
-applies each to a clone of the program and keeps the one the analysis of
-:func:`memopt.analyze` (the program translated to PIR, the executor's
-dataflow schedule, the runtime's GC mode) predicts the lowest peak for --
-only if it lowers the runtime's own predicted peak by
+:func:`plan_order` makes the candidate orders of :mod:`memopt.schedule`
+(and the program's own), applies each to a clone of the program with the
+``depend`` ops that keep it (:func:`order_edges`) and keeps the one the
+analysis of :func:`memopt.analyze` (the program translated to PIR, the
+executor's dataflow schedule, the runtime's GC mode) predicts the lowest
+peak for -- only if it lowers the runtime's own predicted peak by
 :data:`MIN_GAIN` (5%) and raises it under none of
-:func:`memopt.paddle.pir_schedule.executor_modes`.  :func:`apply_order` puts
-the real program's ops in that order with :func:`memopt.paddle.legacy.rewrite`
-(all or nothing) and checks the result op by op.
+:func:`memopt.paddle.pir_schedule.executor_modes`, with frees on time or
+late.  :func:`apply_order` puts the real program's ops in that order with
+:func:`memopt.paddle.legacy.rewrite`, adds the ``depend`` ops
+(:mod:`memopt.paddle.legacy_depend`) and checks the result op by op; all or
+nothing (:func:`level2_order`).
 
 Paddle's ProgramInterpreter builds its own dependencies from the same names
-(read/write, write/read, write/write, random ops in program order) and runs
-ready ops lowest index first; a new program order changes which ready op
-runs first, which is what the analysis models.  Nothing is computed twice
-and no op changes: the results are bit-identical.
+but runs every ready op at once on its threads, whatever its place in the
+program (measured, see :func:`order_edges`): without the ``depend`` ops a
+new program order would change little.  Nothing is computed twice, no op
+changes and a ``depend`` leaves its variable as it is: the results are
+bit-identical.
 """
 from __future__ import annotations
 
