@@ -367,8 +367,10 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         each variable's declared dtype.  2 -- level 1 (only its in-place
         variants whose input no other op reads) plus, on PIR, saved values a
         saved concat holds again sliced out of it in the backward part and a
-        memory-aware order of the ops; each kept only where it lowers the
-        predicted peak and raises it under no executor mode modelled.
+        memory-aware order of the ops (legacy programs: the order, kept by
+        ``depend`` ops, :mod:`memopt.paddle.legacy_schedule`); each kept
+        only where it lowers the predicted peak and raises it under no
+        executor mode modelled.
     print_log : print the report (one line per reuse and a summary).
     fetch_list : (keyword only) what you will fetch from the program:
         Variables, PIR Values or names.  They keep their own memory and
@@ -462,7 +464,8 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     concat slices (:mod:`memopt.paddle.pir_concat_slices`; not after a
     recomputation, whose clones may read the same values) and the
     memory-aware order (:mod:`memopt.paddle.pir_schedule`).  A legacy
-    program gets level 1 at level 2, and a budget as
+    program gets level 1 and the memory-aware order
+    (:mod:`memopt.paddle.legacy_schedule`) at level 2, and a budget as
     :func:`_legacy_within_budget` plans it."""
     from dataclasses import replace
 
@@ -475,14 +478,18 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         limit = parse_budget(budget)
     lower = replace(options, level=min(options.level, 1))
     if not pir.is_pir_program(program):
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
+                batch_size, (int, np.integer)) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer, the batch level 2 plans "
+                             f"the order for (got batch_size={batch_size!r}); nothing was "
+                             "changed")
         if limit is not None:
             if legacy.is_legacy_program(program):
                 return _legacy_within_budget(program, options, limit, int(batch_size))
         report = _dispatch(program, lower, release=False)
         report.level = options.level
-        report.notes = list(report.notes) + [
-            "level 2: the memory-aware op order is made for PIR programs; this legacy "
-            "program got level 1"]
+        if legacy.is_legacy_program(program):
+            report.notes = list(report.notes) + _legacy_order(program, options, batch_size)
         return report
     from .paddle import pir_loops
 
@@ -610,13 +617,26 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
     report.batch_size = batch
     report.level = options.level
     report.notes = list(report.notes) + notes + (
-        ["level 2: the memory-aware op order is made for PIR programs; this legacy "
-         "program got level 1"] if options.level == 2 else [])
+        ["level 2: on a legacy program the memory-aware order is not combined with "
+         "budget=; this program got the recomputation and level 1"]
+        if options.level == 2 else [])
     report.recomputed = recomputed
     report.added_compute_percent = added
     report.budget = limit
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _legacy_order(program, options: Options, batch_size) -> List[str]:
+    """Level 2's memory-aware order of a legacy program, after level 1's
+    rewrite (:func:`memopt.paddle.legacy_schedule.level2_order`: all or
+    nothing); returns the report's notes."""
+    from .paddle import legacy_schedule
+
+    with _without_cycle_collection():
+        return legacy_schedule.level2_order(program, int(batch_size or REFERENCE_BATCH),
+                                            sorted(options.fetch_list),
+                                            flags.runtime_model("legacy"))
 
 
 def _slices_and_order(program, batch: int, model, fetch_names, fetched, slices: bool) -> list:

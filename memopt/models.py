@@ -23,10 +23,10 @@ first entry is the loss.
   of all earlier ones), ``"bert"`` (a BERT-like encoder: matmul attention,
   GELU feed-forward, dropout when ``dropout > 0``) and ``"gpt"`` (a GPT-like
   decoder: causal attention, next-token loss); in both IRs ``"lstm"``, ``"gru"``,
-  ``"ctr"``, ``"vgg"``, ``"gpt_einsum"`` and, legacy only, ``"amp_bf16"`` (see
-  :data:`EXTRA_MODEL_NAMES`); PIR only, with a ``cond`` or ``while_loop``
-  between plain layers: ``"cond_mlp"``, ``"while_mlp"``, ``"dense_cond"``
-  (:data:`REGION_MODEL_NAMES`).
+  ``"ctr"``, ``"vgg"``, ``"gpt_einsum"``, ``"ffn_dropout"``, ``"branches"`` and, legacy
+  only, ``"amp_bf16"`` (see :data:`EXTRA_MODEL_NAMES`); PIR only, with a ``cond``
+  or ``while_loop`` between plain layers: ``"cond_mlp"``, ``"while_mlp"``,
+  ``"dense_cond"`` (:data:`REGION_MODEL_NAMES`).
   Every model has a backward pass and an optimizer when
   ``train=True``.
 
@@ -69,6 +69,7 @@ DEFAULT_BATCH = {
     "while_mlp": 512,
     "dense_cond": 512,
     "ffn_dropout": 256,
+    "branches": 64,
 }
 
 #: Models built in both IRs.
@@ -79,10 +80,12 @@ PIR_ONLY = ("unet", "densenet", "bert", "gpt")
 #: Further real-world shapes, for the tests and benchmarks that name them:
 #: recurrent (``"lstm"``, ``"gru"`` with per-row ``sequence_length``), a
 #: sparse-embedding CTR model with ``paddle.static.auc``, a VGG-style CNN, a
-#: GPT-style decoder built from ops the legacy IR accepts (``"gpt_einsum"``)
-#: the Transformer under bf16 AMP (``"amp_bf16"``, legacy only) and a
-#: Transformer-style feed-forward stack with dropout (``"ffn_dropout"``).
-EXTRA_MODEL_NAMES = ("lstm", "gru", "ctr", "vgg", "gpt_einsum", "amp_bf16", "ffn_dropout")
+#: GPT-style decoder built from ops the legacy IR accepts (``"gpt_einsum"``),
+#: the Transformer under bf16 AMP (``"amp_bf16"``, legacy only), a
+#: Transformer-style feed-forward stack with dropout (``"ffn_dropout"``) and
+#: parallel linear branches written layer by layer (``"branches"``).
+EXTRA_MODEL_NAMES = ("lstm", "gru", "ctr", "vgg", "gpt_einsum", "amp_bf16", "ffn_dropout",
+                     "branches")
 #: PIR training programs whose top-level block runs a region op between
 #: plain layers, sized so that the saved activations matter next to the
 #: parameters (``budget=``, ``level=2`` on regions): ``"cond_mlp"`` (a
@@ -723,6 +726,38 @@ def _ffn_dropout(ir, batch, opts):
     return _vector_feed(batch, width, classes), [_cross_entropy(logits, y), logits]
 
 
+def _branches(ir, batch, opts):
+    """Parallel linear branches written layer by layer, as a model built one
+    stage at a time for all its heads is: every branch's wide ``Linear``
+    output is made before any is reduced (``mean`` over its features), then
+    the reductions are summed into a regression loss.  The program's order
+    holds every wide output at once (and, in the backward part, every wide
+    gradient); one branch at a time holds one.  ``dropout > 0`` drops out
+    each wide output."""
+    import paddle
+
+    F = paddle.nn.functional
+    width, wide, branches, dropout = (
+        opts.setdefault("width", 32), opts.setdefault("wide", 2048),
+        opts.setdefault("branches", 4), opts.setdefault("dropout", 0.0))
+    x = paddle.static.data("x", [-1, width], "float32")
+    y = paddle.static.data("y", [-1, 1], "float32")
+    outs = [paddle.nn.Linear(width, wide)(x) for _ in range(branches)]
+    if dropout:
+        outs = [F.dropout(h, dropout) for h in outs]
+    means = [paddle.mean(h, axis=1, keepdim=True) for h in outs]
+    pred = means[0]
+    for m in means[1:]:
+        pred = pred + m
+    loss = paddle.mean((pred - y) * (pred - y))
+
+    def feed(rng):
+        return {"x": rng.standard_normal((batch, width)).astype("float32"),
+                "y": rng.standard_normal((batch, 1)).astype("float32")}
+
+    return feed, [loss, pred]
+
+
 _BUILDERS = {
     "mlp": _mlp,
     "cnn": _cnn,
@@ -745,6 +780,7 @@ _BUILDERS = {
     "while_mlp": _region_mlp("while_mlp"),
     "dense_cond": _region_mlp("dense_cond"),
     "ffn_dropout": _ffn_dropout,
+    "branches": _branches,
 }
 #: Models trained under AMP: name -> the dtype of ``paddle.static.amp.decorate``
 #: (level O1, no loss scaling); legacy IR only (see :func:`build`).

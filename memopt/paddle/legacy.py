@@ -814,19 +814,29 @@ def _check_pir_executor(program) -> None:
     memopt rewrote in a way Paddle's translation to PIR
     (``FLAGS_enable_pir_in_executor=1``) cannot run: releases
     (``share_buffer`` becomes a ``pd_op.share_data_`` whose result is the
-    variable it reads) and, with the GC on, dims-only substitutions (PIR's
-    collector frees the variable before the op reads it)."""
+    variable it reads), with the GC on, dims-only substitutions (PIR's
+    collector frees the variable before the op reads it), and level 2's
+    in-place ``depend`` ops (the translation refuses them)."""
+    from .legacy_depend import in_place_depends
     from .merge_record import SUBSTITUTED_VAR
 
     names = program.global_block().vars
     released, substituted = RELEASED_VAR in names, SUBSTITUTED_VAR in names
-    if not (released or substituted):
+    depends = bool(in_place_depends(program.desc))
+    if not (released or substituted or depends):
         return
     from . import flags
 
     runtime = flags.read_flags()
     if not runtime.pir_executor:
         return
+    if depends:
+        raise UnsupportedProgramError(
+            "this program has depend ops whose X is their Out (memopt.memory_optimize's "
+            "level=2 puts them in to keep its op order), which Paddle's translation to PIR "
+            "(FLAGS_enable_pir_in_executor=1) refuses (it looks for an in-place "
+            "pd_op.depend_). Run it with FLAGS_enable_pir_in_executor=0 (the legacy "
+            "executor the order was made for), or call memory_optimize with level=1")
     if substituted and runtime.gc:
         raise UnsupportedProgramError(
             "this program was rewritten by memopt.memory_optimize for the legacy executor "

@@ -41,7 +41,7 @@ from ..recompute import RecomputePlan, RecomputeProblem
 from .pir import RANDOM_OPS
 
 __all__ = ["LEGACY_GC_LAG_OPS", "LEGACY_OUT_OF_PLACE", "draws_random", "op_flops", "LegacyRules", "problem_of",
-           "AppliedLegacyRecompute", "apply_plan", "LegacyTarget", "ORDER_OP"]
+           "AppliedLegacyRecompute", "apply_plan", "LegacyTarget"]
 
 #: How many ops late the legacy executor's frees are taken to happen when a
 #: plan is checked (:func:`memopt.paddle.pir_budget.gc_lag`; PIR: 4).
@@ -61,8 +61,6 @@ __all__ = ["LEGACY_GC_LAG_OPS", "LEGACY_OUT_OF_PLACE", "draws_random", "op_flops
 #: of the budget, +11.2%) and none at 80% (smallest 39.39 MiB of 39.64).
 LEGACY_GC_LAG_OPS = 1
 
-#: The legacy op that makes a copy wait for a backward value (see the module docstring).
-ORDER_OP = "depend"
 
 #: Ops copied with fresh variables for the outputs they write over their
 #: inputs: ``{type: {output slot: input slot}}``.
@@ -303,31 +301,14 @@ def _insert_fill(block, at: int, name: str, value: float):
     return op
 
 
-def _insert_depend(block, at: int, x: str, trigger: str):
-    """Insert at ``at`` ``depend(X=x, Dep=trigger) -> Out=x``: ``x`` as it is,
-    once ``trigger`` exists."""
-    from paddle.base.framework import Operator
-
-    from .legacy import ROLE_BACKWARD
-
-    # spelled on the desc: building it through Operator(type=...) would run
-    # its shape inference, which writes into X's declaration (a LoD level)
-    new = block.desc._insert_op(at)
-    new.set_type(ORDER_OP)
-    new.set_input("X", [x])
-    new.set_input("Dep", [trigger])
-    new.set_output("Out", [x])
-    new._set_attr("op_role", ROLE_BACKWARD)
-    op = Operator(block, new)
-    block.ops.insert(at, op)
-    return op
-
-
 def apply_plan(program, problem: RecomputeProblem, plan: RecomputePlan) -> AppliedLegacyRecompute:
     """Copy the plan's forward ops into block 0 of legacy ``program`` (read
     as ``problem``) and rename the backward ops' reads of the dropped
     variables to the copies; all or nothing (on any failure everything is
     taken back and the error re-raised)."""
+    from .legacy import ROLE_BACKWARD
+    from .legacy_depend import insert_depend
+
     block = program.global_block()
     block._sync_with_cpp()
     ops = list(block.ops)
@@ -346,7 +327,7 @@ def apply_plan(program, problem: RecomputeProblem, plan: RecomputePlan) -> Appli
             # copy reads and writes afresh)
             group = set(made.get(c.tag, ()))
             if c.dep is not None:
-                applied._inserted.append(_insert_depend(block, at, *c.dep))
+                applied._inserted.append(insert_depend(block, at, *c.dep, ROLE_BACKWARD))
                 at += 1
             inputs = {slot: [n + "@RECOMPUTE" + c.tag if n in group else n
                              for n in src.input(slot)] for slot in src.input_names()}

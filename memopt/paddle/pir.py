@@ -130,6 +130,7 @@ def draws_random(op) -> bool:
 
 
 ADD_GRAD_OP = "pd_op.add_grad"
+DEPEND_OP = "pd_op.depend"
 LAYER_NORM_GRAD_OP = "pd_op.layer_norm_grad"
 #: how PIR prints a value's missing type
 NULL_TYPE = "<<NULL TYPE>>"
@@ -330,7 +331,7 @@ class _Converter:
                 continue
             elems = self.vector_elems.get(v.id)
             if elems is not None:
-                out.extend(elems)
+                out.extend(nm for nm in elems if nm is not None)
             elif v.id in self.result.name_of:
                 out.append(self.result.name_of[v.id])
             else:  # a value defined nowhere we walked (should not happen)
@@ -340,6 +341,7 @@ class _Converter:
     # -- walking ------------------------------------------------------------
     def run(self) -> PirGraph:
         self._number(self.program.global_block())
+        self._slice_consumers: dict = {}  # vector value id -> {index: builtin.slice}
         self._split_consumers = self._find_split_consumers(self.program.global_block())
         self._walk_block(self.program.global_block(), self.graph.global_block)
         self.graph.fetch_names = tuple(dict.fromkeys(
@@ -354,6 +356,12 @@ class _Converter:
         for op in block.ops:
             if op.name() == SPLIT_OP:
                 found[op.operand_source(0).id] = op
+            elif op.name() == SLICE_OP:
+                # a vector unpacked element by element (Paddle's translation
+                # of a legacy program: ``concat_grad``'s gradients): its
+                # elements are named from the slices
+                self._slice_consumers.setdefault(op.operand_source(0).id, {})[
+                    int(op.attrs().get("index", 0))] = op
             for sub in op.blocks():
                 found.update(self._find_split_consumers(sub))
         return found
@@ -402,6 +410,16 @@ class _Converter:
                     self.vector_elems[value.id] = elems
                     written.extend(elems)
                     continue
+                slices = self._slice_consumers.get(value.id)
+                if split is None and slices and value.id not in self._split_consumers:
+                    # elements no slice takes stay unnamed (nothing reads them)
+                    elems = [self._declare(slices[k].result(0),
+                                           self.printed[slices[k].result(0).id], block,
+                                           shape_only=shape_only) if k in slices else None
+                             for k in range(max(slices) + 1)]
+                    self.vector_elems[value.id] = elems
+                    written.extend(nm for nm in elems if nm is not None)
+                    continue
                 if op_name == COMBINE_OP:
                     self.vector_elems[value.id] = self._reads(pir_op.operands_source())
                     continue
@@ -423,7 +441,7 @@ class _Converter:
         results = pir_op.results()
         if pir_op.name() == SLICE_OP:
             index = int(pir_op.attrs().get("index", 0))
-            pairs = [(results[0], elems[index])] if index < len(elems) else []
+            pairs = [(results[0], elems[index])] if index < len(elems) and elems[index] is not None else []
         else:
             pairs = list(zip(results, elems))
         for value, nm in pairs:
@@ -645,6 +663,11 @@ class _Converter:
     def _overwritten(self, pir_op) -> tuple:
         """``((input name, output name), ...)`` for an op that writes results
         over operands (``sgd_``, ``batch_norm_``, ``relu_``)."""
+        if pir_op.name() == DEPEND_OP:  # its result is its first operand's buffer
+            vin, vout = pir_op.operand_source(0), pir_op.result(0)
+            names = self.result.name_of
+            return ((names[vin.id], names[vout.id]),) if vin.initialized() and \
+                vout.initialized() and vin.id in names and vout.id in names else ()
         if not pir_op.name().endswith("_"):
             return ()
         from paddle.base import core
@@ -669,10 +692,19 @@ class _Converter:
                     out.extend(self._reads([v]))
             except Exception:  # ops without yaml info
                 return []
-        # a name also read as a real operand is needed after all
+        # a name also read as a real operand is needed after all; so is a
+        # Value that is two operands (``is_no_need_buffer`` answers per
+        # Value, not per slot: an ``add_grad`` reading its ``out_grad`` as
+        # ``x`` too, as memopt's dims-only substitution makes it, would
+        # otherwise have its gradient freed before it runs)
+        uses: dict = {}
+        for v in pir_op.operands_source():
+            if v.initialized():
+                uses[v.id] = uses.get(v.id, 0) + 1
         return [nm for nm in dict.fromkeys(out)
                 if sum(1 for v in pir_op.operands_source() if v.initialized()
-                       and nm in self._reads([v]) and not pir_op.is_no_need_buffer(v)) == 0]
+                       and nm in self._reads([v])
+                       and (uses[v.id] > 1 or not pir_op.is_no_need_buffer(v))) == 0]
 
     def _walk_if(self, pir_op, block: Block) -> None:
         cond = self._reads(pir_op.operands_source())
@@ -938,7 +970,7 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
     """
     import paddle
 
-    from .legacy_depend import mark_pass_through, translatable_desc
+    from .legacy_depend import translatable_desc
 
     _init_pir_context()
     desc = translatable_desc(program)  # in-place depend ops: a copy the translator takes
@@ -959,10 +991,8 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
         name = item if isinstance(item, str) else getattr(item, "name", None)
         if name in last_value:
             fetch_values.append(last_value[name])
-    result = convert(translated, fetch_values, value_names)
-    if desc is not None:
-        mark_pass_through(result.graph)
-    return result
+    # (a depend's result is its input's buffer: PirConverter._overwritten)
+    return convert(translated, fetch_values, value_names)
 
 
 #: How Paddle 3.3.1's translator names the op it refuses: ``[op:rnn_grad]``
