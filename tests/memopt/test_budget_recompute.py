@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from memopt import models
+from runs import assert_same
 
 
 def _predicted_default(model):
@@ -14,15 +15,6 @@ def _predicted_default(model):
     from memopt.paddle.pir_budget import guarded_peak
 
     return guarded_peak(memopt.analyze(model.main, model.batch_size), model.batch_size)
-
-
-def _same(a: models.RunResult, b: models.RunResult) -> None:
-    for step, (x, y) in enumerate(zip(a.fetches, b.fetches)):
-        for k, (u, v) in enumerate(zip(x, y)):
-            assert np.array_equal(u, v), f"step {step}, fetch {k} differs"
-    assert len(a.params) == len(b.params) > 0
-    for k, (u, v) in enumerate(zip(a.params, b.params)):
-        assert np.array_equal(u, v), f"parameter {k} differs"
 
 
 @pytest.mark.parametrize("name,opts", [("unet", {}), ("bert", {"dropout": 0.1}),
@@ -46,7 +38,7 @@ def test_bit_identical_at_every_budget(paddle, name, opts):
             assert report.recomputed, "a budget under the default peak needs recomputation"
             assert report.added_compute_percent >= 0
             assert any(note.startswith("recompute (") for note in report.notes)
-        _same(reference, models.run_steps(model, steps=2))
+        assert_same(reference, models.run_steps(model, steps=2))
     assert peaks == sorted(peaks, reverse=True), f"peak rose as the budget fell: {peaks}"
 
 
@@ -79,7 +71,7 @@ def test_dropout_is_never_recomputed(paddle):
     ops = model.main.global_block().ops
     after = sum(op.name() in ("pd_op.dropout", "pd_op.dropout_") for op in ops)
     assert after == dropouts
-    _same(reference, models.run_steps(model, steps=2))
+    assert_same(reference, models.run_steps(model, steps=2))
 
 
 def test_infeasible_budget_raises_and_leaves_the_program(paddle):
@@ -95,7 +87,7 @@ def test_infeasible_budget_raises_and_leaves_the_program(paddle):
     assert 0 <= err.largest_batch < model.batch_size
     assert str(model.main) == before
     # the untouched program still trains as the reference does
-    _same(models.run_steps(models.build("unet", "pir"), steps=1),
+    assert_same(models.run_steps(models.build("unet", "pir"), steps=1),
           models.run_steps(model, steps=1))
     # and the smallest budget it named does fit
     report = memopt.memory_optimize(model.main, budget=err.smallest_budget, skip_opt_set=model.fetch_list,
@@ -195,7 +187,7 @@ def test_a_later_failure_takes_the_recomputation_back(paddle, monkeypatch):
                                skip_opt_set=model.fetch_list, level=1)
     assert str(model.main) == before
     monkeypatch.undo()
-    _same(models.run_steps(models.build("unet", "pir"), steps=1),
+    assert_same(models.run_steps(models.build("unet", "pir"), steps=1),
           models.run_steps(model, steps=1))
 
 
@@ -238,7 +230,7 @@ def test_clones_per_reader_and_fed_inputs_are_bit_identical(paddle):
     pir_recompute.apply_plan(pg, lean.plan)
     after = memopt.analyze(model.main, model.batch_size)
     assert after.total_peak() <= lean.prediction.total_peak() * 1.02
-    _same(reference, models.run_steps(model, steps=2))
+    assert_same(reference, models.run_steps(model, steps=2))
 
 
 def test_multi_thread_executor_is_offered_no_per_reader_plans(paddle):
@@ -289,7 +281,7 @@ def test_cut_checkpoints_hold_features_and_are_bit_identical(paddle):
                                     batch_size=16)
     assert any(note.startswith("recompute (cuts ") for note in report.notes), report.notes
     assert pir_budget.guarded_peak(memopt.analyze(model.main, 16), 16) <= budget
-    _same(reference, models.run_steps(model, steps=2))
+    assert_same(reference, models.run_steps(model, steps=2))
 
 
 def test_grid_predicts_the_applied_program_to_the_byte(paddle):
@@ -364,4 +356,4 @@ def test_skip_opt_set_values_are_never_recomputed(paddle):
     except memopt.BudgetError:
         return  # keeping them leaves no plan: nothing of theirs was touched
     assert kept.recomputed and not set(named) & set(kept.recomputed)
-    _same(reference, models.run_steps(model, steps=2))
+    assert_same(reference, models.run_steps(model, steps=2))

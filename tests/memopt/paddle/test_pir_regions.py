@@ -11,17 +11,9 @@ import numpy as np
 import pytest
 
 from memopt import models
+from runs import assert_same
 
 REGION_MODELS = ("cond_mlp", "while_mlp", "dense_cond")
-
-
-def _same(a, b) -> None:
-    for step, (x, y) in enumerate(zip(a.fetches, b.fetches)):
-        for k, (u, v) in enumerate(zip(x, y)):
-            assert np.array_equal(u, v), f"step {step}, fetch {k} differs"
-    assert len(a.params) == len(b.params) > 0
-    for k, (u, v) in enumerate(zip(a.params, b.params)):
-        assert np.array_equal(u, v), f"parameter {k} differs"
 
 
 def _guarded(program, batch):
@@ -103,14 +95,14 @@ def test_budget_recomputes_around_regions_bit_identically(paddle, name):
     ops = [op.name() for op in model.main.global_block().ops]
     assert ops.count("pd_op.if") == before_ops.count("pd_op.if")
     assert ops.count("pd_op.while") == before_ops.count("pd_op.while")
-    _same(reference, models.run_steps(model, steps=3))
+    assert_same(reference, models.run_steps(model, steps=3))
     # a clone of the rewritten program trains alike (PIR's static.save aborts
     # on training programs with cond/while in Paddle 3.3.1, rewritten or not)
     import paddle as pd
 
     twin = models.build(name, "pir")
     twin.main = model.main.clone(pd.pir.IrMapping())
-    _same(reference, models.run_steps(twin, steps=3))
+    assert_same(reference, models.run_steps(twin, steps=3))
 
 
 @pytest.mark.parametrize("name", REGION_MODELS)
@@ -126,7 +118,7 @@ def test_level2_orders_region_programs_bit_identically(paddle, name):
     if name == "dense_cond":  # the concat slices too (the last concat: read in the branches)
         assert any("are sliced out" in n for n in report.notes), report.notes
         assert report.peak_after < 0.9 * report.peak_before
-    _same(reference, models.run_steps(model, steps=3))
+    assert_same(reference, models.run_steps(model, steps=3))
 
 
 def _random_order(problem, rng) -> list:
@@ -183,7 +175,7 @@ def test_every_order_the_region_rule_allows_is_bit_identical(paddle, name):
         bound, _ = pir_schedule.any_order_bound(model.main, model.batch_size)
         pir_schedule.apply_order(model.main, order)
         assert memopt.analyze(model.main, model.batch_size).total_peak() >= bound
-        _same(reference, models.run_steps(model, steps=3))
+        assert_same(reference, models.run_steps(model, steps=3))
     assert moved, "no random order moved a region op across another op"
 
 
@@ -226,7 +218,7 @@ def test_level2_on_a_region_program_with_gc_off(paddle):
                                         fetch_list=model.fetch_list)
         assert report.peak_after <= report.peak_before
         assert not any("left out" in n and "order" in n for n in report.notes), report.notes
-        _same(reference, models.run_steps(model, steps=3))
+        assert_same(reference, models.run_steps(model, steps=3))
 
 
 def _branch_writes_outer(paddle):
