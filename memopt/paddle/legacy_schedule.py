@@ -50,7 +50,7 @@ from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topologica
 from .distributed import is_communication
 from .legacy import EMPTY_VAR, _sub_block_ids, install_fetch_guard, program_to_graph, rewrite
 from .legacy_depend import insert_depends
-from .pir_schedule import OrderChoice, executor_modes
+from .pir_schedule import OrderChoice, choose_order, executor_modes
 
 log = logging.getLogger(__name__)
 
@@ -399,22 +399,7 @@ def plan_order(program, batch: int, runtime=None, fetch=()) -> OrderChoice:
         name = KEPT if name == "program" else name
         table[name] = mode_peaks(program, batch, modes, order, fetch)
         orders[name] = order
-    peaks = {name: row["own"] for name, row in table.items()}
-    base = table["program"]
-    refused = []
-    for name in sorted(orders, key=lambda n: (peaks[n], list(orders).index(n))):
-        if name == "program" or peaks[name] > base["own"] * (1 - MIN_GAIN):
-            break
-        risen = [m for m, v in table[name].items() if v > base[m]]
-        if risen:
-            refused.append(f"{name} (higher under {', '.join(risen)})")
-            continue
-        return OrderChoice(name, orders[name], peaks)
-    note = ""
-    if refused:
-        note = ("level 2: the program's own order kept: orders predicted lower under the "
-                "executor's own mode would raise the peak under another: " + "; ".join(refused))
-    return OrderChoice("program", None, peaks, note)
+    return choose_order(table, orders, MIN_GAIN)
 
 
 def level2_order(program, batch: int, fetch=(), runtime=None) -> List[str]:

@@ -36,8 +36,8 @@ from .pir_regions import VIEW_OPS, graph_ops_of, regions_of
 
 log = logging.getLogger(__name__)
 
-__all__ = ["order_problem", "plan_order", "apply_order", "OrderChoice", "executor_modes",
-           "mode_peaks", "any_order_bound"]
+__all__ = ["order_problem", "plan_order", "apply_order", "OrderChoice", "choose_order",
+           "executor_modes", "mode_peaks", "any_order_bound"]
 
 #: Ops whose result may share the operand's buffer (a view).
 _VIEW_OPS = VIEW_OPS
@@ -182,6 +182,32 @@ class OrderChoice:
         self.name, self.order, self.peaks, self.note = name, order, peaks, note
 
 
+def choose_order(table: dict, orders: dict, min_gain: float) -> OrderChoice:
+    """Level 2's rule, both IRs: ``table`` ``{order name: {mode: predicted
+    peak}}`` (``"program"``: the program as it is; ``"own"``: the
+    executor's own mode), ``orders`` ``{order name: order}``.  The order
+    predicted lowest under the executor's own mode wins if it is at least
+    ``min_gain`` lower than the program's and higher under no mode;
+    otherwise the next lowest is tried, and if none passes the program's
+    own order stays (the note names the modes that would have risen)."""
+    peaks = {name: row["own"] for name, row in table.items()}
+    base = table["program"]
+    refused = []
+    for name in sorted(orders, key=lambda n: (peaks[n], list(orders).index(n))):
+        if name == "program" or peaks[name] > base["own"] * (1 - min_gain):
+            break
+        risen = [m for m, v in table[name].items() if v > base[m]]
+        if risen:
+            refused.append(f"{name} (higher under {', '.join(risen)})")
+            continue
+        return OrderChoice(name, orders[name], peaks)
+    note = ""
+    if refused:
+        note = ("level 2: the program's own order kept: orders predicted lower under the "
+                "executor's own mode would raise the peak under another: " + "; ".join(refused))
+    return OrderChoice("program", None, peaks, note)
+
+
 def executor_modes(runtime) -> List[Tuple[str, object]]:
     """``[(label, RuntimeModel)]``: the executor modes a new order is checked
     under -- the runtime's own first, then the program-order schedule
@@ -271,22 +297,7 @@ def plan_order(program, batch: int, runtime=None, fetch=()) -> OrderChoice:
         check_topological(problem, order)
         table[name] = mode_peaks(program, batch, modes, order, fetch)
         orders[name] = order
-    peaks = {name: row["own"] for name, row in table.items()}
-    base = table["program"]
-    refused = []
-    for name in sorted(orders, key=lambda n: (peaks[n], list(orders).index(n))):
-        if name == "program" or peaks[name] > base["own"] * (1 - MIN_GAIN):
-            break
-        risen = [m for m, v in table[name].items() if v > base[m]]
-        if risen:
-            refused.append(f"{name} (higher under {', '.join(risen)})")
-            continue
-        return OrderChoice(name, orders[name], peaks)
-    note = ""
-    if refused:
-        note = ("level 2: the program's own order kept: orders predicted lower under the "
-                "executor's own mode would raise the peak under another: " + "; ".join(refused))
-    return OrderChoice("program", None, peaks, note)
+    return choose_order(table, orders, MIN_GAIN)
 
 
 def any_order_bound(program, batch: int, runtime=None, fetch=()) -> Tuple[int, int]:
