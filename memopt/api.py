@@ -598,16 +598,20 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
             # program it makes still fits the budget as the plan was checked
             trial = program.clone()
             _legacy_optimize(trial, lower)
-            shared = pir_budget.guarded_peak(legacy_recompute.LegacyTarget(trial, fetch)
-                                             .analysis(fetch, batch, model), batch,
-                                             target.gc_lag_ops)
-            if shared <= limit:
+            try:
+                shared = pir_budget.guarded_peak(legacy_recompute.LegacyTarget(trial, fetch)
+                                                 .analysis(fetch, batch, model), batch,
+                                                 target.gc_lag_ops)
+                why = f"is predicted at {format_bytes(shared)}, over the budget"
+            except UnsupportedProgramError as exc:  # its merges unreadable: unchecked
+                shared, why = None, f"cannot be read to check it against the budget ({exc})"
+            if shared is not None and shared <= limit:
                 report = _legacy_optimize(program, lower)
             else:
                 report = _legacy_optimize(program, replace(lower, skip_opt_set=frozenset(
                     legacy.known_names(program))))
                 notes.append(f"level {lower.level}'s sharing left out: the program it makes "
-                             f"is predicted at {format_bytes(shared)}, over the budget")
+                             + why)
         except BaseException:
             if applied is not None:
                 applied.undo()

@@ -54,6 +54,10 @@ import numpy as np  # noqa: E402
 
 STEPS = 3
 LEVELS = (0, 1, 2)
+#: The pseudo-level of ``budget=`` (level 1 and a budget of
+#: BUDGET_FRACTION x the program's predicted peak at its feed's batch).
+BUDGET = "B"
+BUDGET_FRACTION = 0.9
 GC = {"off": -1.0, "on": 0.0}
 
 
@@ -393,14 +397,45 @@ def same(x, y):
         all(bits_equal(a, c) for a, c in zip(pa, pb))
 
 
+def force_order(name):
+    """Make level 2 apply candidate order ``name`` (``greedy``, ``depth``,
+    ``optimizer``, or ``program, kept``: the program's own order with the
+    depend ops; the first other candidate if it is not made) whatever its
+    predicted gain: every order level 2 may choose must run bit-identically
+    and keep every workflow."""
+    from memopt.paddle import legacy_schedule
+    from memopt.paddle.pir_schedule import OrderChoice
+
+    def forced(table, orders, min_gain):
+        peaks = {k: row["own"] for k, row in table.items()}
+        pick = name if name in orders else next(k for k in orders if k != "program")
+        return OrderChoice(pick, orders[pick], peaks)
+    legacy_schedule.choose_order = forced
+
+
 def optimize(b, level, variant):
     import memopt
+
+    if os.environ.get("SWEEP_FORCE_ORDER") and level == 2:
+        force_order(os.environ["SWEEP_FORCE_ORDER"])
 
     buf = io.StringIO()
     if variant == "A":
         kw = dict(skip_grads=True, fetch_list=b.fetch(), print_log=True)
     else:
         kw = dict(skip_grads=False, skip_opt_set={_an_activation(b)})
+    if level == BUDGET:
+        batch = len(next(v for v in b.feed(np.random.default_rng(0)).values()
+                         if isinstance(v, np.ndarray)))
+        predicted = memopt.analyze(b.main, batch, fetch_list=b.fetch()).total_peak()
+        kw.update(budget=int(BUDGET_FRACTION * predicted), batch_size=batch)
+        level = 1
+        try:
+            with contextlib.redirect_stdout(buf):
+                report = memopt.memory_optimize(b.main, level=level, **kw)
+            return report, buf.getvalue()
+        except memopt.BudgetError as exc:  # the least budget that plans, then
+            kw["budget"] = exc.smallest_budget
     with contextlib.redirect_stdout(buf):
         report = memopt.memory_optimize(b.main, level=level, **kw)
     if variant == "A" and not buf.getvalue().strip():
@@ -597,8 +632,10 @@ def _try(fn, *args):
         return f"ERROR {type(exc).__name__} at {where}: {str(exc).strip()[:300]}"
 
 
-def check_model(name):
-    """Every check of one model: {config: {check: result}}."""
+def check_model(name, levels=LEVELS):
+    """Every check of one model at each of ``levels`` (``BUDGET``: a
+    budget of :data:`BUDGET_FRACTION` of the predicted peak):
+    {config: {check: result}}."""
     import paddle
 
     paddle.enable_static()
@@ -615,13 +652,11 @@ def check_model(name):
     tmp = tempfile.mkdtemp(prefix="sweep_")
     infer_tags = ["ref"]
     save_inference(b_ref, os.path.join(tmp, "ref"))
-    for level in LEVELS:
-        # legacy runs level 2 as level 1 (with a note): its plan is checked
-        # once (variant A, GC off), not through every workflow again
-        for variant in ("A", "B") if level < 2 else ("A",):
+    for level in levels:
+        for variant in ("A", "B") if level != BUDGET else ("A",):
             cfg = f"L{level}{variant}"
             r = res[cfg] = {}
-            for mode in GC if level < 2 else ("off",):
+            for mode in GC:
                 with gc_mode(mode):
                     b = Built(name)
                     opt = _try(optimize, b, level, variant)
@@ -630,16 +665,15 @@ def check_model(name):
                         continue
                     report, log_text = opt
                     r.setdefault("merged", len(report.reuses))
-                    if level == 2 and mode == "off":
-                        r["note"] = "level 2 note" if "level 2" in log_text + str(
-                            getattr(report, "notes", "")) else ""
+                    if level in (2, BUDGET):
+                        r[f"note_{mode}"] = " ".join(str(n) for n in getattr(
+                            report, "notes", ()) if "level 2" in str(n) or "budget" in str(n)
+                            or "recomput" in str(n))[:300]
                     got = _try(train, b, None, STEPS, None, None, variant)
                     want = ref[mode] if variant == "A" else (
                         [s[:1] for s in ref[mode][0]], ref[mode][1])
                     r[f"train_gc_{mode}"] = got if isinstance(got, str) else (
                         "ok" if same(want, got) else "DIFFERS")
-                    if level == 2:
-                        continue
                     # the flag changed between planning and running
                     other = "on" if mode == "off" else "off"
                     with gc_mode(other):
@@ -648,7 +682,7 @@ def check_model(name):
                         [s[:1] for s in ref[other][0]], ref[other][1])
                     r[f"cross_{mode}"] = got if isinstance(got, str) else (
                         "ok" if same(want, got) else "DIFFERS")
-                    if mode != "off" or level == 2:
+                    if mode != "off":
                         continue
                     b_un = Built(name)
                     r["fetch"] = _try(check_fetch, b_un, b, variant)
@@ -688,7 +722,7 @@ def check_infer_only(name):
     return "ok" if bits_equal(*outs) else "DIFFERS"
 
 
-def peak(name, level, skip_grads=True):
+def peak(name, level, skip_grads=True, gc="off"):
     """The allocator's peak over the startup program and two steps with the
     GC off (``host_memory_stat_peak_value``; this process only, so run each
     configuration in a fresh one) and the memory held after the startup
@@ -699,8 +733,10 @@ def peak(name, level, skip_grads=True):
     import memopt
 
     b = Built(name)
-    with gc_mode("off"):
-        if level >= 0:
+    with gc_mode(gc):
+        if level == BUDGET:
+            optimize(b, BUDGET, "A")
+        elif level >= 0:
             memopt.memory_optimize(b.main, level=level, fetch_list=b.fetch(),
                                    skip_grads=skip_grads)
         scope = paddle.static.Scope()
@@ -751,14 +787,20 @@ def _peak_cells(peaks):
 
 
 def main(argv):
+    levels = LEVELS
+    if argv[:1] == ["--levels"]:  # e.g. --levels 2,B
+        levels = tuple(int(k) if k.isdigit() else k for k in argv[1].split(","))
+        argv = argv[2:]
     if argv[:1] == ["--check"]:
-        out = check_model(argv[1])
+        out = check_model(argv[1], levels)
         if argv[1] in INFER_ONLY:
             out["infer_only"] = {"forward": _try(check_infer_only, argv[1])}
         print(json.dumps(out))
         return 0
-    if argv[:1] == ["--peak"]:
-        print(json.dumps(peak(argv[1], int(argv[2]), argv[3:4] != ["grads"])))
+    if argv[:1] == ["--peak"]:  # NAME LEVEL [grads] [gc=on]
+        level = int(argv[2]) if argv[2].lstrip("-").isdigit() else argv[2]
+        gc = "on" if "gc=on" in argv[3:] else "off"
+        print(json.dumps(peak(argv[1], level, "grads" not in argv[3:], gc)))
         return 0
     names = argv or list(MODELS)
     unknown = [n for n in names if n not in MODELS]
@@ -767,6 +809,8 @@ def main(argv):
               f"models: {', '.join(MODELS)}", file=sys.stderr)
         return 2
     cols = ["train_gc_off", "train_gc_on", "cross_off", "cross_on", "fetch", "clone", "save", "parse", "infer"]
+    if levels != LEVELS:
+        return _levels_table(names, levels, cols)
     print("| model | merged L0/L1 | " + " | ".join(cols) +
           " | peak before | L0 after | L1 after | L0/L1 above state |")
     print("|" + "---|" * (len(cols) + 6))
@@ -783,6 +827,36 @@ def main(argv):
         print(f"| {name} | {merged} | " + " | ".join(cells.get(c, "-") for c in cols) +
               " | " + _peak_cells(peaks) + " |", flush=True)
     with open(os.environ.get("SWEEP_JSON", "/tmp/sweep_legacy.json"), "w") as f:
+        json.dump(details, f, indent=1)
+    return 0
+
+
+def _levels_table(names, levels, cols):
+    """``--levels``: every check at those levels and each level's measured
+    peak (MiB, startup and two steps) with the GC off and on, level 1's
+    beside it."""
+    flag = ",".join(str(k) for k in levels)
+    shown = [1] + [k for k in levels if k != 1]
+    print("| model | GC | " + " | ".join(f"L{k} peak" for k in shown) + " | " +
+          " | ".join(cols) + " | notes |")
+    print("|" + "---|" * (len(shown) + len(cols) + 3))
+    details = {}
+    for name in names:
+        res = _child("--levels", flag, "--check", name)
+        details[name] = res
+        if "paddle" in res or "error" in res:
+            print(f"| {name} | {res.get('paddle') or res.get('error')} |", flush=True)
+            continue
+        cells = _summary(res)
+        notes = "; ".join(f"{cfg} {k}: {v}" for cfg, r in res.items() if isinstance(r, dict)
+                          for k, v in r.items() if k.startswith("note") and v)
+        for gc in GC:
+            peaks = [_child("--peak", name, str(k), f"gc={gc}") for k in shown]
+            mib = [f"{p[0] / 2**20:.2f}" if isinstance(p, list) else str(p) for p in peaks]
+            print(f"| {name} | {gc} | " + " | ".join(mib) + " | " +
+                  " | ".join(cells.get(c, "-") for c in cols) + f" | {notes[:200]} |",
+                  flush=True)
+    with open(os.environ.get("SWEEP_JSON", "/tmp/sweep_legacy_levels.json"), "w") as f:
         json.dump(details, f, indent=1)
     return 0
 
