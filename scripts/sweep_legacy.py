@@ -238,6 +238,23 @@ def _control():
     return _mlp_feed(), _ce(logits, y), logits, paddle.optimizer.SGD(0.05)
 
 
+def _cond_dropout():
+    """Two conditional_blocks (one branch with a dropout inside) between
+    two dropouts of block 0: sub-block readers and writers, three random
+    ops."""
+    import paddle
+    from memopt.models import _cond
+
+    x, y = _data("x", [-1, 16]), _data("label", [-1, 1], "int64")
+    h = paddle.nn.Dropout(0.3)(paddle.nn.functional.relu(paddle.nn.Linear(16, 32)(x)))
+    g = paddle.nn.Linear(32, 32)(h)
+    h = _cond("legacy", paddle.mean(g), 0.0, lambda: paddle.nn.functional.dropout(g, 0.5),
+              lambda: g * 0.5)
+    h = paddle.nn.Dropout(0.2)(paddle.nn.functional.relu(h)) + g
+    logits = paddle.nn.Linear(32, 4)(h)
+    return _mlp_feed(), _ce(logits, y), logits, paddle.optimizer.Adam(0.01)
+
+
 def _fluid_cnn(batch=4):
     import paddle
 
@@ -319,6 +336,7 @@ MODELS = {
     "amp_fp16_O1": _amp("float16"),
     "grad_merge": _grad_merge,
     "while_cond": _control,
+    "cond_dropout": _cond_dropout,
     "fluid_cnn": _fluid_cnn,
     "clip_decay_adam": _clip_decay,
     "tied_two_losses": _tied_two_losses,

@@ -94,6 +94,12 @@ __all__ = [
 
 #: PIR op names of the constructs handled specially.
 IF_OP, WHILE_OP, YIELD_OP = "pd_op.if", "pd_op.while", "cf.yield"
+#: ``pd_op`` control-flow ops Paddle defines without yaml info (its
+#: ``control_flow_op.h``): asking one for its output names dereferences a
+#: null pointer (Paddle 3.3.1: a legacy ``select_input``, translated,
+#: crashed the process with SIGSEGV).
+NO_YAML_OPS = frozenset({IF_OP, WHILE_OP, "pd_op.select_input", "pd_op.select_output",
+                         "pd_op.has_elements", "pd_op.assert", "pd_op.pylayer"})
 COMBINE_OP, SPLIT_OP, SLICE_OP = "builtin.combine", "builtin.split", "builtin.slice"
 PARAMETER_OP, DATA_OPS = "builtin.parameter", ("pd_op.data", "pd_op.feed")
 FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
@@ -200,7 +206,7 @@ def _output_names(pir_op) -> list:
     """Names of an operator's result slots ([] for ops without yaml info:
     builtin, cf and control-flow ops, where asking can crash Paddle)."""
     name = pir_op.name()
-    if not name.startswith("pd_op.") or name in (IF_OP, WHILE_OP) or pir_op.num_regions():
+    if not name.startswith("pd_op.") or name in NO_YAML_OPS or pir_op.num_regions():
         return []
     try:
         return list(pir_op.get_output_names())
