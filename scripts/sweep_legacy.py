@@ -753,7 +753,7 @@ def peak(name, level, skip_grads=True, gc="off"):
     b = Built(name)
     with gc_mode(gc):
         if level == BUDGET:
-            optimize(b, BUDGET, "A")
+            budget = optimize(b, BUDGET, "A")[0].budget
         elif level >= 0:
             memopt.memory_optimize(b.main, level=level, fetch_list=b.fetch(),
                                    skip_grads=skip_grads)
@@ -766,7 +766,8 @@ def peak(name, level, skip_grads=True, gc="off"):
             state = core.host_memory_stat_current_value("Allocated", 0)
             for _ in range(2):
                 exe.run(b.main, feed=b.feed(rng), fetch_list=b.fetch())
-            return [core.host_memory_stat_peak_value("Allocated", 0), state]
+            return [core.host_memory_stat_peak_value("Allocated", 0), state] + (
+                [budget] if level == BUDGET else [])
 
 
 def _child(*args):
@@ -855,7 +856,7 @@ def _levels_table(names, levels, cols):
     beside it."""
     flag = ",".join(str(k) for k in levels)
     shown = [1] + [k for k in levels if k != 1]
-    print("| model | GC | " + " | ".join(f"L{k} peak" for k in shown) + " | " +
+    print("| model | GC | " + " | ".join(f"L{k} peak KiB" for k in shown) + " | " +
           " | ".join(cols) + " | notes |")
     print("|" + "---|" * (len(shown) + len(cols) + 3))
     details = {}
@@ -870,9 +871,10 @@ def _levels_table(names, levels, cols):
                           for k, v in r.items() if k.startswith("note") and v)
         for gc in GC:
             peaks = [_child("--peak", name, str(k), f"gc={gc}") for k in shown]
-            mib = [f"{p[0] / 2**20:.2f}" if isinstance(p, list) else str(p) for p in peaks]
+            mib = [(f"{p[0] / 2**10:.1f}" + (f" ({p[0] / p[2]:.2f}x budget)" if len(p) > 2 else ""))
+                   if isinstance(p, list) else str(p)[:80] for p in peaks]
             print(f"| {name} | {gc} | " + " | ".join(mib) + " | " +
-                  " | ".join(cells.get(c, "-") for c in cols) + f" | {notes[:200]} |",
+                  " | ".join(cells.get(c, "-")[:120] for c in cols) + f" | {notes[:160]} |",
                   flush=True)
     with open(os.environ.get("SWEEP_JSON", "/tmp/sweep_legacy_levels.json"), "w") as f:
         json.dump(details, f, indent=1)
