@@ -3,8 +3,9 @@ workflows users run around them; print a markdown table.
 
 Every model is built as a legacy ``ProgramDesc`` (``FLAGS_enable_pir_api=0``
 set before Paddle is imported), rewritten with ``memopt.memory_optimize`` at
-levels 0 and 1 (and 2, which legacy runs as level 1 with a note: its
-note and its training run, variant A, GC off, are checked) in two
+levels 0, 1 and 2 (level 2: block 0 in a memory-aware order kept by
+``depend`` ops; ``--levels 2,B`` adds ``B``: level 1 with ``budget=`` 0.9 x the
+predicted peak, or the smallest budget its BudgetError names, variant A) in two
 variants -- ``A``: ``skip_grads=True, fetch_list=[loss, prediction],
 print_log=True``; ``B``: ``skip_grads=False, skip_opt_set={an activation}``
 -- and checked against the same model built unchanged:
@@ -35,8 +36,13 @@ Usage::
     python scripts/sweep_legacy.py                 # every model, the table
     python scripts/sweep_legacy.py resnet18 lstm   # some models
     python scripts/sweep_legacy.py --check NAME    # one model's checks, JSON
-    python scripts/sweep_legacy.py --peak NAME LEVEL [grads]  # one peak, bytes
-                                                   # (grads: skip_grads=False)
+    python scripts/sweep_legacy.py --peak NAME LEVEL [grads] [gc=on]  # one peak,
+                                  # bytes (grads: skip_grads=False; LEVEL B: + budget)
+    python scripts/sweep_legacy.py --levels 2,B [MODEL ...]  # those levels' checks,
+                                  # peaks (KiB) GC off and on beside level 1's
+    SWEEP_FORCE_ORDER=greedy python scripts/sweep_legacy.py --levels 2 --check NAME
+                                  # level 2 applies that candidate order whatever
+                                  # its gain (greedy, depth, optimizer)
 """
 import os
 
