@@ -80,8 +80,11 @@ def test_max_batch_size_without_batch_dimension_is_unbounded():
 def test_gc_off_holds_everything_to_the_end():
     an = analyze(chain_graph(), runtime=RuntimeModel(gc=False, inplace=False,
                                                      schedule="program"))
-    assert an.timeline(1)[-1] == 16 + 16 + 16 + 4 + 32 + 4  # x a b s c out
-    assert an.peak(1) == 88
+    # x a b s c out, and the executor's 3 more buffers of the fetched out
+    assert an.timeline(1)[-1] == 16 + 16 + 16 + 4 + 32 + 4 + 3 * 4
+    assert an.peak(1) == 100
+    fetch_copies = [h for h in an.holders if h.op == "fetch"]
+    assert [(h.names, h.bytes(1), h.start) for h in fetch_copies] == [((), 12, 4)]
 
 
 def declared_chain_graph() -> Graph:
