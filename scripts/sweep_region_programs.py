@@ -13,7 +13,7 @@ the other sweeps do not build (CPU, Paddle's defaults):
 
 Each configuration runs in a fresh process: ``default`` (unchanged),
 ``level2`` and ``budget`` at a fraction of the unchanged program's guarded
-predicted peak (what ``budget=`` checks against).  A worker builds the
+predicted peak with its fetches (what ``budget=`` checks against).  A worker builds the
 program, applies memopt, runs the startup program, resets the allocator's
 peak before each of ``--steps`` steps and reads
 ``host_memory_stat_peak_value('Allocated', 0)`` of each step (its lowest
@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-BATCH = 8
+BATCH = int(os.environ.get("SWEEP_BATCH", 8))
 #: cond_big_reads' batch: its activations (batch x 1024 floats each) outweigh
 #: its parameters and their Momentum state
 BIG_BATCH = 64
@@ -174,7 +174,8 @@ def worker(name: str, config: str, fraction: float, steps: int) -> dict:
         runtime = runtime_for(main, runtime_model("pir"), budget=True)
     except memopt.UnsupportedProgramError:  # a loop's trip count memopt cannot read
         runtime = runtime_for(main, runtime_model("pir"), budget=False)
-    predicted = guarded_peak(memopt.analyze(main, batch, runtime=runtime), batch)
+    predicted = guarded_peak(memopt.analyze(main, batch, fetch_list=fetch, runtime=runtime),
+                             batch)
     out: dict = {"model": name, "config": config, "fraction": fraction,
                  "predicted_default": predicted}
     if config == "budget":
@@ -197,7 +198,8 @@ def worker(name: str, config: str, fraction: float, steps: int) -> dict:
     elif config == "level2":
         report = memopt.memory_optimize(main, level=2, batch_size=batch, fetch_list=fetch)
         out["notes"] = [n for n in report.notes if n.startswith("level 2")]
-        out["predicted"] = guarded_peak(memopt.analyze(main, batch, runtime=runtime), batch)
+        out["predicted"] = guarded_peak(
+            memopt.analyze(main, batch, fetch_list=fetch, runtime=runtime), batch)
     rng = np.random.default_rng(3)
     digest = hashlib.sha256()
     scope = paddle.static.Scope()
