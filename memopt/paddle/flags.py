@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..analysis import RuntimeModel
+from ..analysis import FETCH_COPIES_GC_OFF, LEGACY_FETCH_COPIES_GC_OFF, RuntimeModel
 
 __all__ = ["RuntimeFlags", "read_flags", "runtime_model"]
 
@@ -92,4 +92,6 @@ def runtime_model(ir: str = "pir", device: str = "cpu") -> RuntimeModel:
     except Exception:  # pragma: no cover - paddle missing or too old
         flags = RuntimeFlags()
     return RuntimeModel(gc=flags.gc, inplace=flags.inplace and ir == "pir", device=device,
+                        fetch_copies=FETCH_COPIES_GC_OFF if ir == "pir"
+                        else LEGACY_FETCH_COPIES_GC_OFF,
                         schedule="program" if flags.sequential else "dataflow")

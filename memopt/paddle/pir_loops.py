@@ -12,7 +12,9 @@ the condition ``less_than(i, n)`` (or ``less_equal``) with ``i`` and ``n``
 bias=c)``, ``add(i, full(c))`` or ``increment(i, c)``, ``c > 0``, and the body's next
 condition the same comparison against the same ``n``; or, as
 ``paddle.increment(i)`` builds it, ``i`` not carried but increased in place
-once per iteration by the body's one ``increment_``.
+once per iteration by the body's one ``increment_``.  A condition that
+ands such a test with another (``i < n and not done``: a decoder that may
+stop early) runs at most the test's count: that bound is the count read.
 """
 from __future__ import annotations
 
@@ -54,14 +56,35 @@ def _step(value, arg) -> Optional[float]:
     return None
 
 
+def _bounding_compares(cond) -> list:
+    """The comparisons that bound a loop condition ``cond``: its own
+    ``less_than`` / ``less_equal``, or, for ``logical_and(a, b)`` (a loop
+    that may also stop early, as a decoder on its end token does), those
+    of either side: the loop runs at most as long as any of them allows."""
+    op = cond.get_defining_op() if cond.initialized() else None
+    if op is None:
+        return []
+    if op.name() in _COMPARE:
+        return [op]
+    if op.name() == "pd_op.logical_and" and op.num_operands() == 2:
+        return _bounding_compares(op.operand_source(0)) + _bounding_compares(op.operand_source(1))
+    return []
+
+
 def trip_count(while_op) -> Optional[int]:
     """How many times ``while_op`` (a ``pd_op.while``) runs its body, if its
     condition and counter are constants of the form the module docstring
-    describes; None otherwise."""
-    cond = while_op.operand_source(0)
-    compare = cond.get_defining_op() if cond.initialized() else None
-    if compare is None or compare.name() not in _COMPARE:
-        return None
+    describes (at most that many when the condition is also and-ed with
+    another: an upper bound, what a peak needs); None otherwise."""
+    counts = [n for n in (_count(while_op, compare)
+                          for compare in _bounding_compares(while_op.operand_source(0)))
+              if n is not None]
+    return min(counts) if counts else None
+
+
+def _count(while_op, compare) -> Optional[int]:
+    """The trip count ``compare`` (a comparison bounding ``while_op``'s
+    condition) allows, or None when it is not of the readable form."""
     counter, bound = compare.operand_source(0), compare.operand_source(1)
     start, end = _constant(counter), _constant(bound)
     inits = [while_op.operand_source(k) for k in range(1, while_op.num_operands())]
@@ -84,13 +107,16 @@ def trip_count(while_op) -> Optional[int]:
             return None
         step = float(bumps[0].attrs().get("value", 1.0))
         counted = counter
-    again = done.operand_source(0).get_defining_op()
-    if step is None or step <= 0 or again is None or again.name() != compare.name() \
-            or not (again.operand_source(0).is_same(counted)
-                    or again.operand_source(0).get_defining_op() is not None and slot is None
-                    and again.operand_source(0).get_defining_op().name() == "pd_op.increment_"
-                    and again.operand_source(0).get_defining_op().operand_source(0).is_same(counter)) \
-            or _constant(again.operand_source(1)) != end:
+
+    def recounts(again) -> bool:  # the body's next condition: the same test of the next count
+        first = again.operand_source(0).get_defining_op()
+        return again.name() == compare.name() and _constant(again.operand_source(1)) == end \
+            and (again.operand_source(0).is_same(counted)
+                 or slot is None and first is not None and first.name() == "pd_op.increment_"
+                 and first.operand_source(0).is_same(counter))
+
+    if step is None or step <= 0 or not any(
+            recounts(again) for again in _bounding_compares(done.operand_source(0))):
         return None
     span = end - start
     if compare.name() == "pd_op.less_equal":

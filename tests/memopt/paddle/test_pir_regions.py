@@ -367,3 +367,49 @@ def test_trip_count_read_from_the_program_is_the_count_it_runs(paddle, variant):
         exe.run(startup)
         ran = exe.run(main, feed={"x": np.ones((2, 8), "float32")}, fetch_list=[count])[0]
     assert pir_loops.loop_iterations(main) == int(ran[0]) > 1
+
+
+@pytest.mark.parametrize("stop_at", [1e9, 0.5])
+def test_trip_count_of_a_loop_that_may_stop_early_is_its_bound(paddle, stop_at):
+    """A decoder-like loop ``i < n and mean(|v|) < stop_at`` (a data-dependent
+    break) runs at most n times: loop_iterations reads n (before: None, and
+    budget= refused the program), the count it runs is never above it, and
+    budget= plans and trains bit-identically."""
+    import memopt
+    from memopt.paddle import pir_loops
+
+    def build():
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+            x = paddle.static.data("x", [-1, 8], "float32")
+            h = paddle.nn.Linear(8, 8)(x)
+            cell = paddle.nn.Linear(8, 8)
+            n = paddle.full([1], 5, "int64")
+            _, h, count = paddle.static.nn.while_loop(
+                lambda i, v, c: paddle.logical_and(i < n, paddle.mean(paddle.abs(v)) < stop_at),
+                lambda i, v, c: [i + 1, paddle.tanh(cell(v)) + v, c + 1.0],
+                [paddle.full([1], 0, "int64"), h, paddle.full([1], 0.0, "float32")])
+            loss = paddle.mean(h * h)
+            paddle.optimizer.SGD(0.1).minimize(loss)
+        return main, startup, [loss, count]
+
+    main, startup, fetch = build()
+    assert pir_loops.loop_iterations(main) == 5
+    feed = {"x": np.full((4, 8), 0.3, "float32")}
+
+    def run(program, start, fetch_list):
+        exe, scope = paddle.static.Executor(paddle.CPUPlace()), paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            paddle.seed(0)
+            exe.run(start)
+            fetches = [exe.run(program, feed=feed, fetch_list=fetch_list) for _ in range(2)]
+        return models.RunResult(fetches, [np.array(scope.find_var(n).get_tensor())
+                                          for n in models.parameter_names(program)])
+
+    reference = run(main, startup, fetch)
+    ran = int(reference.fetches[0][1][0])
+    assert 1 <= ran <= 5 and (ran == 5) == (stop_at > 1)
+    main, startup, fetch = build()
+    report = memopt.memory_optimize(main, budget="1GiB", batch_size=4, fetch_list=fetch)
+    assert report.peak_after <= 1 << 30
+    assert_same(reference, run(main, startup, fetch))
