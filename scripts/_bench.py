@@ -7,6 +7,8 @@
 - :func:`mib` is bytes in MiB (2**20 bytes), as a float.
 - :class:`Table` prints a markdown table: the header and its alignment row
   when made, then one line per :meth:`Table.row`.
+- :func:`run_worker` runs the script's ``--worker`` mode in a fresh process
+  (one configuration per process) and returns the JSON line it printed.
 
 Scripts import it as ``import _bench`` (``python scripts/x.py`` puts
 scripts/ first on ``sys.path``).  Nothing here knows a figure: every number a
@@ -14,11 +16,15 @@ table shows is measured by the script in the run that prints it.
 """
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
-__all__ = ["median_time", "median_seconds", "median", "mib", "Stopwatch", "Table"]
+__all__ = ["median_time", "median_seconds", "median", "mib", "Stopwatch", "Table", "run_worker"]
 
 MIB = float(1 << 20)
 
@@ -90,3 +96,25 @@ class Table:
         if len(cells) != self.width:
             raise ValueError(f"a row of {len(cells)} cells in a table of {self.width} columns")
         self.out("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def run_worker(script: str, args: Sequence[Any], env: Optional[dict] = None,
+               timeout: float = 1800) -> dict:
+    """Run ``script --worker *args`` in a fresh Python process (Paddle's
+    logging quiet, ``env`` added to the environment) and return the last
+    JSON object it printed on a line of its own; ``{"error": ...}`` with
+    the last line of its stderr if it printed none (a crash), or on a
+    timeout."""
+    cmd = [sys.executable, os.path.abspath(script), "--worker", *map(str, args)]
+    full_env = dict(os.environ, **(env or {}))
+    full_env.setdefault("GLOG_minloglevel", "2")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "timeout"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"error": "crashed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
+    return json.loads(lines[-1])
+

@@ -44,9 +44,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -163,16 +161,8 @@ def _auto_recompute(m) -> None:
 
 
 def run(model: str, config: str, batch: int, budget: int, steps: int) -> dict:
-    cmd = [sys.executable, __file__, "--worker", model, config, str(batch), str(budget),
-           str(steps)]
-    env = dict(os.environ)
-    env.setdefault("GLOG_minloglevel", "2")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return {"model": model, "config": config, "error": f"crashed: {tail[:120]}"}
-    return json.loads(lines[-1])
+    out = _bench.run_worker(__file__, [model, config, batch, budget, steps])
+    return out if "error" not in out else {"model": model, "config": config, **out}
 
 
 def mib(n: float) -> str:

@@ -27,8 +27,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
-import subprocess
 import sys
 
 import _bench
@@ -240,18 +238,7 @@ def worker(name: str, config: str, batch: int, budget: float, steps: int) -> dic
 
 
 def run(name, config, batch, budget, steps, env=None) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, config, str(batch),
-           repr(float(budget)), str(steps)]
-    env = dict(os.environ, GLOG_minloglevel="2", **(env or {}))
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    except subprocess.TimeoutExpired:
-        return {"error": "timeout"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return {"error": f"crashed: {tail[:200]}"}
-    return json.loads(lines[-1])
+    return _bench.run_worker(__file__, [name, config, batch, repr(float(budget)), steps], env)
 
 
 def sweep(name, steps, fractions) -> dict:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import subprocess
 import sys
+
+import _bench
 
 #: name -> memopt.models.build arguments
 MODELS = {
@@ -88,14 +88,8 @@ def worker(model: str, budget: float, steps: int, pause: float, lag: int) -> dic
 
 
 def run(model: str, budget: float, steps: int, pause: float, lag: int = -1) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, repr(float(budget)),
-           str(steps), str(pause), str(lag)]
-    env = dict(os.environ, GLOG_minloglevel="2", FLAGS_enable_pir_api="0")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        return {"error": "crashed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    return json.loads(lines[-1])
+    return _bench.run_worker(__file__, [model, repr(float(budget)), steps, pause, lag],
+                             {"FLAGS_enable_pir_api": "0"})
 
 
 def table(rows) -> str:

@@ -31,8 +31,9 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
+
+import _bench
 
 import numpy as np
 
@@ -228,15 +229,7 @@ def worker(name: str, config: str, fraction: float, steps: int) -> dict:
 
 
 def run(name: str, config: str, fraction: float, steps: int) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, config,
-           repr(fraction), str(steps)]
-    env = dict(os.environ, GLOG_minloglevel="2")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        sys.stderr.write(proc.stderr[-3000:])
-        return {"error": "crashed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    return json.loads(lines[-1])
+    return _bench.run_worker(__file__, [name, config, repr(fraction), steps])
 
 
 def row(name: str, steps: int, fractions) -> str:

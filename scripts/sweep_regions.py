@@ -23,9 +23,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import subprocess
 import sys
+
+import _bench
 
 FRACTIONS = (0.95, 0.9, 0.85)
 
@@ -94,14 +94,7 @@ def run(name: str, config: str, fraction: float, steps: int, repeat: int = 1) ->
 
 
 def _run_once(name: str, config: str, fraction: float, steps: int) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, config,
-           repr(fraction), str(steps)]
-    env = dict(os.environ, GLOG_minloglevel="2")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        return {"error": "crashed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    return json.loads(lines[-1])
+    return _bench.run_worker(__file__, [name, config, repr(fraction), steps])
 
 
 def table(name: str, steps: int, fractions, repeat: int) -> str:
