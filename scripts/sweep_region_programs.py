@@ -275,8 +275,7 @@ def main(argv=None) -> int:
     fractions = [float(f) for f in args.fractions.split(",")]
     head = ["program", "level 2 / default (MiB)"] + [
         f"budget {f:g} x predicted: step peaks / budget (lowest-highest)" for f in fractions]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "|".join("---" for _ in head) + "|")
+    _bench.Table(head)
     for name in args.models.split(","):
         print(row(name, args.steps, fractions), flush=True)
     return 0

@@ -136,8 +136,7 @@ def main(argv=None) -> int:
     fractions = [float(f) for f in args.fractions.split(",")]
     head = ["model", "batch", "default peak (min-max)", "L2 / default (min/min)"] + [
         f"budget {f:g} x predicted: max measured / budget" for f in fractions]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "|".join("---" for _ in head) + "|")
+    _bench.Table(head)
     for name in args.models.split(","):
         print(table(name, args.steps, fractions, args.repeat), flush=True)
     return 0
