@@ -70,7 +70,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["RuntimeModel", "Holder", "Analysis", "from_graph", "versions", "executor_order"]
 
-#: Categories of memory, in report order.
 #: With the garbage collector off, Paddle 3.3.1's executor (CPU) holds this
 #: many more buffers the size of each fetched value of a PIR program when the
 #: step ends (what fetching makes, besides the value itself; the default of
@@ -85,6 +84,7 @@ FETCH_COPIES_GC_OFF = 3
 #: step peak by 2 x 512 KiB with GC off.
 LEGACY_FETCH_COPIES_GC_OFF = 2
 
+#: Categories of memory, in report order.
 CATEGORIES = ("parameter", "input", "activation", "gradient", "optimizer", "workspace")
 
 
