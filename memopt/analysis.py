@@ -79,7 +79,7 @@ __all__ = ["RuntimeModel", "Holder", "Analysis", "from_graph", "versions", "exec
 #: 3 more again) and by none with GC on.
 FETCH_COPIES_GC_OFF = 3
 
-#: :data:`FETCH_COPIES_GC_OFF` for a legacy program (run translated): a
+#: :data:`FETCH_COPIES_GC_OFF` for a legacy program (legacy executor): a
 #: [16, 8192] float32 logits fetched besides the loss raised the measured
 #: step peak by 2 x 512 KiB with GC off.
 LEGACY_FETCH_COPIES_GC_OFF = 2
