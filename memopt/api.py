@@ -470,16 +470,16 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     from dataclasses import replace
 
     limit = None
+    bad_batch = batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
+        batch_size, (int, np.integer)) or batch_size < 1)
     if budget is not None:
-        if batch_size is None or isinstance(batch_size, bool) \
-                or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        if batch_size is None or bad_batch:
             raise ValueError(f"budget= needs batch_size=, the positive batch size the budget "
                              f"is for (got batch_size={batch_size!r})")
         limit = parse_budget(budget)
     lower = replace(options, level=min(options.level, 1))
     if not pir.is_pir_program(program):
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
-                batch_size, (int, np.integer)) or batch_size < 1):
+        if bad_batch:
             raise ValueError(f"batch_size must be a positive integer, the batch level 2 plans "
                              f"the order for (got batch_size={batch_size!r}); nothing was "
                              "changed")
@@ -559,9 +559,8 @@ def _recompute_note(chosen, limit: int, lag: Optional[int] = None) -> tuple:
         f"made again in the backward part by {len(chosen.plan.clones)} cloned "
         f"forward ops ({shown}); added compute {added:.1f}% of the step (FLOPs "
         f"estimate); predicted peak {format_bytes(chosen.peak)} for the budget "
-        f"{format_bytes(limit)} (" + (f"frees taken up to {lag} ops late: Paddle's CPU "
-                                      "collector frees on its own thread)" if lag else
-                                      "the legacy executor's steady step: frees at their op)"))
+        f"{format_bytes(limit)} (frees taken up to {lag} ops late: Paddle's CPU "
+        "collector frees on its own thread)")
 
 
 def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> Report:

@@ -402,7 +402,7 @@ class LegacyTarget:
         self.kept = frozenset(kept)
         self._problems: Dict[int, RecomputeProblem] = {}
 
-    def require_flat(self) -> None:
+    def require_supported(self) -> None:
         """UnsupportedProgramError unless block 0 runs no sub-blocks and
         every tensor its ops write has a declared size (not an ``einsum``'s
         ``InnerCache``: its copies of the operands are held to the backward

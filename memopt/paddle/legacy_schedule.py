@@ -50,7 +50,7 @@ from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topologica
 from .distributed import is_communication
 from .legacy import EMPTY_VAR, _sub_block_ids, install_fetch_guard, program_to_graph, rewrite
 from .legacy_depend import insert_depends
-from .pir_schedule import OrderChoice, choose_order, executor_modes
+from .pir_schedule import OrderChoice, choose_order, executor_modes, peaks_by_mode
 
 log = logging.getLogger(__name__)
 
@@ -359,23 +359,14 @@ def mode_peaks(program, batch: int, modes, order: Optional[Sequence[int]] = None
     with frees GC_LAG_OPS ops late}`` of legacy ``program`` (block 0's ops in
     ``order``, if given: applied to a clone), analysed as :func:`memopt.analyze`
     does under each of ``modes``; ``fetch``: names alive to the end."""
-    from .. import analysis
-    from .pir_budget import GC_LAG_OPS
     from .runtime import read_program
 
     clone = program
     if order is not None:
         clone = program.clone()
         enforce_order(clone, order)
-    own = modes[0][1]
-    read = read_program(clone, list(fetch), own)
-    out = {}
-    for label, mode in modes:
-        an = analysis.from_graph(read.graph, batch, mode, read.inplace, read.same_variable)
-        out[label] = an.total_peak(batch)
-        if mode.gc:
-            out[label + "+lag"] = an.total_peak_pending(GC_LAG_OPS, batch)
-    return out
+    read = read_program(clone, list(fetch), modes[0][1])
+    return peaks_by_mode(read.graph, batch, modes, read.inplace, read.same_variable)
 
 
 def plan_order(program, batch: int, runtime=None, fetch=()) -> OrderChoice:

@@ -19,7 +19,7 @@ only by the plan :func:`choose_plan` returns (the others are undone);
 
 ``pg`` is a read PIR program (:class:`memopt.paddle.pir.PirGraph`) or a
 *target* bringing its IR's steps itself (``problem_of``, ``predictor``,
-``apply``, ``analysis``, ``require_flat``: a legacy program's
+``apply``, ``analysis``, ``require_supported``: a legacy program's
 :class:`memopt.paddle.legacy_recompute.LegacyTarget`); the search is the same.
 """
 from __future__ import annotations
@@ -193,10 +193,10 @@ def estimated_batch(choices, budget: int, limit: int = 1 << 20,
 
 def require_supported(pg) -> None:
     """UnsupportedProgramError for a program the target cannot recompute in
-    (a legacy target: :meth:`LegacyTarget.require_flat`).  Every PIR
+    (a legacy target: :meth:`LegacyTarget.require_supported`).  Every PIR
     program can be planned: region ops are opaque (:mod:`memopt.paddle.pir_regions`)."""
     if _is_target(pg):
-        pg.require_flat()
+        pg.require_supported()
 
 
 def plan_recompute(pg, batch: int, budget: int, runtime):
@@ -352,10 +352,8 @@ def budget_error(budget: int, batch: int, smallest: int, largest: int,
 
     return BudgetError(
         f"no plan fits the budget {format_bytes(budget)} at batch size {batch}: the smallest "
-        f"budget memopt can fit at this batch is {format_bytes(smallest)} ("
-        + (f"with Paddle's garbage collector up to {window} ops behind" if window else
-           "each free at the op that last uses the value")
-        + f"); the largest batch that fits "
+        f"budget memopt can fit at this batch is {format_bytes(smallest)} (with Paddle's "
+        f"garbage collector up to {window} ops behind); the largest batch that fits "
         f"{format_bytes(budget)} is {largest}" + (" (none)" if largest == 0 else "")
         + " (both checked by planning at them). The program is unchanged.",
         budget, batch, smallest, largest)

@@ -37,7 +37,7 @@ from .pir_regions import VIEW_OPS, graph_ops_of, regions_of
 log = logging.getLogger(__name__)
 
 __all__ = ["order_problem", "plan_order", "apply_order", "OrderChoice", "choose_order",
-           "executor_modes", "mode_peaks", "any_order_bound"]
+           "executor_modes", "mode_peaks", "peaks_by_mode", "any_order_bound"]
 
 #: Ops whose result may share the operand's buffer (a view).
 _VIEW_OPS = VIEW_OPS
@@ -238,8 +238,6 @@ def mode_peaks(program, batch: int, modes, order: Optional[List[int]] = None,
     (:func:`executor_modes`).  ``fetch``: the Values of ``program`` the
     user fetches, alive to the end of the step (the executor's fetch ops
     read them last), as in the peak memory_optimize reports."""
-    from .. import analysis
-    from .pir_budget import GC_LAG_OPS
     from .pir_inplace import executor_inplace
 
     clone = program
@@ -254,9 +252,19 @@ def mode_peaks(program, batch: int, modes, order: Optional[List[int]] = None,
     pg = convert(clone, fetch)
     own = modes[0][1]
     pairs = executor_inplace(pg, (), own.device) if own.inplace else []
+    return peaks_by_mode(pg.graph, batch, modes, pairs)
+
+
+def peaks_by_mode(graph, batch: int, modes, inplace=(), same_variable=()) -> dict:
+    """``{mode label: predicted total peak}`` of ``graph`` under each of
+    ``modes``, and for a mode with the GC on ``{label + "+lag": the same
+    with frees GC_LAG_OPS ops late}`` (both IRs' :func:`mode_peaks`)."""
+    from .. import analysis
+    from .pir_budget import GC_LAG_OPS
+
     out = {}
     for label, mode in modes:
-        an = analysis.from_graph(pg.graph, batch, mode, pairs)
+        an = analysis.from_graph(graph, batch, mode, inplace, same_variable)
         out[label] = an.total_peak(batch)
         if mode.gc:
             out[label + "+lag"] = an.total_peak_pending(GC_LAG_OPS, batch)
