@@ -73,9 +73,12 @@ def test_budget_below_the_default_peak(paddle, build, measurably_lower):
     with frees late; at it the plan recomputes, the rewritten program trains
     bit-identically (fetches, parameters, running statistics, momentum) and
     its lowest step peak on the executor is under the budget; on the
-    feed-forward stack its steady steps are measurably under the unchanged
-    program's (on the small CNN, checked with frees one op late, the plan
-    saves less than the executor's step-to-step spread: 2.52-3.71 MB)."""
+    feed-forward stack its lowest step is under the unchanged program's
+    lowest (the first step, run op by op in program order, is the same
+    schedule in every run; the steady steps after it spread 2.6-4.2 MB
+    between runs on loaded cores, more than the plan saves).  On the small
+    CNN, checked with frees one op late, the plan saves less than that
+    spread (2.52-3.71 MB)."""
     plain = _run(paddle, build())
     model = build()
     desc = model.main.desc.serialize_to_string()
@@ -97,8 +100,8 @@ def test_budget_below_the_default_peak(paddle, build, measurably_lower):
     rewritten = _run(paddle, model)
     _same(plain, rewritten)
     assert min(rewritten[2]) <= budget
-    if measurably_lower:  # after the first step (run op by op in program order)
-        assert min(rewritten[2][1:]) < min(plain[2][1:])
+    if measurably_lower:
+        assert min(rewritten[2]) < min(plain[2])
 
 
 def test_batch_norm_copy_leaves_running_statistics(paddle):
