@@ -30,7 +30,8 @@ from .any_order import single_reader_rule
 from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
-from .paddle import (distributed, flags, legacy, merge_record, pir, pir_inplace, pir_rewrite,
+from .paddle import (distributed, flags, legacy, merge_record, pending_backward, pir, pir_inplace,
+                     pir_rewrite,
                      sharding)
 from .paddle import runtime as paddle_runtime
 from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
@@ -173,6 +174,7 @@ def _legacy_optimize(program, options: Options) -> Report:
     is touched; the rewrite is all-or-nothing.
     """
     start = time.perf_counter()
+    legacy.check_backward_order(program)
     legacy.check_user_names(program, options)
     graph = _legacy_graph(program, options)
     runtime = flags.read_flags()
@@ -188,6 +190,7 @@ def _legacy_optimize(program, options: Options) -> Report:
     buffer_of = merge_record.apply_merges(program, plan.groups, homes, legacy.rewrite,
                                           plan.order, plan.substitutions)
     merge_record.mark_substituted(program, plan.substitutions)
+    before_backward = _mark_if_before_backward(program, bool(buffer_of or plan.substitutions))
     if buffer_of or plan.substitutions:
         legacy.install_fetch_guard()
     if buffer_of:
@@ -195,7 +198,19 @@ def _legacy_optimize(program, options: Options) -> Report:
                        for r in plan.reuses]
     seconds = time.perf_counter() - start
     log.debug("memory_optimize: %d variables merged in %.3f s", len(plan.reuses), seconds)
-    return make_report(plan, options, runtime.gc_text, "legacy", seconds)
+    report = make_report(plan, options, runtime.gc_text, "legacy", seconds)
+    if before_backward:
+        report.notes = list(report.notes) + [pending_backward.LEGACY_NOTE]
+    return report
+
+
+def _mark_if_before_backward(program, changed: bool) -> bool:
+    """Record in a legacy ``program`` that memopt ``changed`` it while it
+    could still be differentiated (:mod:`memopt.paddle.pending_backward`)."""
+    if not (changed and pending_backward.can_still_be_differentiated(program)):
+        return False
+    merge_record.mark_before_backward(program)
+    return True
 
 
 def _legacy_graph(program, options: Options) -> Graph:
@@ -218,6 +233,7 @@ def _legacy_release(program, options: Options) -> Report:
     released variable afterwards raises :class:`MergedVariableError`.
     """
     start = time.perf_counter()
+    legacy.check_backward_order(program)
     legacy.check_user_names(program, options)
     graph = _legacy_graph(program, options)
     runtime = flags.read_flags()
@@ -250,9 +266,13 @@ def _legacy_release(program, options: Options) -> Report:
         finish()
         released = plan.released
         legacy.install_fetch_guard()
+    before_backward = _mark_if_before_backward(program, bool(released))
     seconds = time.perf_counter() - start
-    return release_report(plan, released, ops, options, runtime.gc, runtime.gc_text, "legacy",
-                          seconds)
+    report = release_report(plan, released, ops, options, runtime.gc, runtime.gc_text, "legacy",
+                            seconds)
+    if before_backward:
+        report.notes = list(report.notes) + [pending_backward.LEGACY_NOTE]
+    return report
 
 
 def _pir_optimize(program, options: Options, batch_size: Optional[int] = None,
@@ -423,6 +443,7 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     options = resolve_options(skip_opt_set, skip_grads, level, print_log, fetch_list)
     program = _default_program(program)
     is_pir = pir.is_pir_program(program)
+    options, pending = _keep_for_pending_backward(program, options)
     # PIR ops are built in static mode (a DistModel's program is handed over
     # in dygraph mode)
     with (pir_inplace.static_mode() if is_pir else contextlib.nullcontext()):
@@ -434,9 +455,27 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
             report = _dispatch(program, options, release=False)
         if is_pir:  # the marks, kept where Paddle's .json keeps them
             pir_rewrite.write_record(program)
+    if pending:
+        report.notes = list(report.notes) + [pending_backward.note(len(pending))]
     if options.print_log:
         print(report)
     return report
+
+
+def _keep_for_pending_backward(program, options: Options):
+    """(options, kept): for a PIR ``program`` with trainable parameters and
+    no backward op yet, ``options`` with every value a backward part
+    appended later would read added to ``skip_opt_set``, and the values
+    added (:mod:`memopt.paddle.pending_backward`; a legacy program is
+    marked by the rewrite instead)."""
+    if not pir.is_pir_program(program):
+        return options, frozenset()
+    with pir_inplace.static_mode():
+        pending = pending_backward.pending_backward_values(program)
+    added = pending - options.skip_opt_set - options.fetch_list
+    if not added:
+        return options, frozenset()
+    return dataclasses.replace(options, skip_opt_set=options.skip_opt_set | added), added
 
 
 def parse_budget(budget) -> int:

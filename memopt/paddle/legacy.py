@@ -804,9 +804,26 @@ def check_fetch(program, fetch_list) -> None:
 def _fetch_hook(program, fetch_list):
     """The :mod:`memopt.paddle.fetch_guard` hook: name merged variables."""
     if is_legacy_program(program):
+        check_backward_order(program)
         check_fetch(program, fetch_list)
         _check_pir_executor(program)
     return fetch_list
+
+
+def check_backward_order(program) -> None:
+    """UnsupportedProgramError for a program memopt rewrote before its
+    backward part was appended (:data:`merge_record.BEFORE_BACKWARD_VAR`),
+    which has one now: its gradients were built from merged variables."""
+    from .merge_record import BEFORE_BACKWARD_VAR
+    from .pending_backward import legacy_has_backward
+
+    if BEFORE_BACKWARD_VAR in program.global_block().vars and legacy_has_backward(program):
+        raise UnsupportedProgramError(
+            "memory_optimize / release_memory rewrote this program before its backward part "
+            "was appended (optimizer.minimize, append_backward or gradients came after it): "
+            "the backward reads variables whose memory the rewrite gave to others and names "
+            "gradients after merged variables, so training would be wrong. Build the "
+            "program again and call memory_optimize after optimizer.minimize(loss)")
 
 
 def _check_pir_executor(program) -> None:

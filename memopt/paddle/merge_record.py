@@ -39,8 +39,9 @@ from typing import Dict, Iterable, List, Mapping, Tuple
 
 from ..errors import GraphError, MergedVariableError
 
-__all__ = ["BUFFER_PREFIX", "RECORD_ATTR", "SUBSTITUTED_VAR", "fresh_names", "record_of",
-           "check_fetch", "apply_merges", "rename_released", "mark_substituted"]
+__all__ = ["BUFFER_PREFIX", "RECORD_ATTR", "SUBSTITUTED_VAR", "BEFORE_BACKWARD_VAR",
+           "fresh_names", "record_of", "check_fetch", "apply_merges", "rename_released",
+           "mark_substituted", "mark_before_backward"]
 
 #: Prefix of the names shared or released memory lives under.
 BUFFER_PREFIX = "memopt@buf_"
@@ -55,6 +56,13 @@ RECORD_ATTR = "memopt_record"
 #: for its dims and its data before the op runs), so the fetch guard
 #: refuses that run by name of the flag.
 SUBSTITUTED_VAR = "memopt@substituted"
+
+#: Declared (no op uses it) in block 0 of a legacy program memopt rewrote
+#: while it had trainable parameters and no backward op
+#: (:mod:`memopt.paddle.pending_backward`): a backward part appended later
+#: reads and names merged variables, so such a program is refused once it
+#: has one (:func:`memopt.paddle.legacy.check_backward_order`).
+BEFORE_BACKWARD_VAR = "memopt@before_backward"
 
 _SUFFIX = re.compile(re.escape(BUFFER_PREFIX) + r"(\d+)$")
 
@@ -256,6 +264,14 @@ def mark_substituted(program, substitutions) -> None:
     else:
         block.create_var(name=SUBSTITUTED_VAR, shape=[1], dtype="float32", persistable=False)
     block.var(SUBSTITUTED_VAR).desc._set_attr(RECORD_ATTR, json.dumps({"substituted": count}))
+
+
+def mark_before_backward(program) -> None:
+    """Declare :data:`BEFORE_BACKWARD_VAR` in block 0 of ``program`` (once)."""
+    block = program.global_block()
+    if not block.has_var(BEFORE_BACKWARD_VAR):
+        block.create_var(name=BEFORE_BACKWARD_VAR, shape=[1], dtype="float32",
+                         persistable=False)
 
 
 def rename_released(program, names: Iterable[str], rewrite):

@@ -1097,13 +1097,32 @@ def value_name(value) -> str:
         name = op.attrs().get("name")
         if name:
             return str(name)
-    program = owning_program(value)
-    converter = _Converter(program)
-    converter._number(program.global_block())
     try:
-        return converter.printed[value.id]
+        return value_names(owning_program(value))[value.id]
     except KeyError:
         raise ValueError("the Value belongs to no program") from None
+
+
+def value_names(program) -> dict:
+    """``Value.id`` -> the name :func:`value_name` gives it, for every op
+    result and block argument of ``program`` (regions included)."""
+    converter = _Converter(program)
+    converter._number(program.global_block())
+    names = dict(converter.printed)
+    for op in all_ops(program.global_block()):
+        if op.name() == PARAMETER_OP:
+            names[op.result(0).id] = str(op.attrs().get("parameter_name"))
+        elif op.name() in DATA_OPS and op.attrs().get("name"):
+            names[op.result(0).id] = str(op.attrs().get("name"))
+    return names
+
+
+def all_ops(block):
+    """Every op of ``block``, each followed by the ops of its regions (depth first)."""
+    for op in block.ops:
+        yield op
+        for sub in op.blocks():
+            yield from all_ops(sub)
 
 
 def value_label(value) -> str:

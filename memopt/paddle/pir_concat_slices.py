@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import PlanError
+from .pir_inplace import insertion_point_kept
 from .pir import COMBINE_OP, PirGraph
 
 __all__ = ["SliceOut", "plan_slices", "apply_slices"]
@@ -157,6 +158,7 @@ def _trigger(pg: PirGraph, position: int, name: str) -> Optional[str]:
     return best[1] if best else None
 
 
+@insertion_point_kept()
 def apply_slices(pg: PirGraph, slices: List[SliceOut]):
     """Insert the slices into ``pg.program`` and point the backward data
     reads of each sliced value at its slice; all or nothing.  Returns a

@@ -89,6 +89,22 @@ def static_mode():
             paddle.disable_static()
 
 
+@contextlib.contextmanager
+def insertion_point_kept():
+    """Paddle's insertion point (where the user's next op goes) as it was,
+    after the block runs.  Moving it to an op of a clone memopt drops and
+    leaving it there made the user's next op land in freed memory: on a
+    program rewritten inside its ``program_guard``, ``minimize(loss)``
+    after ``memory_optimize`` (or ``memopt.analyze``) died with SIGSEGV."""
+    import paddle
+
+    saved = paddle.pir.get_current_insertion_point()
+    try:
+        yield
+    finally:
+        paddle.pir.set_insertion_point(saved)
+
+
 def build_inplace(pir_op):
     """Insert ``pir_op``'s in-place variant right before it, with the same
     operands and attributes; return the new operation."""
@@ -98,12 +114,9 @@ def build_inplace(pir_op):
     attrs = pir_op.attrs()
     args = [pir_op.operand_source(i) for i in range(pir_op.num_operands())]
     args += [attrs[a] for a in pir_op.get_attr_names()]
-    with static_mode():
+    with static_mode(), insertion_point_kept():
         paddle.pir.set_insertion_point(pir_op)
-        try:
-            out = getattr(_ops_module(), short + "_")(*args)
-        finally:
-            paddle.pir.reset_insertion_point_to_end()
+        out = getattr(_ops_module(), short + "_")(*args)
     first = out[0] if isinstance(out, (list, tuple)) else out
     return first.get_defining_op()
 

@@ -43,6 +43,7 @@ from ..errors import PlanError
 from ..recompute import CLONE_SUFFIX, CloneSpelling, RecomputePlan, RecomputeProblem, is_copy_dep
 from ..graph import Graph, Op, OpFacts, Var
 from .distributed import is_communication
+from .pir_inplace import insertion_point_kept
 from .pir import COMBINE_OP, RANDOM_OPS, SPLIT_OP, SLICE_OP, PirGraph
 
 log = logging.getLogger(__name__)
@@ -353,6 +354,7 @@ class AppliedRecompute:
         self._known = {op.id() for op in original_ops}
         self._redirected = redirected
 
+    @insertion_point_kept()
     def undo(self) -> None:
         from paddle import pir
 
@@ -375,6 +377,7 @@ def restore_order(block, original_ops) -> None:
         original_ops[k].move_before(original_ops[k + 1])
 
 
+@insertion_point_kept()
 def apply_plan(pg: PirGraph, plan: RecomputePlan) -> AppliedRecompute:
     """Clone the plan's ops into ``pg.program`` and point the backward
     part's uses of the dropped values at the clones; all or nothing (on any

@@ -52,8 +52,8 @@ import logging
 from ..errors import PlanError
 from ..graph import InplaceVariant
 from .pir import PirGraph, is_pir_program, owning_program
-from .pir_inplace import (CPU_NO_INPLACE, build_inplace,
-                          has_inplace_variant, inplace_map, inplace_maps, is_inplace_op)
+from .pir_inplace import (CPU_NO_INPLACE, build_inplace, has_inplace_variant, inplace_map,
+                          inplace_maps, insertion_point_kept, is_inplace_op)
 
 log = logging.getLogger(__name__)
 
@@ -154,14 +154,11 @@ def write_record(program) -> bool:
     if not entries:
         return True
     block = program.global_block()
-    with paddle.static.program_guard(program):
+    with insertion_point_kept(), paddle.static.program_guard(program):
         paddle.pir.set_insertion_point_to_block_end(block)
-        try:
-            constant = paddle.full([1], 0, "uint8")
-            paddle.base.libpaddle.pir.append_shadow_output(
-                program, constant, _encode(entries), len(block.ops))
-        finally:
-            paddle.pir.reset_insertion_point_to_end()
+        constant = paddle.full([1], 0, "uint8")
+        paddle.base.libpaddle.pir.append_shadow_output(
+            program, constant, _encode(entries), len(block.ops))
     return True
 
 
