@@ -505,7 +505,8 @@ class _Converter:
     def _rnn_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """What the rnn kernels allocate beyond PIR's types
         (:mod:`memopt.paddle.kernel_memory`): the real shapes of ``rnn``'s
-        ``reserve`` and ``dropout_state_out``; ``rnn_grad``'s workspace."""
+        ``reserve`` and ``dropout_state_out``; an inference ``rnn``'s and
+        ``rnn_grad``'s workspace."""
         from . import kernel_memory
 
         op_attrs = pir_op.attrs()
@@ -523,8 +524,18 @@ class _Converter:
         if pir_op.name() == RNN_GRAD_OP:
             facts.workspace = self._rnn_grad_workspace(pir_op, mode, shape, dtype)
             return
+        is_test = bool(op_attrs.get("is_test", False))
+        if is_test:
+            ins = list(pir_op.get_input_names())
+            lengths = pir_op.operand_source(ins.index("sequence_length")) \
+                if "sequence_length" in ins else None
+            facts.workspace = kernel_memory.rnn_test_workspace(
+                mode, shape, dtype, int(op_attrs.get("num_layers", 1)),
+                directions=2 if op_attrs.get("is_bidirec", False) else 1,
+                sequence_length=lengths is not None and lengths.initialized()
+                and lengths.is_dense_tensor_type())
         real = kernel_memory.rnn_outputs(mode, int(op_attrs.get("num_layers", 1)),
-                                         bool(op_attrs.get("is_test", False)), shape, dtype)
+                                         is_test, shape, dtype)
         for slot, (real_shape, real_dtype) in real.items():
             value = pir_op.result(names.index(slot)) if slot in names else None
             nm = self.result.name_of.get(value.id) if value is not None else None
