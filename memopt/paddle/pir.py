@@ -915,6 +915,9 @@ def label_values(result: PirGraph) -> None:
       (and which output, when it has several), its position in the program
       (``print(program)`` order), and the line of Python that built it when
       Paddle kept one.
+
+    Each op of the graph gets ``attrs["place"]``, that position (``"op 6"``,
+    ``"op 2 in pd_op.while at op 40"``): what an analysis report names it by.
     """
     import os
 
@@ -940,6 +943,10 @@ def label_values(result: PirGraph) -> None:
             last_of_run.add(previous.id())
 
     scan(result.program.global_block())
+    for _, graph_op in result.graph.walk_ops():   # where reports say an op is
+        place = places.get(graph_op.attrs.get("pir_id"))
+        if place is not None:
+            graph_op.attrs["place"] = place
     for _, var in result.graph.all_vars():
         name = var.name
         value = result.values.get(name)
@@ -1009,7 +1016,51 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
         if name in last_value:
             fetch_values.append(last_value[name])
     # (a depend's result is its input's buffer: PirConverter._overwritten)
-    return convert(translated, fetch_values, value_names)
+    result = convert(translated, fetch_values, value_names)
+    legacy_places(program, result)
+    return result
+
+
+#: Ops of a translated legacy program that declare what the legacy program
+#: has before its first op (parameters, feeds): no legacy op of their own.
+_DECLARATIONS = frozenset({"builtin.parameter", "pd_op.data", "builtin.split",
+                           "builtin.slice", "builtin.combine"})
+
+
+def legacy_places(program, result: PirGraph) -> None:
+    """Name the top-level ops of a translated legacy program by the legacy op
+    they come from, the numbering the user's program has: ``attrs["place"]``
+    ``"op 23 (mul_grad)"`` (what analysis reports print), and label the
+    values the translation made up (``%107``, no legacy variable) as
+    ``pd_op.reshape at op 23 (mul_grad) (%107)``.
+
+    The translator emits each legacy op's PIR ops in program order, the op
+    writing the legacy op's outputs last or among them; an op writing no
+    legacy variable (a reshape around ``mul_grad``'s ``matmul_grad``)
+    belongs to the next one that does.  Ops after the last such op keep no
+    place."""
+    legacy_ops = list(program.global_block().ops)
+    writers: dict = {}
+    for i, op in enumerate(legacy_ops):
+        for nm in op.output_arg_names:
+            writers.setdefault(nm, []).append(i)
+    cursor, pending = 0, []
+    for block_idx, op in result.graph.walk_ops():
+        if block_idx != 0 or "pir_id" not in op.attrs or op.type in _DECLARATIONS:
+            continue
+        pending.append(op)
+        hits = [i for nm in op.writes for i in writers.get(unversioned(nm), ()) if i >= cursor]
+        if not hits:
+            continue
+        cursor = min(hits)
+        place = f"op {cursor} ({legacy_ops[cursor].type})"
+        for member in pending:
+            member.attrs["place"] = place
+            for nm in member.writes:
+                var = result.graph.find_var(nm)
+                if nm.startswith("%") and var is not None and not var.label:
+                    var.label = f"{member.type} at {place} ({nm})"
+        pending = []
 
 
 #: How Paddle 3.3.1's translator names the op it refuses: ``[op:rnn_grad]``
