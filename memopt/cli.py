@@ -235,21 +235,36 @@ def _analyze_problem(args) -> int:
         "whole_buffer_lower_bound": int(whole_buffer_lower_bound(problem.buffers, b)),
         "capacity": problem.capacity,
     }
+    # --budget: the capacity to check against (it was silently ignored here)
+    capacity = args.budget if args.budget is not None else problem.capacity
+    if capacity:
+        doc["budget_bytes" if args.budget is not None else "capacity"] = capacity
+        doc["fits_lower_bound"] = doc["peak_live_bytes"] <= capacity
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
         print(f"{args.model}: {doc['buffers']} buffers over {doc['horizon']} time steps")
         print(f"  peak live bytes (no arena can be lower)  {format_bytes(doc['peak_live_bytes'])}")
         print(f"  whole-buffer reuse lower bound           "
-              f"{format_bytes(doc['whole_buffer_lower_bound'])}")
-        if problem.capacity:
-            print(f"  capacity                                 {format_bytes(problem.capacity)}")
+              f"{format_bytes(doc['whole_buffer_lower_bound'])} (sharing whole buffers only, "
+              "as memory_optimize does; an arena with offsets can be lower)")
+        if capacity:
+            what = "budget" if args.budget is not None else "capacity"
+            verdict = ("no plan fits: more bytes are live at once"
+                       if not doc["fits_lower_bound"] else
+                       "may fit: `memopt plan` finds an arena and says whether it does")
+            print(f"  {what:<41}{format_bytes(capacity)}: {verdict}")
     return 0
 
 
 class _option_names:
     """Say ``--skip`` / ``--fetch`` where the library's ValueError says
-    ``skip_opt_set`` / ``fetch_list`` (an unknown name)."""
+    ``skip_opt_set`` / ``fetch_list`` (an unknown name); for a PIR program,
+    say how its values are named (a legacy name such as ``softmax_0.tmp_0``
+    is not one)."""
+
+    def __init__(self, ir: str = "") -> None:
+        self.ir = ir
 
     def __enter__(self):
         return self
@@ -262,6 +277,9 @@ class _option_names:
                     text = flag + text[len(api):]
                     text = text.replace("Pass names (or Variables) of this program",
                                         f"Pass {flag} names the saved program has")
+                    if self.ir == "pir":
+                        text += ("; a PIR program names its values %N (data and parameters "
+                                 "by name) as `memopt analyze` and print(program) show them")
                     raise ValueError(text) from None
         return False
 
@@ -273,7 +291,7 @@ def cmd_optimize(args, progress: Progress) -> int:
     loaded = _load(args.model, progress)
     released = None
     skip, fetch = list(args.skip or []), list(args.fetch or [])
-    with _guard(loaded), _option_names():
+    with _guard(loaded), _option_names(loaded.ir):
         with progress.step("optimizing"):
             report = memory_optimize(loaded.program, skip_opt_set=skip,
                                      skip_grads=not args.keep_grads, level=args.level,
