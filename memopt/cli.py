@@ -400,7 +400,8 @@ def cmd_plot(args, progress: Progress) -> int:
                                  f"batch {b}")
     print(f"peak at batch {b}: {format_bytes(before.peak(b))} before, "
           f"{format_bytes(after.peak(b))} after memory_optimize "
-          f"({report.merged_count} variables share memory)")
+          f"({report.merged_count} variable{'' if report.merged_count == 1 else 's'} "
+          "share memory)")
     print(f"wrote {args.output}")
     return 0
 
