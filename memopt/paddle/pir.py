@@ -105,6 +105,7 @@ PARAMETER_OP, DATA_OPS = "builtin.parameter", ("pd_op.data", "pd_op.feed")
 FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
 STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
 RNN_OP, RNN_GRAD_OP = "pd_op.rnn", "pd_op.rnn_grad"
+DROPOUT_OP = "pd_op.dropout"
 
 #: Ops drawing from Paddle's random generator (``pd_op.rnn``: its dropout
 #: between layers).  Each draw moves the generator on, so such an op may not
@@ -478,6 +479,8 @@ class _Converter:
         facts.no_need_buffer = tuple(self._no_need_buffer(pir_op))
         if name in (RNN_OP, RNN_GRAD_OP):
             self._rnn_memory(pir_op, block, facts)
+        if name == DROPOUT_OP:
+            self._dropout_memory(pir_op, block)
         if name == ADD_GRAD_OP:
             self._add_grad_memory(pir_op, facts)
         if name in CONV_OPS:
@@ -542,6 +545,25 @@ class _Converter:
             var = block.vars.get(nm) if nm is not None else None
             if var is not None and var.is_dense:
                 var.shape, var.dtype = real_shape, real_dtype
+
+    def _dropout_memory(self, pir_op, block: Block) -> None:
+        """An inference dropout (``is_test``, a model in eval mode) never
+        fills its ``mask`` (:mod:`memopt.paddle.kernel_memory`): when nothing
+        reads it, it holds no memory (it was counted as the input's shape in
+        uint8: with GC off, every eval dropout's mask held to the end)."""
+        from . import kernel_memory
+
+        outs = list(pir_op.get_output_names())
+        if "mask" not in outs or not kernel_memory.dropout_mask_unfilled(
+                bool(pir_op.attrs().get("is_test", False))):
+            return
+        mask = pir_op.result(outs.index("mask"))
+        if not mask.initialized() or not mask.use_empty():
+            return
+        nm = self.result.name_of.get(mask.id)
+        var = block.vars.get(nm) if nm is not None else None
+        if var is not None and var.is_dense:
+            var.shape = (0,)
 
     @staticmethod
     def _rnn_grad_workspace(pir_op, mode: str, shape: tuple, dtype: str):
