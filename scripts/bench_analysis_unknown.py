@@ -18,10 +18,10 @@ measured as ``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)``
 (reset before the step) minus what was allocated before the first step
 (parameters, optimizer state).  The first step is a warm-up, shown apart
 (``step 1``): Paddle builds the executor's instructions while it runs it,
-and the legacy executor frees as if the garbage collector were on in that
-step even with ``FLAGS_eager_delete_tensor_gb=-1`` (a legacy MobileNetV3
-inference step: 3.1 MB in step 1, 25.0 MB from step 2 on, predicted 25.0
-MB).  ``ratio`` is predicted / the lowest of steps 2-5 (the garbage
+and the legacy executor's first step measures the same with the garbage
+collector on and off (a legacy MobileNetV3 inference step with
+``FLAGS_eager_delete_tensor_gb=-1``: 3.1 MB in step 1, 25.0 MB from step 2
+on, predicted 25.0 MB).  ``ratio`` is predicted / the lowest of steps 2-5 (the garbage
 collector frees on its own thread and the executor runs independent ops on
 4 threads, so on a loaded machine a step's peak is raised by the lag and
 the overlap: the lowest step is the one closest to the model).
