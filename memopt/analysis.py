@@ -285,6 +285,15 @@ class Analysis:
             return self.places[position]
         return f"run position {position}" if any(self.places) else f"op {position}"
 
+    def _place_and_type(self, position: int) -> str:
+        """``"op 233 (pd_op.batch_norm_)"``; ``"op 23 (mul_grad;
+        pd_op.matmul_grad)"`` for a legacy op's place."""
+        place = self.place(position)
+        op_type = self.op_types[position] if self.op_types else "-"
+        if place.endswith(")"):
+            return f"{place[:-1]}; {op_type})"
+        return f"{place} ({op_type})"
+
     def _made_at(self, holder: Holder) -> str:
         """``"at op 23"``; ``"(fed)"`` for data no op of the program makes."""
         pos = holder.position
@@ -467,8 +476,8 @@ class Analysis:
             f"memory analysis at batch size {b} ({len(self.op_types)} ops; "
             f"GC {'on' if self.runtime.gc else 'off'}"
             + (f", {len(self.inplace)} ops in place" if self.inplace else "") + ")",
-            f"  peak of the step      {format_bytes(self.peak(b))} at {self.place(pos)} "
-            f"({self.op_types[pos] if self.op_types else '-'})"
+            f"  peak of the step      {format_bytes(self.peak(b))} at "
+            f"{self._place_and_type(pos)}"
             + (f", run position {pos} (the plot's x)" if self.place(pos) != f"op {pos}"
                and not self.place(pos).startswith("run ") else ""),
             f"  as a function of B    {self.peak_formula(b)} (at that op)",

@@ -65,5 +65,7 @@ def test_legacy_report_names_the_legacy_ops(paddle):
     assert any("(mul_grad) (%" in h.label for h in made_up), [h.label for h in made_up]
     assert all(re.search(r" at op \d+ \(\w+\) \(%\d+\)$", h.label) for h in made_up)
     text = an.report(top=10)
+    peak_line = next(ln for ln in text.splitlines() if "peak of the step" in ln)
+    assert re.search(r" at op \d+ \(\w+; pd_op\.\w+\)", peak_line), peak_line
     positions = [int(n) for n in re.findall(r"made by \S+ at op (\d+)", text)]
     assert positions and max(positions) < len(legacy_types), text
