@@ -210,6 +210,11 @@ class Analysis:
         ``memory_optimize(budget=...)`` returns a plan, checked by planning
         there; set by :func:`memopt.analyze` for a PIR program without
         if/while regions, None otherwise.
+    places : ``places[i]`` is where the op that runs ``i``-th is in the
+        program as ``print(program)`` shows it (``"op 233"``, ``"op 2 in
+        pd_op.while at op 40"``), the numbering PIR values' labels use;
+        ``""`` where the adapter gave none (legacy programs, bare graphs,
+        ops an adapter added).  See :meth:`place`.
     """
 
     graph: Graph
@@ -221,6 +226,7 @@ class Analysis:
     inplace: list = field(default_factory=list)
     order: list = field(default_factory=list)
     batch_planner: Any = field(default=None, repr=False, compare=False)
+    places: list = field(default_factory=list)
     _coef: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -268,6 +274,33 @@ class Analysis:
                 return count
             count += 1
         return 0
+
+    def place(self, position: int) -> str:
+        """Where the op at run position ``position`` is, as reports say it:
+        its ``print(program)`` place (:attr:`places`) when known, else
+        ``"op N"`` with ``N`` the run position (``"run position N"`` in a
+        program whose other ops have places, so the two numberings are
+        never mixed up)."""
+        if 0 <= position < len(self.places) and self.places[position]:
+            return self.places[position]
+        return f"run position {position}" if any(self.places) else f"op {position}"
+
+    def _place_and_type(self, position: int) -> str:
+        """``"op 233 (pd_op.batch_norm_)"``; ``"op 23 (mul_grad;
+        pd_op.matmul_grad)"`` for a legacy op's place."""
+        place = self.place(position)
+        op_type = self.op_types[position] if self.op_types else "-"
+        if place.endswith(")"):
+            return f"{place[:-1]}; {op_type})"
+        return f"{place} ({op_type})"
+
+    def _made_at(self, holder: Holder) -> str:
+        """``"at op 23"``; ``"(fed)"`` for data no op of the program makes."""
+        pos = holder.position
+        if holder.category == "input" and any(self.places) \
+                and not (0 <= pos < len(self.places) and self.places[pos]):
+            return "(fed)"
+        return f"at {self.place(pos)}"
 
     def peak_position(self, batch_size: Optional[int] = None) -> int:
         """The first op position where the live bytes are highest."""
@@ -443,8 +476,10 @@ class Analysis:
             f"memory analysis at batch size {b} ({len(self.op_types)} ops; "
             f"GC {'on' if self.runtime.gc else 'off'}"
             + (f", {len(self.inplace)} ops in place" if self.inplace else "") + ")",
-            f"  peak of the step      {format_bytes(self.peak(b))} at op {pos} "
-            f"({self.op_types[pos] if self.op_types else '-'})",
+            f"  peak of the step      {format_bytes(self.peak(b))} at "
+            f"{self._place_and_type(pos)}"
+            + (f", run position {pos} (the plot's x)" if self.place(pos) != f"op {pos}"
+               and not self.place(pos).startswith("run ") else ""),
             f"  as a function of B    {self.peak_formula(b)} (at that op)",
             f"  persistable           {format_bytes(self.persistable_bytes(b))}",
             f"  total                 {format_bytes(self.total_peak(b))}",
@@ -452,10 +487,12 @@ class Analysis:
                 f"{c} {format_bytes(v)}" for c, v in self.breakdown(pos, b).items() if v),
             f"  top {top} holders at the peak:",
         ]
-        for h in self.held_at(pos, b)[:top]:
+        shown = self.held_at(pos, b)[:top]
+        width = max([24] + [len(h.label) for h in shown])   # the columns line up
+        for h in shown:
             shared = f" (+{len(h.names) - 1} in place)" if len(h.names) > 1 else ""
-            lines.append(f"    {h.label:<24} {format_bytes(h.bytes(b)):>11}  {h.category:<10} "
-                         f"made by {h.op} at op {h.position}{shared}")
+            lines.append(f"    {h.label:<{width}} {format_bytes(h.bytes(b)):>11}  {h.category:<10} "
+                         f"made by {h.op} {self._made_at(h)}{shared}")
         if self.grows_with_batch():
             curve = self.peak_curve(sorted({1, b, 2 * b, 4 * b}))
             lines.append("  peak by batch size:   " + ", ".join(
@@ -771,7 +808,8 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
         workspace = op.facts.workspace
         if workspace is not None and workspace.coefficient:
             holders.append(Holder(
-                name=f"workspace of {op.type} at op {pos}", names=(), size=workspace,
+                name=f"workspace of {op.type} at {op.attrs.get('place') or f'op {pos}'}",
+                names=(), size=workspace,
                 category="workspace", op=op.type, position=pos, start=pos, end=pos))
     if not runtime.gc and runtime.fetch_copies:
         for name in dict.fromkeys(graph.fetch_names):
@@ -786,7 +824,7 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
     return Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
                     holders=holders, persistable=persistable,
                     op_types=[op.type for _, op in positions], inplace=list(inplace),
-                    order=order)
+                    order=order, places=[op.attrs.get("place", "") for _, op in positions])
 
 
 def versions(graph: Graph) -> list:

@@ -895,7 +895,9 @@ def program_facts(program, *, fetch_list: Iterable = (), runtime=None,
         nbytes = var.size.at(1)
         if name in params:
             sizes["parameters"] += nbytes
-        elif any(mark in name for mark in _OTHER_MARKS):
+        elif any(mark in name for mark in _OTHER_MARKS) or var.size.power > 0:
+            # (growing with the batch: no optimizer state, but an inference
+            # program's output, which PIR's fetch op makes persistable)
             sizes["other"] += nbytes
         else:
             sizes["optimizer"] += nbytes

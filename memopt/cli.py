@@ -156,6 +156,13 @@ def _plan_problem(problem, exact: bool, time_limit: Optional[float], progress: P
     from . import arena
 
     mode = "exact" if exact else "default"
+    if (exact or time_limit is not None) and hasattr(arena, "_load_kernels"):
+        # the search kernels compile on a machine's first run (tens of
+        # seconds, not counted against --time-limit): a step of its own, so
+        # the planning step's time is the limit's (an --exact --time-limit 10
+        # plan took 37 s on a fresh install with nothing saying why)
+        with progress.step("loading the search kernels (compiled once per install)"):
+            arena._load_kernels()
     with progress.step(f"planning {len(problem.buffers)} buffers ({mode} mode)"):
         if hasattr(arena, "plan_arena"):
             kwargs = {"mode": mode}
@@ -235,21 +242,36 @@ def _analyze_problem(args) -> int:
         "whole_buffer_lower_bound": int(whole_buffer_lower_bound(problem.buffers, b)),
         "capacity": problem.capacity,
     }
+    # --budget: the capacity to check against (it was silently ignored here)
+    capacity = args.budget if args.budget is not None else problem.capacity
+    if capacity:
+        doc["budget_bytes" if args.budget is not None else "capacity"] = capacity
+        doc["fits_lower_bound"] = doc["peak_live_bytes"] <= capacity
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
         print(f"{args.model}: {doc['buffers']} buffers over {doc['horizon']} time steps")
         print(f"  peak live bytes (no arena can be lower)  {format_bytes(doc['peak_live_bytes'])}")
         print(f"  whole-buffer reuse lower bound           "
-              f"{format_bytes(doc['whole_buffer_lower_bound'])}")
-        if problem.capacity:
-            print(f"  capacity                                 {format_bytes(problem.capacity)}")
+              f"{format_bytes(doc['whole_buffer_lower_bound'])} (sharing whole buffers only, "
+              "as memory_optimize does; an arena with offsets can be lower)")
+        if capacity:
+            what = "budget" if args.budget is not None else "capacity"
+            verdict = ("no plan fits: more bytes are live at once"
+                       if not doc["fits_lower_bound"] else
+                       "may fit: `memopt plan` finds an arena and says whether it does")
+            print(f"  {what:<41}{format_bytes(capacity)}: {verdict}")
     return 0
 
 
 class _option_names:
     """Say ``--skip`` / ``--fetch`` where the library's ValueError says
-    ``skip_opt_set`` / ``fetch_list`` (an unknown name)."""
+    ``skip_opt_set`` / ``fetch_list`` (an unknown name); for a PIR program,
+    say how its values are named (a legacy name such as ``softmax_0.tmp_0``
+    is not one)."""
+
+    def __init__(self, ir: str = "") -> None:
+        self.ir = ir
 
     def __enter__(self):
         return self
@@ -262,6 +284,9 @@ class _option_names:
                     text = flag + text[len(api):]
                     text = text.replace("Pass names (or Variables) of this program",
                                         f"Pass {flag} names the saved program has")
+                    if self.ir == "pir":
+                        text += ("; a PIR program names its values %N (data and parameters "
+                                 "by name) as `memopt analyze` and print(program) show them")
                     raise ValueError(text) from None
         return False
 
@@ -273,7 +298,7 @@ def cmd_optimize(args, progress: Progress) -> int:
     loaded = _load(args.model, progress)
     released = None
     skip, fetch = list(args.skip or []), list(args.fetch or [])
-    with _guard(loaded), _option_names():
+    with _guard(loaded), _option_names(loaded.ir):
         with progress.step("optimizing"):
             report = memory_optimize(loaded.program, skip_opt_set=skip,
                                      skip_grads=not args.keep_grads, level=args.level,
@@ -382,7 +407,8 @@ def cmd_plot(args, progress: Progress) -> int:
                                  f"batch {b}")
     print(f"peak at batch {b}: {format_bytes(before.peak(b))} before, "
           f"{format_bytes(after.peak(b))} after memory_optimize "
-          f"({report.merged_count} variables share memory)")
+          f"({report.merged_count} variable{'' if report.merged_count == 1 else 's'} "
+          "share memory)")
     print(f"wrote {args.output}")
     return 0
 

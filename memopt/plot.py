@@ -102,7 +102,7 @@ def plot_timeline(analyses: Sequence, path: str, *, labels: Sequence[str] = (),
     # the largest holders at the peak of the last analysis, as a bar list
     last = analyses[-1] if analyses else None
     held = last.held_at(None, batch_size)[:top] if last else []
-    names = [f"{h.name}\n{h.category}, {h.op.split('.')[-1]}" for h in held][::-1]
+    names = [f"{_bar_name(h)}\n{h.category}, {h.op.split('.')[-1]}" for h in held][::-1]
     sizes = [h.bytes(b) / scale for h in held][::-1]
     side.barh(range(len(sizes)), sizes, color=_COLORS[(len(analyses) - 1) % len(_COLORS)],
               alpha=0.8)
@@ -119,6 +119,21 @@ def plot_timeline(analyses: Sequence, path: str, *, labels: Sequence[str] = (),
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+#: characters of a holder's name a bar label shows (longer ones are cut
+#: short: the figure clipped "workspace of pd_op.rnn_grad at op 28 (rnn_grad)")
+BAR_NAME_CHARS = 24
+
+
+def _bar_name(holder) -> str:
+    """A holder's name short enough for the bar list: a kernel's scratch
+    memory as ``workspace`` (its op is on the next line), others cut to
+    :data:`BAR_NAME_CHARS`."""
+    if holder.category == "workspace" and holder.name.startswith("workspace of "):
+        return "workspace"
+    name = holder.name
+    return name if len(name) <= BAR_NAME_CHARS else name[:BAR_NAME_CHARS - 3] + "..."
 
 
 def plot_arena(buffers: Sequence, offsets: dict, path: str, *, batch_size: Optional[int] = None,

@@ -105,6 +105,7 @@ PARAMETER_OP, DATA_OPS = "builtin.parameter", ("pd_op.data", "pd_op.feed")
 FETCH_OPS = ("pd_op.fetch", "builtin.shadow_output")
 STACK_OP, PUSH_OP, POP_OP = "cf.stack_create", "cf.tuple_push", "cf.tuple_pop"
 RNN_OP, RNN_GRAD_OP = "pd_op.rnn", "pd_op.rnn_grad"
+DROPOUT_OP = "pd_op.dropout"
 
 #: Ops drawing from Paddle's random generator (``pd_op.rnn``: its dropout
 #: between layers).  Each draw moves the generator on, so such an op may not
@@ -478,6 +479,8 @@ class _Converter:
         facts.no_need_buffer = tuple(self._no_need_buffer(pir_op))
         if name in (RNN_OP, RNN_GRAD_OP):
             self._rnn_memory(pir_op, block, facts)
+        if name == DROPOUT_OP:
+            self._dropout_memory(pir_op, block)
         if name == ADD_GRAD_OP:
             self._add_grad_memory(pir_op, facts)
         if name in CONV_OPS:
@@ -505,7 +508,8 @@ class _Converter:
     def _rnn_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """What the rnn kernels allocate beyond PIR's types
         (:mod:`memopt.paddle.kernel_memory`): the real shapes of ``rnn``'s
-        ``reserve`` and ``dropout_state_out``; ``rnn_grad``'s workspace."""
+        ``reserve`` and ``dropout_state_out``; an inference ``rnn``'s and
+        ``rnn_grad``'s workspace."""
         from . import kernel_memory
 
         op_attrs = pir_op.attrs()
@@ -523,14 +527,43 @@ class _Converter:
         if pir_op.name() == RNN_GRAD_OP:
             facts.workspace = self._rnn_grad_workspace(pir_op, mode, shape, dtype)
             return
+        is_test = bool(op_attrs.get("is_test", False))
+        if is_test:
+            ins = list(pir_op.get_input_names())
+            lengths = pir_op.operand_source(ins.index("sequence_length")) \
+                if "sequence_length" in ins else None
+            facts.workspace = kernel_memory.rnn_test_workspace(
+                mode, shape, dtype, int(op_attrs.get("num_layers", 1)),
+                directions=2 if op_attrs.get("is_bidirec", False) else 1,
+                sequence_length=lengths is not None and lengths.initialized()
+                and lengths.is_dense_tensor_type())
         real = kernel_memory.rnn_outputs(mode, int(op_attrs.get("num_layers", 1)),
-                                         bool(op_attrs.get("is_test", False)), shape, dtype)
+                                         is_test, shape, dtype)
         for slot, (real_shape, real_dtype) in real.items():
             value = pir_op.result(names.index(slot)) if slot in names else None
             nm = self.result.name_of.get(value.id) if value is not None else None
             var = block.vars.get(nm) if nm is not None else None
             if var is not None and var.is_dense:
                 var.shape, var.dtype = real_shape, real_dtype
+
+    def _dropout_memory(self, pir_op, block: Block) -> None:
+        """An inference dropout (``is_test``, a model in eval mode) never
+        fills its ``mask`` (:mod:`memopt.paddle.kernel_memory`): when nothing
+        reads it, it holds no memory (it was counted as the input's shape in
+        uint8: with GC off, every eval dropout's mask held to the end)."""
+        from . import kernel_memory
+
+        outs = list(pir_op.get_output_names())
+        if "mask" not in outs or not kernel_memory.dropout_mask_unfilled(
+                bool(pir_op.attrs().get("is_test", False))):
+            return
+        mask = pir_op.result(outs.index("mask"))
+        if not mask.initialized() or not mask.use_empty():
+            return
+        nm = self.result.name_of.get(mask.id)
+        var = block.vars.get(nm) if nm is not None else None
+        if var is not None and var.is_dense:
+            var.shape = (0,)
 
     @staticmethod
     def _rnn_grad_workspace(pir_op, mode: str, shape: tuple, dtype: str):
@@ -904,6 +937,9 @@ def label_values(result: PirGraph) -> None:
       (and which output, when it has several), its position in the program
       (``print(program)`` order), and the line of Python that built it when
       Paddle kept one.
+
+    Each op of the graph gets ``attrs["place"]``, that position (``"op 6"``,
+    ``"op 2 in pd_op.while at op 40"``): what an analysis report names it by.
     """
     import os
 
@@ -929,6 +965,10 @@ def label_values(result: PirGraph) -> None:
             last_of_run.add(previous.id())
 
     scan(result.program.global_block())
+    for _, graph_op in result.graph.walk_ops():   # where reports say an op is
+        place = places.get(graph_op.attrs.get("pir_id"))
+        if place is not None:
+            graph_op.attrs["place"] = place
     for _, var in result.graph.all_vars():
         name = var.name
         value = result.values.get(name)
@@ -998,7 +1038,51 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
         if name in last_value:
             fetch_values.append(last_value[name])
     # (a depend's result is its input's buffer: PirConverter._overwritten)
-    return convert(translated, fetch_values, value_names)
+    result = convert(translated, fetch_values, value_names)
+    legacy_places(program, result)
+    return result
+
+
+#: Ops of a translated legacy program that declare what the legacy program
+#: has before its first op (parameters, feeds): no legacy op of their own.
+_DECLARATIONS = frozenset({"builtin.parameter", "pd_op.data", "builtin.split",
+                           "builtin.slice", "builtin.combine"})
+
+
+def legacy_places(program, result: PirGraph) -> None:
+    """Name the top-level ops of a translated legacy program by the legacy op
+    they come from, the numbering the user's program has: ``attrs["place"]``
+    ``"op 23 (mul_grad)"`` (what analysis reports print), and label the
+    values the translation made up (``%107``, no legacy variable) as
+    ``pd_op.reshape at op 23 (mul_grad) (%107)``.
+
+    The translator emits each legacy op's PIR ops in program order, the op
+    writing the legacy op's outputs last or among them; an op writing no
+    legacy variable (a reshape around ``mul_grad``'s ``matmul_grad``)
+    belongs to the next one that does.  Ops after the last such op keep no
+    place."""
+    legacy_ops = list(program.global_block().ops)
+    writers: dict = {}
+    for i, op in enumerate(legacy_ops):
+        for nm in op.output_arg_names:
+            writers.setdefault(nm, []).append(i)
+    cursor, pending = 0, []
+    for block_idx, op in result.graph.walk_ops():
+        if block_idx != 0 or "pir_id" not in op.attrs or op.type in _DECLARATIONS:
+            continue
+        pending.append(op)
+        hits = [i for nm in op.writes for i in writers.get(unversioned(nm), ()) if i >= cursor]
+        if not hits:
+            continue
+        cursor = min(hits)
+        place = f"op {cursor} ({legacy_ops[cursor].type})"
+        for member in pending:
+            member.attrs["place"] = place
+            for nm in member.writes:
+                var = result.graph.find_var(nm)
+                if nm.startswith("%") and var is not None and not var.label:
+                    var.label = f"{member.type} at {place} ({nm})"
+        pending = []
 
 
 #: How Paddle 3.3.1's translator names the op it refuses: ``[op:rnn_grad]``

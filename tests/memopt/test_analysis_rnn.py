@@ -119,3 +119,55 @@ def test_add_grad_broadcast_workspace(paddle):
     pg = convert(models.build("mlp", "pir", 8).main)          # Linear: a bias add
     grads = [op for _, op in pg.graph.walk_ops() if op.type == "pd_op.add_grad"]
     assert grads and all(op.facts.workspace for op in grads)
+
+
+def _inference_lstm(paddle, **lstm):
+    """A program running ``paddle.nn.LSTM`` for inference (``eval()``: the
+    rnn op's ``is_test``), as ``paddle.jit.save`` of a model in eval mode
+    writes it: ``[B, 16, 32]`` in, the outputs' mean out."""
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [None, 16, 32], "float32")
+        layer = paddle.nn.LSTM(32, 64, **lstm)
+        layer.eval()
+        out = layer(x)[0].mean(axis=1)
+    return main, startup, out
+
+
+def test_inference_rnn_workspace_within_ten_percent(paddle):
+    """An inference rnn holds every step's X * W_ih + b (4 gates x out for
+    an LSTM) and three [B, H] states while it runs: without them the
+    prediction was a third of the allocator's peak (the bench's
+    lstm_infer: 1.26 MiB predicted, 3.67 MiB measured)."""
+    import numpy as np
+    from paddle.base import core
+
+    batch = 64
+    main, startup, out = _inference_lstm(paddle)
+    rnn = next(op for _, op in convert(main).graph.walk_ops() if op.type == "pd_op.rnn")
+    assert rnn.facts.workspace == Size((4 * 16 * 64 + 3 * 64) * 4, 1)
+    predicted = analyze(main, batch, fetch_list=[out]).peak()
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    with paddle.static.scope_guard(paddle.static.Scope()):
+        exe.run(startup)
+        base, peaks = core.host_memory_stat_current_value("Allocated", 0), []
+        for _ in range(4):
+            core.host_memory_stat_reset_peak_value("Allocated", 0)
+            exe.run(main, feed={"x": np.ones((batch, 16, 32), "float32")}, fetch_list=[out])
+            peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
+    assert 0.9 <= predicted / min(peaks) <= 1.1, (predicted, peaks)
+
+
+def test_inference_rnn_workspace_rules():
+    """gates x out, + out for a second layer and for two directions (their
+    outputs before the concat), three [B, H] (one for a simple RNN), and
+    the [T, B] mask twice with sequence_length."""
+    out = (10, -1, 64)
+    unit = 10 * 64 * 4
+    assert kernel_memory.rnn_test_workspace("LSTM", out, "float32") \
+        == Size(4 * unit + 3 * 64 * 4, 1)
+    assert kernel_memory.rnn_test_workspace("GRU", out, "float32", 2, directions=2) \
+        == Size(5 * unit + 3 * 32 * 4, 1)
+    assert kernel_memory.rnn_test_workspace("RNN_TANH", out, "float32", sequence_length=True) \
+        == Size(unit + 64 * 4 + 2 * 10 * 4, 1)
+    assert kernel_memory.rnn_test_workspace("MYSTERY", out, "float32") is None

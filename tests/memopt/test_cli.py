@@ -203,3 +203,44 @@ def test_usage_errors_exit_2(args, capsys):
         main(args)
     assert info.value.code == 2
     assert "usage: memopt" in capsys.readouterr().err
+
+
+def test_analyze_problem_checks_budget(saved, capsys):
+    """``analyze PROBLEM.csv --budget`` says whether it can fit (250 bytes are
+    live at step 5); it was silently ignored.  The whole-buffer bound says
+    it is not an arena's."""
+    assert main(["-q", "analyze", str(saved / "problem.csv"), "--budget", "200B", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["peak_live_bytes"] == 250 and doc["budget_bytes"] == 200
+    assert doc["fits_lower_bound"] is False
+    assert main(["-q", "analyze", str(saved / "problem.csv"), "--budget", "1KiB"]) == 0
+    text = capsys.readouterr().out
+    assert "budget" in text and "may fit" in text and "an arena with offsets can be lower" in text
+
+
+def test_unknown_fetch_on_pir_says_how_values_are_named(saved, tmp_path, capsys):
+    """A legacy-style name on a PIR program: the error says PIR's names."""
+    assert main(["-q", "optimize", str(saved / "mlp_pir.json"), "--fetch", "softmax_0.tmp_0",
+                 "-o", str(tmp_path / "o.json")]) == 1
+    err = capsys.readouterr().err
+    assert "--fetch has a name" in err and "%N" in err and "memopt analyze" in err, err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_exact_plan_loads_the_kernels_as_a_step_of_its_own(saved, monkeypatch, capsys):
+    """The search kernels compile on a fresh install (tens of seconds, not
+    counted against --time-limit): ``plan --exact --time-limit 10`` took 37 s
+    with one progress line, "planning ... 37.2 s".  Loading them is now a
+    step of its own, before the planning step."""
+    from memopt import arena, cli
+
+    events = []
+    monkeypatch.setattr(arena, "_load_kernels", lambda: events.append("load") or 0.0)
+    real = arena.plan_arena
+    monkeypatch.setattr(arena, "plan_arena",
+                        lambda *a, **k: events.append("plan") or real(*a, **k))
+    monkeypatch.setattr(cli, "QUIET_SECONDS", -1.0)      # every step prints its line
+    assert main(["plan", str(saved / "problem.csv"), "--exact", "--time-limit", "5"]) == 0
+    assert events == ["load", "plan"]
+    err = capsys.readouterr().err
+    assert err.index("loading the search kernels") < err.index("planning 6 buffers"), err

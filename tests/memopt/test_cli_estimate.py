@@ -70,3 +70,24 @@ def test_estimate_usage_errors(saved):
     assert missing.returncode == 2
     with pytest.raises(TypeError, match="strategy fields"):
         memopt.estimate(saved[1].main, batch_size=8, dpp=2)
+
+
+def test_inference_program_has_no_optimizer_state(paddle, tmp_path):
+    """A saved PIR inference program's fetched output is persistable (PIR's
+    fetch op) and [-1, 10]: it was counted as 40 B of "optimizer state"
+    (jit.saved ResNet-18); now "other", and the optimizer state is 0."""
+    from memopt.parallel import Strategy
+
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [None, 32], "float32")
+        out = paddle.nn.functional.softmax(paddle.static.nn.fc(x, 10))
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    with paddle.static.scope_guard(paddle.static.Scope()):
+        exe.run(startup)
+        paddle.static.save_inference_model(str(tmp_path / "infer"), [x], [out], exe,
+                                           program=main)
+        program, _, _ = paddle.static.load_inference_model(str(tmp_path / "infer"), exe)
+    assert any(op.name() == "pd_op.fetch" for op in program.global_block().ops)
+    comps = memopt.estimate(program, Strategy(dp=2), 64).to_json()["components"]
+    assert comps["optimizer state"] == 0 and comps["other persistable"] == 40, comps

@@ -57,3 +57,20 @@ def test_arena(plot, tmp_path):
                            lower_bound=int(peak_live_bytes(buffers)))
     text = open(path, encoding="utf-8").read()
     assert "<svg" in text and "arena height 270 B" in text
+
+
+def test_bar_names_fit_the_figure(plot):
+    """A workspace's name ("workspace of pd_op.rnn_grad at op 28 (rnn_grad)")
+    ran off the figure's left edge: bars say "workspace" (the op is on the
+    next line) and cut other long names."""
+    from memopt.analysis import Holder
+    from memopt.graph import Size
+
+    def holder(name, category):
+        return Holder(name, (), Size(8, 1), category, "pd_op.rnn_grad", 3, 3, 3)
+
+    assert plot._bar_name(holder("workspace of pd_op.rnn_grad at op 28 (rnn_grad)",
+                                 "workspace")) == "workspace"
+    long = "pd_op.matmul_grad at op 59, output y_grad (%66)"
+    assert plot._bar_name(holder(long, "gradient")) == long[:plot.BAR_NAME_CHARS - 3] + "..."
+    assert plot._bar_name(holder("fc_0.w_0@GRAD", "gradient")) == "fc_0.w_0@GRAD"
