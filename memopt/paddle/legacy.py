@@ -506,6 +506,7 @@ def program_to_graph(program) -> Graph:
             block.vars[name].kind = META
     graph = Graph(blocks=blocks)
     _mark_scaled_loss(graph)
+    _mark_gradient_targets(graph)
     _declare_borrowed(graph)
     _drop_unsafe_inplace(graph)
     _find_dims_only_reads(graph, dims_slots)
@@ -543,6 +544,30 @@ def _mark_scaled_loss(graph: Graph) -> None:
             continue
         writer = next((w for w in reversed(ops[:index]) if unscaled[0] in w.writes), None)
         if writer is not None and not writer.sub_blocks:
+            writer.facts.loss = True
+
+
+#: The ops that seed a backward pass with ones: ``T@GRAD`` filled like ``T``.
+_GRAD_SEED_OPS = frozenset({"fill_any_like", "fill_constant"})
+
+
+def _mark_gradient_targets(graph: Graph) -> None:
+    """Mark the op writing each target of ``paddle.static.gradients`` as a
+    loss op: ``gradients([loss], inputs)`` seeds the backward pass with a
+    backward-role ``fill_any_like`` of ``loss`` into ``loss@GRAD`` and gives
+    no op the Loss role that ``append_backward`` / ``minimize`` give (found:
+    such a program without ``fetch_list`` had its loss merged with
+    ``mean_0.tmp_0@GRAD`` and the loss's fetch refused)."""
+    ops = graph.global_block.ops
+    for index, op in enumerate(ops):
+        if op.type not in _GRAD_SEED_OPS or op.role != "backward" or len(op.writes) != 1:
+            continue
+        target = op.writes[0][:-len("@GRAD")] if op.writes[0].endswith("@GRAD") \
+            else None
+        if target is None or op.reads not in ((), (target,)):
+            continue
+        writer = next((w for w in reversed(ops[:index]) if target in w.writes), None)
+        if writer is not None and writer.role == "forward" and not writer.sub_blocks:
             writer.facts.loss = True
 
 
@@ -619,6 +644,11 @@ def _find_dims_only_reads(graph: Graph, dims_slots: Dict[Tuple[int, int], dict])
                 op.facts.dims_only = found
 
 
+#: The kind of a name an op uses that no block declares: a variable Python
+#: put in the scope itself (never merged, no bytes counted).
+SCOPE_ONLY = "scope_only"
+
+
 def _declare_borrowed(graph: Graph) -> None:
     """Declare in a block the names its ops take from a sibling block, and
     check that every other name an op uses is declared.
@@ -627,7 +657,10 @@ def _declare_borrowed(graph: Graph) -> None:
     scopes the ``while`` op kept, though the forward body is no enclosing
     block.  Such a name gets a copy of its declaration in the block using it
     (the planner never merges a name used in two blocks).  A name declared
-    nowhere raises :class:`GraphError`.
+    nowhere is a variable that lives only in the scope: the blocking queue
+    ``DataLoader.from_generator(iterable=False)`` makes in the global scope
+    for its ``create_py_reader`` op, say.  It is declared in block 0 as
+    :data:`SCOPE_ONLY` (persistable, never given or taken memory).
     """
     anywhere: Dict[str, Var] = {}
     for _, var in graph.all_vars():
@@ -644,8 +677,12 @@ def _declare_borrowed(graph: Graph) -> None:
                     continue
                 src = anywhere.get(name)
                 if src is None:
-                    raise GraphError(f"op {op.type!r} in block {block.idx} uses {name!r}, "
-                                     "which no block of the program declares")
+                    src = Var(name, (), "float32", SCOPE_ONLY, persistable=True)
+                    graph.global_block.add_var(src)
+                    anywhere[name] = src
+                    for i in range(len(visible)):
+                        visible[i].add(name)
+                    continue
                 block.add_var(Var(src.name, src.shape, src.dtype, src.kind,
                                   src.persistable, is_data=src.is_data))
                 seen.add(name)
