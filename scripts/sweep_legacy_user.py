@@ -282,6 +282,37 @@ def _ema():
     return s._mlp_feed(), _ce(logits, y), logits, WithEma()
 
 
+def _wrapped(kind):
+    """Fluid-era optimizer wrappers: ModelAverage beside SGD, LookAhead
+    around SGD, RecomputeOptimizer with a checkpoint (Paddle's own
+    recompute, then memopt), LarsMomentum."""
+    def build():
+        import paddle
+
+        x, y = _data("x", [-1, 16]), _data("label", [-1, 1], "int64")
+        h = paddle.static.nn.fc(x, 32, activation="relu")
+        h2 = paddle.static.nn.fc(h, 32, activation="relu")
+        logits = paddle.static.nn.fc(h2, 4)
+        inc = paddle.incubate.optimizer
+
+        class Opt:
+            def minimize(self, loss):
+                if kind == "model_average":
+                    paddle.optimizer.SGD(0.1).minimize(loss)
+                    inc.ModelAverage(0.15, min_average_window=2, max_average_window=4) \
+                        .minimize(loss)
+                elif kind == "lookahead":
+                    inc.LookAhead(paddle.optimizer.SGD(0.1), alpha=0.5, k=2).minimize(loss)
+                elif kind == "recompute":
+                    opt = inc.RecomputeOptimizer(paddle.optimizer.Momentum(0.1, 0.9))
+                    opt._set_checkpoints([h])
+                    opt.minimize(loss)
+                else:
+                    inc.LarsMomentumOptimizer(0.1, 0.9).minimize(loss)
+        return s._mlp_feed(), _ce(logits, y), logits, Opt()
+    return build
+
+
 def _while_array(batch=8, steps=3):
     """A while loop writing each step's hidden state into a tensor array,
     the array stacked and averaged after it (trained through while_grad; a
@@ -343,6 +374,10 @@ MODELS = {
     "rmsprop_noam": _decayed("rmsprop"),
     "adagrad_cosine": _decayed("adagrad"),
     "ema": _ema,
+    "model_average": _wrapped("model_average"),
+    "lookahead": _wrapped("lookahead"),
+    "recompute_optimizer": _wrapped("recompute"),
+    "lars_momentum": _wrapped("lars"),
     "while_array": _while_array,
 }
 #: Feeds the prediction does not read (left out of the inference model).
@@ -425,7 +460,17 @@ def _train(b, program=None, steps=s.STEPS, fetch=None, scope=None, variant="A"):
     return out
 
 
+def _save_inference(b, prefix):
+    """sweep_legacy.save_inference trained with the GC off whatever the
+    caller's mode (the unchanged while_array trains to other bits with the
+    GC on than off: the saved models must come from one mode)."""
+    with s.gc_mode("off"):
+        return _harness_save_inference(b, prefix)
+
+
 _harness_optimize, _harness_train = s.optimize, s.train
+_harness_save_inference = s.save_inference
+s.save_inference = _save_inference
 _default_activation = s._an_activation
 s.MODELS.update(MODELS)
 s.LABELS = tuple(set(s.LABELS) | set(LABELS))

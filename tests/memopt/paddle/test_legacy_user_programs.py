@@ -97,3 +97,72 @@ def test_non_iterable_data_loader(legacy_paddle):
             out += [np.array(scope.find_var(p.name).get_tensor()) for p in main.all_parameters()]
             runs.append(out)
     _same(runs)
+
+
+_PYLAYER_CHILD = r"""
+import numpy as np
+import paddle
+import memopt
+from memopt.errors import UnsupportedProgramError
+
+paddle.enable_static()
+
+
+def build():
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+        x = paddle.static.data("x", [-1, 16])
+        y = paddle.static.data("label", [-1, 1], "int64")
+        h = paddle.static.nn.static_pylayer(lambda a: paddle.nn.functional.relu(a) * 2.0,
+                                            [paddle.static.nn.fc(x, 16)],
+                                            backward_fn=lambda g: g * 0.5)
+        loss = paddle.mean(paddle.nn.functional.cross_entropy(paddle.static.nn.fc(h, 4), y))
+        paddle.optimizer.SGD(0.05).minimize(loss)
+    return main, startup, loss
+
+
+def run(main, startup, loss):
+    rng = np.random.default_rng(0)
+    with paddle.static.scope_guard(paddle.static.Scope()):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        paddle.seed(1)
+        exe.run(startup)
+        return [np.array(exe.run(main, fetch_list=[loss], feed={
+            "x": rng.random((8, 16), dtype=np.float32),
+            "label": rng.integers(0, 4, (8, 1)).astype("int64")})[0]).tobytes()
+            for _ in range(3)]
+
+
+want = run(*build())
+main, startup, loss = build()
+before = main.desc.serialize_to_string()
+for call in (lambda: memopt.analyze(main, 8),
+             lambda: memopt.memory_optimize(main, budget=1000, batch_size=8, fetch_list=[loss])):
+    try:
+        call()
+        raise SystemExit("no error")
+    except UnsupportedProgramError as exc:
+        assert "'pylayer'" in str(exc) and "static_pylayer" in str(exc), str(exc)
+    assert main.desc.serialize_to_string() == before
+report = memopt.memory_optimize(main, level=2, fetch_list=[loss])
+assert report.reuses and any("own order kept" in str(n) for n in report.notes), report.notes
+assert run(main, startup, loss) == want
+print("PYLAYER-OK")
+"""
+
+
+def test_static_pylayer_never_reaches_the_translator(legacy_paddle):
+    """Paddle 3.3.1's translator to PIR crashes the process (SIGSEGV) on a
+    legacy ``pylayer`` op (``paddle.static.nn.static_pylayer``):
+    ``analyze``, ``budget=`` and level 2 took a user's process down.
+    ``analyze`` and ``budget=`` now raise UnsupportedProgramError naming the
+    op (program unchanged) and level 2 keeps the program's order (level 1's
+    result, bit-identical).  Run in a child: a regression kills only it."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FLAGS_enable_pir_api="0")
+    proc = subprocess.run([sys.executable, "-c", _PYLAYER_CHILD], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "PYLAYER-OK" in proc.stdout, proc.stderr[-2000:]
