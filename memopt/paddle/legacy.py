@@ -429,7 +429,7 @@ def program_to_graph(program) -> Graph:
     UnsupportedProgramError
         ``program`` is not a legacy Program.
     GraphError
-        An op uses a name no enclosing block declares.
+        A block of the program cannot be read.
     """
     if not is_legacy_program(program):
         raise UnsupportedProgramError(
@@ -442,6 +442,7 @@ def program_to_graph(program) -> Graph:
     fetched: List[str] = []
     fed: set = set()
     lod = _lod_names(program)
+    run = _blocks_run(program)
     for pblock in program.blocks:
         block = Block(pblock.idx, pblock.parent_idx)
         blocks.append(block)
@@ -469,7 +470,7 @@ def program_to_graph(program) -> Graph:
                                               _slots(desc.output_names(), desc.output))
             if op_type == "elementwise_add":
                 facts.inplace_alt = _operand_y_in_place(pblock, desc)
-            if op_type in _DIMS_ONLY_OPS:
+            if op_type in _DIMS_ONLY_OPS and pblock.idx in run:
                 dims_slots[(pblock.idx, index)] = {
                     slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
             if op_type == RELEASE_OP and set(reads) == {RELEASED_VAR}:
@@ -520,6 +521,24 @@ def program_to_graph(program) -> Graph:
             var.is_feed = True
     graph.fetch_names = tuple(dict.fromkeys(fetched))
     return mark_in_flight(graph)
+
+
+def _blocks_run(program) -> set:
+    """Indices of the blocks the executor runs: block 0 and the sub-blocks
+    its ops (and theirs) run.  Another block is never run: Fluid's
+    ``RecomputeOptimizer`` leaves two such blocks behind, whose ops read
+    block 0's variables.  Their reads are no dims-only reads memopt may
+    substitute (the names they use stay used in two blocks: never merged;
+    found: a substitution there let ``fc_1.tmp_0`` be merged, and the
+    rewrite refused with a GraphError)."""
+    run, todo = {0}, [0]
+    while todo:
+        for pop in program.block(todo.pop()).ops:
+            for sub in _sub_block_ids(pop.desc):
+                if sub not in run and 0 <= sub < program.num_blocks:
+                    run.add(sub)
+                    todo.append(sub)
+    return run
 
 
 #: Ops AMP puts after the user's loss to scale it (``paddle.static.amp``:

@@ -166,3 +166,48 @@ def test_static_pylayer_never_reaches_the_translator(legacy_paddle):
     proc = subprocess.run([sys.executable, "-c", _PYLAYER_CHILD], capture_output=True,
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0 and "PYLAYER-OK" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_recompute_optimizer_leftover_blocks(legacy_paddle):
+    """Fluid's ``RecomputeOptimizer`` leaves two blocks no op runs, whose
+    ops read block 0's variables (an ``elementwise_add_grad`` reading
+    ``fc_1.tmp_0`` for its dims): memopt substituted that read, merged
+    ``fc_1.tmp_0``, and the rewrite refused (GraphError: used by an op of
+    block 1).  Reads in blocks never run are not substituted; the program
+    is rewritten and trains bit-identically."""
+    paddle = legacy_paddle
+    import memopt
+
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.random((8, 16), dtype=np.float32),
+            "label": rng.integers(0, 4, (8, 1)).astype("int64")}
+    runs, reuses = [], []
+    for level in (None, 0, 1):
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+            x = paddle.static.data("x", [-1, 16])
+            y = paddle.static.data("label", [-1, 1], "int64")
+            h = paddle.static.nn.fc(x, 32, activation="relu")
+            logits = paddle.static.nn.fc(paddle.static.nn.fc(h, 32, activation="relu"), 4)
+            loss = paddle.mean(paddle.nn.functional.cross_entropy(logits, y))
+            opt = paddle.incubate.optimizer.RecomputeOptimizer(paddle.optimizer.SGD(0.1))
+            opt._set_checkpoints([h])
+            opt.minimize(loss)
+        assert main.num_blocks == 3 and not any(
+            op.desc.has_attr("sub_block") for op in main.global_block().ops)
+        if level is not None:
+            with models.flags(eager_delete_tensor_gb=-1.0):
+                report = memopt.memory_optimize(main, level=level, skip_grads=False,
+                                                fetch_list=[loss, logits])
+            reuses.append(len(report.reuses))
+        with paddle.static.scope_guard(paddle.static.Scope()), \
+                models.flags(eager_delete_tensor_gb=-1.0):
+            exe = paddle.static.Executor(paddle.CPUPlace())
+            paddle.seed(1)
+            exe.run(startup)
+            out = [np.array(a) for _ in range(3)
+                   for a in exe.run(main, feed=feed, fetch_list=[loss, logits])]
+            runs.append(out + [np.array(paddle.static.global_scope().find_var(p.name)
+                                        .get_tensor()) for p in main.all_parameters()])
+    _same(runs)
+    assert all(reuses), reuses  # the gradients still share
