@@ -313,6 +313,77 @@ def _wrapped(kind):
     return build
 
 
+def _mlp_head(h, y, opt):
+    """fc logits on ``h``, the cross-entropy loss, the MLP feed."""
+    import paddle
+
+    logits = paddle.static.nn.fc(h, 4)
+    return s._mlp_feed(), _ce(logits, y), logits, opt
+
+
+def _static_pylayer():
+    """paddle.static.nn.static_pylayer with its own backward function."""
+    import paddle
+
+    x, y = _data("x", [-1, 16]), _data("label", [-1, 1], "int64")
+    h = paddle.static.nn.static_pylayer(lambda a: paddle.nn.functional.relu(a) * 2.0,
+                                        [paddle.static.nn.fc(x, 16)],
+                                        backward_fn=lambda g: g * 0.5)
+    return _mlp_head(h, y, paddle.optimizer.SGD(0.05))
+
+
+def _assign_output(batch=8):
+    """Fluid's ``assign(x, output=acc)`` writing one variable twice, and a
+    persistable step counter ``increment``-ed in place."""
+    import paddle
+
+    x, y = _data("x", [batch, 16]), _data("label", [batch, 1], "int64")
+    counter = paddle.static.create_global_var([1], 0, "int64", persistable=True,
+                                              name="step_counter")
+    paddle.increment(counter)
+    h = paddle.static.nn.fc(x, 32, activation="relu")
+    acc = paddle.zeros([batch, 32], "float32")
+    paddle.assign(paddle.static.nn.fc(h, 32) + acc, output=acc)
+    paddle.assign(paddle.nn.functional.relu(acc) + h, output=acc)
+    return _mlp_head(acc, y, paddle.optimizer.SGD(0.05))
+
+
+def _static_nn_zoo(batch=4):
+    """paddle.static.nn layers Fluid users had: conv2d_transpose,
+    group_norm, prelu, instance_norm, bilinear_tensor_product."""
+    import paddle
+
+    img, y = _data("img", [-1, 4, 8, 8]), _data("label", [-1, 1], "int64")
+    h = paddle.static.nn.conv2d_transpose(img, 8, filter_size=3, padding=1)
+    h = paddle.static.nn.instance_norm(paddle.static.nn.prelu(
+        paddle.static.nn.group_norm(h, 4), "channel"))
+    v = paddle.flatten(paddle.nn.functional.adaptive_avg_pool2d(
+        paddle.static.nn.conv2d(h, 8, 3, padding=1), 1), 1)
+    b = paddle.static.nn.bilinear_tensor_product(v, paddle.static.nn.fc(v, 8), 8)
+    logits = paddle.static.nn.fc(b, 4)
+
+    def feed(rng):
+        return {"img": rng.random((batch, 4, 8, 8), dtype=np.float32),
+                "label": rng.integers(0, 4, (batch, 1)).astype("int64")}
+    return feed, _ce(logits, y), logits, paddle.optimizer.Momentum(0.01, 0.9)
+
+
+def _nce_dropout():
+    """Noise-contrastive estimation (negative sampling with a fixed seed)
+    beside a dropout: two random ops."""
+    import paddle
+
+    x, y = _data("x", [-1, 16]), _data("label", [-1, 1], "int64")
+    h = paddle.static.nn.fc(x, 16, activation="relu")
+    cost = paddle.static.nn.nce(h, y, num_total_classes=50, num_neg_samples=5, seed=7)
+    loss = paddle.mean(cost) + paddle.mean(paddle.nn.functional.dropout(h, 0.3))
+
+    def feed(rng):
+        return {"x": rng.random((8, 16), dtype=np.float32),
+                "label": rng.integers(0, 50, (8, 1)).astype("int64")}
+    return feed, loss, h, paddle.optimizer.SGD(0.05)
+
+
 def _while_array(batch=8, steps=3):
     """A while loop writing each step's hidden state into a tensor array,
     the array stacked and averaged after it (trained through while_grad; a
@@ -379,6 +450,10 @@ MODELS = {
     "recompute_optimizer": _wrapped("recompute"),
     "lars_momentum": _wrapped("lars"),
     "while_array": _while_array,
+    "static_pylayer": _static_pylayer,
+    "assign_output": _assign_output,
+    "static_nn_zoo": _static_nn_zoo,
+    "nce_dropout": _nce_dropout,
 }
 #: Feeds the prediction does not read (left out of the inference model).
 LABELS = ("label", "y")

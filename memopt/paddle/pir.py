@@ -1014,6 +1014,10 @@ _REFUSED_OP = (re.compile(r"\[op:([\w.]+)\]"), re.compile(r"\bOp ([\w.]+) should
 TRANSLATOR_CRASHES = frozenset({"pylayer", "pylayer_grad"})
 
 
+#: Legacy ops of a non-iterable DataLoader (no PIR op to translate them to).
+READER_OPS = frozenset({"create_py_reader", "create_double_buffer_reader", "read"})
+
+
 def _refuse_crashing_ops(program) -> None:
     """Raise :func:`untranslatable`'s error for a ``program`` holding an op
     of :data:`TRANSLATOR_CRASHES` before the translator takes the process
@@ -1050,6 +1054,9 @@ def untranslatable(program, exc: BaseException):
             "FLAGS_enable_pir_api=1), where it is read without translation"]
     if op_type in TRANSLATOR_CRASHES:
         ways.append("write that layer with ordinary ops (not paddle.static.nn.static_pylayer)")
+    elif op_type in READER_OPS:
+        ways.append("feed the program instead of reading in it (DataLoader.from_generator("
+                    "iterable=True) and Executor.run(feed=...))")
     elif forward:
         ways.append("analyse the forward program (before minimize(), or "
                     "clone(for_test=True)) if only its memory matters")
