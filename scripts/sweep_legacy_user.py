@@ -36,6 +36,7 @@ Usage::
     python scripts/sweep_legacy_user.py                  # every program, the table
     python scripts/sweep_legacy_user.py word2vec ema     # some programs
     python scripts/sweep_legacy_user.py --check NAME     # one program's checks, JSON
+    python scripts/sweep_legacy_user.py --peaks [PROGRAM ...]  # measured peaks (GC off)
 """
 import os
 
@@ -667,10 +668,42 @@ def _cell(checks):
     return "ok" if not bad else "; ".join(bad)[:240]
 
 
+def _peak_child(name, level):
+    env = dict(os.environ, FLAGS_enable_pir_api="0")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--peak", name, str(level)],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode:
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def peaks_table(names):
+    """The allocator's peak (startup and two steps, GC off, fresh process
+    each: sweep_legacy.peak) unchanged and at levels 0, 1, 2."""
+    print("| program | unchanged KiB | L0 | L1 | L2 |")
+    print("|---|---|---|---|---|")
+    for name in names:
+        base = _peak_child(name, -1)
+        if base is None:
+            print(f"| {name} | failed | - | - | - |", flush=True)
+            continue
+        cells = []
+        for level in (0, 1, 2):
+            p = _peak_child(name, level)
+            cells.append("-" if p is None else f"{p[0] / base[0]:.2f}x")
+        print(f"| {name} | {base[0] / 1024:.1f} | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
 def main(argv):
     if argv[:1] == ["--check"]:
         print(json.dumps(check_user(argv[1])))
         return 0
+    if argv[:1] == ["--peak"]:  # NAME LEVEL: one peak, this process (GC off)
+        print(json.dumps(s.peak(argv[1], int(argv[2]))))
+        return 0
+    if argv[:1] == ["--peaks"]:
+        return peaks_table(argv[1:] or list(MODELS))
     names = argv or list(MODELS)
     unknown = [n for n in names if n not in MODELS]
     if unknown:

@@ -443,6 +443,7 @@ def program_to_graph(program) -> Graph:
     fed: set = set()
     lod = _lod_names(program)
     run = _blocks_run(program)
+    seeds: set = set()  # what ops filling ones write (see _mark_gradient_targets)
     for pblock in program.blocks:
         block = Block(pblock.idx, pblock.parent_idx)
         blocks.append(block)
@@ -473,6 +474,9 @@ def program_to_graph(program) -> Graph:
             if op_type in _DIMS_ONLY_OPS and pblock.idx in run:
                 dims_slots[(pblock.idx, index)] = {
                     slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
+            if (pblock.idx == 0 and op_type in _GRAD_SEED_OPS and desc.has_attr("value")
+                    and desc.attr("value") == 1.0):
+                seeds.update(writes)
             if op_type == RELEASE_OP and set(reads) == {RELEASED_VAR}:
                 facts.release = tuple(n for n in writes if n != RELEASED_VAR)
             if op_type == "einsum":
@@ -507,7 +511,7 @@ def program_to_graph(program) -> Graph:
             block.vars[name].kind = META
     graph = Graph(blocks=blocks)
     _mark_scaled_loss(graph)
-    _mark_gradient_targets(graph)
+    _mark_gradient_targets(graph, seeds)
     _declare_borrowed(graph)
     _drop_unsafe_inplace(graph)
     _find_dims_only_reads(graph, dims_slots)
@@ -570,16 +574,19 @@ def _mark_scaled_loss(graph: Graph) -> None:
 _GRAD_SEED_OPS = frozenset({"fill_any_like", "fill_constant"})
 
 
-def _mark_gradient_targets(graph: Graph) -> None:
+def _mark_gradient_targets(graph: Graph, seeds: set) -> None:
     """Mark the op writing each target of ``paddle.static.gradients`` as a
     loss op: ``gradients([loss], inputs)`` seeds the backward pass with a
-    backward-role ``fill_any_like`` of ``loss`` into ``loss@GRAD`` and gives
-    no op the Loss role that ``append_backward`` / ``minimize`` give (found:
-    such a program without ``fetch_list`` had its loss merged with
-    ``mean_0.tmp_0@GRAD`` and the loss's fetch refused)."""
+    backward-role ``fill_any_like`` of ones of ``loss`` into ``loss@GRAD``
+    and gives no op the Loss role that ``append_backward`` / ``minimize``
+    give (found: such a program without ``fetch_list`` had its loss merged
+    with ``mean_0.tmp_0@GRAD`` and the loss's fetch refused).  ``seeds``:
+    the names block 0's ops filling ones write (zeros filled for an unused
+    output's gradient seed no loss)."""
     ops = graph.global_block.ops
     for index, op in enumerate(ops):
-        if op.type not in _GRAD_SEED_OPS or op.role != "backward" or len(op.writes) != 1:
+        if (op.type not in _GRAD_SEED_OPS or op.role != "backward" or len(op.writes) != 1
+                or op.writes[0] not in seeds):
             continue
         target = op.writes[0][:-len("@GRAD")] if op.writes[0].endswith("@GRAD") \
             else None
