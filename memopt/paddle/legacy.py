@@ -442,7 +442,7 @@ def program_to_graph(program) -> Graph:
     fetched: List[str] = []
     fed: set = set()
     lod = _lod_names(program)
-    run = _blocks_run(program)
+    run = blocks_run(program)
     seeds: set = set()  # what ops filling ones write (see _mark_gradient_targets)
     for pblock in program.blocks:
         block = Block(pblock.idx, pblock.parent_idx)
@@ -527,7 +527,7 @@ def program_to_graph(program) -> Graph:
     return mark_in_flight(graph)
 
 
-def _blocks_run(program) -> set:
+def blocks_run(program) -> set:
     """Indices of the blocks the executor runs: block 0 and the sub-blocks
     its ops (and theirs) run.  Another block is never run: Fluid's
     ``RecomputeOptimizer`` leaves two such blocks behind, whose ops read

@@ -199,6 +199,11 @@ def test_recompute_optimizer_leftover_blocks(legacy_paddle):
             opt.minimize(loss)
         assert main.num_blocks == 3 and not any(
             op.desc.has_attr("sub_block") for op in main.global_block().ops)
+        if level is None:  # blocks never run are no sub-blocks budget= refuses
+            before = main.desc.serialize_to_string()
+            with pytest.raises(memopt.BudgetError):
+                memopt.memory_optimize(main, budget=1000, batch_size=8, fetch_list=[loss])
+            assert main.desc.serialize_to_string() == before
         if level is not None:
             with models.flags(eager_delete_tensor_gb=-1.0):
                 report = memopt.memory_optimize(main, level=level, skip_grads=False,
