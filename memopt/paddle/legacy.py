@@ -429,7 +429,7 @@ def program_to_graph(program) -> Graph:
     UnsupportedProgramError
         ``program`` is not a legacy Program.
     GraphError
-        A block of the program cannot be read.
+        An op writes a name no enclosing block declares.
     """
     if not is_legacy_program(program):
         raise UnsupportedProgramError(
@@ -683,11 +683,13 @@ def _declare_borrowed(graph: Graph) -> None:
     scopes the ``while`` op kept, though the forward body is no enclosing
     block.  Such a name gets a copy of its declaration in the block using it
     (the planner never merges a name used in two blocks).  A name declared
-    nowhere is a variable that lives only in the scope: the blocking queue
-    ``DataLoader.from_generator(iterable=False)`` makes in the global scope
-    for its ``create_py_reader`` op, say.  It is declared in block 0 as
-    :data:`SCOPE_ONLY` (persistable, never given or taken memory).
+    nowhere that no op writes is a variable that lives only in the scope:
+    the blocking queue ``DataLoader.from_generator(iterable=False)`` makes
+    in the global scope for its ``create_py_reader`` op, say.  It is
+    declared in block 0 as :data:`SCOPE_ONLY` (persistable, never given or
+    taken memory).  One an op writes raises :class:`GraphError`.
     """
+    written = {n for block in graph.blocks for op in block.ops for n in op.writes}
     anywhere: Dict[str, Var] = {}
     for _, var in graph.all_vars():
         anywhere.setdefault(var.name, var)
@@ -702,6 +704,9 @@ def _declare_borrowed(graph: Graph) -> None:
                 if name in seen:
                     continue
                 src = anywhere.get(name)
+                if src is None and name in written:
+                    raise GraphError(f"op {op.type!r} in block {block.idx} uses {name!r}, "
+                                     "which no block of the program declares")
                 if src is None:
                     src = Var(name, (), "float32", SCOPE_ONLY, persistable=True)
                     graph.global_block.add_var(src)
