@@ -37,6 +37,7 @@ Usage::
     python scripts/sweep_legacy_user.py word2vec ema     # some programs
     python scripts/sweep_legacy_user.py --check NAME     # one program's checks, JSON
     python scripts/sweep_legacy_user.py --peaks [PROGRAM ...]  # measured peaks (GC off)
+    python scripts/sweep_legacy_user.py --table /tmp/sweep_legacy_user.json  # saved table
 """
 import os
 
@@ -658,14 +659,41 @@ def _child(name):
 CONFIGS = ("L0A", "L0B", "L1A", "L1B", "L2A", "L2B", "LBA")
 
 
+#: memopt errors that refuse a program cleanly (unchanged, the culprit named).
+REFUSALS = ("UnsupportedProgramError", "BudgetError")
+
+
 def _cell(checks):
-    """'ok' or the failing checks of one configuration."""
+    """'ok', 'refused: <message>' (every failing check a clean refusal of
+    memopt: the program is one memopt does not take) or 'BUG: <the failing
+    checks>'."""
     if not isinstance(checks, dict):
         return str(checks)[:120]
-    bad = [f"{k}: {v}" for k, v in checks.items()
+    bad = {k: str(v) for k, v in checks.items()
            if k != "merged" and not k.startswith("note")
-           and not (str(v) == "ok" or str(v).startswith("ok"))]
-    return "ok" if not bad else "; ".join(bad)[:240]
+           and not (str(v) == "ok" or str(v).startswith("ok"))}
+    if not bad:
+        return "ok"
+    if all(any(v.startswith(f"ERROR {e} ") for e in REFUSALS) for v in bad.values()):
+        first = next(iter(bad.values()))
+        return "refused: " + first.split(": ", 1)[1][:160]
+    return "BUG: " + "; ".join(f"{k}: {v}" for k, v in bad.items())[:240]
+
+
+def print_table(details):
+    print("| program | " + " | ".join(LABELS[c] for c in CONFIGS) + " |")
+    print("|" + "---|" * (len(CONFIGS) + 1))
+    for name, res in details.items():
+        if "paddle" in res or "error" in res:
+            print(f"| {name} | {res.get('paddle') or res.get('error')} |", flush=True)
+            continue
+        print(f"| {name} | " + " | ".join(_cell(res.get(c, "-")) for c in CONFIGS) + " |",
+              flush=True)
+
+
+LABELS = {"L0A": "L0 fetch_list+log", "L0B": "L0 skip+grads", "L1A": "L1 fetch_list+log",
+          "L1B": "L1 skip+grads", "L2A": "L2 fetch_list+log", "L2B": "L2 skip+grads",
+          "LBA": "budget 0.9x"}
 
 
 def _peak_child(name, level):
@@ -702,6 +730,10 @@ def main(argv):
     if argv[:1] == ["--peak"]:  # NAME LEVEL: one peak, this process (GC off)
         print(json.dumps(s.peak(argv[1], int(argv[2]))))
         return 0
+    if argv[:1] == ["--table"]:  # the table of a saved SWEEP_JSON
+        with open(argv[1]) as f:
+            print_table(json.load(f))
+        return 0
     if argv[:1] == ["--peaks"]:
         return peaks_table(argv[1:] or list(MODELS))
     names = argv or list(MODELS)
@@ -710,19 +742,10 @@ def main(argv):
         print(f"usage: sweep_legacy_user.py [PROGRAM ...]; unknown {', '.join(unknown)}; "
               f"the programs: {', '.join(MODELS)}", file=sys.stderr)
         return 2
-    labels = {"L0A": "L0 fetch_list+log", "L0B": "L0 skip+grads", "L1A": "L1 fetch_list+log",
-              "L1B": "L1 skip+grads", "L2A": "L2 fetch_list+log", "L2B": "L2 skip+grads",
-              "LBA": "budget 0.9x"}
-    print("| program | " + " | ".join(labels[c] for c in CONFIGS) + " |")
-    print("|" + "---|" * (len(CONFIGS) + 1))
     details = {}
     for name in names:
-        res = details[name] = _child(name)
-        if "paddle" in res or "error" in res:
-            print(f"| {name} | {res.get('paddle') or res.get('error')} |", flush=True)
-            continue
-        print(f"| {name} | " + " | ".join(_cell(res.get(c, "-")) for c in CONFIGS) + " |",
-              flush=True)
+        details[name] = _child(name)
+    print_table(details)
     with open(os.environ.get("SWEEP_JSON", "/tmp/sweep_legacy_user.json"), "w") as f:
         json.dump(details, f, indent=1)
     return 0
