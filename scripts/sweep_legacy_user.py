@@ -636,7 +636,109 @@ def check_two_programs(name, level):
 EXTRA = {"compiled": check_compiled, "prune": check_prune, "two": check_two_programs}
 
 
+# -- programs fed from a reader, not by Executor.run(feed=) ------------------------------------
+
+def _reader_mlp(before_net=lambda x, y: None):
+    """x, label and an MLP's loss (Adam), in the current program_guard;
+    ``before_net(x, y)`` runs before the net is built (a DataLoader's
+    ``read`` op must come before the ops reading its outputs)."""
+    import paddle
+
+    x, y = _data("x", [-1, 16]), _data("label", [-1, 1], "int64")
+    extra = before_net(x, y)
+    h = paddle.static.nn.fc(paddle.static.nn.fc(x, 32, activation="relu"), 32,
+                            activation="relu")
+    loss = _ce(paddle.static.nn.fc(h, 4), y)
+    paddle.optimizer.Adam(0.01).minimize(loss)
+    return x, y, loss, extra
+
+
+def _run_reader(kind, config, tmp):
+    """Train the reader-fed MLP (``kind``: ``loader`` --
+    DataLoader.from_generator(iterable=False); ``dataset`` --
+    QueueDataset + Executor.train_from_dataset) rewritten per ``config``
+    (None: unchanged): every persistable afterwards (and the losses)."""
+    import paddle
+
+    import memopt
+
+    paddle.enable_static()
+    rng = np.random.default_rng(0)
+    batches = [(rng.random((8, 16), dtype=np.float32),
+                rng.integers(0, 4, (8, 1)).astype("int64")) for _ in range(3)]
+    scope = paddle.static.Scope()  # the loader's queue goes to the global scope: this one
+    with paddle.static.scope_guard(scope), s.gc_mode("on"):
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+            def make_loader(x, y):
+                if kind != "loader":
+                    return None
+                made = paddle.base.io.DataLoader.from_generator(
+                    feed_list=[x, y], capacity=4, iterable=False)
+                made.set_batch_generator(lambda: iter(batches))
+                return made
+
+            x, y, loss, loader = _reader_mlp(make_loader)
+        if config is not None:
+            level, variant = config
+            before = main.desc.serialize_to_string()
+            kw = (dict(fetch_list=[loss], print_log=True) if variant == "A"
+                  else dict(skip_grads=False))
+            if level == s.BUDGET:
+                kw.update(budget=10 ** 9, batch_size=8)
+                level = 1
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    memopt.memory_optimize(main, level=level, **kw)
+            except memopt.errors.MemoptError:
+                if main.desc.serialize_to_string() != before:
+                    raise AssertionError("refused, but the program changed") from None
+                raise
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        paddle.seed(1)
+        exe.run(startup)
+        out = []
+        if kind == "loader":
+            loader.start()
+            out = [np.array(exe.run(main, fetch_list=[loss])[0]) for _ in batches]
+            loader.reset()
+        else:
+            path = os.path.join(tmp, "data.txt")
+            with open(path, "w") as f:
+                for bx, by in batches:
+                    for row, lab in zip(bx, by):
+                        f.write("16 " + " ".join(repr(float(v)) for v in row) + f" 1 {lab[0]}\n")
+            ds = paddle.distributed.QueueDataset()
+            ds.init(batch_size=8, thread_num=1, pipe_command="cat", use_var=[x, y])
+            ds.set_filelist([path])
+            exe.train_from_dataset(main, ds, thread=1)
+        return out + [np.array(scope.find_var(n).get_tensor()) for n in _persistables(main)
+                      if scope.find_var(n) is not None]
+
+
+def check_reader(kind):
+    """Every configuration of a reader-fed program: ok / DIFFERS / the error."""
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="sweep_reader_")
+    want = _run_reader(kind, None, tmp)
+    out = {}
+    for cfg in CONFIGS:
+        level = s.BUDGET if cfg[1] == "B" and cfg[0] == "L" else int(cfg[1])
+        got = s._try(_run_reader, kind, (level, cfg[2]), tmp)
+        out[cfg] = {"train_gc_on": got if isinstance(got, str) else (
+            "ok" if len(got) == len(want) and all(s.bits_equal(a, c)
+                                                  for a, c in zip(want, got))
+            else "DIFFERS")}
+    return out
+
+
+READERS = {"data_loader_non_iterable": "loader", "train_from_dataset": "dataset"}
+
+
 def check_user(name):
+    if name in READERS:
+        return check_reader(READERS[name])
     out = s.check_model(name, s.LEVELS + (s.BUDGET,))
     if "paddle" in out:
         return out
@@ -736,8 +838,8 @@ def main(argv):
         return 0
     if argv[:1] == ["--peaks"]:
         return peaks_table(argv[1:] or list(MODELS))
-    names = argv or list(MODELS)
-    unknown = [n for n in names if n not in MODELS]
+    names = argv or [*MODELS, *READERS]
+    unknown = [n for n in names if n not in MODELS and n not in READERS]
     if unknown:
         print(f"usage: sweep_legacy_user.py [PROGRAM ...]; unknown {', '.join(unknown)}; "
               f"the programs: {', '.join(MODELS)}", file=sys.stderr)
