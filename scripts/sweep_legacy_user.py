@@ -711,7 +711,8 @@ def _run_reader(kind, config, tmp):
             ds = paddle.distributed.QueueDataset()
             ds.init(batch_size=8, thread_num=1, pipe_command="cat", use_var=[x, y])
             ds.set_filelist([path])
-            exe.train_from_dataset(main, ds, thread=1)
+            with contextlib.chdir(tmp):  # Paddle writes <id>_train_desc.prototxt here
+                exe.train_from_dataset(main, ds, thread=1)
         return out + [np.array(scope.find_var(n).get_tensor()) for n in _persistables(main)
                       if scope.find_var(n) is not None]
 
