@@ -416,8 +416,9 @@ class LegacyTarget:
             raise UnsupportedProgramError(
                 "budget=: memopt recomputes in legacy programs whose block 0 runs no "
                 "sub-blocks (while, conditional_block, recurrent); this one runs "
-                f"{len(run) - 1}. Drop budget= (memory_optimize still "
-                "rewrites it) or build the model without static control flow")
+                f"block(s) {', '.join(map(str, sorted(run - {0})))}. Drop budget= "
+                "(memory_optimize still rewrites it) or build the model without static "
+                "control flow")
         graph = self.problem_of(1).graph
         unsized = {n for n, v in graph.blocks[0].vars.items() if v.kind == UNSIZED}
         op = next((op for op in graph.blocks[0].ops if unsized.intersection(op.writes)), None)
