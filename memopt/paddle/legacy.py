@@ -429,7 +429,7 @@ def program_to_graph(program) -> Graph:
     UnsupportedProgramError
         ``program`` is not a legacy Program.
     GraphError
-        An op uses a name no enclosing block declares.
+        An op writes a name no enclosing block declares.
     """
     if not is_legacy_program(program):
         raise UnsupportedProgramError(
@@ -442,6 +442,8 @@ def program_to_graph(program) -> Graph:
     fetched: List[str] = []
     fed: set = set()
     lod = _lod_names(program)
+    run = blocks_run(program)
+    seeds: set = set()  # what ops filling ones write (see _mark_gradient_targets)
     for pblock in program.blocks:
         block = Block(pblock.idx, pblock.parent_idx)
         blocks.append(block)
@@ -469,9 +471,12 @@ def program_to_graph(program) -> Graph:
                                               _slots(desc.output_names(), desc.output))
             if op_type == "elementwise_add":
                 facts.inplace_alt = _operand_y_in_place(pblock, desc)
-            if op_type in _DIMS_ONLY_OPS:
+            if op_type in _DIMS_ONLY_OPS and pblock.idx in run:
                 dims_slots[(pblock.idx, index)] = {
                     slot: desc.input(slot) for slot in ("X", "Y", "Out@GRAD")}
+            if (pblock.idx == 0 and op_type in _GRAD_SEED_OPS and desc.has_attr("value")
+                    and desc.attr("value") == 1.0):
+                seeds.update(writes)
             if op_type == RELEASE_OP and set(reads) == {RELEASED_VAR}:
                 facts.release = tuple(n for n in writes if n != RELEASED_VAR)
             if op_type == "einsum":
@@ -506,6 +511,7 @@ def program_to_graph(program) -> Graph:
             block.vars[name].kind = META
     graph = Graph(blocks=blocks)
     _mark_scaled_loss(graph)
+    _mark_gradient_targets(graph, seeds)
     _declare_borrowed(graph)
     _drop_unsafe_inplace(graph)
     _find_dims_only_reads(graph, dims_slots)
@@ -519,6 +525,24 @@ def program_to_graph(program) -> Graph:
             var.is_feed = True
     graph.fetch_names = tuple(dict.fromkeys(fetched))
     return mark_in_flight(graph)
+
+
+def blocks_run(program) -> set:
+    """Indices of the blocks the executor runs: block 0 and the sub-blocks
+    its ops (and theirs) run.  Another block is never run: Fluid's
+    ``RecomputeOptimizer`` leaves two such blocks behind, whose ops read
+    block 0's variables.  Their reads are no dims-only reads memopt may
+    substitute (the names they use stay used in two blocks: never merged;
+    found: a substitution there let ``fc_1.tmp_0`` be merged, and the
+    rewrite refused with a GraphError)."""
+    run, todo = {0}, [0]
+    while todo:
+        for pop in program.block(todo.pop()).ops:
+            for sub in _sub_block_ids(pop.desc):
+                if sub not in run and 0 <= sub < program.num_blocks:
+                    run.add(sub)
+                    todo.append(sub)
+    return run
 
 
 #: Ops AMP puts after the user's loss to scale it (``paddle.static.amp``:
@@ -543,6 +567,33 @@ def _mark_scaled_loss(graph: Graph) -> None:
             continue
         writer = next((w for w in reversed(ops[:index]) if unscaled[0] in w.writes), None)
         if writer is not None and not writer.sub_blocks:
+            writer.facts.loss = True
+
+
+#: The ops that seed a backward pass with ones: ``T@GRAD`` filled like ``T``.
+_GRAD_SEED_OPS = frozenset({"fill_any_like", "fill_constant"})
+
+
+def _mark_gradient_targets(graph: Graph, seeds: set) -> None:
+    """Mark the op writing each target of ``paddle.static.gradients`` as a
+    loss op: ``gradients([loss], inputs)`` seeds the backward pass with a
+    backward-role ``fill_any_like`` of ones of ``loss`` into ``loss@GRAD``
+    and gives no op the Loss role that ``append_backward`` / ``minimize``
+    give (found: such a program without ``fetch_list`` had its loss merged
+    with ``mean_0.tmp_0@GRAD`` and the loss's fetch refused).  ``seeds``:
+    the names block 0's ops filling ones write (zeros filled for an unused
+    output's gradient seed no loss)."""
+    ops = graph.global_block.ops
+    for index, op in enumerate(ops):
+        if (op.type not in _GRAD_SEED_OPS or op.role != "backward" or len(op.writes) != 1
+                or op.writes[0] not in seeds):
+            continue
+        target = op.writes[0][:-len("@GRAD")] if op.writes[0].endswith("@GRAD") \
+            else None
+        if target is None or op.reads not in ((), (target,)):
+            continue
+        writer = next((w for w in reversed(ops[:index]) if target in w.writes), None)
+        if writer is not None and writer.role == "forward" and not writer.sub_blocks:
             writer.facts.loss = True
 
 
@@ -619,6 +670,11 @@ def _find_dims_only_reads(graph: Graph, dims_slots: Dict[Tuple[int, int], dict])
                 op.facts.dims_only = found
 
 
+#: The kind of a name an op uses that no block declares: a variable Python
+#: put in the scope itself (never merged, no bytes counted).
+SCOPE_ONLY = "scope_only"
+
+
 def _declare_borrowed(graph: Graph) -> None:
     """Declare in a block the names its ops take from a sibling block, and
     check that every other name an op uses is declared.
@@ -627,8 +683,13 @@ def _declare_borrowed(graph: Graph) -> None:
     scopes the ``while`` op kept, though the forward body is no enclosing
     block.  Such a name gets a copy of its declaration in the block using it
     (the planner never merges a name used in two blocks).  A name declared
-    nowhere raises :class:`GraphError`.
+    nowhere that no op writes is a variable that lives only in the scope:
+    the blocking queue ``DataLoader.from_generator(iterable=False)`` makes
+    in the global scope for its ``create_py_reader`` op, say.  It is
+    declared in block 0 as :data:`SCOPE_ONLY` (persistable, never given or
+    taken memory).  One an op writes raises :class:`GraphError`.
     """
+    written = {n for block in graph.blocks for op in block.ops for n in op.writes}
     anywhere: Dict[str, Var] = {}
     for _, var in graph.all_vars():
         anywhere.setdefault(var.name, var)
@@ -643,9 +704,16 @@ def _declare_borrowed(graph: Graph) -> None:
                 if name in seen:
                     continue
                 src = anywhere.get(name)
-                if src is None:
+                if src is None and name in written:
                     raise GraphError(f"op {op.type!r} in block {block.idx} uses {name!r}, "
                                      "which no block of the program declares")
+                if src is None:
+                    src = Var(name, (), "float32", SCOPE_ONLY, persistable=True)
+                    graph.global_block.add_var(src)
+                    anywhere[name] = src
+                    for i in range(len(visible)):
+                        visible[i].add(name)
+                    continue
                 block.add_var(Var(src.name, src.shape, src.dtype, src.kind,
                                   src.persistable, is_data=src.is_data))
                 seen.add(name)

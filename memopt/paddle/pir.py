@@ -1018,6 +1018,7 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
 
     from .legacy_depend import translatable_desc
 
+    _refuse_crashing_ops(program)
     _init_pir_context()
     desc = translatable_desc(program)  # in-place depend ops: a copy the translator takes
     try:
@@ -1091,6 +1092,27 @@ def legacy_places(program, result: PirGraph) -> None:
 _REFUSED_OP = (re.compile(r"\[op:([\w.]+)\]"), re.compile(r"\bOp ([\w.]+) should have corresponding OpInfo"))
 
 
+#: Legacy op types Paddle 3.3.1's translator to PIR crashes on (SIGSEGV in
+#: ``OpTranscriber``, measured: ``paddle.static.nn.static_pylayer``'s
+#: ``pylayer``, in a forward-only program too): never handed to it.
+TRANSLATOR_CRASHES = frozenset({"pylayer", "pylayer_grad"})
+
+
+#: Legacy ops of a non-iterable DataLoader (no PIR op to translate them to).
+READER_OPS = frozenset({"create_py_reader", "create_double_buffer_reader", "read"})
+
+
+def _refuse_crashing_ops(program) -> None:
+    """Raise :func:`untranslatable`'s error for a ``program`` holding an op
+    of :data:`TRANSLATOR_CRASHES` before the translator takes the process
+    down."""
+    for block in program.blocks:
+        for op in block.ops:
+            if op.type in TRANSLATOR_CRASHES:
+                raise untranslatable(program, RuntimeError(
+                    f"[op:{op.type}] Paddle's translator crashes the process (SIGSEGV) on it"))
+
+
 def untranslatable(program, exc: BaseException):
     """The :class:`~memopt.errors.UnsupportedProgramError` for a legacy
     ``program`` Paddle's translator to PIR refused with ``exc``: it names the
@@ -1114,7 +1136,12 @@ def untranslatable(program, exc: BaseException):
     forward = op_type.endswith("_grad") if op_type else False
     ways = ["build the program in PIR (Paddle 3's default static mode, "
             "FLAGS_enable_pir_api=1), where it is read without translation"]
-    if forward:
+    if op_type in TRANSLATOR_CRASHES:
+        ways.append("write that layer with ordinary ops (not paddle.static.nn.static_pylayer)")
+    elif op_type in READER_OPS:
+        ways.append("feed the program instead of reading in it (DataLoader.from_generator("
+                    "iterable=True) and Executor.run(feed=...))")
+    elif forward:
         ways.append("analyse the forward program (before minimize(), or "
                     "clone(for_test=True)) if only its memory matters")
     elif op_type is not None:
