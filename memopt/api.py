@@ -30,8 +30,8 @@ from .any_order import single_reader_rule
 from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
-from .paddle import (distributed, flags, legacy, merge_record, pir, pir_inplace, pir_rewrite,
-                     sharding)
+from .paddle import (distributed, flags, legacy, merge_record, pir, pir_inplace, pir_owner,
+                     pir_rewrite, sharding)
 from .paddle import runtime as paddle_runtime
 from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
@@ -423,6 +423,8 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     options = resolve_options(skip_opt_set, skip_grads, level, print_log, fetch_list)
     program = _default_program(program)
     is_pir = pir.is_pir_program(program)
+    if is_pir:
+        pir_owner.require_own_values(program, skip_opt_set=skip_opt_set, fetch_list=fetch_list)
     # PIR ops are built in static mode (a DistModel's program is handed over
     # in dygraph mode)
     with (pir_inplace.static_mode() if is_pir else contextlib.nullcontext()):
@@ -743,7 +745,10 @@ def release_memory(program=None, skip_opt_set=None, *, fetch_list=None) -> Repor
     name leaves the program, so fetching it fails by name everywhere.
     """
     options = resolve_options(skip_opt_set, fetch_list=fetch_list)
-    return _dispatch(_default_program(program), options, release=True)
+    program = _default_program(program)
+    if pir.is_pir_program(program):
+        pir_owner.require_own_values(program, skip_opt_set=skip_opt_set, fetch_list=fetch_list)
+    return _dispatch(program, options, release=True)
 
 
 # -- analyze ---------------------------------------------------------------------------

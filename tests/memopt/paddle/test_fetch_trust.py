@@ -415,6 +415,32 @@ def test_pir_unknown_names_raise(paddle):
     assert str(model.main) == text
 
 
+def test_pir_values_of_another_program_raise(paddle):
+    """A Value of the program a clone was made from names (by its %N) some
+    value of the clone: memopt kept that one's memory silently and Paddle
+    cannot fetch the Value from the clone (IndexError).  Now a ValueError
+    naming the argument and the fix, the clone untouched; the mapped Value
+    is accepted."""
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 8], "float32")
+        h = paddle.nn.functional.relu(paddle.nn.Linear(8, 16)(x))
+        loss = paddle.mean(paddle.nn.Linear(16, 4)(h) ** 2)
+        paddle.optimizer.SGD(0.1).minimize(loss)
+    mapping = paddle.pir.IrMapping()
+    clone = main.clone(mapping)
+    text = str(clone)
+    for call in (memopt.memory_optimize, memopt.release_memory):
+        with pytest.raises(ValueError, match=r"fetch_list\[1\] is a Value of another program"
+                                             r".*pd_op.relu.*IrMapping"):
+            call(clone, fetch_list=[mapping.look_up(loss), h])
+        with pytest.raises(ValueError, match=r"skip_opt_set\[0\] is a Value of another"):
+            call(clone, skip_opt_set={h})
+        assert str(clone) == text
+    memopt.memory_optimize(clone, level=1, fetch_list=[mapping.look_up(h)])
+    assert not memopt.paddle.pir_rewrite.overwritten_by(mapping.look_up(h))
+
+
 def test_fetch_list_is_keyword_only_after_fluids_positionals():
     import inspect
 
