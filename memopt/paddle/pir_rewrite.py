@@ -283,6 +283,10 @@ def apply_inplace(pg: PirGraph, rewrites) -> dict:
     replaced = {}
     for (old, new), rw in zip(built, rewrites):
         new.set_str_attr(MARK_ATTR, ",".join(nin for nin, _ in rw.pairs))
+        try:  # messages name the user's line, not where memopt built the op
+            new.callstack = old.callstack
+        except Exception:  # pragma: no cover - an op without a call stack
+            pass
         for a, b in zip(old.results(), new.results()):
             if a.initialized():
                 replaced[a.id] = b

@@ -498,7 +498,8 @@ def test_pir_second_call_with_an_erased_value(paddle):
     its replacement; one the first rewrite writes over is a ValueError."""
     main, startup, h, out, _ = _forward_then_optimized(paddle)
     text = str(main)
-    with pytest.raises(ValueError, match=r"fetch_list\[1\] .*written over in place by "
+    with pytest.raises(ValueError, match=r"fetch_list\[1\] \(pd_op.relu_ at op \d+, "
+                                         r"test_fetch_trust.py:\d+ .*written over in place by "
                                          r"pd_op.tanh_.*earlier memory_optimize"):
         memopt.memory_optimize(main, level=2, fetch_list=[out, h])
     assert str(main) == text
