@@ -574,8 +574,20 @@ def _config_kwargs(paddle, memopt, label, kw, main, fetch, act):
 
 
 def _memopt_error(memopt, e):
-    return isinstance(e, (memopt.errors.MemoptError, TypeError, ValueError)) and \
-        not isinstance(e, (KeyError, IndexError, AttributeError, AssertionError))
+    """A clean refusal: one of memopt's errors, or a TypeError / ValueError
+    memopt itself raised (its innermost frame in memopt/) -- not a KeyError
+    or AttributeError from deep inside, nor Paddle's error passed through."""
+    if isinstance(e, (KeyError, IndexError, AttributeError, AssertionError)) and \
+            not isinstance(e, memopt.errors.MemoptError):
+        return False
+    if isinstance(e, memopt.errors.MemoptError):
+        return True
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    return isinstance(e, (TypeError, ValueError)) and \
+        os.sep + "memopt" + os.sep in where
 
 
 def check_one(name):

@@ -35,10 +35,6 @@ def _walk(block, out: list) -> list:
     return out
 
 
-def _op_count(program) -> int:
-    return len(_walk(program.global_block(), []))
-
-
 def live_ids(program) -> set:
     """The ids of every result an op of ``program`` defines (at any depth)."""
     return {r.id for op in _walk(program.global_block(), []) for r in op.results()
