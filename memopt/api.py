@@ -31,8 +31,7 @@ from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
 from .paddle import (distributed, flags, legacy, merge_record, pending_backward, pir, pir_inplace,
-                     pir_rewrite,
-                     sharding)
+                     pir_owner, pir_rewrite, sharding)
 from .paddle import runtime as paddle_runtime
 from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
@@ -440,9 +439,14 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     ``fetch_list`` fix.  (PIR: fetching a Value an in-place op memopt made
     writes over raises it too.)
     """
-    options = resolve_options(skip_opt_set, skip_grads, level, print_log, fetch_list)
     program = _default_program(program)
     is_pir = pir.is_pir_program(program)
+    if is_pir:  # Values an earlier rewrite erased: their replacements (before any use)
+        skip_opt_set = pir_owner.live_values(program, skip_opt_set, "skip_opt_set")
+        fetch_list = pir_owner.live_values(program, fetch_list, "fetch_list")
+    options = resolve_options(skip_opt_set, skip_grads, level, print_log, fetch_list)
+    if is_pir:
+        pir_owner.require_own_values(program, skip_opt_set=skip_opt_set, fetch_list=fetch_list)
     options, pending = _keep_for_pending_backward(program, options)
     # PIR ops are built in static mode (a DistModel's program is handed over
     # in dygraph mode)
@@ -781,8 +785,14 @@ def release_memory(program=None, skip_opt_set=None, *, fetch_list=None) -> Repor
     released variable is renamed to a fresh ``memopt@buf_<k>`` and its own
     name leaves the program, so fetching it fails by name everywhere.
     """
+    program = _default_program(program)
+    if pir.is_pir_program(program):
+        skip_opt_set = pir_owner.live_values(program, skip_opt_set, "skip_opt_set")
+        fetch_list = pir_owner.live_values(program, fetch_list, "fetch_list")
     options = resolve_options(skip_opt_set, fetch_list=fetch_list)
-    return _dispatch(_default_program(program), options, release=True)
+    if pir.is_pir_program(program):
+        pir_owner.require_own_values(program, skip_opt_set=skip_opt_set, fetch_list=fetch_list)
+    return _dispatch(program, options, release=True)
 
 
 # -- analyze ---------------------------------------------------------------------------

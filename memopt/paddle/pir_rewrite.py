@@ -52,6 +52,7 @@ import logging
 from ..errors import PlanError
 from ..graph import InplaceVariant
 from .pir import PirGraph, is_pir_program, owning_program
+from .pir_later_ops import check_later_readers, live_ids
 from .pir_inplace import (CPU_NO_INPLACE, build_inplace, has_inplace_variant, inplace_map,
                           inplace_maps, insertion_point_kept, is_inplace_op)
 
@@ -279,6 +280,10 @@ def apply_inplace(pg: PirGraph, rewrites) -> dict:
     replaced = {}
     for (old, new), rw in zip(built, rewrites):
         new.set_str_attr(MARK_ATTR, ",".join(nin for nin, _ in rw.pairs))
+        try:  # messages name the user's line, not where memopt built the op
+            new.callstack = old.callstack
+        except Exception:  # pragma: no cover - an op without a call stack
+            pass
         for a, b in zip(old.results(), new.results()):
             if a.initialized():
                 replaced[a.id] = b
@@ -361,10 +366,15 @@ def resolve_fetch_list(program, fetch_list):
     single = not isinstance(fetch_list, (list, tuple))
     items = [fetch_list] if single else list(fetch_list)
     out = []
+    live = None
     for item in items:
         vid = getattr(item, "id", None) if not isinstance(item, str) else None
         if isinstance(vid, str):
-            item = entry["replaced"].get(vid, item)
+            if vid in entry["replaced"]:
+                # an op built after the rewrite may have the erased Value's address
+                live = live_ids(program) if live is None else live
+                if vid not in live:
+                    item = entry["replaced"][vid]
             found = overwritten_by(item)
             if found is not None:
                 raise _overwritten_error(item, found)
@@ -397,6 +407,7 @@ def record_for_save(program) -> None:
 def _fetch_hook(program, fetch_list):
     """The fetch guard's hook (:mod:`memopt.paddle.fetch_guard`)."""
     if is_pir_program(program):
+        check_later_readers(program, MARK_ATTR)
         return resolve_fetch_list(program, fetch_list)
     return fetch_list
 

@@ -415,6 +415,122 @@ def test_pir_unknown_names_raise(paddle):
     assert str(model.main) == text
 
 
+def test_pir_values_of_another_program_raise(paddle):
+    """A Value of the program a clone was made from names (by its %N) some
+    value of the clone: memopt kept that one's memory silently and Paddle
+    cannot fetch the Value from the clone (IndexError).  Now a ValueError
+    naming the argument and the fix, the clone untouched; the mapped Value
+    is accepted."""
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 8], "float32")
+        h = paddle.nn.functional.relu(paddle.nn.Linear(8, 16)(x))
+        loss = paddle.mean(paddle.nn.Linear(16, 4)(h) ** 2)
+        paddle.optimizer.SGD(0.1).minimize(loss)
+    mapping = paddle.pir.IrMapping()
+    clone = main.clone(mapping)
+    text = str(clone)
+    for call in (memopt.memory_optimize, memopt.release_memory):
+        with pytest.raises(ValueError, match=r"fetch_list\[1\] is a Value of another program"
+                                             r".*pd_op.relu.*IrMapping"):
+            call(clone, fetch_list=[mapping.look_up(loss), h])
+        with pytest.raises(ValueError, match=r"skip_opt_set\[0\] is a Value of another"):
+            call(clone, skip_opt_set={h})
+        assert str(clone) == text
+    memopt.memory_optimize(clone, level=1, fetch_list=[mapping.look_up(h)])
+    assert not memopt.paddle.pir_rewrite.overwritten_by(mapping.look_up(h))
+
+
+def _forward_then_optimized(paddle, level=1, trainable=False):
+    """x -> linear -> relu -> tanh -> exp, rewritten at ``level`` keeping
+    the exp: relu_ and tanh_ write over their inputs, so the Python Values
+    of the relu and the tanh are erased.  The linear is frozen (a program
+    with trainable parameters and no backward keeps what a later backward
+    reads: :mod:`memopt.paddle.pending_backward`), unless ``trainable``.
+    (main, startup, relu Value, exp Value, linear weight, the matmul's
+    Value: its op stays, the add_ after it writes over it)."""
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 16], "float32")
+        lin = paddle.nn.Linear(16, 16)
+        for p in (lin.weight, lin.bias):
+            p.stop_gradient = not trainable
+        product = paddle.matmul(x, lin.weight)
+        h = paddle.nn.functional.relu(product + lin.bias)
+        out = paddle.exp(paddle.tanh(h))
+    if level is not None:
+        memopt.memory_optimize(main, level=level, fetch_list=[out])
+    return main, startup, h, out, lin.weight, product
+
+
+def _steps(paddle, main, startup, fetch, steps=2):
+    scope = paddle.static.Scope()
+    x = np.linspace(-1, 1, 64, dtype="float32").reshape(4, 16)
+    with paddle.static.scope_guard(scope):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        paddle.seed(1)
+        exe.run(startup)
+        return [[np.array(a) for a in exe.run(main, feed={"x": x}, fetch_list=fetch)]
+                for _ in range(steps)]
+
+
+def test_pir_op_added_after_memory_optimize_refused_at_run(paddle):
+    """An op added after memory_optimize that reads a value the rewrite's
+    in-place ops wrote over (the matmul's output, overwritten by add_) would
+    compute on other values.  The run raises, naming the reader, the
+    in-place writer and the fix.  (minimize after memory_optimize on a
+    trainable program is bit-identical: test_pending_backward.py.)"""
+    main, startup, _, out, _, product = _forward_then_optimized(paddle)
+    with paddle.static.program_guard(main, startup):
+        late = paddle.mean(product)
+    with pytest.raises(MergedVariableError, match=r"reads .*writes over in place.*"
+                                                  r"then call memory_optimize"):
+        _steps(paddle, main, startup, [late])
+    # optimized after minimize: trains as the unchanged program
+    ref = _forward_then_optimized(paddle, None, trainable=True)
+    opt = _forward_then_optimized(paddle, None, trainable=True)
+    for m, s, _, o, _, _ in (ref, opt):
+        with paddle.static.program_guard(m, s):
+            m._loss = paddle.mean(o)
+            paddle.optimizer.SGD(0.1).minimize(m._loss)
+    memopt.memory_optimize(opt[0], level=1, fetch_list=[opt[0]._loss])
+    a = _steps(paddle, ref[0], ref[1], [ref[0]._loss])
+    b = _steps(paddle, opt[0], opt[1], [opt[0]._loss])
+    assert [x.tobytes() for r in a for x in r] == [x.tobytes() for r in b for x in r]
+
+
+def test_pir_second_call_with_an_erased_value(paddle):
+    """memory_optimize again with a Value the first call erased: it crashed
+    the process (SIGSEGV reading the erased Value).  Now it is swapped for
+    its replacement; one the first rewrite writes over is a ValueError."""
+    main, startup, h, out, _, _ = _forward_then_optimized(paddle)
+    text = str(main)
+    with pytest.raises(ValueError, match=r"fetch_list\[1\] \(pd_op.relu_ at op \d+, "
+                                         r"test_fetch_trust.py:\d+ .*written over in place by "
+                                         r"pd_op.tanh_.*earlier memory_optimize"):
+        memopt.memory_optimize(main, level=2, fetch_list=[out, h])
+    assert str(main) == text
+    ref = _forward_then_optimized(paddle, None)
+    memopt.memory_optimize(main, level=2, fetch_list=[out])
+    assert _steps(paddle, main, startup, [out])[0][0].tobytes() == \
+        _steps(paddle, ref[0], ref[1], [ref[3]])[0][0].tobytes()
+
+
+def test_pir_new_value_at_an_erased_values_address_fetches_itself(paddle):
+    """An op built after the rewrite can get an erased Value's address, so
+    its id (seen: the first op appended after a level-1 rewrite): the fetch
+    guard took it for the erased Value and fetched that one's replacement.
+    The record is made to hold the new Value's id as erased, as address
+    reuse makes it; the Value the program defines is fetched as itself."""
+    main, startup, _, out, _, _ = _forward_then_optimized(paddle)
+    with paddle.static.program_guard(main, startup):
+        new = paddle.sin(out) + 1.0
+    main._memopt_pir_rewrites["replaced"][new.id] = out  # the address reused
+    got, base = _steps(paddle, main, startup, [new, out], steps=1)[0]
+    assert got.tobytes() != base.tobytes()
+    np.testing.assert_allclose(got, np.sin(base) + np.float32(1.0), rtol=1e-6)
+
+
 def test_fetch_list_is_keyword_only_after_fluids_positionals():
     import inspect
 
