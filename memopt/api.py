@@ -469,9 +469,9 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
 def _keep_for_pending_backward(program, options: Options):
     """(options, kept): for a PIR ``program`` with trainable parameters and
     no backward op yet, ``options`` with every value a backward part
-    appended later would read added to ``skip_opt_set``, and the values
-    added (:mod:`memopt.paddle.pending_backward`; a legacy program is
-    marked by the rewrite instead)."""
+    appended later would read in ``read_later`` (never written over in
+    place), and the values added (:mod:`memopt.paddle.pending_backward`; a
+    legacy program is marked by the rewrite instead)."""
     if not pir.is_pir_program(program):
         return options, frozenset()
     with pir_inplace.static_mode():
@@ -479,7 +479,7 @@ def _keep_for_pending_backward(program, options: Options):
     added = pending - options.skip_opt_set - options.fetch_list
     if not added:
         return options, frozenset()
-    return dataclasses.replace(options, skip_opt_set=options.skip_opt_set | added), added
+    return dataclasses.replace(options, read_later=options.read_later | added), added
 
 
 def parse_budget(budget) -> int:

@@ -324,6 +324,7 @@ def substitute(graph: Graph, substitutions) -> Graph:
 #: Why an op with an in-place variant is left as it is (Report.not_merged).
 R_PROTECTED = "input or output protected (persistable, fed, fetched, skip_opt_set)"
 R_ALIVE = "input still used later"
+R_READ_LATER = "input read by a backward part not yet appended (call memory_optimize after minimize)"
 R_SHAPE = "input and output differ in shape or dtype"
 R_OUTSIDE = "input from outside the op's block, carried by a loop, or a view"
 R_KERNEL = "CPU kernel cannot run in place"
@@ -341,7 +342,8 @@ def variant_inplace(graph: Graph, options: Options, allowed=None
     defined in the op's own block by an op that is neither a view
     (``facts.view``) nor synthetic (a loop's carried value, a stack), and is
     not persistable, fed, fetched, in ``skip_opt_set`` or written over by an
-    in-place op (``facts.overwrites``); the output is not persistable,
+    in-place op (``facts.overwrites``) nor in ``options.read_later``; the
+    output is not persistable,
     fetched or in ``skip_opt_set``; no other operand of the op reads the
     input; both have the same dtype and, at level 0, the same shape (level
     1: the same size in bytes for every batch size).  With ``skip_grads``,
@@ -414,6 +416,9 @@ def variant_inplace(graph: Graph, options: Options, allowed=None
                 break
             if repeated:
                 reason = R_ALIVE
+                break
+            if nin in options.read_later:
+                reason = R_READ_LATER
                 break
             if live.liveness.is_live_out(pos, nin) or _read_later_in_loop(
                     positions, owners, block_idx, pos, nin):

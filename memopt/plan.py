@@ -27,7 +27,10 @@ class Options:
     is 0, 1 or 2 (the planner sees at most 1: level 2 adds a memory-aware
     order in :mod:`memopt.api`).  Every name is one the program has (checked
     against the program by :func:`memopt.names.check_known` before anything
-    changes).
+    changes).  ``read_later`` (set by memopt, not the user) names values a
+    backward part not yet appended will read
+    (:mod:`memopt.paddle.pending_backward`): no in-place op writes over them,
+    though they may take over their input's memory themselves.
     """
 
     skip_opt_set: frozenset = frozenset()
@@ -35,6 +38,7 @@ class Options:
     level: int = 0
     print_log: bool = False
     fetch_list: frozenset = frozenset()
+    read_later: frozenset = frozenset()
 
 
 @dataclass

@@ -20,10 +20,11 @@ collector off failed at run time:
 A program that can still be differentiated -- it has trainable parameters
 and no backward op yet -- is handled per IR:
 
-- PIR: every value such a backward would read is kept whole, as if the user
-  had put it in ``skip_opt_set`` (:func:`pending_backward_values`); the
-  rest is optimized as usual (an ``add``'s output turned in place by the
-  ``relu`` after it: ``add_grad`` reads neither).  What the backward reads
+- PIR: no op is made in place over a value such a backward would read for
+  its data (:func:`pending_backward_values`, memopt's
+  ``Options.read_later``); the rest is optimized as usual (an ``add``'s
+  output turned in place by the ``relu`` after it: ``add_grad`` reads its
+  operands' shapes only, ``relu_grad`` the output).  What the backward reads
   is read from Paddle itself: the backward of every sink is built on a
   clone (``paddle.autograd.ir_backward.grad``, what ``minimize`` calls),
   and every value inside an ``if``/``while`` region is kept too (the
@@ -51,6 +52,7 @@ import logging
 from typing import FrozenSet
 
 from .pir import PARAMETER_OP, _is_grad_op, all_ops, is_pir_program, value_names
+from .pir_inplace import reads_shape_only
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +71,7 @@ def can_still_be_differentiated(program) -> bool:
 
 def pending_backward_values(program) -> FrozenSet[str]:
     """The names (as ``skip_opt_set`` takes them) of the values of a PIR
-    ``program`` that a backward part appended later would read; empty if
+    ``program`` whose data a backward part appended later would read; empty if
     the program cannot still be differentiated (or is a legacy one: see the
     module docstring)."""
     if not is_pir_program(program) or not can_still_be_differentiated(program):
@@ -80,10 +82,10 @@ def pending_backward_values(program) -> FrozenSet[str]:
 def note(count: int) -> str:
     """The report's line for ``count`` values of a PIR program kept for a
     later backward."""
-    return (f"{count} value(s) kept whole for a backward part not yet appended: the "
-            "program has trainable parameters and no backward op, and "
-            "optimizer.minimize / append_backward would read them.  Call "
-            "memory_optimize after minimize to reuse them too")
+    return (f"{count} value(s) a backward part not yet appended would read are never "
+            "written over in place: the program has trainable parameters and no backward "
+            "op, and optimizer.minimize / append_backward read them.  Call "
+            "memory_optimize after minimize to reuse their memory too")
 
 
 #: The report's line for a legacy program rewritten before its backward part.
@@ -160,7 +162,8 @@ def _pir_backward_reads(program, ops):
     for op in after:
         for inner in [op, *(x for sub in op.blocks() for x in all_ops(sub))]:
             read.update(position[v.id] for v in inner.operands_source()
-                        if v.initialized() and v.id in position)
+                        if v.initialized() and v.id in position
+                        and not reads_shape_only(inner, v))
     return read
 
 

@@ -213,9 +213,10 @@ def _deletable(value) -> bool:
         return True
 
 
-def _no_need_buffer(op, value) -> bool:
-    """Whether ``op`` reads only ``value``'s shape (False where Paddle has no
-    yaml info for the op)."""
+def reads_shape_only(op, value) -> bool:
+    """Whether ``op`` reads only ``value``'s shape, a no-need-buffer operand
+    such as ``add_grad``'s ``x`` (False where Paddle has no yaml info for
+    the op)."""
     try:
         return bool(op.is_no_need_buffer(value))
     except Exception:
@@ -279,7 +280,7 @@ def executor_inplace(pg: PirGraph, fetch_list=(), device: str = "cpu",
                 # a use of the shape alone (no-need-buffer) does not keep the
                 # buffer: Paddle's pass skips it, as its GC does
                 if v.initialized() and v.id not in skip and _deletable(v) \
-                        and not _no_need_buffer(op, v):
+                        and not reads_shape_only(op, v):
                     last_op[v.id] = op.id()
             for v in op.results():
                 if _deletable(v):

@@ -19,6 +19,8 @@ defines is that op's Value, not the erased one.
 """
 from __future__ import annotations
 
+from .pir_inplace import reads_shape_only
+
 #: Program attribute: the op count at the last check that found nothing
 #: (checked again only when ops were added or removed).
 _CHECKED_ATTR = "_memopt_later_ops_checked"
@@ -67,7 +69,7 @@ def check_later_readers(program, mark_attr: str) -> None:
                 if not value.initialized():
                     continue
                 for user in value.all_used_ops():
-                    if order.get(user.id(), -1) > at:
+                    if order.get(user.id(), -1) > at and not reads_shape_only(user, value):
                         raise _later_reader_error(program, op, user, order[user.id()], at,
                                                   value)
     try:
