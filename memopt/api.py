@@ -31,7 +31,7 @@ from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
 from .paddle import (distributed, flags, legacy, merge_record, pending_backward, pir, pir_inplace,
-                     pir_owner, pir_rewrite, sharding)
+                     pir_owner, pir_retired, pir_rewrite, sharding)
 from .paddle import runtime as paddle_runtime
 from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
@@ -441,7 +441,8 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     """
     program = _default_program(program)
     is_pir = pir.is_pir_program(program)
-    if is_pir:  # Values an earlier rewrite erased: their replacements (before any use)
+    if is_pir:  # Values an earlier rewrite replaced: their replacements (before any use)
+        pir_retired.redirect(program)
         skip_opt_set = pir_owner.live_values(program, skip_opt_set, "skip_opt_set")
         fetch_list = pir_owner.live_values(program, fetch_list, "fetch_list")
     options = resolve_options(skip_opt_set, skip_grads, level, print_log, fetch_list)

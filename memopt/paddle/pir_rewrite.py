@@ -53,6 +53,7 @@ from ..errors import PlanError
 from ..graph import InplaceVariant
 from .pir import PirGraph, is_pir_program, owning_program
 from .pir_later_ops import check_later_readers, live_ids
+from .pir_retired import redirect, retire
 from .pir_inplace import (CPU_NO_INPLACE, build_inplace, has_inplace_variant, inplace_map,
                           inplace_maps, insertion_point_kept, is_inplace_op)
 
@@ -258,7 +259,8 @@ def apply_inplace(pg: PirGraph, rewrites) -> dict:
 
     Every new op is built first, right before its original (which keeps its
     uses); if any build fails, the new ops are erased and the program is as
-    it was.  Then each original's uses move to the new op and it is erased.
+    it was.  Then each original's uses move to the new op and it is retired
+    (:mod:`memopt.paddle.pir_retired`: out of the program, alive).
     Returns ``{old result Value id: new result Value}``.
     """
     built = []
@@ -288,7 +290,7 @@ def apply_inplace(pg: PirGraph, rewrites) -> dict:
             if a.initialized():
                 replaced[a.id] = b
         old.replace_all_uses_with(new.results())
-        old.erase()
+        retire(old, new)  # not erased: the user's Values of it stay valid
     return replaced
 
 
@@ -407,6 +409,7 @@ def record_for_save(program) -> None:
 def _fetch_hook(program, fetch_list):
     """The fetch guard's hook (:mod:`memopt.paddle.fetch_guard`)."""
     if is_pir_program(program):
+        redirect(program)  # ops built on a replaced op's Values read its replacement
         check_later_readers(program, MARK_ATTR)
         return resolve_fetch_list(program, fetch_list)
     return fetch_list

@@ -912,3 +912,34 @@ def test_legacy_optimized_twice_then_released_keeps_every_name_in_the_record(pad
             assert same(want[n], value), n
         for n in gone[:5] + gone[-5:]:
             assert_refused(opt, opt.main, n, feed)
+
+
+def _relu_program(paddle, optimize):
+    """x -> frozen matmul -> relu -> exp (fetched); a metric built after
+    memory_optimize on the relu's Value (the op relu_ replaced)."""
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 16], "float32")
+        weight = paddle.create_parameter([16, 16], "float32")
+        weight.stop_gradient = True
+        h = paddle.nn.functional.relu(paddle.matmul(x, weight))
+        out = paddle.exp(h)
+        if optimize:
+            report = memopt.memory_optimize(main, level=1, fetch_list=[out])
+            assert [r.op for r in report.reuses] == ["pd_op.relu -> pd_op.relu_"]
+        metric = paddle.sum(h) * 2.0
+    return main, startup, out, metric
+
+
+def test_pir_op_built_on_a_replaced_value_reads_its_replacement(paddle):
+    """An op built after memory_optimize on a Value of an op the rewrite
+    replaced by its in-place variant: Paddle's builder crashed the process
+    (SIGSEGV: the erased op had freed the Value).  The replaced op is
+    retired instead (memopt.paddle.pir_retired), and before the run the
+    new op reads the replacement: the same bytes as without memopt."""
+    main, startup, out, metric = _relu_program(paddle, optimize=True)
+    ref = _relu_program(paddle, optimize=False)
+    got = _steps(paddle, main, startup, [out, metric])
+    want = _steps(paddle, ref[0], ref[1], [ref[2], ref[3]])
+    assert [a.tobytes() for step in got for a in step] == \
+        [a.tobytes() for step in want for a in step]
