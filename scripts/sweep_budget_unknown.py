@@ -23,6 +23,8 @@ Usage::
 
     python scripts/sweep_budget_unknown.py                        # every model
     python scripts/sweep_budget_unknown.py --models gpt6,mixer --fractions 1,0.6
+    python scripts/sweep_budget_unknown.py 2> rows.jsonl   # each model's row on stderr
+    python scripts/sweep_budget_unknown.py --rows rows.jsonl   # the table again
 """
 from __future__ import annotations
 
@@ -457,8 +459,15 @@ def main(argv=None) -> int:
     parser.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS))
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--batch", type=int, default=None, help="override every model's batch")
+    parser.add_argument("--rows", nargs="+", metavar="FILE",
+                        help="print the table of the JSON lines earlier runs wrote on stderr")
     parser.add_argument("--worker", nargs=5)
     args = parser.parse_args(argv)
+    if args.rows:
+        rows = [json.loads(line) for path in args.rows for line in open(path)
+                if line.startswith('{"model"')]
+        table([dict(r, budgets=[tuple(b) for b in r["budgets"]]) for r in rows])
+        return 0
     if args.worker:
         name, config, batch, budget, steps = args.worker
         print(json.dumps(worker(name, config, int(batch), float(budget), int(steps))))
