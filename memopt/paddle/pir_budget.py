@@ -66,10 +66,10 @@ WORKERS_CHECKED = (1, 2)
 #: :mod:`memopt.analysis` counts (the value itself, kept to the step's end),
 #: at every step after the first: Paddle 3.3.1's executor keeps the last
 #: step's fetch results (after ``exe.run`` returns, the allocator still
-#: counts two buffers of each: its fetch variable and the array it
-#: returned, which shares its memory), and ``out = exe.run(...)`` holds the
-#: previous step's arrays while the next step runs; during a step, the
-#: fetch copy the executor makes adds up to one more.  Measured (2026-11-26,
+#: counts two buffers of each fetched value, three while the caller holds
+#: the arrays it returned), and ``out = exe.run(...)`` holds the previous
+#: step's arrays while the next step runs; during a step, the fetch copy
+#: the executor makes adds up to one more.  Measured (2026-11-26,
 #: ``scripts/sweep_budget_unknown.py``, GC on, fetch_list [loss, logits]):
 #: step 1 / steps 2-4 / predicted, MB: tied LSTM LM (logits 8.19 MB)
 #: 36.39 / 52.78 / 29.74; GRU seq2seq (2.56 MB) 20.77 / 25.89 / 23.33;
