@@ -449,7 +449,8 @@ def table(rows, out=print) -> None:
             head = ["", "", "", "", "", ""]
         mono = {ref: all(b <= a for a, b in zip(v, v[1:])) for ref, v in lows.items()}
         t.row("", "", "", "", "", "", "monotone (lowest step)",
-              ", ".join(f"{ref}: {'yes' if ok else 'NO'}" for ref, ok in mono.items()),
+              ", ".join(f"{ref}: {'yes' if ok else 'NO'}" for ref, ok in mono.items())
+              or "- (no plan)",
               "", "", "", "")
 
 
