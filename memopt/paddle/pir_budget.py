@@ -30,7 +30,8 @@ from ..errors import BudgetError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "gc_lag", "guarded_peak", "budget_error",
+__all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "FETCH_CARRIED", "gc_lag", "fetch_carry",
+           "carried_bytes", "guarded_peak", "budget_error",
            "recompute_choices", "vouched", "offered", "estimated_batch", "plan_recompute",
            "rewritten_peak", "choose_plan", "smallest_budget", "plans_at",
            "largest_planned_batch", "require_supported"]
@@ -60,6 +61,25 @@ GC_LAG_OPS = 4
 #: frees 4 ops late 11.8 and 10.9 MB).
 WORKERS_CHECKED = (1, 2)
 
+#: With Paddle's garbage collector on, how many buffers the size of each
+#: fetched value (not persistable) a PIR training loop holds beyond what
+#: :mod:`memopt.analysis` counts (the value itself, kept to the step's end),
+#: at every step after the first: Paddle 3.3.1's executor keeps the last
+#: step's fetch results (after ``exe.run`` returns, the allocator still
+#: counts two buffers of each fetched value, three while the caller holds
+#: the arrays it returned), and ``out = exe.run(...)`` holds the previous
+#: step's arrays while the next step runs; during a step, the fetch copy
+#: the executor makes adds up to one more.  Measured (2026-11-26,
+#: ``scripts/sweep_budget_unknown.py``, GC on, fetch_list [loss, logits]):
+#: step 1 / steps 2-4 / predicted, MB: tied LSTM LM (logits 8.19 MB)
+#: 36.39 / 52.78 / 29.74; GRU seq2seq (2.56 MB) 20.77 / 25.89 / 23.33;
+#: GPT-6 (2.05 MB) 55.75 / 59.84 / 54.47: every later step is the first
+#: plus two of each fetched value, the first at most one above the
+#: prediction.  A budget is checked with these three buffers counted
+#: (:func:`guarded_peak`'s ``carried``); fetch only the loss to leave them
+#: out.
+FETCH_CARRIED = 3
+
 _ALTERNATES: dict = {}
 
 
@@ -69,11 +89,43 @@ def gc_lag(pg) -> int:
     return getattr(pg, "gc_lag_ops", GC_LAG_OPS)
 
 
-def guarded_peak(prediction, batch: int, window: int = GC_LAG_OPS) -> int:
+def fetch_carry(pg) -> int:
+    """How many buffers the size of each fetched value a step of ``pg``
+    holds beyond the analysis (:data:`FETCH_CARRIED`): a target's own
+    ``fetch_carried`` (a legacy program's: none measured, 0), else
+    :data:`FETCH_CARRIED` for a PIR program."""
+    return getattr(pg, "fetch_carried", 0 if _is_target(pg) else FETCH_CARRIED)
+
+
+def carried_bytes(prediction, batch: int, carried: int) -> int:
+    """``carried`` buffers the size of each fetched value of
+    ``prediction``'s graph that is dense and not persistable, at ``batch``,
+    with the garbage collector on (0 with it off: ``fetch_copies`` counts
+    those)."""
+    from ..graph import size_at
+
+    if not carried or not prediction.runtime.gc:
+        return 0
+    graph = prediction.graph
+    total = 0
+    for name in dict.fromkeys(graph.fetch_names):
+        var = graph.find_var(name)
+        if var is not None and not var.persistable and var.is_dense:
+            total += carried * size_at(var.size, batch)
+    return total
+
+
+def guarded_peak(prediction, batch: int, window: int = GC_LAG_OPS, carried: int = 0) -> int:
     """The total peak a budget is checked against: ``prediction``'s (an
     :class:`memopt.analysis.Analysis`) with frees up to ``window`` ops late,
     the largest over the executor's schedule with its own worker count and
-    with each of :data:`WORKERS_CHECKED` (dataflow schedule only)."""
+    with each of :data:`WORKERS_CHECKED` (dataflow schedule only), plus
+    ``carried`` buffers of each fetched value (:func:`carried_bytes`)."""
+    return _lagged_peak(prediction, batch, window) + carried_bytes(prediction, batch, carried)
+
+
+def _lagged_peak(prediction, batch: int, window: int) -> int:
+    """:func:`guarded_peak` without the fetched values' buffers."""
     peak = prediction.total_peak_pending(window, batch)
     runtime = prediction.runtime
     if runtime.schedule != "dataflow":
@@ -106,7 +158,7 @@ def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
     keep = (lambda plan: offered(plan, runtime)) if offered_only else None
     choices = recompute.evaluate_grid(problem, _predictor(pg, batch, runtime), keep=keep)
     for c in choices:
-        c.peak = guarded_peak(c.prediction, batch, gc_lag(pg))
+        c.peak = guarded_peak(c.prediction, batch, gc_lag(pg), fetch_carry(pg))
     return problem, choices
 
 
@@ -170,7 +222,7 @@ def offered(plan, runtime) -> bool:
 
 
 def estimated_batch(choices, budget: int, limit: int = 1 << 20,
-                    window: int = GC_LAG_OPS) -> int:
+                    window: int = GC_LAG_OPS, carried: int = 0) -> int:
     """A guess at the largest batch that fits ``budget``: the largest batch
     some plan of ``choices`` fits at (:func:`guarded_peak`) with each plan's
     structure kept as it was planned at their batch; 0 if none.  Only a
@@ -184,9 +236,10 @@ def estimated_batch(choices, budget: int, limit: int = 1 << 20,
 
     best = 0
     for c in sorted(choices, key=lambda c: c.peak):
-        if best >= limit or guarded_peak(c.prediction, best + 1, window) > budget:
+        if best >= limit or guarded_peak(c.prediction, best + 1, window, carried) > budget:
             continue
-        best = largest_passing(lambda n, c=c: guarded_peak(c.prediction, n, window) <= budget,
+        best = largest_passing(lambda n, c=c: guarded_peak(c.prediction, n, window,
+                                                            carried) <= budget,
                                best + 1, limit, {best + 1: True})
     return best
 
@@ -231,7 +284,7 @@ def rewritten_peak(pg, plan, fetch_names, batch: int, runtime):
         else:
             read = executed(pir.convert(pg.program, fetch_names), runtime)
             after = from_graph(read.graph, batch, runtime, read.inplace)
-        return guarded_peak(after, batch, gc_lag(pg)), applied
+        return guarded_peak(after, batch, gc_lag(pg), fetch_carry(pg)), applied
     except BaseException:
         applied.undo()
         raise
@@ -261,7 +314,7 @@ def choose_plan(pg, fetch_names, batch: int, budget: int, runtime):
     smallest = smallest_budget(pg, fetch_names, batch, runtime, choices, checked)
     largest = largest_planned_batch(pg, fetch_names, budget, runtime,
                                     start=estimated_batch(choices, budget, batch - 1,
-                                                          gc_lag(pg)),
+                                                          gc_lag(pg), fetch_carry(pg)),
                                     limit=batch - 1, order=choices)
     raise budget_error(budget, batch, smallest, largest, gc_lag(pg))
 
@@ -313,7 +366,7 @@ def plans_at(pg, fetch_names, batch: int, budget: int, runtime, order=()) -> boo
         graph, _ = recompute.rewrite_graph(problem, plan)
         prediction = predict(graph, plan)
         if prediction.total_peak_pending(gc_lag(pg), batch) > budget \
-                or guarded_peak(prediction, batch, gc_lag(pg)) > budget:
+                or guarded_peak(prediction, batch, gc_lag(pg), fetch_carry(pg)) > budget:
             continue
         if not plan.dropped:
             return True
