@@ -62,7 +62,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from .graph import Graph, Op, Size, unversioned
-from .liveness import analyze_graph as _liveness_of
+from .liveness import Interval, StraightLine, program_liveness
 from .report import format_bytes
 from .schedule import reorder
 
@@ -665,6 +665,25 @@ def _reordered(graph: Graph, order: list) -> Graph:
     return reorder(graph, [top[p] for p in order if p in top])
 
 
+def _intervals(graph: Graph) -> dict:
+    """Each variable's live interval (flat positions) in ``graph``: those of
+    :func:`memopt.liveness.analyze_graph`, found in one pass for
+    straight-line code (:func:`memopt.liveness.program_liveness`; a budget
+    plan analyses hundreds of rewritten graphs).  A fetched name no op
+    mentions is live through the whole step there, as the dataflow solution
+    has it."""
+    live = program_liveness(graph)
+    if not isinstance(live, StraightLine):
+        return live.intervals()
+    intervals = dict(live.intervals())
+    last = len(graph.blocks[0].ops) - 1
+    if last >= 0:
+        for name in graph.fetch_names:
+            if name not in intervals:
+                intervals[name] = Interval(0, last)
+    return intervals
+
+
 def from_graph(graph: Graph, batch_size: Optional[int] = None,
                runtime: Optional[RuntimeModel] = None,
                inplace: Sequence = (), same_variable: Sequence = ()) -> Analysis:
@@ -696,7 +715,7 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
     positions = list(run_graph.walk_ops())
     n = len(positions)
     last = max(n - 1, 0)
-    intervals = _liveness_of(_runtime_graph(run_graph)).intervals()
+    intervals = _intervals(_runtime_graph(run_graph))
     first_writer: dict = {}
     # a release op (memopt.release_memory) frees variables even with GC
     # off; what it writes besides them holds no memory
