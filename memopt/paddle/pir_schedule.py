@@ -249,7 +249,7 @@ def mode_peaks(program, batch: int, modes, order: Optional[List[int]] = None,
         clone = program.clone(mapping)
         fetch = [mapping.look_up(v) for v in fetch]
         apply_order(clone, order)
-    pg = convert(clone, fetch)
+    pg = convert(clone, fetch, labels=order is None)  # a throwaway clone: peaks only
     own = modes[0][1]
     pairs = executor_inplace(pg, (), own.device) if own.inplace else []
     return peaks_by_mode(pg.graph, batch, modes, pairs)
