@@ -585,6 +585,16 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
     readers: dict = {}
     upstream: list = [set() for _ in range(n)]
     instruction = []
+    roots: dict = {}  # name -> its buffer (aliases.find, looked up once per name)
+
+    def buffer(name: str) -> str:
+        root = roots.get(name)
+        if root is None:
+            root = roots[name] = aliases.find(name)
+        return root
+
+    # (each unit's dependencies are sets: the order the buffers are visited
+    # in changes none of them)
     for u, positions in enumerate(units):
         head = ops[positions[0]]
         instruction.append(head.type not in _NOT_INSTRUCTIONS)
@@ -593,16 +603,16 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
         writes: set = set()
         for pos in positions:
             op = ops[pos]
-            reads.update(aliases.find(nm) for nm in op.reads if nm not in written_inside)
+            reads.update(buffer(nm) for nm in op.reads if nm not in written_inside)
             for nm in op.writes:
                 written_inside.add(nm)
-                writes.add(aliases.find(nm))
-        for key in sorted(reads):
+                writes.add(buffer(nm))
+        for key in reads:
             w = last_writer.get(key)
             if w is not None and w != u:
                 upstream[u].add(w)
             readers.setdefault(key, set()).add(u)
-        for key in sorted(writes):
+        for key in writes:
             for r in readers.get(key, ()):
                 if r != u:
                     upstream[u].add(r)
@@ -730,20 +740,28 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
     var_of: dict = {}
     for _, var in graph.all_vars():
         var_of.setdefault(var.name, var)
+    sizes: dict = {}  # name -> var.size (a property that computes it: read once)
+
+    def size(name: str) -> Size:
+        known = sizes.get(name)
+        if known is None:
+            known = sizes[name] = var_of[name].size
+        return known
+
     persistable: dict = {}
     persistent_roots: dict = {}  # alias root -> largest size (counted once)
     for name, var in var_of.items():
         if var.persistable and var.is_dense:
             root = aliases.find(name)
             old = persistent_roots.get(root)
-            if old is None or _order(var.size) > _order(old):
-                persistent_roots[root] = var.size
-    for size in persistent_roots.values():
-        _poly_add(persistable, size)
+            if old is None or _order(size(name)) > _order(old):
+                persistent_roots[root] = size(name)
+    for root_size in persistent_roots.values():
+        _poly_add(persistable, root_size)
     per_iteration = {nm for _, op in flat if op.facts.in_loop for nm in op.facts.stack_push}
     members: dict = {}
     for name, var in var_of.items():
-        if var.persistable or not var.is_dense or var.size.coefficient == 0 or name in hollow:
+        if var.persistable or not var.is_dense or size(name).coefficient == 0 or name in hollow:
             continue
         root = aliases.find(name)
         if root in persistent_roots:
@@ -771,16 +789,21 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
                 freed_at = released.get(unversioned(nm), -1)
                 end = freed_at if first_writer.get(nm, start) < freed_at else last
             spans.append((start, end, nm))
-        spans.sort()
-        start = spans[0][0]
-        end = max(e for _, e, _ in spans)
-        owner = spans[0][2]
-        size = max((_scaled(var_of[nm].size, runtime.loop_iterations if nm in per_iteration
-                            else 1) for _, _, nm in spans), key=_order)
+        if len(spans) == 1:  # most buffers: one variable
+            start, end, owner = spans[0]
+            held = _scaled(size(owner), runtime.loop_iterations if owner in per_iteration
+                           else 1)
+        else:
+            spans.sort()
+            start = spans[0][0]
+            end = max(e for _, e, _ in spans)
+            owner = spans[0][2]
+            held = max((_scaled(size(nm), runtime.loop_iterations if nm in per_iteration
+                                else 1) for _, _, nm in spans), key=_order)
         pos = first_writer.get(owner, start)
         op = positions[pos][1] if positions else None
         holders.append(Holder(
-            name=owner, names=tuple(nm for _, _, nm in spans), size=size,
+            name=owner, names=tuple(nm for _, _, nm in spans), size=held,
             category=_category(var_of[owner], op.role if op else "forward"),
             op=op.type if op else "-", position=pos, start=start, end=end,
             label=var_of[owner].display))
