@@ -68,7 +68,8 @@ from .schedule import reorder
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RuntimeModel", "Holder", "Analysis", "from_graph", "versions", "executor_order"]
+__all__ = ["RuntimeModel", "Holder", "Analysis", "from_graph", "from_graph_modes", "versions",
+           "executor_order"]
 
 #: With the garbage collector off, Paddle 3.3.1's executor (CPU) holds this
 #: many more buffers the size of each fetched value of a PIR program when the
@@ -577,7 +578,12 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
     op writes over); ops that are no instructions (parameters, feeds) come
     first.
     """
-    aliases = aliases or _Aliases()
+    return _run_tasks(_dependencies(graph, aliases or _Aliases()), workers)
+
+
+def _dependencies(graph: Graph, aliases: _Aliases) -> tuple:
+    """``(units, downstream, deps, instruction)`` of :func:`executor_order`:
+    what its schedule runs on, whatever the worker count."""
     ops = _flat_ops(graph)
     units = _units(graph)
     n = len(units)
@@ -633,6 +639,15 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
             downstream[w].append(u)
     for d in downstream:
         d.sort()
+    return units, downstream, deps, instruction
+
+
+def _run_tasks(dependencies: tuple, workers: int) -> list:
+    """:func:`executor_order`'s schedule of ``dependencies`` (from
+    :func:`_dependencies`, not changed) with ``workers`` threads."""
+    units, downstream, deps, instruction = dependencies
+    deps = list(deps)
+    n = len(units)
     order: list = [u for u in range(n) if not instruction[u]]
     roots = [u for u in range(n) if instruction[u] and deps[u] == 0]
 
@@ -706,7 +721,16 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
     ``(name, name)`` pairs that are one variable of the program run (the
     versions of a legacy variable written more than once): one buffer.
     """
-    runtime = runtime or RuntimeModel()
+    return from_graph_modes(graph, batch_size, [runtime or RuntimeModel()], inplace,
+                            same_variable)[0]
+
+
+def from_graph_modes(graph: Graph, batch_size: Optional[int], runtimes: Sequence,
+                     inplace: Sequence = (), same_variable: Sequence = ()) -> list:
+    """:func:`from_graph` of ``graph`` under each of ``runtimes``, in order:
+    the buffers in-place ops share and the executor's dependencies are
+    worked out once for all (a budget checks each plan under three worker
+    counts, level 2 each order under four executor modes)."""
     aliases = _Aliases()
     for _, src, dst in inplace:
         aliases.union(src, dst)
@@ -716,120 +740,125 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
         for src, dst in op.facts.overwrites:
             aliases.union(src, dst)
     flat = list(graph.walk_ops())
-    if runtime.schedule == "dataflow":
-        order = executor_order(graph, aliases, runtime.workers)
-        run_graph = _reordered(graph, order)
-    else:
-        order = list(range(len(flat)))
-        run_graph = graph
-    positions = list(run_graph.walk_ops())
-    n = len(positions)
-    last = max(n - 1, 0)
-    intervals = _intervals(_runtime_graph(run_graph))
-    first_writer: dict = {}
-    # a release op (memopt.release_memory) frees variables even with GC
-    # off; what it writes besides them holds no memory
-    released: dict = {}  # variable -> position of the op that releases it
-    hollow: set = set()
-    for pos, (_, op) in enumerate(positions):
-        for name in op.writes:
-            first_writer.setdefault(name, pos)
-        if op.facts.release:
-            released.update((name, pos) for name in op.facts.release)
-            hollow.update(n for n in op.writes if n not in op.facts.release)
-    var_of: dict = {}
-    for _, var in graph.all_vars():
-        var_of.setdefault(var.name, var)
-    sizes: dict = {}  # name -> var.size (a property that computes it: read once)
-
-    def size(name: str) -> Size:
-        known = sizes.get(name)
-        if known is None:
-            known = sizes[name] = var_of[name].size
-        return known
-
-    persistable: dict = {}
-    persistent_roots: dict = {}  # alias root -> largest size (counted once)
-    for name, var in var_of.items():
-        if var.persistable and var.is_dense:
-            root = aliases.find(name)
-            old = persistent_roots.get(root)
-            if old is None or _order(size(name)) > _order(old):
-                persistent_roots[root] = size(name)
-    for root_size in persistent_roots.values():
-        _poly_add(persistable, root_size)
-    per_iteration = {nm for _, op in flat if op.facts.in_loop for nm in op.facts.stack_push}
-    members: dict = {}
-    for name, var in var_of.items():
-        if var.persistable or not var.is_dense or size(name).coefficient == 0 or name in hollow:
-            continue
-        root = aliases.find(name)
-        if root in persistent_roots:
-            continue  # written over a parameter: no memory of its own
-        if name not in intervals and name not in first_writer:
-            continue
-        members.setdefault(root, []).append(name)
-    holders = []
-    for names in members.values():
-        spans = []
-        for nm in names:
-            var = var_of[nm]
-            iv = intervals.get(nm)
-            start = iv.start if iv else first_writer[nm]
-            end = iv.end if iv else first_writer[nm]
-            # Memory is allocated by the first write: a variable written on
-            # one path only (in a branch) looks live from the program's
-            # start to liveness, but holds nothing before it is written.
-            start = max(start, first_writer.get(nm, start))
-            if var.is_data or var.is_feed:
-                start, end = min(start, 0), last
-            elif not runtime.gc:
-                # held to the end, or to its release (a version of a legacy
-                # variable, ``name#k``, written before the release op)
-                freed_at = released.get(unversioned(nm), -1)
-                end = freed_at if first_writer.get(nm, start) < freed_at else last
-            spans.append((start, end, nm))
-        if len(spans) == 1:  # most buffers: one variable
-            start, end, owner = spans[0]
-            held = _scaled(size(owner), runtime.loop_iterations if owner in per_iteration
-                           else 1)
+    dependencies = None
+    out = []
+    for runtime in runtimes:
+        if runtime.schedule == "dataflow":
+            if dependencies is None:
+                dependencies = _dependencies(graph, aliases)
+            order = _run_tasks(dependencies, runtime.workers)
+            run_graph = _reordered(graph, order)
         else:
-            spans.sort()
-            start = spans[0][0]
-            end = max(e for _, e, _ in spans)
-            owner = spans[0][2]
-            held = max((_scaled(size(nm), runtime.loop_iterations if nm in per_iteration
-                                else 1) for _, _, nm in spans), key=_order)
-        pos = first_writer.get(owner, start)
-        op = positions[pos][1] if positions else None
-        holders.append(Holder(
-            name=owner, names=tuple(nm for _, _, nm in spans), size=held,
-            category=_category(var_of[owner], op.role if op else "forward"),
-            op=op.type if op else "-", position=pos, start=start, end=end,
-            label=var_of[owner].display))
-    # a kernel's scratch memory (``op.facts.workspace``, filled by the
-    # adapters where known): held while the op runs
-    for pos, (_, op) in enumerate(positions):
-        workspace = op.facts.workspace
-        if workspace is not None and workspace.coefficient:
-            holders.append(Holder(
-                name=f"workspace of {op.type} at op {pos}", names=(), size=workspace,
-                category="workspace", op=op.type, position=pos, start=pos, end=pos))
-    if not runtime.gc and runtime.fetch_copies:
-        for name in dict.fromkeys(graph.fetch_names):
-            var = var_of.get(name)
-            if var is None or var.persistable or not var.is_dense or not var.size.coefficient:
-                continue
-            holders.append(Holder(
-                name=f"fetch copies of {name}", names=(),
-                size=_scaled(var.size, runtime.fetch_copies), category="workspace",
-                op="fetch", position=last, start=last, end=last))
-    holders.sort(key=lambda h: (h.start, h.name))
-    return Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
-                    holders=holders, persistable=persistable,
-                    op_types=[op.type for _, op in positions], inplace=list(inplace),
-                    order=order)
+            order = list(range(len(flat)))
+            run_graph = graph
+        positions = list(run_graph.walk_ops())
+        n = len(positions)
+        last = max(n - 1, 0)
+        intervals = _intervals(_runtime_graph(run_graph))
+        first_writer: dict = {}
+        # a release op (memopt.release_memory) frees variables even with GC
+        # off; what it writes besides them holds no memory
+        released: dict = {}  # variable -> position of the op that releases it
+        hollow: set = set()
+        for pos, (_, op) in enumerate(positions):
+            for name in op.writes:
+                first_writer.setdefault(name, pos)
+            if op.facts.release:
+                released.update((name, pos) for name in op.facts.release)
+                hollow.update(n for n in op.writes if n not in op.facts.release)
+        var_of: dict = {}
+        for _, var in graph.all_vars():
+            var_of.setdefault(var.name, var)
+        sizes: dict = {}  # name -> var.size (a property that computes it: read once)
 
+        def size(name: str) -> Size:
+            known = sizes.get(name)
+            if known is None:
+                known = sizes[name] = var_of[name].size
+            return known
+
+        persistable: dict = {}
+        persistent_roots: dict = {}  # alias root -> largest size (counted once)
+        for name, var in var_of.items():
+            if var.persistable and var.is_dense:
+                root = aliases.find(name)
+                old = persistent_roots.get(root)
+                if old is None or _order(size(name)) > _order(old):
+                    persistent_roots[root] = size(name)
+        for root_size in persistent_roots.values():
+            _poly_add(persistable, root_size)
+        per_iteration = {nm for _, op in flat if op.facts.in_loop for nm in op.facts.stack_push}
+        members: dict = {}
+        for name, var in var_of.items():
+            if var.persistable or not var.is_dense or size(name).coefficient == 0 or name in hollow:
+                continue
+            root = aliases.find(name)
+            if root in persistent_roots:
+                continue  # written over a parameter: no memory of its own
+            if name not in intervals and name not in first_writer:
+                continue
+            members.setdefault(root, []).append(name)
+        holders = []
+        for names in members.values():
+            spans = []
+            for nm in names:
+                var = var_of[nm]
+                iv = intervals.get(nm)
+                start = iv.start if iv else first_writer[nm]
+                end = iv.end if iv else first_writer[nm]
+                # Memory is allocated by the first write: a variable written on
+                # one path only (in a branch) looks live from the program's
+                # start to liveness, but holds nothing before it is written.
+                start = max(start, first_writer.get(nm, start))
+                if var.is_data or var.is_feed:
+                    start, end = min(start, 0), last
+                elif not runtime.gc:
+                    # held to the end, or to its release (a version of a legacy
+                    # variable, ``name#k``, written before the release op)
+                    freed_at = released.get(unversioned(nm), -1)
+                    end = freed_at if first_writer.get(nm, start) < freed_at else last
+                spans.append((start, end, nm))
+            if len(spans) == 1:  # most buffers: one variable
+                start, end, owner = spans[0]
+                held = _scaled(size(owner), runtime.loop_iterations if owner in per_iteration
+                               else 1)
+            else:
+                spans.sort()
+                start = spans[0][0]
+                end = max(e for _, e, _ in spans)
+                owner = spans[0][2]
+                held = max((_scaled(size(nm), runtime.loop_iterations if nm in per_iteration
+                                    else 1) for _, _, nm in spans), key=_order)
+            pos = first_writer.get(owner, start)
+            op = positions[pos][1] if positions else None
+            holders.append(Holder(
+                name=owner, names=tuple(nm for _, _, nm in spans), size=held,
+                category=_category(var_of[owner], op.role if op else "forward"),
+                op=op.type if op else "-", position=pos, start=start, end=end,
+                label=var_of[owner].display))
+        # a kernel's scratch memory (``op.facts.workspace``, filled by the
+        # adapters where known): held while the op runs
+        for pos, (_, op) in enumerate(positions):
+            workspace = op.facts.workspace
+            if workspace is not None and workspace.coefficient:
+                holders.append(Holder(
+                    name=f"workspace of {op.type} at op {pos}", names=(), size=workspace,
+                    category="workspace", op=op.type, position=pos, start=pos, end=pos))
+        if not runtime.gc and runtime.fetch_copies:
+            for name in dict.fromkeys(graph.fetch_names):
+                var = var_of.get(name)
+                if var is None or var.persistable or not var.is_dense or not var.size.coefficient:
+                    continue
+                holders.append(Holder(
+                    name=f"fetch copies of {name}", names=(),
+                    size=_scaled(var.size, runtime.fetch_copies), category="workspace",
+                    op="fetch", position=last, start=last, end=last))
+        holders.sort(key=lambda h: (h.start, h.name))
+        out.append(Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
+                        holders=holders, persistable=persistable,
+                        op_types=[op.type for _, op in positions], inplace=list(inplace),
+                        order=order))
+    return out
 
 def versions(graph: Graph) -> list:
     """``(name, name#k)`` for every later version of a variable in ``graph``

@@ -263,8 +263,9 @@ def peaks_by_mode(graph, batch: int, modes, inplace=(), same_variable=()) -> dic
     from .pir_budget import GC_LAG_OPS
 
     out = {}
-    for label, mode in modes:
-        an = analysis.from_graph(graph, batch, mode, inplace, same_variable)
+    analyses = analysis.from_graph_modes(graph, batch, [mode for _, mode in modes], inplace,
+                                         same_variable)
+    for (label, mode), an in zip(modes, analyses):
         out[label] = an.total_peak(batch)
         if mode.gc:
             out[label + "+lag"] = an.total_peak_pending(GC_LAG_OPS, batch)
