@@ -86,9 +86,14 @@ def build(name: str):
 
 
 def _program_text(program) -> str:
+    """The program as its plan changes it: PIR's text; a legacy program's
+    ops (type, input and output slots), not its desc, which keeps each op's
+    Python call stack (the paths of the ``PYTHONPATH`` it was built under)."""
     if hasattr(program, "global_block") and hasattr(program, "num_ops"):
         return str(program)   # PIR
-    return program.desc.serialize_to_string().hex()
+    return json.dumps([[(op.type, {s: op.input(s) for s in op.input_names},
+                         {s: op.output(s) for s in op.output_names}) for op in block.ops]
+                       for block in program.blocks])
 
 
 def _digest(program, report) -> str:
