@@ -62,13 +62,14 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from .graph import Graph, Op, Size, unversioned
-from .liveness import analyze_graph as _liveness_of
+from .liveness import Interval, StraightLine, program_liveness
 from .report import format_bytes
 from .schedule import reorder
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RuntimeModel", "Holder", "Analysis", "from_graph", "versions", "executor_order"]
+__all__ = ["RuntimeModel", "Holder", "Analysis", "from_graph", "from_graph_modes", "versions",
+           "executor_order"]
 
 #: With the garbage collector off, Paddle 3.3.1's executor (CPU) holds this
 #: many more buffers the size of each fetched value of a PIR program when the
@@ -614,7 +615,12 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
     op writes over); ops that are no instructions (parameters, feeds) come
     first.
     """
-    aliases = aliases or _Aliases()
+    return _run_tasks(_dependencies(graph, aliases or _Aliases()), workers)
+
+
+def _dependencies(graph: Graph, aliases: _Aliases) -> tuple:
+    """``(units, downstream, deps, instruction)`` of :func:`executor_order`:
+    what its schedule runs on, whatever the worker count."""
     ops = _flat_ops(graph)
     units = _units(graph)
     n = len(units)
@@ -622,6 +628,16 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
     readers: dict = {}
     upstream: list = [set() for _ in range(n)]
     instruction = []
+    roots: dict = {}  # name -> its buffer (aliases.find, looked up once per name)
+
+    def buffer(name: str) -> str:
+        root = roots.get(name)
+        if root is None:
+            root = roots[name] = aliases.find(name)
+        return root
+
+    # (each unit's dependencies are sets: the order the buffers are visited
+    # in changes none of them)
     for u, positions in enumerate(units):
         head = ops[positions[0]]
         instruction.append(head.type not in _NOT_INSTRUCTIONS)
@@ -630,16 +646,16 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
         writes: set = set()
         for pos in positions:
             op = ops[pos]
-            reads.update(aliases.find(nm) for nm in op.reads if nm not in written_inside)
+            reads.update(buffer(nm) for nm in op.reads if nm not in written_inside)
             for nm in op.writes:
                 written_inside.add(nm)
-                writes.add(aliases.find(nm))
-        for key in sorted(reads):
+                writes.add(buffer(nm))
+        for key in reads:
             w = last_writer.get(key)
             if w is not None and w != u:
                 upstream[u].add(w)
             readers.setdefault(key, set()).add(u)
-        for key in sorted(writes):
+        for key in writes:
             for r in readers.get(key, ()):
                 if r != u:
                     upstream[u].add(r)
@@ -660,6 +676,15 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
             downstream[w].append(u)
     for d in downstream:
         d.sort()
+    return units, downstream, deps, instruction
+
+
+def _run_tasks(dependencies: tuple, workers: int) -> list:
+    """:func:`executor_order`'s schedule of ``dependencies`` (from
+    :func:`_dependencies`, not changed) with ``workers`` threads."""
+    units, downstream, deps, instruction = dependencies
+    deps = list(deps)
+    n = len(units)
     order: list = [u for u in range(n) if not instruction[u]]
     roots = [u for u in range(n) if instruction[u] and deps[u] == 0]
 
@@ -702,6 +727,25 @@ def _reordered(graph: Graph, order: list) -> Graph:
     return reorder(graph, [top[p] for p in order if p in top])
 
 
+def _intervals(graph: Graph) -> dict:
+    """Each variable's live interval (flat positions) in ``graph``: those of
+    :func:`memopt.liveness.analyze_graph`, found in one pass for
+    straight-line code (:func:`memopt.liveness.program_liveness`; a budget
+    plan analyses hundreds of rewritten graphs).  A fetched name no op
+    mentions is live through the whole step there, as the dataflow solution
+    has it."""
+    live = program_liveness(graph)
+    if not isinstance(live, StraightLine):
+        return live.intervals()
+    intervals = dict(live.intervals())
+    last = len(graph.blocks[0].ops) - 1
+    if last >= 0:
+        for name in graph.fetch_names:
+            if name not in intervals:
+                intervals[name] = Interval(0, last)
+    return intervals
+
+
 def from_graph(graph: Graph, batch_size: Optional[int] = None,
                runtime: Optional[RuntimeModel] = None,
                inplace: Sequence = (), same_variable: Sequence = ()) -> Analysis:
@@ -714,7 +758,16 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
     ``(name, name)`` pairs that are one variable of the program run (the
     versions of a legacy variable written more than once): one buffer.
     """
-    runtime = runtime or RuntimeModel()
+    return from_graph_modes(graph, batch_size, [runtime or RuntimeModel()], inplace,
+                            same_variable)[0]
+
+
+def from_graph_modes(graph: Graph, batch_size: Optional[int], runtimes: Sequence,
+                     inplace: Sequence = (), same_variable: Sequence = ()) -> list:
+    """:func:`from_graph` of ``graph`` under each of ``runtimes``, in order:
+    the buffers in-place ops share and the executor's dependencies are
+    worked out once for all (a budget checks each plan under three worker
+    counts, level 2 each order under four executor modes)."""
     aliases = _Aliases()
     for _, src, dst in inplace:
         aliases.union(src, dst)
@@ -724,107 +777,127 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
         for src, dst in op.facts.overwrites:
             aliases.union(src, dst)
     flat = list(graph.walk_ops())
-    if runtime.schedule == "dataflow":
-        order = executor_order(graph, aliases, runtime.workers)
-        run_graph = _reordered(graph, order)
-    else:
-        order = list(range(len(flat)))
-        run_graph = graph
-    positions = list(run_graph.walk_ops())
-    n = len(positions)
-    last = max(n - 1, 0)
-    intervals = _liveness_of(_runtime_graph(run_graph)).intervals()
-    first_writer: dict = {}
-    # a release op (memopt.release_memory) frees variables even with GC
-    # off; what it writes besides them holds no memory
-    released: dict = {}  # variable -> position of the op that releases it
-    hollow: set = set()
-    for pos, (_, op) in enumerate(positions):
-        for name in op.writes:
-            first_writer.setdefault(name, pos)
-        if op.facts.release:
-            released.update((name, pos) for name in op.facts.release)
-            hollow.update(n for n in op.writes if n not in op.facts.release)
-    var_of: dict = {}
-    for _, var in graph.all_vars():
-        var_of.setdefault(var.name, var)
-    persistable: dict = {}
-    persistent_roots: dict = {}  # alias root -> largest size (counted once)
-    for name, var in var_of.items():
-        if var.persistable and var.is_dense:
-            root = aliases.find(name)
-            old = persistent_roots.get(root)
-            if old is None or _order(var.size) > _order(old):
-                persistent_roots[root] = var.size
-    for size in persistent_roots.values():
-        _poly_add(persistable, size)
-    per_iteration = {nm for _, op in flat if op.facts.in_loop for nm in op.facts.stack_push}
-    members: dict = {}
-    for name, var in var_of.items():
-        if var.persistable or not var.is_dense or var.size.coefficient == 0 or name in hollow:
-            continue
-        root = aliases.find(name)
-        if root in persistent_roots:
-            continue  # written over a parameter: no memory of its own
-        if name not in intervals and name not in first_writer:
-            continue
-        members.setdefault(root, []).append(name)
-    holders = []
-    for names in members.values():
-        spans = []
-        for nm in names:
-            var = var_of[nm]
-            iv = intervals.get(nm)
-            start = iv.start if iv else first_writer[nm]
-            end = iv.end if iv else first_writer[nm]
-            # Memory is allocated by the first write: a variable written on
-            # one path only (in a branch) looks live from the program's
-            # start to liveness, but holds nothing before it is written.
-            start = max(start, first_writer.get(nm, start))
-            if var.is_data or var.is_feed:
-                start, end = min(start, 0), last
-            elif not runtime.gc:
-                # held to the end, or to its release (a version of a legacy
-                # variable, ``name#k``, written before the release op)
-                freed_at = released.get(unversioned(nm), -1)
-                end = freed_at if first_writer.get(nm, start) < freed_at else last
-            spans.append((start, end, nm))
-        spans.sort()
-        start = spans[0][0]
-        end = max(e for _, e, _ in spans)
-        owner = spans[0][2]
-        size = max((_scaled(var_of[nm].size, runtime.loop_iterations if nm in per_iteration
-                            else 1) for _, _, nm in spans), key=_order)
-        pos = first_writer.get(owner, start)
-        op = positions[pos][1] if positions else None
-        holders.append(Holder(
-            name=owner, names=tuple(nm for _, _, nm in spans), size=size,
-            category=_category(var_of[owner], op.role if op else "forward"),
-            op=op.type if op else "-", position=pos, start=start, end=end,
-            label=var_of[owner].display))
-    # a kernel's scratch memory (``op.facts.workspace``, filled by the
-    # adapters where known): held while the op runs
-    for pos, (_, op) in enumerate(positions):
-        workspace = op.facts.workspace
-        if workspace is not None and workspace.coefficient:
-            holders.append(Holder(
-                name=f"workspace of {op.type} at {op.attrs.get('place') or f'op {pos}'}",
-                names=(), size=workspace,
-                category="workspace", op=op.type, position=pos, start=pos, end=pos))
-    if not runtime.gc and runtime.fetch_copies:
-        for name in dict.fromkeys(graph.fetch_names):
-            var = var_of.get(name)
-            if var is None or var.persistable or not var.is_dense or not var.size.coefficient:
+    dependencies = None
+    out = []
+    for runtime in runtimes:
+        if runtime.schedule == "dataflow":
+            if dependencies is None:
+                dependencies = _dependencies(graph, aliases)
+            order = _run_tasks(dependencies, runtime.workers)
+            run_graph = _reordered(graph, order)
+        else:
+            order = list(range(len(flat)))
+            run_graph = graph
+        positions = list(run_graph.walk_ops())
+        n = len(positions)
+        last = max(n - 1, 0)
+        intervals = _intervals(_runtime_graph(run_graph))
+        first_writer: dict = {}
+        # a release op (memopt.release_memory) frees variables even with GC
+        # off; what it writes besides them holds no memory
+        released: dict = {}  # variable -> position of the op that releases it
+        hollow: set = set()
+        for pos, (_, op) in enumerate(positions):
+            for name in op.writes:
+                first_writer.setdefault(name, pos)
+            if op.facts.release:
+                released.update((name, pos) for name in op.facts.release)
+                hollow.update(n for n in op.writes if n not in op.facts.release)
+        var_of: dict = {}
+        for _, var in graph.all_vars():
+            var_of.setdefault(var.name, var)
+        sizes: dict = {}  # name -> var.size (a property that computes it: read once)
+
+        def size(name: str) -> Size:
+            known = sizes.get(name)
+            if known is None:
+                known = sizes[name] = var_of[name].size
+            return known
+
+        persistable: dict = {}
+        persistent_roots: dict = {}  # alias root -> largest size (counted once)
+        for name, var in var_of.items():
+            if var.persistable and var.is_dense:
+                root = aliases.find(name)
+                old = persistent_roots.get(root)
+                if old is None or _order(size(name)) > _order(old):
+                    persistent_roots[root] = size(name)
+        for root_size in persistent_roots.values():
+            _poly_add(persistable, root_size)
+        per_iteration = {nm for _, op in flat if op.facts.in_loop for nm in op.facts.stack_push}
+        members: dict = {}
+        for name, var in var_of.items():
+            if var.persistable or not var.is_dense or size(name).coefficient == 0 or name in hollow:
                 continue
+            root = aliases.find(name)
+            if root in persistent_roots:
+                continue  # written over a parameter: no memory of its own
+            if name not in intervals and name not in first_writer:
+                continue
+            members.setdefault(root, []).append(name)
+        holders = []
+        for names in members.values():
+            spans = []
+            for nm in names:
+                var = var_of[nm]
+                iv = intervals.get(nm)
+                start = iv.start if iv else first_writer[nm]
+                end = iv.end if iv else first_writer[nm]
+                # Memory is allocated by the first write: a variable written on
+                # one path only (in a branch) looks live from the program's
+                # start to liveness, but holds nothing before it is written.
+                start = max(start, first_writer.get(nm, start))
+                if var.is_data or var.is_feed:
+                    start, end = min(start, 0), last
+                elif not runtime.gc:
+                    # held to the end, or to its release (a version of a legacy
+                    # variable, ``name#k``, written before the release op)
+                    freed_at = released.get(unversioned(nm), -1)
+                    end = freed_at if first_writer.get(nm, start) < freed_at else last
+                spans.append((start, end, nm))
+            if len(spans) == 1:  # most buffers: one variable
+                start, end, owner = spans[0]
+                held = _scaled(size(owner), runtime.loop_iterations if owner in per_iteration
+                               else 1)
+            else:
+                spans.sort()
+                start = spans[0][0]
+                end = max(e for _, e, _ in spans)
+                owner = spans[0][2]
+                held = max((_scaled(size(nm), runtime.loop_iterations if nm in per_iteration
+                                    else 1) for _, _, nm in spans), key=_order)
+            pos = first_writer.get(owner, start)
+            op = positions[pos][1] if positions else None
             holders.append(Holder(
-                name=f"fetch copies of {name}", names=(),
-                size=_scaled(var.size, runtime.fetch_copies), category="workspace",
-                op="fetch", position=last, start=last, end=last))
-    holders.sort(key=lambda h: (h.start, h.name))
-    return Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
-                    holders=holders, persistable=persistable,
-                    op_types=[op.type for _, op in positions], inplace=list(inplace),
-                    order=order, places=[op.attrs.get("place", "") for _, op in positions])
+                name=owner, names=tuple(nm for _, _, nm in spans), size=held,
+                category=_category(var_of[owner], op.role if op else "forward"),
+                op=op.type if op else "-", position=pos, start=start, end=end,
+                label=var_of[owner].display))
+        # a kernel's scratch memory (``op.facts.workspace``, filled by the
+        # adapters where known): held while the op runs
+        for pos, (_, op) in enumerate(positions):
+            workspace = op.facts.workspace
+            if workspace is not None and workspace.coefficient:
+                holders.append(Holder(
+                    name=f"workspace of {op.type} at {op.attrs.get('place') or f'op {pos}'}",
+                    names=(), size=workspace,
+                    category="workspace", op=op.type, position=pos, start=pos, end=pos))
+        if not runtime.gc and runtime.fetch_copies:
+            for name in dict.fromkeys(graph.fetch_names):
+                var = var_of.get(name)
+                if var is None or var.persistable or not var.is_dense or not var.size.coefficient:
+                    continue
+                holders.append(Holder(
+                    name=f"fetch copies of {name}", names=(),
+                    size=_scaled(var.size, runtime.fetch_copies), category="workspace",
+                    op="fetch", position=last, start=last, end=last))
+        holders.sort(key=lambda h: (h.start, h.name))
+        out.append(Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
+                            holders=holders, persistable=persistable,
+                            op_types=[op.type for _, op in positions], inplace=list(inplace),
+                            order=order,
+                            places=[op.attrs.get("place", "") for _, op in positions]))
+    return out
 
 
 def versions(graph: Graph) -> list:

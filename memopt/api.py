@@ -535,13 +535,13 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         if legacy.is_legacy_program(program):
             report.notes = list(report.notes) + _legacy_order(program, options, batch_size)
         return report
-    from .paddle import pir_loops
+    from .paddle import pir_convert_cache, pir_loops
 
     start = time.perf_counter()
     batch = int(batch_size or REFERENCE_BATCH)
     model = flags.runtime_model("pir")
     notes: List[str] = []
-    with _without_cycle_collection():
+    with _without_cycle_collection(), pir_convert_cache.shared():  # one read per state
         pg = pir.convert(program, sorted(options.fetch_list))
         pir_rewrite.check_user_names(pg, options)
         pg.kept = frozenset(options.skip_opt_set)  # never dropped by a recomputation

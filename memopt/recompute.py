@@ -341,8 +341,9 @@ def make_plan(problem: RecomputeProblem, dropped: Sequence[str],
             raise PlanError(f"cannot hold {name} for the clones: it is written over or "
                             "not made in the forward part")
     if per_reader is not None:
-        dropped = [n for n in dropped if _ordering(problem, makers[n], len(ops) - 1,
-                                                   _first_backward(ops)) is not None]
+        start = _first_backward(ops)
+        dropped = [n for n in dropped
+                   if _ordering(problem, makers[n], len(ops) - 1, start) is not None]
         plan = _plan_per_reader(problem, dropped, (set(saved) - set(dropped)) | set(held),
                                 saved, makers, per_reader)
         plan.held = _held_read(problem, plan, held)
@@ -430,6 +431,65 @@ def _plan_per_reader(problem: RecomputeProblem, dropped: List[str], kept: set,
     return RecomputePlan(dropped, clones, flops, step, readers)
 
 
+class _OrderingIndex:
+    """What :func:`_ordering` reads of a problem's ops, built once per
+    problem and backward start (it is asked once per clone and per dropped
+    value: tens of thousands of times on a big program, each of which
+    walked every op before).
+
+    - ``dense_temp(name)``: a dense temporary (not persistable, fed, written
+      by a region op or barred);
+    - ``first_write[name]``: the first backward position (from ``start``)
+      whose op writes ``name``;
+    - ``latest[i - start]``: the first dense temporary written by the last op
+      at or before ``i`` (from ``start``) that writes one; None if none."""
+
+    def __init__(self, problem: RecomputeProblem, start: int) -> None:
+        ops = problem.ops
+        self.key = (ops, len(ops), problem.barred, problem.graph.blocks[0].vars, start)
+        self.variables = problem.graph.blocks[0].vars
+        self.barred = problem.barred
+        # values a region op writes (a while's carried values live in its body)
+        self.inner = {n for o in ops if o.sub_blocks or o.facts.synthetic == "before"
+                      for n in o.writes}
+        self._dense: Dict[str, bool] = {}
+        self.first_write: Dict[str, int] = {}
+        self.latest: List[Optional[str]] = []
+        trigger = None
+        for i in range(start, len(ops)):
+            for n in ops[i].writes:
+                self.first_write.setdefault(n, i)
+            own = next((n for n in ops[i].writes if self.dense_temp(n)), None)
+            if own is not None:
+                trigger = own
+            self.latest.append(trigger)
+
+    def dense_temp(self, name: str) -> bool:
+        known = self._dense.get(name)
+        if known is None:
+            var = self.variables.get(name)
+            known = (var is not None and var.is_dense and not var.persistable
+                     and not var.is_feed and not var.is_data and name not in self.inner
+                     and name not in self.barred)
+            self._dense[name] = known
+        return known
+
+    def fits(self, problem: RecomputeProblem, start: int) -> bool:
+        """Whether this index was built for ``problem`` as it is now."""
+        ops = problem.ops
+        key = self.key
+        return (key[0] is ops and key[1] == len(ops) and key[2] is problem.barred
+                and key[3] is problem.graph.blocks[0].vars and key[4] == start)
+
+
+def _ordering_index(problem: RecomputeProblem, start: int) -> _OrderingIndex:
+    index = problem.__dict__.get("_ordering_index")
+    if index is None or not index.fits(problem, start):
+        index = _OrderingIndex(problem, start)
+        problem.__dict__["_ordering_index"] = index
+    return index
+
+
 def _ordering(problem: RecomputeProblem, op: int, before: int,
               start: int) -> Optional[Tuple[str, str]]:
     """``(input, trigger)`` for a clone of ``op`` placed before ``before``
@@ -440,16 +500,9 @@ def _ordering(problem: RecomputeProblem, op: int, before: int,
     op before ``before`` makes (one ``before`` reads if any).  None when
     there is no such pair (nothing of the backward part runs before it)."""
     ops = problem.ops
-    variables = problem.graph.blocks[0].vars
-    # values a region op writes (a while's carried values live in its body)
-    inner = {n for o in ops if o.sub_blocks or o.facts.synthetic == "before" for n in o.writes}
-
-    def dense_temp(name: str) -> bool:
-        var = variables.get(name)
-        return (var is not None and var.is_dense and not var.persistable
-                and not var.is_feed and not var.is_data and name not in inner
-                and name not in problem.barred)
-
+    index = _ordering_index(problem, start)
+    variables = index.variables
+    dense_temp = index.dense_temp
     inputs = [n for n in ops[op].reads if dense_temp(n) and n not in problem.available]
     if not inputs:
         # a fed value, read through a copy (see Clone.dep): never written over
@@ -458,16 +511,12 @@ def _ordering(problem: RecomputeProblem, op: int, before: int,
                                                        or variables[n].is_data)]
     if not inputs:
         return None
-    made_by = {}
-    for i in range(start, before):
-        for n in ops[i].writes:
-            made_by[n] = i
-    trigger = next((n for n in ops[before].reads if n in made_by and dense_temp(n)), None)
-    if trigger is None:
-        for i in range(before - 1, start - 1, -1):
-            trigger = next((n for n in ops[i].writes if dense_temp(n)), None)
-            if trigger is not None:
-                break
+    # a value ``before`` reads that a backward op before it makes
+    first_write = index.first_write
+    trigger = next((n for n in ops[before].reads
+                    if first_write.get(n, before) < before and dense_temp(n)), None)
+    if trigger is None and before - 1 >= start:
+        trigger = index.latest[before - 1 - start]
     return None if trigger is None else (inputs[0], trigger)
 
 

@@ -850,7 +850,8 @@ class _Converter:
         return any(getattr(self.graph.find_var(nm), "persistable", False) for nm in op.reads)
 
 
-def convert(program, fetch_list: Iterable = (), value_names: Optional[dict] = None) -> PirGraph:
+def convert(program, fetch_list: Iterable = (), value_names: Optional[dict] = None, *,
+            labels: bool = True) -> PirGraph:
     """Read a PIR program into a :class:`PirGraph` (the program is not changed).
 
     Parameters
@@ -860,15 +861,30 @@ def convert(program, fetch_list: Iterable = (), value_names: Optional[dict] = No
         exit and marked ``is_fetch``.  Operands of ``pd_op.fetch`` /
         ``builtin.shadow_output`` ops already in the program are fetched too.
     value_names : ``Value.id`` -> name, overriding the generated names.
+    labels : give the values the labels messages name them by
+        (:func:`label_values`); ``False`` for a read only measured (a
+        throwaway clone's), which is then never kept for a later read
+        (:mod:`memopt.paddle.pir_convert_cache`).
     """
     if not is_pir_program(program):
         from ..errors import UnsupportedProgramError
         raise UnsupportedProgramError(
             f"expected a paddle.pir.Program, got {type(program).__name__}; "
             "build the program in Paddle's static mode with PIR on (the default)")
-    result = _Converter(program, list(fetch_list), value_names).run()
+    fetch_list = list(fetch_list)
+    if value_names or not labels:
+        return _read(program, fetch_list, value_names, labels)
+    from . import pir_convert_cache
+
+    return pir_convert_cache.cached(program, fetch_list,
+                                    lambda: _read(program, fetch_list, value_names, labels))
+
+
+def _read(program, fetch_list: list, value_names: Optional[dict], labels: bool) -> PirGraph:
+    """:func:`convert`'s read of ``program`` (always afresh)."""
+    result = _Converter(program, fetch_list, value_names).run()
     result.program = program
-    if not value_names:  # (a translated legacy program's ops are not the user's)
+    if labels and not value_names:  # (a translated legacy program's ops are not the user's)
         label_values(result)
     fetched = [nm for _, var in result.graph.all_vars() if var.is_fetch
                for nm in [var.name]]

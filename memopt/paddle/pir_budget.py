@@ -135,12 +135,12 @@ def _lagged_peak(prediction, batch: int, window: int) -> int:
     if alternates is None or alternates[0] is not prediction:
         from dataclasses import replace
 
-        from ..analysis import from_graph
+        from ..analysis import from_graph_modes
 
-        alternates = (prediction, [
-            from_graph(prediction.graph, prediction.batch_size, replace(runtime, workers=w),
-                       prediction.inplace)
-            for w in WORKERS_CHECKED if w != runtime.workers])
+        alternates = (prediction, from_graph_modes(
+            prediction.graph, prediction.batch_size,
+            [replace(runtime, workers=w) for w in WORKERS_CHECKED if w != runtime.workers],
+            prediction.inplace))
         if len(_ALTERNATES) > 256:
             _ALTERNATES.clear()
         _ALTERNATES[key] = alternates

@@ -249,7 +249,7 @@ def mode_peaks(program, batch: int, modes, order: Optional[List[int]] = None,
         clone = program.clone(mapping)
         fetch = [mapping.look_up(v) for v in fetch]
         apply_order(clone, order)
-    pg = convert(clone, fetch)
+    pg = convert(clone, fetch, labels=order is None)  # a throwaway clone: peaks only
     own = modes[0][1]
     pairs = executor_inplace(pg, (), own.device) if own.inplace else []
     return peaks_by_mode(pg.graph, batch, modes, pairs)
@@ -263,8 +263,9 @@ def peaks_by_mode(graph, batch: int, modes, inplace=(), same_variable=()) -> dic
     from .pir_budget import GC_LAG_OPS
 
     out = {}
-    for label, mode in modes:
-        an = analysis.from_graph(graph, batch, mode, inplace, same_variable)
+    analyses = analysis.from_graph_modes(graph, batch, [mode for _, mode in modes], inplace,
+                                         same_variable)
+    for (label, mode), an in zip(modes, analyses):
         out[label] = an.total_peak(batch)
         if mode.gc:
             out[label + "+lag"] = an.total_peak_pending(GC_LAG_OPS, batch)

@@ -278,3 +278,39 @@ def test_release_memory_leaves_the_program(paddle, pir):
     report = memopt.release_memory(main)
     assert str(main) == before and report.program_type == "pir"
     assert "garbage collector" in report.release
+
+
+def _read_summary(pg):
+    """What a read says about the program: ops (type, reads, writes, facts)
+    in walk order and the variables (name, shape, label)."""
+    ops = [(op.type, op.reads, op.writes, op.facts) for _, op in pg.graph.walk_ops()]
+    variables = sorted((v.name, v.shape, v.label) for _, v in pg.graph.all_vars())
+    return ops, variables, pg.graph.fetch_names
+
+
+def test_one_read_per_program_state(pir, paddle):
+    """Inside pir_convert_cache.shared() a state read again is a copy of the
+    first read (equal to a fresh read, sharing no op or variable with it);
+    a moved op is a new state, read afresh; outside, nothing is kept."""
+    from memopt import models
+    from memopt.paddle import pir_convert_cache
+
+    model = models.build("mlp", "pir")
+    program, fetch = model.main, model.fetch_list
+    fresh = _read_summary(pir.convert(program, fetch))
+    with pir_convert_cache.shared():
+        first = pir.convert(program, fetch)
+        first.graph.blocks[0].ops[0].facts.view = True   # a caller's mark on its read
+        second = pir.convert(program, fetch)
+        assert len(pir_convert_cache._active) == 1
+        assert _read_summary(second) == fresh
+        assert second.graph.blocks[0].ops[0] is not first.graph.blocks[0].ops[0]
+        block = program.global_block()
+        ops = list(block.ops)
+        last_update = max(k for k, op in enumerate(ops) if op.name().endswith("_"))
+        ops[last_update].move_before(ops[last_update - 1])   # the last update one op up
+        moved = pir.convert(program, fetch)
+        assert len(pir_convert_cache._active) == 2
+        assert _read_summary(moved) != fresh
+    assert pir_convert_cache._active is None
+    assert _read_summary(moved) == _read_summary(pir.convert(program, fetch))
