@@ -173,21 +173,6 @@ MODELS = {
 }
 
 
-def _build(name):
-    import paddle
-
-    paddle.seed(7)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.static.program_guard(main, startup):
-        feed, fetch = MODELS[name][1]()
-    return main, startup, feed, fetch
-
-
-def _param_names(program):
-    return [op.attrs()["parameter_name"] for op in program.global_block().ops
-            if op.name() == "builtin.parameter"]
-
-
 def worker(name: str, config: str, batch: int, budget: float, steps: int) -> dict:
     import numpy as np
     import paddle
@@ -197,7 +182,7 @@ def worker(name: str, config: str, batch: int, budget: float, steps: int) -> dic
 
     import memopt
 
-    main, startup, feed, fetch = _build(name)
+    main, startup, feed, fetch = _bench.build_pir_model(MODELS, name)
     out: dict = {"model": name, "config": config, "batch": batch, "budget": budget}
     if config == "budget":
         before = str(main)
@@ -231,7 +216,7 @@ def worker(name: str, config: str, batch: int, budget: float, steps: int) -> dic
             for value in exe.run(main, feed=feed(rng, batch), fetch_list=fetch):
                 digest.update(np.asarray(value).tobytes())
         out["peak"] = core.host_memory_stat_peak_value("Allocated", 0)
-        for pname in _param_names(main):
+        for pname in _bench.pir_parameter_names(main):
             digest.update(np.array(scope.find_var(pname).get_tensor()).tobytes())
     out["digest"] = digest.hexdigest()
     return out
