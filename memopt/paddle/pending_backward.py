@@ -56,7 +56,8 @@ from .pir_inplace import reads_shape_only
 
 log = logging.getLogger(__name__)
 
-__all__ = ["can_still_be_differentiated", "pending_backward_values", "legacy_has_backward", "note"]
+__all__ = ["can_still_be_differentiated", "pending_backward_values", "legacy_has_backward",
+           "note", "LEGACY_NOTE"]
 
 #: op_role's backward bit (paddle.base.core.op_proto_and_checker_maker.OpRole).
 _ROLE_BACKWARD = 0x0001
@@ -80,8 +81,8 @@ def pending_backward_values(program) -> FrozenSet[str]:
 
 
 def note(count: int) -> str:
-    """The report's line for ``count`` values of a PIR program kept for a
-    later backward."""
+    """The report's line for ``count`` values of a PIR program that no op is
+    made in place over, for a later backward."""
     return (f"{count} value(s) a backward part not yet appended would read are never "
             "written over in place: the program has trainable parameters and no backward "
             "op, and optimizer.minimize / append_backward read them.  Call "
@@ -126,11 +127,14 @@ def _pir_pending(program) -> FrozenSet[str]:
     read = _pir_backward_reads(program, ops)
     if read is None:  # Paddle could not build it: every op a gradient passes through
         for op in ops:
-            if any(not r.stop_gradient for r in op.results()):
-                kept.update(names[v.id] for v in op.results() if v.id in names)
-                kept.update(names[v.id] for v in op.operands_source() if v.id in names)
+            if any(r.initialized() and not r.stop_gradient for r in op.results()):
+                values = list(op.results()) + list(op.operands_source())
+                kept.update(names[v.id] for v in values if v.initialized() and v.id in names)
     else:
-        kept.update(names[ops[i].result(k).id] for i, k in read)
+        for i, k in read:
+            name = names.get(ops[i].result(k).id)
+            if name is not None:
+                kept.add(name)
     return frozenset(kept)
 
 
