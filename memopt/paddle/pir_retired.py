@@ -75,10 +75,19 @@ def replacement_of(value):
     return found
 
 
+#: Program attribute: its op count when :func:`redirect` last looked (an op
+#: built on a retired Value adds ops; the guard calls it before every run).
+_SEEN_ATTR = "_memopt_redirect_seen"
+
+
 def redirect(program) -> int:
     """Point every operand of ``program``'s ops (at any depth) that reads a
-    retired Value at its replacement; how many were."""
+    retired Value at its replacement; how many were.  Looks again only when
+    the program's op count changed since the last look."""
     if not _REPLACEMENT:
+        return 0
+    count = program.num_ops()
+    if getattr(program, _SEEN_ATTR, None) == count:
         return 0
     from .pir import all_ops
 
@@ -89,4 +98,8 @@ def redirect(program) -> int:
             if new is not None:
                 op.operand(k).set_source(new)
                 moved += 1
+    try:
+        setattr(program, _SEEN_ATTR, count)
+    except AttributeError:  # a program object that takes no attributes
+        pass
     return moved
