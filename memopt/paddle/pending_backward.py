@@ -46,7 +46,17 @@ and no backward op yet -- is handled per IR:
   fix, instead of training wrongly (:func:`memopt.paddle.legacy.check_backward_order`).
 
 A program with a backward part, or without trainable parameters (a legacy
-inference model read by ``load_inference_model``), is optimized as before.
+inference model read by ``load_inference_model``), is optimized as before;
+so is a PIR program with ``pd_op.fetch`` ops in it: ``save_inference_model``
+writes them into the model it saves (the executor adds its own to a clone
+of the program it runs, never to the user's), so such a program is a model
+saved for inference and read back -- its parameters still say trainable,
+but nothing differentiates it (MobileNetV2 at batch 32 read back by
+``load_inference_model``: 566 values kept for a backward, 1 op made in
+place, before this rule).  Should a backward part be appended to one
+anyway, an op of it that reads what an in-place op wrote over makes
+``Executor.run`` raise :class:`memopt.MergedVariableError`
+(:mod:`memopt.paddle.pir_later_ops`).
 """
 from __future__ import annotations
 
@@ -61,6 +71,9 @@ log = logging.getLogger(__name__)
 __all__ = ["can_still_be_differentiated", "pending_backward_values", "legacy_has_backward",
            "note", "LEGACY_NOTE"]
 
+#: The op save_inference_model writes for each of a saved model's outputs.
+FETCH_OP = "pd_op.fetch"
+
 #: op_role's backward bit (paddle.base.core.op_proto_and_checker_maker.OpRole).
 _ROLE_BACKWARD = 0x0001
 
@@ -68,7 +81,8 @@ _ROLE_BACKWARD = 0x0001
 def can_still_be_differentiated(program) -> bool:
     """Whether ``program`` has a trainable parameter and no backward op."""
     if is_pir_program(program):
-        return _pir_trainable(program) and not _pir_has_backward(program)
+        return (_pir_trainable(program) and not _pir_has_backward(program)
+                and not _pir_saved_for_inference(program))
     return _legacy_trainable(program) and not legacy_has_backward(program)
 
 
@@ -103,6 +117,12 @@ LEGACY_NOTE = ("the program has trainable parameters and no backward op: it was 
 def _pir_trainable(program) -> bool:
     return any(op.name() == PARAMETER_OP and not op.result(0).stop_gradient
                for op in program.global_block().ops)
+
+
+def _pir_saved_for_inference(program) -> bool:
+    """Whether ``program`` has fetch ops of its own: a model written by
+    ``save_inference_model`` and read back (see the module docstring)."""
+    return any(op.name() == FETCH_OP for op in program.global_block().ops)
 
 
 def _pir_has_backward(program) -> bool:

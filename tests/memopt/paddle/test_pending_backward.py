@@ -127,6 +127,35 @@ def test_inference_model_read_back_is_still_optimized(paddle, tmp_path):
     assert report.reuses, "the read-back inference program was not optimized"
 
 
+def test_pir_inference_model_read_back_is_still_optimized(paddle, tmp_path):
+    """A PIR model written by save_inference_model and read back keeps its
+    parameters trainable, but it has fetch ops of its own: nothing is kept
+    for a backward, memopt still makes ops in place over what only
+    backward would have read (softmax over relu's output), bit-identical."""
+    with models.ir_guard("pir"), paddle.utils.unique_name.guard():
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            x = paddle.static.data("x", [-1, 16])
+            h = paddle.nn.functional.relu(paddle.nn.Linear(16, 16)(x))
+            out = paddle.nn.Linear(16, 2)(paddle.scale(paddle.nn.functional.softmax(h), 2.0))
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            exe.run(startup)
+            prefix = str(tmp_path / "mlp")
+            paddle.static.save_inference_model(prefix, [x], [out], exe, program=main)
+            feed = {"x": np.random.default_rng(0).standard_normal((4, 16)).astype("float32")}
+            program, _, fetches = paddle.static.load_inference_model(prefix, exe)
+            expected = exe.run(program, feed=feed, fetch_list=fetches)[0]
+            program, _, fetches = paddle.static.load_inference_model(prefix, exe)
+            report = memopt.memory_optimize(program, level=1, fetch_list=fetches)
+            got = exe.run(program, feed=feed, fetch_list=fetches)[0]
+    assert not any("backward part" in n for n in report.notes), report.notes
+    names = [op.name() for op in program.global_block().ops]
+    assert "pd_op.softmax_" in names, names
+    assert np.array_equal(expected, got)
+
+
 def test_insertion_point_is_the_users_after_memopt(paddle):
     """memopt.analyze and memory_optimize called inside program_guard leave
     Paddle's insertion point where it was: the user's next ops go to the end
