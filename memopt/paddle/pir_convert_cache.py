@@ -61,12 +61,10 @@ def state_key(program, fetch_list) -> tuple:
             out.append(op.id())
             for v in op.operands_source():
                 out.append(v.id if v.initialized() else None)
-            subs = op.blocks()
-            if subs:
-                for sub in subs:
-                    out.append("{")
-                    walk(sub)
-                    out.append("}")
+            for sub in op.blocks():  # a container: always true, never test it
+                out.append("{")
+                walk(sub)
+                out.append("}")
             out.append(";")
 
     walk(program.global_block())

@@ -18,7 +18,7 @@ import contextlib
 import logging
 from typing import Iterable
 
-from .pir import DATA_OPS, FETCH_OPS, PirGraph
+from .pir import DATA_OPS, FETCH_OPS, PirGraph, all_ops
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +157,10 @@ def inplace_maps(program, pir_ops: Iterable) -> None:
                 _INPLACE_MAPS[name] = {}
     if not wanted:
         return
-    flat = _walk(program.global_block())
+    flat = list(all_ops(program.global_block()))
     index = {op.id(): k for k, op in enumerate(flat)}
     clone = program.clone()  # keep a reference: its ops die with it
-    scratch = _walk(clone.global_block())
+    scratch = list(all_ops(clone.global_block()))
     for name, op in wanted.items():
         k = index.get(op.id())
         if k is None or k >= len(scratch) or scratch[k].name() != name:
@@ -170,16 +170,6 @@ def inplace_maps(program, pir_ops: Iterable) -> None:
         except Exception as exc:  # a variant whose builder needs other arguments
             log.debug("no usable in-place variant for %s: %s", name, exc)
             _INPLACE_MAPS[name] = {}
-
-
-def _walk(block) -> list:
-    """Every op of ``block`` and its regions, in program text order."""
-    out = []
-    for op in block.ops:
-        out.append(op)
-        for sub in op.blocks():
-            out.extend(_walk(sub))
-    return out
 
 
 def _program_of(pir_op):

@@ -19,6 +19,7 @@ defines is that op's Value, not the erased one.
 """
 from __future__ import annotations
 
+from .pir import all_ops
 from .pir_inplace import reads_shape_only
 
 #: Program attribute: the op count at the last check that found nothing
@@ -26,20 +27,9 @@ from .pir_inplace import reads_shape_only
 _CHECKED_ATTR = "_memopt_later_ops_checked"
 
 
-def _walk(block, out: list) -> list:
-    """Every op of ``block`` and its regions, in program order (an op
-    before the ops of its regions)."""
-    for op in block.ops:
-        out.append(op)
-        for region in op.regions() if hasattr(op, "regions") else ():
-            for sub in region.blocks():
-                _walk(sub, out)
-    return out
-
-
 def live_ids(program) -> set:
     """The ids of every result an op of ``program`` defines (at any depth)."""
-    return {r.id for op in _walk(program.global_block(), []) for r in op.results()
+    return {r.id for op in all_ops(program.global_block()) for r in op.results()
             if r.initialized()}
 
 
@@ -52,7 +42,7 @@ def check_later_readers(program, mark_attr: str) -> None:
     count = program.num_ops()
     if getattr(program, _CHECKED_ATTR, None) == count:
         return
-    ops = _walk(program.global_block(), [])
+    ops = list(all_ops(program.global_block()))
     marked = [op for op in ops if op.has_attr(mark_attr)]
     if marked:
         order = {op.id(): i for i, op in enumerate(ops)}
