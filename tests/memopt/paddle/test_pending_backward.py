@@ -102,26 +102,36 @@ def test_legacy_minimize_after_memory_optimize_is_refused(paddle, gc):
             memopt.memory_optimize(main, level=1)
 
 
+def _saved_inference_model(paddle, tmp_path, forward):
+    """(executor, scope, path prefix) of the inference model of ``forward``
+    (x -> out) written by save_inference_model, its parameters in ``scope``."""
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 16])
+        out = forward(x)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    scope = paddle.static.Scope()
+    prefix = str(tmp_path / "model")
+    with paddle.static.scope_guard(scope):
+        exe.run(startup)
+        paddle.static.save_inference_model(prefix, [x], [out], exe, program=main)
+    return exe, scope, prefix
+
+
 def test_inference_model_read_back_is_still_optimized(paddle, tmp_path):
     """A legacy inference model read by load_inference_model has no
     trainable parameters: nothing is kept for a backward, level 1 still
     merges (GC off)."""
+    def forward(h):
+        for _ in range(4):
+            h = paddle.nn.functional.relu(paddle.nn.Linear(16, 16)(h))
+        return paddle.nn.Linear(16, 2)(h)
+
     with models.ir_guard("legacy"), models.flags(eager_delete_tensor_gb=-1.0), \
             paddle.utils.unique_name.guard():
-        main, startup = paddle.static.Program(), paddle.static.Program()
-        with paddle.static.program_guard(main, startup):
-            x = paddle.static.data("x", [-1, 16])
-            h = x
-            for _ in range(4):
-                h = paddle.nn.functional.relu(paddle.nn.Linear(16, 16)(h))
-            out = paddle.nn.Linear(16, 2)(h)
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        scope = paddle.static.Scope()
+        exe, scope, prefix = _saved_inference_model(paddle, tmp_path, forward)
         with paddle.static.scope_guard(scope):
-            exe.run(startup)
-            prefix = str(tmp_path / "mlp")
-            paddle.static.save_inference_model(prefix, [x], [out], exe, program=main)
-            program, feeds, fetches = paddle.static.load_inference_model(prefix, exe)
+            program, _, fetches = paddle.static.load_inference_model(prefix, exe)
             report = memopt.memory_optimize(program, level=1, fetch_list=fetches)
     assert not any("backward part" in n for n in report.notes)
     assert report.reuses, "the read-back inference program was not optimized"
@@ -132,19 +142,14 @@ def test_pir_inference_model_read_back_is_still_optimized(paddle, tmp_path):
     parameters trainable, but it has fetch ops of its own: nothing is kept
     for a backward, memopt still makes ops in place over what only
     backward would have read (softmax over relu's output), bit-identical."""
+    def forward(x):
+        h = paddle.nn.functional.relu(paddle.nn.Linear(16, 16)(x))
+        return paddle.nn.Linear(16, 2)(paddle.scale(paddle.nn.functional.softmax(h), 2.0))
+
+    feed = {"x": np.random.default_rng(0).standard_normal((4, 16)).astype("float32")}
     with models.ir_guard("pir"), paddle.utils.unique_name.guard():
-        main, startup = paddle.static.Program(), paddle.static.Program()
-        with paddle.static.program_guard(main, startup):
-            x = paddle.static.data("x", [-1, 16])
-            h = paddle.nn.functional.relu(paddle.nn.Linear(16, 16)(x))
-            out = paddle.nn.Linear(16, 2)(paddle.scale(paddle.nn.functional.softmax(h), 2.0))
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        scope = paddle.static.Scope()
+        exe, scope, prefix = _saved_inference_model(paddle, tmp_path, forward)
         with paddle.static.scope_guard(scope):
-            exe.run(startup)
-            prefix = str(tmp_path / "mlp")
-            paddle.static.save_inference_model(prefix, [x], [out], exe, program=main)
-            feed = {"x": np.random.default_rng(0).standard_normal((4, 16)).astype("float32")}
             program, _, fetches = paddle.static.load_inference_model(prefix, exe)
             expected = exe.run(program, feed=feed, fetch_list=fetches)[0]
             program, _, fetches = paddle.static.load_inference_model(prefix, exe)
