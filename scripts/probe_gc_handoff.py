@@ -15,7 +15,8 @@ peak among the plans ``budget=`` may choose, as ``bench_recompute.py
 --floors``), applies it, optionally hands dead buffers on (greedy, program
 order: a value whose last reader is at most ``WINDOW`` ops before a producer
 of a same-shape, same-dtype result; views, in-place ops, region ops, fed,
-fetched and persistable values left alone), and runs ``--steps`` training
+fetched and persistable values left alone, and values whose last reader
+the executor's in-place pass writes over), and runs ``--steps`` training
 steps in a fresh process per run, printing the allocator's step peaks against
 the model's steady and lagged peaks, and a digest of the losses and
 parameters (bit-identity).
@@ -24,11 +25,15 @@ parameters (bit-identity).
 32 MiB buffer at all (GC off, so only an op can free it: the allocator's
 count after one run), and a chain of 60 matmuls (1 MiB each, GC on) with
 and without handoffs (step peaks of steps 2..n, fresh processes).
+``--model`` prints, in the model only, the lowest plans' checked peaks
+(what ``budget=`` compares with a budget) with and without the handoffs
+counted as one buffer each.
 
 Usage::
 
     python scripts/probe_gc_handoff.py --models unet,bert --repeat 3 --steps 6
     python scripts/probe_gc_handoff.py --small --repeat 4 --steps 10
+    python scripts/probe_gc_handoff.py --model --models unet,bert   # model only
 """
 from __future__ import annotations
 
@@ -118,6 +123,20 @@ def handoff_pairs(program, window: int = WINDOW) -> list:
     return pairs
 
 
+def kept_pairs(program, window: int, runtime) -> list:
+    """:func:`handoff_pairs` without a ``V`` whose last reader the executor's
+    in-place pass writes over (a later ``share_var`` read would keep that
+    reader from running in place, so it would allocate)."""
+    from memopt.paddle import pir
+    from memopt.paddle.runtime import executed
+
+    read = executed(pir.convert(program), runtime)
+    over = {src for _, src, _ in read.inplace}
+    name_of = read.pir_graph.name_of
+    return [(v, op, w) for v, op, w in handoff_pairs(program, window)
+            if name_of.get(v.id) and name_of.get(w.id) and name_of[v.id] not in over]
+
+
 def apply_handoffs(program, pairs) -> int:
     """Insert ``share_var([V, W])`` right after each ``P``; the count."""
     import paddle
@@ -158,7 +177,7 @@ def worker(row: str, mode: str, steps: int, window: int = WINDOW) -> dict:
         out.update(plan=lean.label, checked=lean.peak,
                    steady=lean.prediction.total_peak(batch))
         if mode == "handoff":
-            out["handoffs"] = apply_handoffs(m.main, handoff_pairs(m.main, window))
+            out["handoffs"] = apply_handoffs(m.main, kept_pairs(m.main, window, runtime))
     rng = np.random.default_rng(1)
     scope = paddle.static.Scope()
     digest, peaks, times = hashlib.sha256(), [], []
@@ -246,6 +265,56 @@ def chain_worker(mode: str, steps: int, layers: int = 60) -> dict:
     return {"mode": mode, "peaks": peaks, "losses": losses}
 
 
+def model_row(row: str, windows=(2, 8), lowest: int = 3) -> list:
+    """Model only: the ``lowest`` plans (by checked peak) ``budget=`` may
+    choose at the row's batch, each applied, read back and checked as
+    ``pir_budget.guarded_peak`` does (frees 4 ops late; 1, 2 and 4
+    workers), then with the handoffs of each window counted as one buffer
+    (``from_graph(same_variable=...)``: no free and no allocation between
+    ``V`` and ``W``, the gap held; the pairs of :func:`kept_pairs`).  MiB
+    rows."""
+    from dataclasses import replace
+
+    import paddle
+
+    paddle.enable_static()
+    from memopt import models
+    from memopt.analysis import from_graph_modes
+    from memopt.api import _pir_analysis
+    from memopt.paddle import flags, pir, pir_budget, pir_recompute
+    from memopt.paddle.runtime import executed
+
+    batch, opts = BENCH_MODELS[row]
+    m = models.build(model_of(row), "pir", batch_size=batch, **dict(opts))
+    runtime = flags.runtime_model("pir")
+    pg = pir.convert(m.main)
+    default = _pir_analysis(pg, batch, runtime).total_peak(batch)
+    _, grid = pir_budget.recompute_choices(pg, batch, runtime)
+    choices = sorted(pir_budget.vouched(grid, runtime), key=lambda c: (c.peak, c.plan.flops))
+    modes = [replace(runtime, workers=w) for w in sorted({runtime.workers, 1, 2})]
+    out = []
+    for c in choices[:lowest]:
+        if not c.k:
+            continue
+        applied = pir_recompute.apply_plan(pg, c.plan)
+        try:
+            read = executed(pir.convert(m.main), runtime)
+            name_of = read.pir_graph.name_of
+            cells = [row, c.label, f"+{c.plan.added_percent:.0f}%", f"{default / 2 ** 20:.2f}"]
+            for window in (0, *windows):
+                same = [(name_of[v.id], name_of[w.id])
+                        for v, _, w in kept_pairs(m.main, window, runtime)] if window else []
+                preds = from_graph_modes(read.graph, batch, modes, read.inplace, same)
+                steady = max(p.total_peak(batch) for p in preds)
+                checked = max(p.total_peak_pending(pir_budget.GC_LAG_OPS, batch) for p in preds)
+                cells.append(f"{len(same)}: {steady / 2 ** 20:.2f} / {checked / 2 ** 20:.2f} "
+                             f"({checked / default:.2f})")
+            out.append("| " + " | ".join(cells) + " |")
+        finally:
+            applied.undo()
+    return out
+
+
 def small(repeat: int, steps: int) -> None:
     """The two small checks of ``--small`` (module docstring)."""
     print("| GC off: after the last reader of a 32 MiB value | MiB held after the run |")
@@ -282,6 +351,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=WINDOW,
                         help="ops after a value's last reader its buffer may be handed on")
     parser.add_argument("--small", action="store_true", help="the two small checks")
+    parser.add_argument("--model", action="store_true",
+                        help="model only: the lowest plans' checked peaks with handoffs counted")
     parser.add_argument("--worker", nargs=4)
     args = parser.parse_args()
     if args.worker:
@@ -295,6 +366,13 @@ def main() -> None:
         return
     if args.small:
         small(args.repeat, args.steps)
+        return
+    if args.model:
+        print("| row | plan | FLOPs | default steady | no handoff: steady / checked (of default) "
+              "| W=2: handoffs: steady / checked | W=8: handoffs: steady / checked |")
+        print("|---|---|---|---|---|---|---|")
+        for row in args.models.split(","):
+            print("\n".join(model_row(row)), flush=True)
         return
     mib = 2 ** 20
     print("| row | run | plan | handoffs | model steady | model checked (4 ops late) "
