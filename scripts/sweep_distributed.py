@@ -6,7 +6,8 @@ without averaging, recompute with checkpoints, lars, lamb, fused all-reduce,
 graph optimization, sharding with Adam and with gradient merge, amp O1/O2,
 pipeline, data parallel by hand with ``c_allreduce_sum`` or ``all_reduce``,
 ``paddle.distributed.split`` tensor parallel, fleet under PIR, a PIR
-data-parallel program with Adam), each killed after ``--timeout`` seconds.
+data-parallel program with Adam; auto-parallel ``to_static`` with gradient
+merge, sharding stage 1, amp bf16), each killed after ``--timeout`` seconds.
 In each rank every option (``memopt.dist_sweep.Option``: unoptimized,
 levels 0/1/2, ``budget=``, GC on and off, ``memory_optimize`` before
 ``minimize``) builds the program afresh, runs ``--steps`` optimizer steps
@@ -17,7 +18,8 @@ Prints a markdown table: strategy x option -> verdict (ok / clean refusal /
 BUG / Paddle fails unchanged), ``memopt.estimate`` of the rank's program as
 run over the measured peak per rank (lowest optimizer step of 2-4,
 ``host_memory_stat_peak_value('Allocated', 0)``, what was allocated before
-the startup program left out).  Exit status 1 on any BUG.
+the startup program left out; auto-parallel rows: no estimate, the step's
+peak over what was allocated before it).  Exit status 1 on any BUG.
 
     python scripts/sweep_distributed.py                 # every strategy, ~3 min
     python scripts/sweep_distributed.py gm4 lars        # some
@@ -36,7 +38,7 @@ from memopt.dist_sweep import Option, SweepConfig, launch, verdict  # noqa: E402
 from memopt.paddle.fleet_strategies import STRATEGIES  # noqa: E402
 
 OPTIONS = (Option(), Option(level=0), Option(level=1), Option(level=2),
-           Option(budget=0.5), Option(level=1, before=True),
+           Option(budget=0.5), Option(budget=0.0), Option(level=1, before=True),
            Option(gc=False), Option(level=1, gc=False), Option(level=2, gc=False))
 
 
@@ -65,8 +67,9 @@ def rows_of(strategy: str, result: dict) -> list:
             break
         verdicts = {verdict(ref, rec) for ref, rec in zip(reference, recs)}
         text = " / ".join(sorted(verdicts))
-        if text == "refused":
-            text = f"clean refusal: {_first_line(recs[0].get('message'))}"
+        if text in ("refused", "refused at run"):
+            where = "" if text == "refused" else " at the first run"
+            text = f"clean refusal{where}: {_first_line(recs[0].get('message'))}"
         elif text.startswith("BUG"):
             text += f" ({_first_line(recs[0].get('message'))})" if recs[0].get("message") else ""
         if i == 0:
@@ -75,6 +78,9 @@ def rows_of(strategy: str, result: dict) -> list:
         if all(rec.get("estimate") and rec.get("measured") for rec in recs):
             ratio = " / ".join(f"{rec['estimate'] / rec['measured']:.2f}" for rec in recs)
             ratio += " (" + " / ".join(f"{rec['measured'] / 1024:.0f}" for rec in recs) + " KiB)"
+        elif all(rec.get("step_growth") for rec in recs):  # auto-parallel: no estimate
+            ratio = "no estimate; step peak over the allocated before it " + " / ".join(
+                f"{rec['step_growth'] / 1024:.1f}" for rec in recs) + " KiB"
         rows.append(f"| {strategy} | {what} | {option['label']} | {text} | {ratio} |")
     return rows
 

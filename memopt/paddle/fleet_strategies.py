@@ -37,6 +37,9 @@ STRATEGIES = {
     "tp_split": ("paddle.distributed.split (column- then row-parallel fc)", "legacy"),
     "fleet_pir": ("fleet data parallel under PIR", "pir"),
     "pir_adam": ("no fleet, PIR: all_reduce_ on each gradient, Adam, 3 layers", "pir"),
+    "ap_mp_gm2": ("auto-parallel mp (to_static) + gradient_merge k_steps=2 avg", "auto"),
+    "ap_dp_sharding1": ("auto-parallel dp (to_static) + sharding stage 1", "auto"),
+    "ap_mp_amp_bf16": ("auto-parallel mp (to_static) + amp O1 bfloat16", "auto"),
 }
 
 #: strategies whose program holds a conditional_block (the update step)
@@ -45,7 +48,29 @@ MERGING = ("gm4", "gm3_noavg", "sharding_gm")
 
 def k_steps(name: str) -> int:
     """Micro-steps per optimizer step of a strategy."""
-    return {"gm4": 4, "gm3_noavg": 3, "sharding_gm": 2}.get(name, 1)
+    return {"gm4": 4, "gm3_noavg": 3, "sharding_gm": 2, "ap_mp_gm2": 2}.get(name, 1)
+
+
+def auto_parallel(name: str):
+    """``(mode, strategy)`` of an auto-parallel entry (``"ap_*"``): the
+    :mod:`memopt.paddle.auto_parallel_models` mode and the
+    ``paddle.distributed.Strategy`` handed to ``to_static``."""
+    import paddle.distributed as dist
+
+    strategy = dist.Strategy()
+    if name == "ap_mp_gm2":
+        strategy.gradient_merge.enable = True
+        strategy.gradient_merge.k_steps = 2
+        strategy.gradient_merge.avg = True
+    elif name == "ap_dp_sharding1":
+        strategy.sharding.enable = True
+        strategy.sharding.stage = 1
+        strategy.sharding.degree = 2
+    elif name == "ap_mp_amp_bf16":
+        strategy.amp.enable = True
+        strategy.amp.dtype = "bfloat16"
+        strategy.amp.level = "O1"
+    return name.split("_")[1], strategy
 
 
 def _fleet_strategy(name: str, nranks: int):
@@ -128,6 +153,8 @@ def build(name: str, *, nranks: int = 2, features: int = 64, hidden: int = 128,
     main.random_seed = startup.random_seed = seed
     fleet_strategy = None
     uses_fleet = not name.startswith(("hand_", "tp_", "pir_"))
+    if name == "tp_split":  # paddle.distributed.split asks fleet for its group
+        fleet.init(is_collective=True)
     if uses_fleet:
         fleet_strategy = _fleet_strategy(name, nranks)
         fleet.init(is_collective=True, strategy=fleet_strategy)
