@@ -105,6 +105,23 @@ def _comm_signature(program, ir: str) -> list:
     return out
 
 
+def _strip_depends(program) -> int:
+    """Remove the legacy ``depend`` ops fused data parallel puts after its
+    ``coalesce_tensor`` + ``all_reduce`` (``Out`` = ``X``: they only order
+    ops); Paddle 3.3.1's translation to PIR, which the CPU collectives need,
+    refuses them (``Op depend should have corresponding OpInfo
+    pd_op.depend_``).  Returns how many were removed."""
+    removed = 0
+    for block in program.blocks:
+        for index in reversed(range(len(block.ops))):
+            op = block.ops[index]
+            if op.type == "depend" and op.input("X") == op.output("Out"):
+                block._remove_op(index)
+                removed += 1
+    program._sync_with_cpp()
+    return removed
+
+
 def _budget_for(program, fraction: float, batch: int, fetch: dict) -> int:
     """The budget ``fraction`` of the way from memopt's smallest budget to
     the program's predicted peak (both at ``batch``; ``fetch``: the
@@ -198,6 +215,7 @@ def _one_option(config: SweepConfig, option: Option, ir: str, rank: int, nranks:
     rec["comm_after"] = _comm_signature(main, ir)
     if ir == "legacy":
         rec["syncs_removed"] = fleet_models.strip_stream_syncs(main)
+        rec["depends_removed"] = _strip_depends(main)
         fleet_models.one_ring(main)
     exe = paddle.static.Executor(paddle.CPUPlace())
     scope = paddle.static.Scope()

@@ -47,6 +47,20 @@ def _first_line(message: str) -> str:
     return (lines[-1] if lines else "")[:160].replace("|", "/")
 
 
+def _ranks_note(strategy: str, recs: list) -> str:
+    """Whether the unoptimized program keeps the ranks' parameters equal
+    (every strategy here but tensor parallelism should)."""
+    import numpy as np
+
+    a, b = (rec.get("params", {}) for rec in recs)
+    common = sorted(set(a) & set(b))
+    differ = [k for k in common if not np.array_equal(a[k], b[k])]
+    if not differ or strategy.startswith("ap_mp"):
+        return ""
+    return (f" (Paddle's program does not keep the ranks in step: {len(differ)} of "
+            f"{len(common)} persistable variables differ between the ranks)")
+
+
 def rows_of(strategy: str, result: dict) -> list:
     """Markdown rows of one launch."""
     what = STRATEGIES[strategy][0]
@@ -73,7 +87,7 @@ def rows_of(strategy: str, result: dict) -> list:
         elif text.startswith("BUG"):
             text += f" ({_first_line(recs[0].get('message'))})" if recs[0].get("message") else ""
         if i == 0:
-            text = "reference"
+            text = "reference" + _ranks_note(strategy, recs)
         ratio = ""
         if all(rec.get("estimate") and rec.get("measured") for rec in recs):
             ratio = " / ".join(f"{rec['estimate'] / rec['measured']:.2f}" for rec in recs)

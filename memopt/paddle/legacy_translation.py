@@ -24,16 +24,24 @@ def translation_error(program, groups, homes: Mapping[str, int], order=None,
                       substitutions=()) -> Optional[str]:
     """Paddle's error translating ``program`` to PIR once ``groups`` (a
     plan's groups, :func:`memopt.paddle.merge_record.apply_merges`' input)
-    are applied to a copy of it, or None when the copy translates.
-    ``program`` itself is not touched."""
+    are applied to a copy of it, or None when the copy translates -- or
+    when ``program`` as given does not translate either (then the plan is
+    not what fails).  ``program`` itself is not touched."""
     from paddle.base.libpaddle.pir import translate_to_pir
 
     from . import legacy, merge_record
 
     trial = program.clone()
     merge_record.apply_merges(trial, groups, homes, legacy.rewrite, order, substitutions)
+    error = _error_of(translate_to_pir, trial)
+    if error and _error_of(translate_to_pir, program):
+        return None  # the program as given does not translate either: not the plan's doing
+    return error
+
+
+def _error_of(translate, program) -> Optional[str]:
     try:
-        translate_to_pir(trial.desc)
+        translate(program.desc)
     except Exception as exc:  # Paddle's translator: ValueError, RuntimeError...
         lines = [line for line in str(exc).strip().splitlines() if line.strip()]
         return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
