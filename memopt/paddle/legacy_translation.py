@@ -31,12 +31,26 @@ def translation_error(program, groups, homes: Mapping[str, int], order=None,
 
     from . import legacy, merge_record
 
+    if not _crosses_shapes(program, groups, homes):
+        return None  # every renamed variable keeps its declared shape
     trial = program.clone()
     merge_record.apply_merges(trial, groups, homes, legacy.rewrite, order, substitutions)
     error = _error_of(translate_to_pir, trial)
     if error and _error_of(translate_to_pir, program):
         return None  # the program as given does not translate either: not the plan's doing
     return error
+
+
+def _crosses_shapes(program, groups, homes: Mapping[str, int]) -> bool:
+    """Whether some group shares one buffer between declared shapes."""
+    for group in groups:
+        if len(group) < 2:
+            continue
+        block = program.block(homes[group[0]])
+        shapes = {tuple(block.var(m).shape) for m in group if block.has_var(m)}
+        if len(shapes) > 1:
+            return True
+    return False
 
 
 def _error_of(translate, program) -> Optional[str]:
