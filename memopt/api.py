@@ -30,8 +30,9 @@ from .any_order import single_reader_rule
 from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
-from .paddle import (distributed, flags, legacy, merge_record, pending_backward, pir, pir_inplace,
-                     pir_owner, pir_retired, pir_rewrite, sharding)
+from .paddle import (distributed, flags, legacy, legacy_translation, merge_record,
+                     pending_backward, pir, pir_inplace, pir_owner, pir_retired, pir_rewrite,
+                     sharding)
 from .paddle import runtime as paddle_runtime
 from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
@@ -182,10 +183,17 @@ def _legacy_optimize(program, options: Options) -> Report:
     plan = plan_memory(graph, options, runtime.gc,
                        substitutions=not (runtime.gc and runtime.pir_executor))
     check_plan(graph, plan)
-    homes = {}
-    for block_idx, mapping in plan.renames.items():
-        for old, new in mapping.items():
-            homes[old] = homes[new] = block_idx
+    homes = _homes(plan)
+    untranslatable = None
+    if runtime.pir_executor and options.level >= 1 and plan.groups:
+        # run translated to PIR: buffers shared across shapes may not translate
+        untranslatable = legacy_translation.translation_error(
+            program, plan.groups, homes, plan.order, plan.substitutions)
+        if untranslatable:
+            plan = plan_memory(graph, dataclasses.replace(options, level=0), runtime.gc,
+                               substitutions=not runtime.gc)
+            check_plan(graph, plan)
+            homes = _homes(plan)
     buffer_of = merge_record.apply_merges(program, plan.groups, homes, legacy.rewrite,
                                           plan.order, plan.substitutions)
     merge_record.mark_substituted(program, plan.substitutions)
@@ -198,9 +206,24 @@ def _legacy_optimize(program, options: Options) -> Report:
     seconds = time.perf_counter() - start
     log.debug("memory_optimize: %d variables merged in %.3f s", len(plan.reuses), seconds)
     report = make_report(plan, options, runtime.gc_text, "legacy", seconds)
+    if untranslatable:
+        report.notes = list(report.notes) + [
+            "shared memory only between variables of one shape (as level 0): with "
+            "FLAGS_enable_pir_in_executor=1 Paddle runs this program translated to PIR, "
+            "which types each variable by its declared shape, and level 1's sharing across "
+            f"shapes did not translate ({untranslatable})"]
     if before_backward:
         report.notes = list(report.notes) + [pending_backward.LEGACY_NOTE]
     return report
+
+
+def _homes(plan) -> dict:
+    """``{name: block index}`` of every variable a plan renames, and of its new name."""
+    homes = {}
+    for block_idx, mapping in plan.renames.items():
+        for old, new in mapping.items():
+            homes[old] = homes[new] = block_idx
+    return homes
 
 
 def _mark_if_before_backward(program, changed: bool) -> bool:

@@ -116,10 +116,11 @@ def _dataset(samples: int, features: int, seed: int = 3):
 
 
 def build(mode: str = "mp", *, nranks: int = 2, features: int = 16, hidden: int = 32,
-          batch: int = 8, samples: int = 64, seed: int = 1):
+          batch: int = 8, samples: int = 64, seed: int = 1, strategy=None):
     """``(dist_model, loader)``: the MLP handed to ``paddle.distributed.
     to_static`` (dygraph mode, ``init_parallel_env`` done, the patches
-    installed), not yet prepared (call ``dist_model.train()``)."""
+    installed), not yet prepared (call ``dist_model.train()``).
+    ``strategy``: a ``paddle.distributed.Strategy`` for ``to_static``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     import paddle
@@ -157,7 +158,7 @@ def build(mode: str = "mp", *, nranks: int = 2, features: int = 16, hidden: int 
         loader = dist.shard_dataloader(loader, meshes=[mesh], shard_dims="x")
     elif mode == "pp":
         loader = dist.shard_dataloader(loader, meshes=[stages[0], stages[-1]])
-    return dist.to_static(model, loader, paddle.nn.MSELoss(), opt), loader
+    return dist.to_static(model, loader, paddle.nn.MSELoss(), opt, strategy=strategy), loader
 
 
 def skip_initialisation() -> None:

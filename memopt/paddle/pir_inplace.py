@@ -239,8 +239,15 @@ def executor_inplace(pg: PirGraph, fetch_list=(), device: str = "cpu",
     must be a deletable dense tensor whose last use in the block is this op
     (a later use of its shape alone, a no-need-buffer operand such as ``x``
     of ``add_grad``, does not count),
-    not fed, fetched, persistable, used inside a control-flow region or
-    already reused; dtypes and element counts must match.  Ops inside
+    not fed, fetched, persistable or used inside a control-flow region, and
+    no value it shares memory with through earlier in-place ops (Paddle's
+    ``inplace_map``, ``IsLastUser``) may be read later: an operand of an op
+    already in place may be written over again once nothing reads it (Paddle
+    3.3.1 turns ``scale(g)`` after ``scale_(g)`` or ``all_reduce_(g)`` in
+    place; the model refused every operand of an in-place op and so counted
+    each gradient twice in a data-parallel PIR program that scales its
+    all-reduced gradients: 1.22 of the measured peak, GC off); dtypes and
+    element counts must match.  Ops inside
     ``if``/``while`` regions are never rewritten by the executor.
 
     Returns ``[(position, input name, output name)]`` in program order, the
@@ -263,15 +270,19 @@ def executor_inplace(pg: PirGraph, fetch_list=(), device: str = "cpu",
         elif name in FETCH_OPS:
             skip.add(op.operand_source(0).id)
     last_op: dict = {}
+    last_use: dict = {}  # any value's last reader (Paddle's use counts)
+    order: dict = {}  # op id -> its place in the walk (nested ops after their parent)
 
     def scan(block) -> None:
         for op in block.ops:
+            order[op.id()] = len(order)
             for v in op.operands_source():
                 # a use of the shape alone (no-need-buffer) does not keep the
                 # buffer: Paddle's pass skips it, as its GC does
-                if v.initialized() and v.id not in skip and _deletable(v) \
-                        and not reads_shape_only(op, v):
-                    last_op[v.id] = op.id()
+                if v.initialized() and not reads_shape_only(op, v):
+                    last_use[v.id] = op.id()
+                    if v.id not in skip and _deletable(v):
+                        last_op[v.id] = op.id()
             for v in op.results():
                 if _deletable(v):
                     last_op[v.id] = op.id()
@@ -288,8 +299,22 @@ def executor_inplace(pg: PirGraph, fetch_list=(), device: str = "cpu",
             external |= _ids(core.pir.get_used_external_value(op))
     blacklist = set(blacklist)
     visited: set = set()
-    reused_in: set = set()
-    reused_out: set = set()
+    # Paddle's inplace_map: an in-place result -> the operand it writes over
+    # (ops already in place and the ones chosen here)
+    source: dict = {}
+
+    def last_user(vin, op) -> bool:
+        """Paddle's ``IsLastUser``: nothing after ``op`` reads ``vin`` (the
+        dying test) nor any value ``vin`` shares memory with through
+        earlier in-place ops (fetched ones count as read at the end)."""
+        here = order[op.id()]
+        cur = source.get(vin.id)
+        while cur is not None:
+            if cur in skip or order.get(last_use.get(cur), -1) > here:
+                return False
+            cur = source.get(cur)
+        return True
+
     chosen = []
     for position, op in top:
         name = op.name()
@@ -304,8 +329,10 @@ def executor_inplace(pg: PirGraph, fetch_list=(), device: str = "cpu",
             visited |= result_ids
             continue
         if is_inplace_op(op):
-            reused_in |= _ids(operands)
-            reused_out |= result_ids
+            for out_slot, in_slot in inplace_map(op).items():
+                if out_slot < len(results) and in_slot < len(operands) \
+                        and results[out_slot].initialized() and operands[in_slot].initialized():
+                    source[results[out_slot].id] = operands[in_slot].id
             visited |= result_ids
             continue
         dying = dies_at.get(op.id())
@@ -317,15 +344,14 @@ def executor_inplace(pg: PirGraph, fetch_list=(), device: str = "cpu",
         for out_slot, in_slot in pairs:
             vin, vout = operands[in_slot], results[out_slot]
             if not _inplace_allowed(name, vin, vout, dying) or vout.id in visited \
-                    or not _deletable(vout) or vin.id in reused_in \
-                    or vout.id in reused_out or vin.id in external or vout.id in external:
+                    or not _deletable(vout) or not last_user(vin, op) \
+                    or vin.id in external or vout.id in external:
                 ok = False
                 break
         if ok:
             for out_slot, in_slot in pairs:
                 vin, vout = operands[in_slot], results[out_slot]
-                reused_in.add(vin.id)
-                reused_out.add(vout.id)
+                source[vout.id] = vin.id
                 if vin.id in pg.name_of and vout.id in pg.name_of:
                     chosen.append((position, pg.name_of[vin.id], pg.name_of[vout.id]))
         visited |= result_ids
