@@ -20,7 +20,7 @@ planning.  ``memory_optimize`` on a program read back with
 """
 from __future__ import annotations
 
-__all__ = ["out_of_place"]
+__all__ = ["out_of_place", "predictor_note"]
 
 
 def _walk(block) -> list:
@@ -73,3 +73,24 @@ def out_of_place(program) -> int:
         op.replace_all_uses_with(new.results())
         op.erase()
     return len(built)
+
+
+def predictor_note(program):
+    """A warning for a PIR inference model (it has ``pd_op.fetch`` ops, as
+    ``save_inference_model`` writes them) holding ops ``memory_optimize``
+    made in place, or None.  Such a file -- what ``memopt optimize`` writes
+    for one -- runs bit-identically under ``load_inference_model`` and the
+    Executor, but ``paddle.inference``'s predictor runs the in-place ops
+    with other kernels (oneDNN, its CPU default: measured, outputs differ
+    in the last bits; bit-identical with ``Config.disable_mkldnn()``)."""
+    from .pir_rewrite import MARK_ATTR
+
+    ops = _walk(program.global_block())
+    marked = sum(1 for op in ops if op.has_attr(MARK_ATTR))
+    if not marked or not any(op.name() == "pd_op.fetch" for op in ops):
+        return None
+    return (f"this inference model now has {marked} op(s) made in place: "
+            "paddle.static.load_inference_model + Executor run it bit-identically, but "
+            "paddle.inference's predictor (oneDNN kernels, its CPU default) gives outputs "
+            "that differ from the unchanged model's in the last bits. For the predictor, "
+            "deploy the unchanged model (the predictor plans its own memory)")

@@ -226,3 +226,45 @@ def test_predictor_in_a_new_process_runs_the_rewritten_model_as_the_unchanged(
     assert len(mine) == len(variants)
     for key in mine:
         assert same(got["ref/" + key], got["opt/" + key]), key
+
+
+def test_cli_on_a_pir_inference_model_warns_about_the_predictor(paddle, tmp_path, capsys):
+    """``memopt optimize`` of a PIR inference model makes ops in place: the
+    file runs bit-identically under load_inference_model + Executor, but
+    paddle.inference's predictor (oneDNN) gave outputs differing in the last
+    bits, silently.  The CLI now says so on stderr and in --json; a PIR
+    training program gets no warning."""
+    from memopt import cli
+
+    model = _classifier(paddle, "pir")
+    with paddle.static.scope_guard(paddle.static.Scope()), model.guard():
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        model.initialize(exe)
+        image = next(op.result(0) for op in model.main.global_block().ops
+                     if op.name() == "pd_op.data")
+        paddle.static.save_inference_model(str(tmp_path / "inf"), [image], model.fetch_list,
+                                           exe, program=model.main)
+        program, _, targets = paddle.static.load_inference_model(str(tmp_path / "inf"), exe)
+        feed = model.feed(np.random.default_rng(2))
+        want = exe.run(program, feed=feed, fetch_list=targets)[0]
+    assert cli.main(["-q", "optimize", str(tmp_path / "inf.json"), "--level", "1", "--json",
+                     "-o", str(tmp_path / "opt.json")]) == 0
+    out, err = capsys.readouterr()
+    assert "warning:" in err and "predictor" in err and "last bits" in err, err
+    assert "predictor" in json.loads(out)["warning"]
+    import shutil
+
+    shutil.copy(tmp_path / "inf.pdiparams", tmp_path / "opt.pdiparams")
+    with paddle.static.scope_guard(paddle.static.Scope()), model.guard():
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        program, _, targets = paddle.static.load_inference_model(str(tmp_path / "opt"), exe)
+        assert any(op.name() == "pd_op.relu_" for op in program.global_block().ops)
+        assert same(want, exe.run(program, feed=feed, fetch_list=targets)[0])
+    train = build("mlp", "pir")
+    with paddle.static.scope_guard(paddle.static.Scope()), train.guard():
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        train.initialize(exe)
+        paddle.static.save(train.main, str(tmp_path / "train"))
+    assert cli.main(["-q", "optimize", str(tmp_path / "train.json"), "--level", "1",
+                     "-o", str(tmp_path / "train_opt.json")]) == 0
+    assert "warning:" not in capsys.readouterr().err
