@@ -90,7 +90,7 @@ def _derivations_legacy(paddle, model):
                                       return_numpy=False)}
     for key, flags in {"plain": {}, "inplace+memory_optimize": dict(
             enable_inplace=True, memory_optimize=True), "fuse": dict(
-            fuse_elewise_add_act_ops=True, fuse_broadcast_ops=True)}.items():
+            fuse_bn_add_act_ops=True, fuse_broadcast_ops=True)}.items():
         strategy = paddle.static.BuildStrategy()
         for k, v in flags.items():
             setattr(strategy, k, v)
@@ -156,16 +156,16 @@ PREDICTOR = textwrap.dedent("""
 
 def _classifier(paddle, ir):
     """An inference program (no backward): conv, batch norm in eval mode,
-    ReLU, two linear layers with a ReLU, softmax; the rewrite makes the
-    adds and ReLUs in place (PIR) or merges them (legacy)."""
+    ReLU, conv, ReLU, two linear layers with a ReLU, softmax; the rewrite
+    makes the adds and ReLUs in place (PIR) or merges them (legacy)."""
     nn = paddle.nn
     with models.ir_guard(ir):
         main, startup = paddle.static.Program(), paddle.static.Program()
         with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
             image = paddle.static.data("image", [-1, 3, 16, 16], "float32")
             net = nn.Sequential(nn.Conv2D(3, 8, 3, padding=1), nn.BatchNorm2D(8), nn.ReLU(),
-                                nn.Flatten(), nn.Linear(8 * 16 * 16, 32), nn.ReLU(),
-                                nn.Linear(32, 4))
+                                nn.Conv2D(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                                nn.Linear(8 * 16 * 16, 32), nn.ReLU(), nn.Linear(32, 4))
             net.eval()
             out = nn.functional.softmax(net(image))
     return models.BuiltModel(name="classifier", ir=ir, main=main, startup=startup,
@@ -268,3 +268,47 @@ def test_cli_on_a_pir_inference_model_warns_about_the_predictor(paddle, tmp_path
     assert cli.main(["-q", "optimize", str(tmp_path / "train.json"), "--level", "1",
                      "-o", str(tmp_path / "train_opt.json")]) == 0
     assert "warning:" not in capsys.readouterr().err
+
+
+def test_legacy_compiled_fusion_refused_other_flags_bit_identical(paddle):
+    """CompiledProgram(fuse_elewise_add_act_ops=True) of the classifier
+    rewritten at level 1 computed a softmax off by up to 0.5 (Paddle's
+    fusion on a merged buffer; the unchanged program's run is deterministic):
+    now UnsupportedProgramError naming the flag and the fix, before Paddle
+    runs; enable_inplace + memory_optimize + fuse_broadcast_ops give the
+    unchanged bytes."""
+    from paddle.base.executor import Executor
+
+    from memopt.errors import UnsupportedProgramError
+
+    ref, opt = _classifier(paddle, "legacy"), _classifier(paddle, "legacy")
+    with models.ir_guard("legacy"), models.flags(eager_delete_tensor_gb=0.0):
+        memopt.memory_optimize(opt.main, level=1, fetch_list=opt.fetch_list)
+        out = opt.fetch_list[0].name
+
+        def compiled(model, **flags):
+            strategy = paddle.static.BuildStrategy()
+            for k, v in flags.items():
+                setattr(strategy, k, v)
+            return paddle.static.CompiledProgram(model.main, build_strategy=strategy)
+
+        for flag in ("fuse_elewise_add_act_ops", "fuse_bn_act_ops"):
+            with pytest.raises(UnsupportedProgramError, match=rf"{flag}=True.*{flag} = False"):
+                _run(opt, compiled(opt, **{flag: True}), [out])
+        fine = dict(enable_inplace=True, memory_optimize=True, fuse_broadcast_ops=True)
+        assert same(_run(ref, compiled(ref, **fine), [out], steps=2)[0],
+                    _run(opt, compiled(opt, **fine), [out], steps=2)[0])
+        # what the refusal prevents (Paddle's run, memopt's guard bypassed)
+        seen = [n for n in _list_vars_names(opt.main) if not n.startswith("memopt@")]
+        guarded = plain = Executor.run
+        while hasattr(plain, "__memopt_original__"):
+            plain = plain.__memopt_original__
+        Executor.run = plain
+        try:
+            fused = _run(opt, compiled(opt, fuse_elewise_add_act_ops=True), seen)
+        finally:
+            Executor.run = guarded
+        want = _run(ref, compiled(ref, fuse_elewise_add_act_ops=True), seen)
+        worst = max(float(np.abs(a - b).max()) for a, b in zip(want, fused)
+                    if a.dtype == np.float32)
+        assert worst > 0.1, worst
