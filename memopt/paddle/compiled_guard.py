@@ -46,10 +46,10 @@ def _fused_into_buffer(program, op_types) -> str:
 def check_compiled(compiled, program) -> None:
     """UnsupportedProgramError for a ``CompiledProgram`` whose build strategy
     turns on a fusion that miscomputes on ``program`` as memopt rewrote it."""
-    from .legacy import is_legacy_program
+    from paddle.base.framework import Program  # the legacy Program class
 
     strategy = getattr(compiled, "_build_strategy", None)
-    if strategy is None or not is_legacy_program(program):
+    if strategy is None or not isinstance(program, Program):
         return
     for flag, op_types in FUSING_FLAGS.items():
         if not getattr(strategy, flag, False):

@@ -955,6 +955,9 @@ def install_fetch_guard() -> None:
     from .compiled_guard import check_compiled
 
     fetch_guard.add_compiled_hook(check_compiled)
+    from . import translate_guard
+
+    translate_guard.install()
 
 
 def _save_hook(program, fetch_vars) -> None:

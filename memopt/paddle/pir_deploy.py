@@ -22,6 +22,11 @@ from __future__ import annotations
 
 __all__ = ["out_of_place", "predictor_note"]
 
+#: The op attribute marking an op memory_optimize made in place: the same
+#: string as :data:`memopt.paddle.pir_rewrite.MARK_ATTR` (that module
+#: registers :func:`out_of_place`, so this one does not import it).
+MARK_ATTR = "memopt_inplace"
+
 
 def _walk(block) -> list:
     out = []
@@ -35,14 +40,13 @@ def _walk(block) -> list:
 
 def out_of_place(program) -> int:
     """Replace every op of ``program`` that ``memory_optimize`` made in
-    place (marked with :data:`memopt.paddle.pir_rewrite.MARK_ATTR`) by the
+    place (marked with :data:`MARK_ATTR`) by the
     out-of-place op it replaced: same operands and attributes, its uses
     moved over, the in-place op erased.  Returns how many; all or nothing
     (a variant that cannot be built leaves the program as it was)."""
     import paddle
 
     from .pir_inplace import _ops_module, insertion_point_kept, static_mode
-    from .pir_rewrite import MARK_ATTR
 
     marked = [op for op in _walk(program.global_block()) if op.has_attr(MARK_ATTR)]
     built = []
@@ -83,8 +87,6 @@ def predictor_note(program):
     Executor, but ``paddle.inference``'s predictor runs the in-place ops
     with other kernels (oneDNN, its CPU default: measured, outputs differ
     in the last bits; bit-identical with ``Config.disable_mkldnn()``)."""
-    from .pir_rewrite import MARK_ATTR
-
     ops = _walk(program.global_block())
     marked = sum(1 for op in ops if op.has_attr(MARK_ATTR))
     if not marked or not any(op.name() == "pd_op.fetch" for op in ops):

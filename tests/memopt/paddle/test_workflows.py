@@ -186,6 +186,9 @@ def test_predictor_in_a_new_process_runs_the_rewritten_model_as_the_unchanged(
     other kernels: softmax outputs differed in the last bits (0.25930578
     vs 0.25930575); the saved model now holds the ops as built
     (memopt.paddle.pir_deploy) and the user's program keeps its own."""
+    from memopt.paddle import pir_deploy, pir_rewrite
+
+    assert pir_deploy.MARK_ATTR == pir_rewrite.MARK_ATTR
     ref, opt = _classifier(paddle, ir), _classifier(paddle, ir)
     with models.flags(eager_delete_tensor_gb=0.0):
         report = memopt.memory_optimize(opt.main, level=1, fetch_list=opt.fetch_list)
@@ -312,3 +315,26 @@ def test_legacy_compiled_fusion_refused_other_flags_bit_identical(paddle):
         worst = max(float(np.abs(a - b).max()) for a, b in zip(want, fused)
                     if a.dtype == np.float32)
         assert worst > 0.1, worst
+
+
+def test_legacy_translate_to_pir_of_a_rewritten_desc_refused(paddle):
+    """paddle.pir.translate_to_pir(_with_param_map) of a rewritten legacy
+    desc: the LSTM classifier rewritten with the GC on ran translated into
+    Paddle's 'Tensor holds no memory' (level 1, GC off: a shape mismatch);
+    now UnsupportedProgramError saying to translate the program as built.
+    The unchanged desc translates; memopt's own analysis of the rewritten
+    program (which translates it to read liveness) still works."""
+    from memopt.errors import UnsupportedProgramError
+
+    ref, opt = build("lstm", "legacy"), build("lstm", "legacy")
+    optimize_legacy(opt, "on", 0, release=False)
+    before = opt.main.desc.serialize_to_string()
+    with models.ir_guard("pir"):
+        assert paddle.pir.translate_to_pir(ref.main.desc).global_block().ops
+        for fn in (paddle.pir.translate_to_pir, paddle.pir.translate_to_pir_with_param_map):
+            with pytest.raises(UnsupportedProgramError,
+                               match=r"memopt@.*Translate the program as built"):
+                fn(opt.main.desc)
+    assert opt.main.desc.serialize_to_string() == before
+    with models.ir_guard("legacy"):
+        assert memopt.analyze(opt.main, 4).peak(4) > 0
