@@ -232,8 +232,15 @@ def legacy_names(program):
     memopt's own buffers."""
     from paddle.base import core
 
+    unwritten = {n for op in program.global_block().ops
+                 if op.type == "batch_norm" and op.desc.has_attr("is_test")
+                 and op.desc.attr("is_test")
+                 for slot in ("SavedMean", "SavedVariance", "ReserveSpace")
+                 if slot in op.output_names for n in op.output(slot)}  # eval mode
     out = []
     for name, var in program.global_block().vars.items():
+        if name in unwritten:
+            continue
         if name.startswith("memopt@") or name in ("feed", "fetch") or var.persistable:
             continue
         if var.desc.type() != core.VarDesc.VarType.DENSE_TENSOR or var.desc.need_check_feed():
@@ -348,7 +355,7 @@ def visible(b, program, look=None):
     from memopt.paddle import pir_rewrite
 
     if b.ir == "legacy":
-        names = legacy_names(b.ref_main)
+        names = [n for n in legacy_names(b.ref_main) if n not in getattr(b, "exclude", ())]
         block = program.global_block()
         ok = [n for n in names if block.has_var(n)]
         return ok, [n for n in names if not block.has_var(n)][:3], ok
@@ -398,7 +405,11 @@ def pir_where_map(ref_main, main):
     theirs = pir_signatures(main)
     mine = {pos: sig for sig, pos in pir_signatures(ref_main).items()}
     out = {}
+    ops = ref_main.global_block().ops
     for k, r in pir_where(ref_main):
+        if ops[k].name().rstrip("_") == "pd_op.batch_norm" and r >= 3 \
+                and ops[k].attrs().get("is_test"):
+            continue  # saved mean / variance / reserve space: not written in eval mode
         sig = mine.get((k, r))
         if sig in theirs:
             out[f"{k}.{r}"] = theirs[sig]
@@ -875,6 +886,17 @@ def worker(name, ir, gc):
                     one_line(e)[:100]
                 ref.where = opt.where = {}
                 ref_values = fetch_visible(ref, ref.main)
+            again = fetch_visible(ref, ref.main)
+            unstable = {k for k in ref_values if k != "@refused"
+                        and not same(ref_values[k], again.get(k))}
+            if unstable:  # uninitialized outputs (batch_norm's saved_mean in eval mode)
+                rows[("unchanged differs run to run", config)] = \
+                    f"{len(unstable)} left out: " + ", ".join(sorted(unstable)[:3])
+                ref.exclude = opt.exclude = unstable
+                if ir == "pir":
+                    ref.where = {k: v for k, v in ref.where.items() if k not in unstable}
+                    opt.where = {k: v for k, v in opt.where.items() if k not in unstable}
+                ref_values = {k: v for k, v in ref_values.items() if k not in unstable}
             ref.written_floats = opt.written_floats = {
                 k for k, v in ref_values.items() if k != "@refused" and v.dtype == np.float32}
             rows[("program", config)] = verdict(lambda: fetch_visible(ref, ref.main),
