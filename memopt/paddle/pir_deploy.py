@@ -20,7 +20,7 @@ planning.  ``memory_optimize`` on a program read back with
 """
 from __future__ import annotations
 
-__all__ = ["out_of_place", "predictor_note"]
+__all__ = ["out_of_place", "out_of_place_for_save", "predictor_note"]
 
 #: The op attribute marking an op memory_optimize made in place: the same
 #: string as :data:`memopt.paddle.pir_rewrite.MARK_ATTR` (that module
@@ -77,6 +77,21 @@ def out_of_place(program) -> int:
         op.replace_all_uses_with(new.results())
         op.erase()
     return len(built)
+
+
+def out_of_place_for_save(program) -> None:
+    """The fetch guard's serialize hook: :func:`out_of_place` on the program
+    ``save_inference_model`` writes; where an op cannot be built back the
+    model keeps memopt's in-place ops and their record (as saved before
+    this module), with a warning."""
+    try:
+        out_of_place(program)
+    except Exception as exc:  # noqa: BLE001 - the save goes on, as before
+        import warnings
+
+        warnings.warn(f"memopt: the inference model keeps the ops memory_optimize made in "
+                      f"place ({exc}); paddle.inference's predictor may give outputs that "
+                      f"differ in the last bits", RuntimeWarning, stacklevel=2)
 
 
 def predictor_note(program):

@@ -426,9 +426,9 @@ def install_fetch_guard() -> None:
     add_hook(_fetch_hook)
     from .fetch_guard import add_save_hook, add_serialize_hook
 
-    from .pir_deploy import out_of_place
+    from .pir_deploy import out_of_place_for_save
 
-    add_serialize_hook(out_of_place)  # the saved model: the ops as built (pir_deploy)
+    add_serialize_hook(out_of_place_for_save)  # the saved model: the ops as built
     add_serialize_hook(record_for_save)
     add_save_hook(check_save)
 
