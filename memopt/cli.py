@@ -310,9 +310,18 @@ def cmd_optimize(args, progress: Progress) -> int:
                                           fetch_list=fetch)
         with progress.step(f"writing {args.output}"):
             written = save_program(loaded.program, args.output)
+        note = None
+        if loaded.ir == "pir":
+            from .paddle.pir_deploy import predictor_note
+
+            note = predictor_note(loaded.program)
+    if note:
+        print(f"memopt: warning: {note}", file=sys.stderr)
     if args.json:
         doc = report.to_dict()
         doc["model"], doc["output"] = loaded.path, written
+        if note:
+            doc["warning"] = note
         if released is not None:
             doc["release_memory"] = released.to_dict()
         print(json.dumps(doc, indent=2))

@@ -15,6 +15,10 @@ as every legacy ``save_inference_model`` / ``serialize_program`` does first:
 a target the program no longer declares would otherwise be pruned to
 nothing and Paddle's error would name a feed.
 
+Compiled hooks ``hook(compiled, program)`` (raise to refuse) see a
+``CompiledProgram`` run: its ``BuildStrategy`` says which graph passes
+Paddle will apply to the program.
+
 Save hooks ``hook(fetch_vars)`` (raise to refuse) run before Paddle's PIR
 ``save_inference_model`` writes a model: a check that must happen while the
 program still carries what a saved file cannot.  Serialize hooks
@@ -33,6 +37,16 @@ _HOOKS: List[Hook] = []
 _SAVE_HOOKS: List[Callable[[object], None]] = []
 _SERIALIZE_HOOKS: List[Callable[[object], None]] = []
 _NORMALIZE_HOOKS: List[Hook] = []
+_COMPILED_HOOKS: List[Callable[[object, object], None]] = []
+
+
+def add_compiled_hook(hook: Callable[[object, object], None]) -> None:
+    """Register ``hook(compiled, program)`` (once; raise to refuse) to run
+    before ``Executor.run`` of a ``CompiledProgram`` (its build strategy
+    decides which of Paddle's graph passes rewrite ``program``)."""
+    if hook not in _COMPILED_HOOKS:
+        _COMPILED_HOOKS.append(hook)
+    _wrap()
 
 
 def add_hook(hook: Hook) -> None:
@@ -58,6 +72,9 @@ def _wrap() -> None:
 
             target = paddle.static.default_main_program()
         inner = getattr(target, "_program", None)  # a CompiledProgram wraps one
+        if inner is not None:
+            for check in list(_COMPILED_HOOKS):
+                check(target, inner)
         target = inner if inner is not None else target
         for hook in list(_HOOKS):
             fetch_list = hook(target, fetch_list)

@@ -952,6 +952,12 @@ def install_fetch_guard() -> None:
 
     fetch_guard.add_hook(_fetch_hook)
     fetch_guard.add_normalize_hook(_save_hook)
+    from .compiled_guard import check_compiled
+
+    fetch_guard.add_compiled_hook(check_compiled)
+    from . import translate_guard
+
+    translate_guard.install()
 
 
 def _save_hook(program, fetch_vars) -> None:

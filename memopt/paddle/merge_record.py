@@ -329,11 +329,25 @@ def rename_released(program, names: Iterable[str], rewrite):
     return full, undo, finish
 
 
+def _refuse_buffer(block, name: str) -> None:
+    """MergedVariableError for a fetch of a buffer ``memopt@buf_<k>``
+    itself (``program.list_vars()`` lists it): it is the memory of several
+    variables, at the end of a run the last one's, no variable's value."""
+    held = _read(block.var(name).desc).get("names") or []
+    raise MergedVariableError(
+        f"cannot fetch {name!r}: it is the memory memopt.memory_optimize / release_memory "
+        f"gave to {', '.join(repr(n) for n in held) or 'several variables'}, holding "
+        f"whichever of them was written last, not a variable of the program as you built "
+        f"it. Fetch the variable you want instead, kept by passing it in fetch_list= to "
+        f"memory_optimize / release_memory")
+
+
 def check_fetch(program, fetch_list) -> None:
     """Raise :class:`MergedVariableError` if ``fetch_list`` names a variable
     that a rewrite of ``program`` (or of the program it was copied or loaded
-    from) renamed away: merged into shared memory or released.  Names the
-    program still declares pass: by construction they hold their own value."""
+    from) renamed away: merged into shared memory or released, or names a
+    buffer ``memopt@buf_<k>`` itself.  The other names the program still
+    declares pass: by construction they hold their own value."""
     if not fetch_list:
         return
     items = fetch_list if isinstance(fetch_list, (list, tuple)) else [fetch_list]
@@ -341,6 +355,8 @@ def check_fetch(program, fetch_list) -> None:
     record = None
     for item in items:
         name = item if isinstance(item, str) else getattr(item, "name", None)
+        if isinstance(name, str) and name.startswith(BUFFER_PREFIX) and block.has_var(name):
+            _refuse_buffer(block, name)
         if not isinstance(name, str) or block.has_var(name):
             continue
         if record is None:

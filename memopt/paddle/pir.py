@@ -1047,12 +1047,13 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
     import paddle
 
     from .legacy_depend import translatable_desc
+    from .translate_guard import unguarded
 
     _refuse_crashing_ops(program)
     _init_pir_context()
     desc = translatable_desc(program)  # in-place depend ops: a copy the translator takes
     try:
-        translated, by_name = paddle.pir.translate_to_pir_with_param_map(
+        translated, by_name = unguarded("translate_to_pir_with_param_map")(
             program.desc if desc is None else desc)
     except Exception as exc:  # Paddle's translator raises SystemError, ValueError...
         raise untranslatable(program, exc) from None

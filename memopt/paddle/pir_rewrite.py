@@ -36,7 +36,9 @@ the marks back on the ops, checking each op's name at its position; the
 fetch guard calls it, so a reloaded program refuses the same fetches.
 ``save_inference_model`` prunes the record op with everything its fetch
 targets do not need: while it writes, the record of the pruned program is
-written again (:func:`record_for_save`).  :func:`check_save` refuses an
+written again (:func:`record_for_save`) -- after
+:func:`memopt.paddle.pir_deploy.out_of_place` gave that program back the
+ops as built, so the record is empty and the model holds none.  :func:`check_save` refuses an
 inference model whose fetch targets an in-place op writes over.
 
 Where memopt is not imported, nothing refuses such a fetch: a PIR Value has
@@ -424,6 +426,9 @@ def install_fetch_guard() -> None:
     add_hook(_fetch_hook)
     from .fetch_guard import add_save_hook, add_serialize_hook
 
+    from .pir_deploy import out_of_place_for_save
+
+    add_serialize_hook(out_of_place_for_save)  # the saved model: the ops as built
     add_serialize_hook(record_for_save)
     add_save_hook(check_save)
 
