@@ -20,22 +20,14 @@ planning.  ``memory_optimize`` on a program read back with
 """
 from __future__ import annotations
 
+from .pir import all_ops
+
 __all__ = ["out_of_place", "out_of_place_for_save", "predictor_note"]
 
 #: The op attribute marking an op memory_optimize made in place: the same
 #: string as :data:`memopt.paddle.pir_rewrite.MARK_ATTR` (that module
 #: registers :func:`out_of_place`, so this one does not import it).
 MARK_ATTR = "memopt_inplace"
-
-
-def _walk(block) -> list:
-    out = []
-    for op in block.ops:
-        out.append(op)
-        if op.num_regions():
-            for sub in op.blocks():
-                out.extend(_walk(sub))
-    return out
 
 
 def out_of_place(program) -> int:
@@ -48,7 +40,7 @@ def out_of_place(program) -> int:
 
     from .pir_inplace import _ops_module, insertion_point_kept, static_mode
 
-    marked = [op for op in _walk(program.global_block()) if op.has_attr(MARK_ATTR)]
+    marked = [op for op in all_ops(program.global_block()) if op.has_attr(MARK_ATTR)]
     built = []
     try:
         for op in marked:
@@ -102,7 +94,7 @@ def predictor_note(program):
     Executor, but ``paddle.inference``'s predictor runs the in-place ops
     with other kernels (oneDNN, its CPU default: measured, outputs differ
     in the last bits; bit-identical with ``Config.disable_mkldnn()``)."""
-    ops = _walk(program.global_block())
+    ops = list(all_ops(program.global_block()))
     marked = sum(1 for op in ops if op.has_attr(MARK_ATTR))
     if not marked or not any(op.name() == "pd_op.fetch" for op in ops):
         return None
