@@ -1,7 +1,7 @@
 """Infer the type of every variable: :func:`infer_types`.
 
 Given the types of ``main``'s arguments, every primop is run once on
-placeholder inputs (zeros for one thread) to learn the type of its outputs;
+placeholder inputs (one thread of the backend's ``placeholder_fill``) to learn the type of its outputs;
 argument types flow into callees, return types flow back to call sites.
 This is iterated to a fixed point, so a recursive function gets its return
 type from its base case (``return 1``) and then types the recursive path.
@@ -216,10 +216,14 @@ class _Inference:
             self.changed = True
 
     def placeholder(self, tensor_type: TensorType) -> Any:
-        """Zeros of one thread; a weak type's placeholder is a Python scalar, so
-        that the primop meets it as it would meet the constant."""
+        """The backend's placeholder for one thread; a weak type's is a
+        Python scalar, so that the primop meets it as it would meet the
+        constant, of the value the backend's placeholders hold
+        (``placeholder_fill``: 0 on NumPy, 1 on TensorFlow, where ``n % d``
+        raises on a zero ``d``)."""
         if tensor_type.weak:
-            return np.zeros((), tensor_type.dtype).item()
+            fill = getattr(self.backend, "placeholder_fill", 0)
+            return np.full((), fill, tensor_type.dtype).item()
         return self.backend.placeholder(tensor_type, 1)
 
     def primop_type(self, fn: Function, op: PrimOp, types: Tuple[Type, ...],
@@ -237,9 +241,10 @@ class _Inference:
             raise
         except Exception as exc:
             shown = ", ".join(f"{v}: {t}" for v, t in zip(op.vars_in, types))
+            fill = getattr(self.backend, "placeholder_fill", 0)
             raise TypeInferenceError(
-                f"{where}: primop `{op}` failed on placeholder inputs (zeros of one "
-                f"thread; {shown}): {type(exc).__name__}: {exc}") from exc
+                f"{where}: primop `{op}` failed on placeholder inputs (one thread "
+                f"of {fill}s; {shown}): {type(exc).__name__}: {exc}") from exc
         self.primop_cache[key] = typ
         return typ
 

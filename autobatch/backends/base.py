@@ -183,6 +183,10 @@ class Backend(Abilities, TfpMethods):
     """What the VM needs from an array library (see the module doc), plus
     TFP's backend methods (:class:`~autobatch.backends.tfp_api.TfpMethods`)."""
 
+    #: The value :meth:`placeholder` fills with (and type inference gives a
+    #: weak Python scalar's placeholder).
+    placeholder_fill = 0
+
     # -- storage ------------------------------------------------------------------------
     @abc.abstractmethod
     def fill(self, tensor_type: TensorType, batch_size: int, value: Any = 0) -> Any:

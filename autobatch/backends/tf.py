@@ -333,6 +333,10 @@ class TensorFlowBackend(Backend):
     """
 
     name = "tensorflow"
+    #: The value of type inference's placeholders (:meth:`placeholder`; weak
+    #: Python scalars too): ones, as TFP's, since an integer ``a % b`` raises
+    #: on a zero ``b`` here.
+    placeholder_fill = 1
 
     def __init__(self, mode: str = "graph", selection: Optional[str] = None,
                  compile_blocks: bool = True, safety_checks: bool = True, *,

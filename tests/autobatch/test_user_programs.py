@@ -1,0 +1,91 @@
+"""TFP-style user programs autobatch had not seen (``user_programs.py``),
+each against a plain Python loop over its members: on NumPy, on TensorFlow
+in the regimes where running them found bugs, with their storage checked
+against what liveness implies (``allocation_check.py``), and where TFP's
+venv is there, against TFP 0.25 running the same user code.
+``scripts/sweep_autobatch_user.py`` runs every program in every regime."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import need_file
+
+import autobatch
+import allocation_check
+import user_programs as up
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TFP_PYTHON = os.environ.get("AUTOBATCH_TFP_PYTHON",
+                            os.path.join(ROOT, ".tfp-venv", "bin", "python"))
+BATCH = 9
+
+
+@pytest.mark.parametrize("name", sorted(up.PROGRAMS))
+def test_numpy_matches_a_python_loop(name):
+    program = up.PROGRAMS[name]
+    got = up.run(autobatch, program, "numpy", BATCH)
+    want = up.expected(program, BATCH)
+    assert up.agree(got, want, program.exact), (got, want)
+
+
+@pytest.mark.parametrize("name", sorted(up.PROGRAMS))
+def test_storage_is_what_liveness_implies(name):
+    """No variable weaker than its liveness needs (a value lost across a
+    call), none stronger (a stack where none is needed)."""
+    program = up.PROGRAMS[name]
+    ctx, entry = program.build(autobatch, up.ops("numpy"))
+    backend = autobatch.NumpyBackend()
+    sig = autobatch.type_inference.signature(ctx.program(entry.__name__),
+                                             list(program.inputs(4)), backend)
+    compiled = ctx.program_compiled(entry.__name__, sig, backend)
+    assert allocation_check.differences(compiled) == []
+
+
+def test_the_storage_check_sees_a_weakened_variable():
+    program = up.PROGRAMS["nuts_tree_b4"]
+    ctx, entry = program.build(autobatch, up.ops("numpy"))
+    backend = autobatch.NumpyBackend()
+    sig = autobatch.type_inference.signature(ctx.program("build_tree"),
+                                             list(program.inputs(4)), backend)
+    compiled = ctx.program_compiled("build_tree", sig, backend)
+    fn = compiled.functions[0]
+    assert fn.var_alloc["depth"] is autobatch.VariableAllocation.FULL
+    fn.var_alloc["depth"] = autobatch.VariableAllocation.REGISTER
+    assert allocation_check.differences(compiled) == [
+        "BUG: build_tree.depth is REGISTER, liveness needs FULL"]
+
+
+def test_a_literal_argument_meets_tensorflow_modulo_in_type_inference(tf):
+    """``has_divisor(n, 2)`` makes ``d`` a weak int; type inference ran ``n %
+    d`` on a placeholder 0 for it, which TensorFlow refuses (integer
+    division by zero) where NumPy warns: the program could not run on
+    TensorFlow at all.  Its placeholders are ones now, as TFP's."""
+    program = up.PROGRAMS["and_or_calls_prime"]
+    got = up.run(autobatch, program, "tf_eager", BATCH)
+    assert up.agree(got, up.expected(program, BATCH))
+
+
+def test_tfp_runs_the_same_user_code_to_the_same_results(tf):
+    """TFP 0.25, on the programs its frontend accepts and its NumPy backend
+    runs (its masked NumPy updates do not broadcast vector variables, so
+    programs with [batch, k] state fail there: TFP's own limit)."""
+    need_file(TFP_PYTHON, "TFP 0.25's venv (make tfp; CI builds it)")
+    names = ["mutual_parity", "collatz_recursive", "divmod_int32_tuple", "newton_sqrt_f64",
+             "bisection_f64", "nested_tuple_rotate"]
+    script = ("import json, os, sys\nos.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
+              f"sys.path.insert(0, {HERE!r})\n"
+              "from tensorflow_probability.python.experimental import auto_batching as ab\n"
+              "import user_programs as up\n"
+              f"print(json.dumps({{n: [g.tolist() for g in up.run(ab, up.PROGRAMS[n], "
+              f"'numpy', {BATCH})] for n in {names!r}}}))\n")
+    done = subprocess.run([TFP_PYTHON, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in names:
+        ours = [g.tolist() for g in up.run(autobatch, up.PROGRAMS[name], "numpy", BATCH)]
+        assert ours == theirs[name], name
