@@ -328,6 +328,39 @@ def _strong(typ: Type) -> Type:
     return typ.strong()
 
 
+def _confirm_constant_typed(fn: Function, env: Dict[str, Type], var_types: Dict[str, Type],
+                            backend: Any) -> None:
+    """Run again, on placeholders of the final types, every primop of ``fn``
+    that reads a variable only ever given Python constants (weak: inference
+    ran the primop with a Python scalar for it, but the run stores it in its
+    default dtype, int64 or float64).  On TensorFlow, which does not mix
+    dtypes, ``d > n`` with such a ``d`` and an int32 ``n`` would otherwise
+    fail in the middle of the run with TensorFlow's own TypeError; here it is
+    a TypeInferenceError naming the variable, before anything runs."""
+    weak = {v for v in fn.variables()
+            if v in env and any(leaf.weak for leaf in env[v].leaves())}
+    if not weak:
+        return
+    for block in fn.blocks:
+        for op in block.instructions:
+            if not isinstance(op, PrimOp) or not weak & set(op.reads):
+                continue
+            inputs = [pattern_map(lambda t: backend.placeholder(t, 1), var_types[v].tensors)
+                      for v in op.reads]
+            try:
+                with np.errstate(all="ignore"), _inferring():
+                    backend.run_on_dummies(op.function, inputs)
+            except Exception as exc:
+                named = ", ".join(f"{v}: {var_types[v]}" for v in op.reads)
+                only = ", ".join(repr(v) for v in op.reads if v in weak)
+                raise TypeInferenceError(
+                    f"function {fn.name!r}, block {block.name!r}: primop `{op}` fails on "
+                    f"the types the run stores ({named}): {type(exc).__name__}: {exc}. "
+                    f"{only} is only ever given Python constants, so it is stored in the "
+                    f"default dtype; start it from a typed value instead (e.g. `n - n + "
+                    f"1` for a counter next to an int32 `n`)") from exc
+
+
 def infer_types(program: Program, inputs: Sequence[Any], backend: Any = None) -> Program:
     """A copy of ``program`` with ``var_types`` and ``return_type`` set on every
     function reachable from ``main``.
@@ -388,6 +421,7 @@ def infer_types(program: Program, inputs: Sequence[Any], backend: Any = None) ->
                         f"function {fn.name!r}, block {block.name!r}: branch condition "
                         f"{term.cond!r} is {var_types[term.cond]}; it must be a boolean "
                         f"scalar per thread (bool[])")
+        _confirm_constant_typed(fn, env, var_types, backend)
         blocks = _materialize_broadcasts(fn, inference, var_types, _strong(ret))
         functions.append(replace(fn, blocks=blocks, var_types=var_types,
                                  return_type=_strong(ret)))

@@ -89,3 +89,29 @@ def test_tfp_runs_the_same_user_code_to_the_same_results(tf):
     for name in names:
         ours = [g.tolist() for g in up.run(autobatch, up.PROGRAMS[name], "numpy", BATCH)]
         assert ours == theirs[name], name
+
+
+def test_a_counter_typed_only_by_constants_is_refused_before_the_run(tf):
+    """``count_from(n, 1)`` with an int32 ``n``: ``d`` is only ever given
+    Python constants, so it is stored as int64, and ``d > n`` mixes int64
+    with int32, which TensorFlow refuses.  That was TensorFlow's TypeError
+    from the middle of the run (eager, in tf.function and in a TF1 Session);
+    now type inference refuses it, naming ``d`` and the fix.  On NumPy,
+    which promotes, it runs."""
+    program = up.PROGRAMS["divisors_literal_arg_i32"]
+    with pytest.raises(autobatch.errors.TypeInferenceError,
+                       match=r"d > n.*'d' is only ever given Python constants"):
+        up.run(autobatch, program, "tf_eager", 4)
+
+
+def test_an_error_inside_the_users_tf_function_keeps_its_class(tf):
+    """AutoGraph re-raises an error from inside a ``tf.function`` as its own
+    class only where the class takes ``Exception.__init__``; autobatch's
+    (TypeError's and ValueError's subclasses) came out as ``StagingError``,
+    so ``except TypeError`` / ``except ValueError`` (what TFP users catch)
+    missed them."""
+    program = up.PROGRAMS["divisors_literal_arg_i32"]
+    ctx, entry = program.build(autobatch, up.ops("tensorflow"))
+    run = tf.function(lambda n: entry(n))
+    with pytest.raises(autobatch.errors.TypeInferenceError, match="only ever given"):
+        run(tf.constant([3, 4], tf.int32))
