@@ -523,6 +523,99 @@ def _num_divisors(n):
     return sum(1 for d in range(1, n + 1) if n % d == 0)
 
 
+# --- recursion inside loops, call cycles, small dtypes -------------------------------
+
+def tree_loop_build(ab, lib):
+    ctx = ab.Context()
+
+    @ctx.batch(type_inference=lambda t: t[0])
+    def count_nodes(n, fan):
+        total = n - n + 1
+        i = 0
+        while i < fan:
+            if n > 0:
+                total += count_nodes(n - 1, fan)
+            i += 1
+        return total
+    return ctx, count_nodes
+
+
+def _count_nodes(n, fan):
+    return 1 + (fan * _count_nodes(n - 1, fan) if n > 0 else 0)
+
+
+def cycle3_build(ab, lib):
+    ctx = ab.Context()
+
+    @ctx.batch(type_inference=lambda t: [t[0], t[1]])
+    def f_a(n, acc):
+        if n <= 0:
+            return n, acc
+        m, s = f_b(n - 1, acc * 2.0)
+        return m + 1, s + 1.0
+
+    @ctx.batch(type_inference=lambda t: [t[0], t[1]])
+    def f_b(n, acc):
+        if n <= 0:
+            return n, acc
+        m, s = f_c(n - 1, acc + 3.0)
+        return m + 10, s * 0.5
+
+    @ctx.batch(type_inference=lambda t: [t[0], t[1]])
+    def f_c(n, acc):
+        if n <= 0:
+            return n, acc
+        m, s = f_a(n - 1, acc - 1.0)
+        return m + 100, s - 2.0
+    return ctx, f_a
+
+
+def _f(which, n, acc):
+    if n <= 0: return n, acc
+    if which == 0:
+        m, s = _f(1, n - 1, acc * 2.0); return m + 1, s + 1.0
+    if which == 1:
+        m, s = _f(2, n - 1, acc + 3.0); return m + 10, s * 0.5
+    m, s = _f(0, n - 1, acc - 1.0); return m + 100, s - 2.0
+
+
+def small_dtypes_build(ab, lib):
+    ctx = ab.Context()
+
+    @ctx.batch(type_inference=lambda t: [t[0], t[1]])
+    def halve(x, k):
+        if k <= 0:
+            return x, k
+        y, j = halve(x * 0.5, k - 1)
+        return y + x, j + 1
+    return ctx, halve
+
+
+def _halve(x, k):
+    if k <= 0: return x, k
+    y, j = _halve(x * np.float16(0.5), k - np.int8(1))
+    return y + x, j + np.int8(1)
+
+
+def rec_in_for_build(ab, lib):
+    ctx = ab.Context()
+
+    @ctx.batch(type_inference=lambda t: t[0])
+    def tri(n):
+        if n <= 0:
+            return n
+        s = n
+        for j in range(2):
+            s = s + tri(n - 1 - j)
+        return s
+    return ctx, tri
+
+
+def _tri(n):
+    if n <= 0: return n
+    return n + _tri(n - 1) + _tri(n - 2)
+
+
 PROGRAMS = {p.name: p for p in [
     UserProgram("gcd_lcm", gcd_build, gcd_inputs,
                 lambda a, b: a // math.gcd(a, b) * b, depth=16),
@@ -575,6 +668,19 @@ PROGRAMS = {p.name: p for p in [
                 lambda n: (np.arange(4 * n, dtype=np.float64).reshape(n, 4),
                            np.arange(n, dtype=np.int64) % 7),
                 _walk, depth=8),
+    UserProgram("while_loop_recursive_fanout", tree_loop_build,
+                lambda n: (np.arange(n, dtype=np.int64) % 5, np.arange(n, dtype=np.int64) % 3 + 1),
+                _count_nodes, depth=8, tfp_frontend=False),
+    UserProgram("mutual_cycle3_tuple", cycle3_build,
+                lambda n: (np.arange(n, dtype=np.int64) % 8, np.linspace(0, 2, n)),
+                lambda n, a: _f(0, n, a), depth=10),
+    UserProgram("float16_int8_tuple", small_dtypes_build,
+                lambda n: (np.linspace(-1, 1, n).astype(np.float16),
+                           (np.arange(n) % 5).astype(np.int8)),
+                _halve, depth=6),
+    UserProgram("recursion_in_for_range", rec_in_for_build,
+                lambda n: (np.arange(n, dtype=np.int64) % 9,), _tri, depth=10,
+                tfp_frontend=False),
 ]}
 
 
