@@ -185,6 +185,29 @@ class _Inference:
         self.ret: Dict[str, Optional[Type]] = {fn.name: None for fn in program.functions}
         self.primop_cache: Dict[Tuple[int, Tuple[Type, ...]], Type] = {}
         self.changed = False
+        #: Whether a constants-only variable takes the dtype of what a primop
+        #: combines it with (backends that do not mix dtypes: TensorFlow).
+        self.unify_weak = not getattr(backend, "mixes_dtypes", True)
+
+    def adopt_partner_dtype(self, fn: str, reads: Sequence[str]) -> bool:
+        """On a backend that does not mix dtypes: a scalar variable of
+        ``reads`` only ever given Python constants (weak) takes the dtype of
+        the other inputs of its kind, where they have exactly one
+        (``i = 0; while i < k`` with an int32 ``k`` makes ``i`` int32, as
+        TFP types constants on TensorFlow), so that the run does not meet
+        int64 and int32 in one op.  True if a variable changed."""
+        env = self.vars[fn]
+        leaves = {v: env[v].leaves() for v in reads}
+        weak = [v for v, ls in leaves.items() if len(ls) == 1 and ls[0].weak]
+        changed = False
+        for var in weak:
+            leaf = leaves[var][0]
+            partners = {other.dtype for v, ls in leaves.items() if v not in weak
+                        for other in ls if not other.weak and other.dtype.kind == leaf.dtype.kind}
+            if len(partners) == 1:
+                self.set_var(fn, var, Type(TensorType(partners.pop(), leaf.shape)))
+                changed = True
+        return changed
 
     def set_var(self, fn: str, var: str, typ: Type) -> None:
         old = self.vars[fn].get(var)
@@ -268,6 +291,8 @@ class _Inference:
                     continue
                 types = tuple(env[v] for v in op.reads)
                 if isinstance(op, PrimOp):
+                    if self.unify_weak and self.adopt_partner_dtype(fn.name, op.reads):
+                        types = tuple(env[v] for v in op.reads)
                     self.bind(fn.name, op.vars_out,
                               self.primop_type(fn, op, types, where), where, op)
                 elif isinstance(op, FunctionCallOp):

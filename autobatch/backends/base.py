@@ -186,6 +186,10 @@ class Backend(Abilities, TfpMethods):
     #: The value :meth:`placeholder` fills with (and type inference gives a
     #: weak Python scalar's placeholder).
     placeholder_fill = 0
+    #: Whether one op may take two dtypes (NumPy promotes).  False makes type
+    #: inference give a variable only ever given Python constants the dtype
+    #: of what a primop combines it with.
+    mixes_dtypes = True
 
     # -- storage ------------------------------------------------------------------------
     @abc.abstractmethod

@@ -91,17 +91,42 @@ def test_tfp_runs_the_same_user_code_to_the_same_results(tf):
         assert ours == theirs[name], name
 
 
-def test_a_counter_typed_only_by_constants_is_refused_before_the_run(tf):
+def test_a_counter_typed_only_by_constants_takes_its_partners_dtype(tf):
     """``count_from(n, 1)`` with an int32 ``n``: ``d`` is only ever given
-    Python constants, so it is stored as int64, and ``d > n`` mixes int64
-    with int32, which TensorFlow refuses.  That was TensorFlow's TypeError
-    from the middle of the run (eager, in tf.function and in a TF1 Session);
-    now type inference refuses it, naming ``d`` and the fix.  On NumPy,
-    which promotes, it runs."""
+    Python constants, so it was stored as int64, and ``d > n`` mixed int64
+    with int32, which TensorFlow refuses: TensorFlow's TypeError from the
+    middle of the run (eager, in tf.function and in a TF1 Session).  On
+    TensorFlow such a variable now takes the dtype of what a primop
+    combines it with (int32 here, as TFP types the constant); NumPy, which
+    promotes, keeps int64."""
     program = up.PROGRAMS["divisors_literal_arg_i32"]
+    got = up.run(autobatch, program, "tf_eager", 6)
+    assert got[0].dtype == np.int32 and up.agree(got, up.expected(program, 6))
+
+
+def _scaled_by_counter(ab):
+    ctx = ab.Context()
+
+    @ctx.batch(type_inference=lambda arg_types: arg_types[0])
+    def scale(x):
+        i = 0
+        while i < 3:
+            x = x * i + x
+            i += 1
+        return x
+    return scale
+
+
+def test_a_constants_only_variable_no_partner_fits_is_refused_before_the_run(tf):
+    """``x * i`` with a float32 ``x`` and ``i`` only ever given ints: no
+    int partner to take a dtype from, so ``i`` is int64 and TensorFlow
+    refuses the op; type inference says so, naming ``i``, before the run
+    (NumPy promotes and runs it)."""
+    scale = _scaled_by_counter(autobatch)
+    assert scale(np.ones(2, np.float32)).tolist() == [6.0, 6.0]
     with pytest.raises(autobatch.errors.TypeInferenceError,
-                       match=r"d > n.*'d' is only ever given Python constants"):
-        up.run(autobatch, program, "tf_eager", 4)
+                       match=r"x \* i \+ x.*'i' is only ever given Python constants"):
+        scale(tf.ones([2], tf.float32))
 
 
 def test_an_error_inside_the_users_tf_function_keeps_its_class(tf):
@@ -110,8 +135,7 @@ def test_an_error_inside_the_users_tf_function_keeps_its_class(tf):
     (TypeError's and ValueError's subclasses) came out as ``StagingError``,
     so ``except TypeError`` / ``except ValueError`` (what TFP users catch)
     missed them."""
-    program = up.PROGRAMS["divisors_literal_arg_i32"]
-    ctx, entry = program.build(autobatch, up.ops("tensorflow"))
-    run = tf.function(lambda n: entry(n))
+    scale = _scaled_by_counter(autobatch)
+    run = tf.function(lambda x: scale(x))
     with pytest.raises(autobatch.errors.TypeInferenceError, match="only ever given"):
-        run(tf.constant([3, 4], tf.int32))
+        run(tf.ones([2], tf.float32))
