@@ -32,6 +32,14 @@ def test_numpy_matches_a_python_loop(name):
     assert up.agree(got, want, program.exact), (got, want)
 
 
+@pytest.mark.parametrize("name, dtypes", [("float16_int8_tuple", ["float16", "int8"]),
+                                           ("divmod_int32_tuple", ["int32", "int32"]),
+                                           ("for_break_f32", ["float32"])])
+def test_small_dtypes_stay_what_the_inputs_are(name, dtypes):
+    got = up.run(autobatch, up.PROGRAMS[name], "numpy", BATCH)
+    assert [g.dtype.name for g in got] == dtypes
+
+
 @pytest.mark.parametrize("name", sorted(up.PROGRAMS))
 def test_storage_is_what_liveness_implies(name):
     """No variable weaker than its liveness needs (a value lost across a
