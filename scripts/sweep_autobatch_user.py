@@ -90,8 +90,9 @@ def run_side(side: str, names, regimes, batch: int) -> dict:
 
         def dry():
             ctx, entry = program.build(ab, up.ops("numpy"))
-            member = [np.asarray(x)[:1] if not isinstance(x, tuple) else
-                      tuple(np.asarray(y)[:1] for y in x) for x in program.inputs(batch)]
+            def first(x):
+                return tuple(first(y) for y in x) if isinstance(x, tuple) else x[:1]
+            member = [first(x) for x in program.inputs(batch)]
             leaves = [np.asarray(v) for v in up._leaves(entry(*member, dry_run=True,
                                                                 backend=ab.NumpyBackend()))]
             return [v.reshape((1,) + v.shape) if v.ndim == 0 else v for v in leaves]
@@ -104,8 +105,8 @@ def classify(result, want, exact, fixed=None) -> str:
     import user_programs as up
     status, value = result
     if status == "error":
-        if value.startswith("hangs"):
-            return "hangs"
+        if value.startswith(("hangs", "not run")):
+            return value.split(":")[0]
         if value.startswith("autobatch."):
             cell = f"clean refusal ({value.split(':')[0].split('.')[-1]})"
             return cell + (f", was a raw error before {fixed}" if fixed else "")
@@ -117,7 +118,7 @@ def classify(result, want, exact, fixed=None) -> str:
 
 
 def _short(cell: str) -> str:
-    return cell if cell in ("ok", "WRONG", "hangs") else "fails"
+    return cell if cell in ("ok", "WRONG", "hangs", "not run") else "fails"
 
 
 def run_tfp(python: str, names, regimes, batch: int, timeout: float) -> dict:
@@ -136,9 +137,12 @@ def run_tfp(python: str, names, regimes, batch: int, timeout: float) -> dict:
         for line in output.splitlines():
             if line.startswith("{"):
                 theirs.update(json.loads(line))
-        for key in [f"{name}|{r}" for r in regimes] + [
-                f"{name}|overflow_tf_eager", f"{name}|overflow_tf_xla", f"{name}|dry_run"]:
-            theirs.setdefault(key, ["error", "hangs: no result within the timeout"])
+        missing = [key for key in [f"{name}|{r}" for r in regimes] + [
+            f"{name}|overflow_tf_eager", f"{name}|overflow_tf_xla", f"{name}|dry_run"]
+            if key not in theirs]
+        for k, key in enumerate(missing):    # the first one hung; the rest never ran
+            theirs[key] = ["error", "hangs: no result within the timeout" if k == 0
+                           else "not run: an earlier run of the program hung"]
     return theirs
 
 
@@ -150,7 +154,8 @@ def overflow_cell(result, want, exact) -> str:
     if status == "error":
         if value.startswith("hangs"):
             return "hangs"
-        if "StackOverflow" in value or "VariableStackOverflow" in value or "assert_less" in value:
+        if any(sign in value for sign in ("StackOverflow", "assert_less",
+                                          "Condition x < y did not hold")):  # TFP's
             return "overflow error"
         if value.startswith("autobatch."):
             return "clean refusal"
