@@ -17,17 +17,28 @@ __all__ = [
 
 
 class AutobatchError(Exception):
-    """Base class of autobatch's own errors."""
+    """Base class of autobatch's own errors.
+
+    The classes whose constructor takes just the message keep
+    ``Exception.__init__`` as theirs (not the one of the builtin error they
+    also derive from): TensorFlow's AutoGraph re-raises an error from a
+    user's ``tf.function`` as its own class only then, and as a
+    ``StagingError`` (no longer a ``ValueError`` or ``TypeError``)
+    otherwise."""
 
 
 class ProgramError(AutobatchError, ValueError):
     """A malformed program: unknown function or block, a variable read before
     it is written, a builder used out of order, arity mismatches."""
 
+    __init__ = Exception.__init__
+
 
 class TypeInferenceError(AutobatchError, TypeError):
     """Types that cannot be inferred or do not agree (a variable written with
     ``int64`` in one place and ``float32`` in another, say)."""
+
+    __init__ = Exception.__init__
 
 
 class NullVariableError(AutobatchError, RuntimeError):
@@ -36,6 +47,8 @@ class NullVariableError(AutobatchError, RuntimeError):
     The allocation strategy only makes a variable NULL when nothing reads it;
     this error means an allocation map was edited by hand, or a bug.
     """
+
+    __init__ = Exception.__init__
 
 
 class StackOverflowError(AutobatchError, RuntimeError):
@@ -62,3 +75,5 @@ class NativeEngineError(AutobatchError, ValueError):
     """The native engine was asked for (``NumpyBackend(native=True)``) but
     cannot run the program: numba is not installed, or a primop or variable
     is one it cannot run as NumPy would (the message names it)."""
+
+    __init__ = Exception.__init__

@@ -1,7 +1,7 @@
 """Infer the type of every variable: :func:`infer_types`.
 
 Given the types of ``main``'s arguments, every primop is run once on
-placeholder inputs (zeros for one thread) to learn the type of its outputs;
+placeholder inputs (one thread of the backend's ``placeholder_fill``) to learn the type of its outputs;
 argument types flow into callees, return types flow back to call sites.
 This is iterated to a fixed point, so a recursive function gets its return
 type from its base case (``return 1``) and then types the recursive path.
@@ -185,6 +185,29 @@ class _Inference:
         self.ret: Dict[str, Optional[Type]] = {fn.name: None for fn in program.functions}
         self.primop_cache: Dict[Tuple[int, Tuple[Type, ...]], Type] = {}
         self.changed = False
+        #: Whether a constants-only variable takes the dtype of what a primop
+        #: combines it with (backends that do not mix dtypes: TensorFlow).
+        self.unify_weak = not getattr(backend, "mixes_dtypes", True)
+
+    def adopt_partner_dtype(self, fn: str, reads: Sequence[str]) -> bool:
+        """On a backend that does not mix dtypes: a scalar variable of
+        ``reads`` only ever given Python constants (weak) takes the dtype of
+        the other inputs of its kind, where they have exactly one
+        (``i = 0; while i < k`` with an int32 ``k`` makes ``i`` int32, as
+        TFP types constants on TensorFlow), so that the run does not meet
+        int64 and int32 in one op.  True if a variable changed."""
+        env = self.vars[fn]
+        leaves = {v: env[v].leaves() for v in reads}
+        weak = [v for v, ls in leaves.items() if len(ls) == 1 and ls[0].weak]
+        changed = False
+        for var in weak:
+            leaf = leaves[var][0]
+            partners = {other.dtype for v, ls in leaves.items() if v not in weak
+                        for other in ls if not other.weak and other.dtype.kind == leaf.dtype.kind}
+            if len(partners) == 1:
+                self.set_var(fn, var, Type(TensorType(partners.pop(), leaf.shape)))
+                changed = True
+        return changed
 
     def set_var(self, fn: str, var: str, typ: Type) -> None:
         old = self.vars[fn].get(var)
@@ -216,10 +239,14 @@ class _Inference:
             self.changed = True
 
     def placeholder(self, tensor_type: TensorType) -> Any:
-        """Zeros of one thread; a weak type's placeholder is a Python scalar, so
-        that the primop meets it as it would meet the constant."""
+        """The backend's placeholder for one thread; a weak type's is a
+        Python scalar, so that the primop meets it as it would meet the
+        constant, of the value the backend's placeholders hold
+        (``placeholder_fill``: 0 on NumPy, 1 on TensorFlow, where ``n % d``
+        raises on a zero ``d``)."""
         if tensor_type.weak:
-            return np.zeros((), tensor_type.dtype).item()
+            fill = getattr(self.backend, "placeholder_fill", 0)
+            return np.full((), fill, tensor_type.dtype).item()
         return self.backend.placeholder(tensor_type, 1)
 
     def primop_type(self, fn: Function, op: PrimOp, types: Tuple[Type, ...],
@@ -237,9 +264,10 @@ class _Inference:
             raise
         except Exception as exc:
             shown = ", ".join(f"{v}: {t}" for v, t in zip(op.vars_in, types))
+            fill = getattr(self.backend, "placeholder_fill", 0)
             raise TypeInferenceError(
-                f"{where}: primop `{op}` failed on placeholder inputs (zeros of one "
-                f"thread; {shown}): {type(exc).__name__}: {exc}") from exc
+                f"{where}: primop `{op}` failed on placeholder inputs (one thread "
+                f"of {fill}s; {shown}): {type(exc).__name__}: {exc}") from exc
         self.primop_cache[key] = typ
         return typ
 
@@ -263,6 +291,8 @@ class _Inference:
                     continue
                 types = tuple(env[v] for v in op.reads)
                 if isinstance(op, PrimOp):
+                    if self.unify_weak and self.adopt_partner_dtype(fn.name, op.reads):
+                        types = tuple(env[v] for v in op.reads)
                     self.bind(fn.name, op.vars_out,
                               self.primop_type(fn, op, types, where), where, op)
                 elif isinstance(op, FunctionCallOp):
@@ -321,6 +351,39 @@ def _types_of_arguments(args: Sequence[Any], backend: Any) -> List[Any]:
 
 def _strong(typ: Type) -> Type:
     return typ.strong()
+
+
+def _confirm_constant_typed(fn: Function, env: Dict[str, Type], var_types: Dict[str, Type],
+                            backend: Any) -> None:
+    """Run again, on placeholders of the final types, every primop of ``fn``
+    that reads a variable only ever given Python constants (weak: inference
+    ran the primop with a Python scalar for it, but the run stores it in its
+    default dtype, int64 or float64).  On TensorFlow, which does not mix
+    dtypes, ``d > n`` with such a ``d`` and an int32 ``n`` would otherwise
+    fail in the middle of the run with TensorFlow's own TypeError; here it is
+    a TypeInferenceError naming the variable, before anything runs."""
+    weak = {v for v in fn.variables()
+            if v in env and any(leaf.weak for leaf in env[v].leaves())}
+    if not weak:
+        return
+    for block in fn.blocks:
+        for op in block.instructions:
+            if not isinstance(op, PrimOp) or not weak & set(op.reads):
+                continue
+            inputs = [pattern_map(lambda t: backend.placeholder(t, 1), var_types[v].tensors)
+                      for v in op.reads]
+            try:
+                with np.errstate(all="ignore"), _inferring():
+                    backend.run_on_dummies(op.function, inputs)
+            except Exception as exc:
+                named = ", ".join(f"{v}: {var_types[v]}" for v in op.reads)
+                only = ", ".join(repr(v) for v in op.reads if v in weak)
+                raise TypeInferenceError(
+                    f"function {fn.name!r}, block {block.name!r}: primop `{op}` fails on "
+                    f"the types the run stores ({named}): {type(exc).__name__}: {exc}. "
+                    f"{only} is only ever given Python constants, so it is stored in the "
+                    f"default dtype; start it from a typed value instead (e.g. `n - n + "
+                    f"1` for a counter next to an int32 `n`)") from exc
 
 
 def infer_types(program: Program, inputs: Sequence[Any], backend: Any = None) -> Program:
@@ -383,6 +446,7 @@ def infer_types(program: Program, inputs: Sequence[Any], backend: Any = None) ->
                         f"function {fn.name!r}, block {block.name!r}: branch condition "
                         f"{term.cond!r} is {var_types[term.cond]}; it must be a boolean "
                         f"scalar per thread (bool[])")
+        _confirm_constant_typed(fn, env, var_types, backend)
         blocks = _materialize_broadcasts(fn, inference, var_types, _strong(ret))
         functions.append(replace(fn, blocks=blocks, var_types=var_types,
                                  return_type=_strong(ret)))

@@ -183,6 +183,14 @@ class Backend(Abilities, TfpMethods):
     """What the VM needs from an array library (see the module doc), plus
     TFP's backend methods (:class:`~autobatch.backends.tfp_api.TfpMethods`)."""
 
+    #: The value :meth:`placeholder` fills with (and type inference gives a
+    #: weak Python scalar's placeholder).
+    placeholder_fill = 0
+    #: Whether one op may take two dtypes (NumPy promotes).  False makes type
+    #: inference give a variable only ever given Python constants the dtype
+    #: of what a primop combines it with.
+    mixes_dtypes = True
+
     # -- storage ------------------------------------------------------------------------
     @abc.abstractmethod
     def fill(self, tensor_type: TensorType, batch_size: int, value: Any = 0) -> Any:

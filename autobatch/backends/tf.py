@@ -333,6 +333,13 @@ class TensorFlowBackend(Backend):
     """
 
     name = "tensorflow"
+    #: The value of type inference's placeholders (:meth:`placeholder`; weak
+    #: Python scalars too): ones, as TFP's, since an integer ``a % b`` raises
+    #: on a zero ``b`` here.
+    placeholder_fill = 1
+    #: TensorFlow refuses ``int64 < int32``: constants-only variables take
+    #: their partner's dtype (see :class:`~autobatch.backends.base.Backend`).
+    mixes_dtypes = False
 
     def __init__(self, mode: str = "graph", selection: Optional[str] = None,
                  compile_blocks: bool = True, safety_checks: bool = True, *,
