@@ -26,6 +26,24 @@ def _run(paddle, main, startup, loss, steps=3):
                 for s in range(steps)]
 
 
+def _step_peaks(paddle, main, startup, loss, steps=3):
+    """The allocator's peak of each of ``steps`` steps of an x[16, 64] -> y
+    program, over what was allocated before its startup program ran."""
+    core = paddle.base.core
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    peaks = []
+    with paddle.static.scope_guard(paddle.static.Scope()):
+        base = core.host_memory_stat_current_value("Allocated", 0)
+        exe.run(startup)
+        rng = np.random.RandomState(0)
+        for _ in range(steps):
+            core.host_memory_stat_reset_peak_value("Allocated", 0)
+            exe.run(main, feed={"x": rng.rand(16, 64).astype("float32"),
+                                "y": rng.rand(16, 1).astype("float32")}, fetch_list=[loss])
+            peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
+    return peaks
+
+
 @pytest.mark.parametrize("level", [1, 2])
 def test_level1_sharing_across_shapes_translates_to_pir(paddle, level):
     """A two-layer MLP with Momentum, GC off: level 1 put fc_0.w_0@GRAD
@@ -111,18 +129,7 @@ def test_lamb_update_workspace_is_estimated(paddle):
             h = paddle.static.nn.fc(h, 128, activation="relu")
             loss = paddle.mean((paddle.static.nn.fc(h, 1) - y) ** 2)
             paddle.optimizer.Lamb(0.01).minimize(loss)
-        core = paddle.base.core
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        peaks = []
-        with paddle.static.scope_guard(paddle.static.Scope()):
-            base = core.host_memory_stat_current_value("Allocated", 0)
-            exe.run(startup)
-            rng = np.random.RandomState(0)
-            for _ in range(3):
-                core.host_memory_stat_reset_peak_value("Allocated", 0)
-                exe.run(main, feed={"x": rng.rand(16, 64).astype("float32"),
-                                    "y": rng.rand(16, 1).astype("float32")}, fetch_list=[loss])
-                peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
+        peaks = _step_peaks(paddle, main, startup, loss)
         est = memopt.estimate(main, batch_size=16, fetch_list=[loss],
                               runtime=runtime_model("pir")).total
     measured = min(peaks[1:])
@@ -154,18 +161,7 @@ def test_operand_of_an_in_place_op_is_written_over_again(paddle):
                 paddle._C_ops.scale_(grad, 1.0, 0.0, True)
                 averaged.append((param, paddle.scale(grad, 0.5)))
             paddle.optimizer.Adam(0.01).apply_gradients(averaged)
-        core = paddle.base.core
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        peaks = []
-        with paddle.static.scope_guard(paddle.static.Scope()):
-            base = core.host_memory_stat_current_value("Allocated", 0)
-            exe.run(startup)
-            rng = np.random.RandomState(0)
-            for _ in range(3):
-                core.host_memory_stat_reset_peak_value("Allocated", 0)
-                exe.run(main, feed={"x": rng.rand(16, 64).astype("float32"),
-                                    "y": rng.rand(16, 1).astype("float32")}, fetch_list=[loss])
-                peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
+        peaks = _step_peaks(paddle, main, startup, loss)
         est = memopt.estimate(main, batch_size=16, fetch_list=[loss],
                               runtime=runtime_model("pir")).total
     measured = min(peaks[1:])
