@@ -203,9 +203,7 @@ def _one_option(config: SweepConfig, option: Option, ir: str, rank: int, nranks:
     except Exception:
         if "outcome" in rec:
             return rec
-        rec["outcome"] = "build failed"
-        rec["message"] = traceback.format_exc()[-1500:]
-        return rec
+        return _fail(rec, "build failed")
     if not state["ok"]:
         return rec
     rec["comm_before"] = _comm_signature(main, ir)
@@ -235,17 +233,12 @@ def _one_option(config: SweepConfig, option: Option, ir: str, rank: int, nranks:
             params = fleet_models.parameters(main, scope) if ir == "legacy" else \
                 _pir_persistables(main, scope)
     except MemoptError as exc:  # memopt's guard refused the run (by name)
-        rec["outcome"] = "refused at run"
-        rec["message"] = f"{type(exc).__name__}: {exc}"[:600]
-        return rec
+        return _fail(rec, "refused at run", exc)
     except Exception:
-        rec["outcome"] = "run failed"
-        rec["message"] = traceback.format_exc()[-1500:]
-        return rec
+        return _fail(rec, "run failed")
     rec["outcome"] = "ran"
     rec["micro_peaks"] = peaks
-    # one optimizer step = k micro-steps: its peak is theirs
-    rec["step_peaks"] = [max(peaks[i:i + k]) for i in range(0, len(peaks), k)]
+    rec["step_peaks"] = _step_peaks(peaks, k)
     later = rec["step_peaks"][1:4] or rec["step_peaks"]
     rec["measured"] = min(later)
     try:
@@ -286,9 +279,7 @@ def _one_auto_parallel_option(config: SweepConfig, option: Option, rank: int,
             dm.train()
         program = apm.main_program(dm)
     except Exception:
-        rec["outcome"] = "build failed"
-        rec["message"] = traceback.format_exc()[-1500:]
-        return rec
+        return _fail(rec, "build failed")
     rec["comm_before"] = _comm_signature(program, "pir")
     if option.level is not None or option.budget is not None:
         if not _call_memopt(program, None, option, 8, rec):
@@ -307,20 +298,30 @@ def _one_auto_parallel_option(config: SweepConfig, option: Option, rank: int,
             losses.append(np.asarray(dm(*batch)))
             peaks.append(int(core.host_memory_stat_peak_value("Allocated", 0)) - base)
     except MemoptError as exc:
-        rec["outcome"] = "refused at run"
-        rec["message"] = f"{type(exc).__name__}: {exc}"[:600]
-        return rec
+        return _fail(rec, "refused at run", exc)
     except Exception:
-        rec["outcome"] = "run failed"
-        rec["message"] = traceback.format_exc()[-1500:]
-        return rec
+        return _fail(rec, "run failed")
     rec["outcome"] = "ran"
-    rec["step_peaks"] = [max(peaks[i:i + k]) for i in range(0, len(peaks), k)]
+    rec["step_peaks"] = _step_peaks(peaks, k)
     rec["step_growth"] = min(rec["step_peaks"][1:4] or rec["step_peaks"])
     params = _pir_persistables(program, paddle.static.global_scope())
     np.savez(os.path.join(out_dir, f"rank{rank}_opt{index}.npz"), losses=np.stack(losses),
              **{f"param:{name}": value for name, value in params})
     return rec
+
+
+def _fail(rec: dict, outcome: str, refusal: Exception = None) -> dict:
+    """``rec`` marked ``outcome``: with memopt's ``refusal``, its message;
+    otherwise the tail of the traceback being handled."""
+    rec["outcome"] = outcome
+    rec["message"] = (f"{type(refusal).__name__}: {refusal}"[:600] if refusal is not None
+                      else traceback.format_exc()[-1500:])
+    return rec
+
+
+def _step_peaks(peaks: list, k: int) -> list:
+    """One optimizer step = ``k`` micro-steps: its peak is theirs."""
+    return [max(peaks[i:i + k]) for i in range(0, len(peaks), k)]
 
 
 def _pir_persistables(program, scope) -> list:

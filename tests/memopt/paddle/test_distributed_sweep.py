@@ -44,6 +44,18 @@ def _step_peaks(paddle, main, startup, loss, steps=3):
     return peaks
 
 
+def _estimate_and_measured(paddle, main, startup, loss):
+    """(memopt.estimate's total under the PIR executor's runtime model, the
+    least allocator peak of steps 2-3) of an x[16, 64] -> y program, under
+    the flags in force."""
+    from memopt.paddle.flags import runtime_model
+
+    measured = min(_step_peaks(paddle, main, startup, loss)[1:])
+    est = memopt.estimate(main, batch_size=16, fetch_list=[loss],
+                          runtime=runtime_model("pir")).total
+    return est, measured
+
+
 @pytest.mark.parametrize("level", [1, 2])
 def test_level1_sharing_across_shapes_translates_to_pir(paddle, level):
     """A two-layer MLP with Momentum, GC off: level 1 put fc_0.w_0@GRAD
@@ -116,8 +128,6 @@ def test_lamb_update_workspace_is_estimated(paddle):
     A one-device MLP with Lamb, run translated to PIR as a rank runs: the
     estimate within 1% of the allocator's step peak (it fell short by the
     largest parameter, 65,536 of 757,720 bytes)."""
-    from memopt.paddle.flags import runtime_model
-
     with models.ir_guard("legacy"), paddle.utils.unique_name.guard(), \
             models.flags(eager_delete_tensor_gb=-1.0, enable_pir_in_executor=True,
                          new_executor_sequential_run=True):
@@ -129,10 +139,7 @@ def test_lamb_update_workspace_is_estimated(paddle):
             h = paddle.static.nn.fc(h, 128, activation="relu")
             loss = paddle.mean((paddle.static.nn.fc(h, 1) - y) ** 2)
             paddle.optimizer.Lamb(0.01).minimize(loss)
-        peaks = _step_peaks(paddle, main, startup, loss)
-        est = memopt.estimate(main, batch_size=16, fetch_list=[loss],
-                              runtime=runtime_model("pir")).total
-    measured = min(peaks[1:])
+        est, measured = _estimate_and_measured(paddle, main, startup, loss)
     assert abs(est / measured - 1) < 0.01, (est, measured)
 
 
@@ -144,8 +151,6 @@ def test_operand_of_an_in_place_op_is_written_over_again(paddle):
     for any operand of an in-place op: the estimate was 1.22 of the measured
     peak (GC off).  Here ``scale_`` stands in for ``all_reduce_`` (one
     process): the estimate within 1% of the allocator's step peak."""
-    from memopt.paddle.flags import runtime_model
-
     with models.ir_guard("pir"), paddle.utils.unique_name.guard(), \
             models.flags(eager_delete_tensor_gb=-1.0, new_executor_sequential_run=True):
         main, startup = paddle.static.Program(), paddle.static.Program()
@@ -161,8 +166,5 @@ def test_operand_of_an_in_place_op_is_written_over_again(paddle):
                 paddle._C_ops.scale_(grad, 1.0, 0.0, True)
                 averaged.append((param, paddle.scale(grad, 0.5)))
             paddle.optimizer.Adam(0.01).apply_gradients(averaged)
-        peaks = _step_peaks(paddle, main, startup, loss)
-        est = memopt.estimate(main, batch_size=16, fetch_list=[loss],
-                              runtime=runtime_model("pir")).total
-    measured = min(peaks[1:])
+        est, measured = _estimate_and_measured(paddle, main, startup, loss)
     assert abs(est / measured - 1) < 0.01, (est, measured)
