@@ -81,12 +81,9 @@ def model_of(row: str) -> str:
 
 
 def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict:
-    import numpy as np
     import paddle
 
     paddle.enable_static()
-    from paddle.base import core
-
     import memopt
     from memopt import models
 
@@ -116,28 +113,12 @@ def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict
         out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:120]}"
         return out
     out["optimize_s"] = time.perf_counter() - t0
-    rng = np.random.default_rng(1)
-    scope = paddle.static.Scope()
-    times, digest, step_peaks = [], hashlib.sha256(), []
-    with paddle.static.scope_guard(scope):
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        m.initialize(exe)
-        startup_peak = core.host_memory_stat_peak_value("Allocated", 0)
-        for _ in range(steps):
-            feed = m.feed(rng)
-            core.host_memory_stat_reset_peak_value("Allocated", 0)
-            t = time.perf_counter()
-            loss = exe.run(m.main, feed=feed, fetch_list=[m.loss])[0]
-            times.append(time.perf_counter() - t)
-            step_peaks.append(core.host_memory_stat_peak_value("Allocated", 0))
-            digest.update(np.asarray(loss).tobytes())
-        for name in models.parameter_names(m.main):
-            digest.update(np.array(scope.find_var(name).get_tensor()).tobytes())
+    startup_peak, step_peaks, times, digest = measured_steps(m, steps)
     # the run's peak (startup and every step), as one unreset reading gives
     out["peak"] = max([startup_peak, *step_peaks])
     out["step_peaks"] = step_peaks
     out["step_s"] = statistics.median(times[1:] or times)
-    out["digest"] = digest.hexdigest()
+    out["digest"] = digest
     return out
 
 
@@ -208,10 +189,41 @@ def bench_model(model: str, steps: int, repeat: int = 1, fractions=FRACTIONS) ->
     return row
 
 
-def floor_row(row: str) -> str:
-    """One markdown row: what the leanest plan of ``row`` (the lowest
-    checked peak: :func:`memopt.paddle.pir_budget.guarded_peak`) still
-    holds at its steady peak, in the model at the row's batch (MiB)."""
+def measured_steps(m, steps: int) -> tuple:
+    """``(startup peak, [step peak], [step seconds], digest)`` of ``steps``
+    training steps of built model ``m`` in a fresh scope, seeded feeds; the
+    digest (hex) covers every loss and the parameters after the steps."""
+    import numpy as np
+    import paddle
+    from paddle.base import core
+
+    from memopt import models
+
+    rng = np.random.default_rng(1)
+    scope = paddle.static.Scope()
+    times, digest, step_peaks = [], hashlib.sha256(), []
+    with paddle.static.scope_guard(scope):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        m.initialize(exe)
+        startup_peak = core.host_memory_stat_peak_value("Allocated", 0)
+        for _ in range(steps):
+            feed = m.feed(rng)
+            core.host_memory_stat_reset_peak_value("Allocated", 0)
+            t = time.perf_counter()
+            loss = exe.run(m.main, feed=feed, fetch_list=[m.loss])[0]
+            times.append(time.perf_counter() - t)
+            step_peaks.append(core.host_memory_stat_peak_value("Allocated", 0))
+            digest.update(np.asarray(loss).tobytes())
+        for name in models.parameter_names(m.main):
+            digest.update(np.array(scope.find_var(name).get_tensor()).tobytes())
+    return startup_peak, step_peaks, times, digest.hexdigest()
+
+
+def budget_choices(row: str) -> tuple:
+    """``(batch, model, runtime, pir graph, default peak, choices)`` of
+    ``row`` built as a PIR training program at its batch: the model's
+    default peak and the plans ``budget=`` may choose there
+    (:func:`memopt.paddle.pir_budget.vouched`), in the model only."""
     import paddle
 
     paddle.enable_static()
@@ -225,7 +237,14 @@ def floor_row(row: str) -> str:
     pg = pir.convert(m.main)
     default = _pir_analysis(pg, batch, runtime).total_peak(batch)
     _, grid = pir_budget.recompute_choices(pg, batch, runtime)
-    choices = pir_budget.vouched(grid, runtime)  # the plans budget= may choose
+    return batch, m, runtime, pg, default, pir_budget.vouched(grid, runtime)
+
+
+def floor_row(row: str) -> str:
+    """One markdown row: what the leanest plan of ``row`` (the lowest
+    checked peak: :func:`memopt.paddle.pir_budget.guarded_peak`) still
+    holds at its steady peak, in the model at the row's batch (MiB)."""
+    batch, _, _, _, default, choices = budget_choices(row)
     lean = min(choices, key=lambda c: (c.peak, c.plan.flops))
     held = lean.prediction.held_at(batch_size=batch)
 

@@ -38,13 +38,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import statistics
-import time
 
 import _bench
-from bench_recompute import BENCH_MODELS, model_of
+from bench_recompute import BENCH_MODELS, budget_choices, measured_steps, model_of
 
 #: How many ops after a value's last reader its buffer may be handed on.
 WINDOW = 8
@@ -156,45 +154,26 @@ def apply_handoffs(program, pairs) -> int:
 
 
 def worker(row: str, mode: str, steps: int, window: int = WINDOW) -> dict:
-    import numpy as np
     import paddle
 
     paddle.enable_static()
-    from paddle.base import core
-
     from memopt import models
-    from memopt.paddle import flags, pir, pir_budget, pir_recompute
+    from memopt.paddle import pir_recompute
 
-    batch, opts = BENCH_MODELS[row]
-    m = models.build(model_of(row), "pir", batch_size=batch, **dict(opts))
     out: dict = {"row": row, "mode": mode}
-    if mode != "default":
-        runtime = flags.runtime_model("pir")
-        pg = pir.convert(m.main)
-        _, grid = pir_budget.recompute_choices(pg, batch, runtime)
-        lean = min(pir_budget.vouched(grid, runtime), key=lambda c: (c.peak, c.plan.flops))
+    if mode == "default":
+        batch, opts = BENCH_MODELS[row]
+        m = models.build(model_of(row), "pir", batch_size=batch, **dict(opts))
+    else:
+        batch, m, runtime, pg, _, choices = budget_choices(row)
+        lean = min(choices, key=lambda c: (c.peak, c.plan.flops))
         pir_recompute.apply_plan(pg, lean.plan)
         out.update(plan=lean.label, checked=lean.peak,
                    steady=lean.prediction.total_peak(batch))
         if mode == "handoff":
             out["handoffs"] = apply_handoffs(m.main, kept_pairs(m.main, window, runtime))
-    rng = np.random.default_rng(1)
-    scope = paddle.static.Scope()
-    digest, peaks, times = hashlib.sha256(), [], []
-    with paddle.static.scope_guard(scope):
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        m.initialize(exe)
-        for _ in range(steps):
-            feed = m.feed(rng)
-            core.host_memory_stat_reset_peak_value("Allocated", 0)
-            t = time.perf_counter()
-            loss = exe.run(m.main, feed=feed, fetch_list=[m.loss])[0]
-            times.append(time.perf_counter() - t)
-            peaks.append(core.host_memory_stat_peak_value("Allocated", 0))
-            digest.update(np.asarray(loss).tobytes())
-        for name in models.parameter_names(m.main):
-            digest.update(np.array(scope.find_var(name).get_tensor()).tobytes())
-    out.update(peaks=peaks, digest=digest.hexdigest(), step_s=statistics.median(times[1:]))
+    _, peaks, times, digest = measured_steps(m, steps)
+    out.update(peaks=peaks, digest=digest, step_s=statistics.median(times[1:]))
     return out
 
 
@@ -275,22 +254,12 @@ def model_row(row: str, windows=(2, 8), lowest: int = 3) -> list:
     rows."""
     from dataclasses import replace
 
-    import paddle
-
-    paddle.enable_static()
-    from memopt import models
     from memopt.analysis import from_graph_modes
-    from memopt.api import _pir_analysis
-    from memopt.paddle import flags, pir, pir_budget, pir_recompute
+    from memopt.paddle import pir, pir_budget, pir_recompute
     from memopt.paddle.runtime import executed
 
-    batch, opts = BENCH_MODELS[row]
-    m = models.build(model_of(row), "pir", batch_size=batch, **dict(opts))
-    runtime = flags.runtime_model("pir")
-    pg = pir.convert(m.main)
-    default = _pir_analysis(pg, batch, runtime).total_peak(batch)
-    _, grid = pir_budget.recompute_choices(pg, batch, runtime)
-    choices = sorted(pir_budget.vouched(grid, runtime), key=lambda c: (c.peak, c.plan.flops))
+    batch, m, runtime, pg, default, vouched = budget_choices(row)
+    choices = sorted(vouched, key=lambda c: (c.peak, c.plan.flops))
     modes = [replace(runtime, workers=w) for w in sorted({runtime.workers, 1, 2})]
     out = []
     for c in choices[:lowest]:

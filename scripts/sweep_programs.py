@@ -366,11 +366,7 @@ def check_one(name):
             traceback.print_exc()
             result["rows"][label] = {"ok": False, "error": _one_line(e),
                                      "time": time.perf_counter() - t}
-    try:
-        result["workflows"] = workflows(paddle, memopt, name, ref)
-    except Exception as e:
-        traceback.print_exc()
-        result["workflows"] = "FAIL " + _one_line(e)
+    result["workflows"] = outcome_of(lambda: workflows(paddle, memopt, name, ref))
     return result
 
 
@@ -489,6 +485,16 @@ def peak_one(name, level):
 def _one_line(e):
     text = f"{type(e).__name__}: {e}".strip().splitlines()
     return text[0][:160] if text else type(e).__name__
+
+
+def outcome_of(call):
+    """``call()``'s result, or ``"FAIL <the error on one line>"`` (its
+    traceback printed) when it raises: one cell of a sweep's table."""
+    try:
+        return call()
+    except Exception as e:
+        traceback.print_exc()
+        return "FAIL " + _one_line(e)
 
 
 def _env():

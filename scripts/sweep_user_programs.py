@@ -45,7 +45,7 @@ import traceback
 import numpy as np
 
 import _bench
-from sweep_programs import _data_values, _env, _load_and_run, _one_line, same
+from sweep_programs import _data_values, _env, _load_and_run, _one_line, outcome_of, same
 
 BATCH = 256
 STEPS = 3
@@ -659,16 +659,8 @@ def check_one(name):
             row.update(ok=False, error=_one_line(e))
         row["time"] = time.perf_counter() - t
         result["rows"][label] = row
-    try:
-        result["budget_error"] = _budget_error(paddle, memopt, name)
-    except Exception as e:
-        traceback.print_exc()
-        result["budget_error"] = "FAIL " + _one_line(e)
-    try:
-        result["workflows"] = workflows(paddle, memopt, name, ref)
-    except Exception as e:
-        traceback.print_exc()
-        result["workflows"] = "FAIL " + _one_line(e)
+    result["budget_error"] = outcome_of(lambda: _budget_error(paddle, memopt, name))
+    result["workflows"] = outcome_of(lambda: workflows(paddle, memopt, name, ref))
     return result
 
 
