@@ -49,7 +49,11 @@ class SliceOut:
     ``source[start:end]`` along ``axis`` (``source`` a saved concat output,
     or another :class:`SliceOut`'s name), right before op ``before`` (flat
     position of the first backward op reading ``name``'s data), tied to
-    ``trigger`` (a value that op reads, made in the backward part)."""
+    ``trigger`` (a value that op reads, made in the backward part; placed
+    early, a value the container's last backward reader makes).  ``gated``:
+    placed early, so the backward ops reading ``trigger`` read it through a
+    view waiting for the slice: the executor cannot run them while the
+    container is still held for the slice."""
 
     name: str
     source: str
@@ -58,6 +62,7 @@ class SliceOut:
     end: int
     before: int
     trigger: str
+    gated: bool = False
 
 
 def _concat_parts(pg: PirGraph, op) -> Optional[Tuple[List[str], int, List[int]]]:
@@ -85,11 +90,19 @@ def _concat_parts(pg: PirGraph, op) -> Optional[Tuple[List[str], int, List[int]]
     return names, axis, [s[axis] for s in shapes]
 
 
-def plan_slices(pg: PirGraph, batch: int) -> List[SliceOut]:
+def plan_slices(pg: PirGraph, batch: int, early: bool = False) -> List[SliceOut]:
     """The saved values of ``pg``'s top-level block that a saved concat
     holds (see the module docstring), in the order to make them; [] when
     there are none.  A value a region op reads or writes is never sliced
-    out, nor sliced from when one writes it (:mod:`memopt.paddle.pir_regions`)."""
+    out, nor sliced from when one writes it (:mod:`memopt.paddle.pir_regions`).
+
+    ``early``: make each slice right after the last backward op reading its
+    container's data, where that op comes before the first backward reader
+    of the value (a U-Net's decoder concat, read by its convolution's
+    backward op early in the backward part, holds the skip that the
+    encoder's backward ops read only at the end: slicing the skip out at
+    once lets the concat die there, not at the end); elsewhere right before
+    that first reader, as without ``early``."""
     from ..recompute import saved_values
     from .pir_recompute import problem_of
     from .pir_regions import top_level_ops
@@ -132,11 +145,59 @@ def plan_slices(pg: PirGraph, batch: int) -> List[SliceOut]:
         if not options:
             continue
         _, c, axis, start, end = options[0]
-        trigger = _trigger(pg, first[name], name)
+        spot = _after_last_reader(pg, max(saved[c]), first[name]) if early else None
+        if spot is not None:
+            before, trigger = spot
+        else:
+            before, trigger = first[name], _trigger(pg, first[name], name)
         if trigger is None:
             continue
-        plans[name] = SliceOut(name, c, axis, start, end, first[name], trigger)
-    return sorted(plans.values(), key=lambda s: (s.before, s.name))
+        plans[name] = SliceOut(name, c, axis, start, end, before, trigger, spot is not None)
+    return _sources_first(sorted(plans.values(), key=lambda s: (s.before, s.name)))
+
+
+def _sources_first(slices: List[SliceOut]) -> List[SliceOut]:
+    """``slices`` (sorted by position) with a slice made before any slice
+    cut out of it at the same position (they are inserted in this order)."""
+    names = {s.name: s for s in slices}
+    out: List[SliceOut] = []
+    done: set = set()
+
+    def add(s: SliceOut) -> None:
+        if s.name in done:
+            return
+        source = names.get(s.source)
+        if source is not None and source.before == s.before:
+            add(source)
+        done.add(s.name)
+        out.append(s)
+
+    for s in slices:
+        add(s)
+    return out
+
+
+def _after_last_reader(pg: PirGraph, last: int, first: int) -> Optional[Tuple[int, str]]:
+    """``(position, trigger)`` to make a slice right after op ``last`` (its
+    container's last backward reader): before the next op of the top-level
+    block, waiting for a value op ``last`` makes; None unless that position
+    is at or before ``first`` (the value's first backward reader) and op
+    ``last`` makes a dense value to wait for."""
+    from .pir_regions import top_level_ops
+
+    if last >= first:
+        return None
+    top = top_level_ops(pg)
+    position = next((p for p in range(last + 1, first + 1) if top[p] is not None), None)
+    if position is None:
+        return None
+    op = pg.graph.blocks[0].ops[last]
+    if op.role != "backward" or op.sub_blocks:
+        return None
+    for name in op.writes:
+        if name in pg.values and pg.graph.blocks[0].vars.get(name) is not None:
+            return position, name
+    return None
 
 
 def _trigger(pg: PirGraph, position: int, name: str) -> Optional[str]:
@@ -191,6 +252,10 @@ def apply_slices(pg: PirGraph, slices: List[SliceOut]):
             waited = waiting_for(source, pg.values[s.trigger])
             value = paddle._C_ops.slice(waited, [s.axis], [s.start], [s.end], [1], [])
             made[s.name] = value
+            if s.gated:  # the trigger's readers wait for the slice
+                trigger = pg.values[s.trigger]
+                redirected.extend(redirect_data_uses(
+                    trigger, waiting_for(trigger, value), backward))
         for s in slices:
             redirected.extend(redirect_data_uses(pg.values[s.name], made[s.name], backward))
         pir.set_insertion_point_to_block_end(block)
@@ -221,26 +286,37 @@ def slice_if_lower(program, batch: int, runtime, fetch_names=(),
     from .pir_schedule import executor_modes, mode_peaks
 
     pg = convert(program, sorted(fetch_names))
-    slices = plan_slices(pg, batch)
-    if not slices:
+    variants = [plan_slices(pg, batch)]
+    if not variants[0]:
         return 0, "", None
+    early = plan_slices(pg, batch, early=True)
+    if early != variants[0]:
+        variants.append(early)
     modes = executor_modes(runtime)
     fetch = list(fetch_values)
     before = mode_peaks(program, batch, modes, fetch=fetch)
+    best: Optional[Tuple[int, List[SliceOut]]] = None
+    why = ""
+    for slices in variants:  # each applied, its peaks predicted, taken back
+        applied = apply_slices(pg, slices)
+        try:
+            after = mode_peaks(program, batch, modes, fetch=fetch)
+        finally:
+            applied.undo()
+        risen = [m for m in before if after[m] > before[m]]
+        if risen or after["own"] > before["own"] * (1 - MIN_GAIN):
+            why = why or (f"higher under {', '.join(risen)}" if risen else "not lower by 1%")
+        elif best is None or after["own"] < best[0]:
+            best = (after["own"], slices)
+    if best is None:
+        return 0, (f"level 2: {len(variants[0])} saved values held again inside a saved "
+                   f"concat left as they are (slicing them out predicted {why})"), None
+    peak, slices = best
     applied = apply_slices(pg, slices)
-    try:
-        after = mode_peaks(program, batch, modes, fetch=fetch)
-    except BaseException:
-        applied.undo()
-        raise
-    risen = [m for m in before if after[m] > before[m]]
-    if risen or after["own"] > before["own"] * (1 - MIN_GAIN):
-        applied.undo()
-        why = f"higher under {', '.join(risen)}" if risen else "not lower by 1%"
-        return 0, (f"level 2: {len(slices)} saved values held again inside a saved concat "
-                   f"left as they are (slicing them out predicted {why})"), None
+    placed = (" right after their concat's last backward reader"
+              if slices is not variants[0] else "")
     return len(slices), (
         f"level 2: {len(slices)} saved values held again inside a saved concat are sliced "
-        f"out of it in the backward part instead of being kept (zero FLOPs, a copy of "
-        f"their bytes): predicted peak {format_bytes(before['own'])} -> "
-        f"{format_bytes(after['own'])}"), applied
+        f"out of it in the backward part{placed} instead of being kept (zero FLOPs, a copy "
+        f"of their bytes): predicted peak {format_bytes(before['own'])} -> "
+        f"{format_bytes(peak)}"), applied

@@ -190,6 +190,41 @@ def test_concat_slices_found_and_undone(paddle):
     assert str(model.main) == text
 
 
+def test_unet_skip_sliced_out_right_after_its_concat_is_done(paddle):
+    """A U-Net decoder concat is read by its convolution's backward op early
+    in the backward part, the skip it holds only at the end: sliced out
+    right after that op (the op's readers gated on the slice), the concat
+    dies there and the predicted peak falls below the late placement's under
+    every executor mode; level 2 takes the early slices and trains
+    bit-identical (test_level2_bit_identical_and_never_worse)."""
+    from memopt.paddle import pir, pir_schedule
+    from memopt.paddle.flags import runtime_model
+    from memopt.paddle.pir_concat_slices import apply_slices, plan_slices
+
+    model = models.build("unet", "pir", batch_size=16)  # the bench's batch
+    batch = model.batch_size
+    pg = pir.convert(model.main)
+    late, early = plan_slices(pg, batch), plan_slices(pg, batch, early=True)
+    assert len(late) == len(early) == 3
+    assert not any(s.gated for s in late) and all(s.gated for s in early)
+    by_name = {s.name: s for s in late}
+    assert all(s.before < by_name[s.name].before for s in early)
+    modes = pir_schedule.executor_modes(runtime_model("pir"))
+    peaks = []
+    for slices in (late, early):
+        applied = apply_slices(pg, slices)
+        peaks.append(pir_schedule.mode_peaks(model.main, batch, modes))
+        applied.undo()
+    assert peaks[1]["own"] < 0.99 * peaks[0]["own"]
+    assert all(peaks[1][m] <= peaks[0][m] for m in peaks[0] if not m.endswith("+lag"))
+    import memopt
+
+    report = memopt.memory_optimize(model.main, level=2, batch_size=batch,
+                                    skip_opt_set=model.fetch_list)
+    assert any("right after their concat's last backward reader" in n for n in report.notes)
+    assert report.peak_after == peaks[1]["own"]
+
+
 def test_level2_changes_nothing_the_model_does_not_predict_lower(paddle):
     """On the BERT-like encoder no order, slice or in-place variant lowers
     the predicted peak: level 2 leaves the program exactly as it was
