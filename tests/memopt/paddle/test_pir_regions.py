@@ -99,9 +99,15 @@ def test_budget_recomputes_around_regions_bit_identically(paddle, name):
     # a clone of the rewritten program trains alike (PIR's static.save aborts
     # on training programs with cond/while in Paddle 3.3.1, rewritten or not)
     import paddle as pd
+    from memopt.paddle.pir_rewrite import resolve_fetch_list
 
+    mapping = pd.pir.IrMapping()
     twin = models.build(name, "pir")
-    twin.main = model.main.clone(pd.pir.IrMapping())
+    twin.main = model.main.clone(mapping)  # twin's own program is freed here:
+    # fetch the clone's Values (the freed program's would dangle: a segfault
+    # in one run of this file after others)
+    twin.fetch_list = [mapping.look_up(v)
+                       for v in resolve_fetch_list(model.main, model.fetch_list)]
     assert_same(reference, models.run_steps(twin, steps=3))
 
 
