@@ -101,3 +101,39 @@ def test_budget_never_recomputes_a_value_written_over_in_place(paddle):
                                         fetch_list=fetch)
     assert report.recomputed  # still recomputes what it may
     _assert_same(want, _train(paddle, main, startup, fetch, _feed8))
+
+
+def _legacy_setitem(paddle, value_as_tensor):
+    """A legacy program: h[:, 0] = 0.0 (set_value, the value an attribute)
+    or = paddle.full(...) (set_value with a ValueTensor), trained."""
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [BATCH, 8], "float32")
+        h = paddle.nn.Linear(8, 8)(x)
+        value = paddle.full([BATCH], 0.0, "float32") if value_as_tensor else 0.0
+        h = paddle.static.setitem(h, (slice(None), 0), value)
+        loss = paddle.mean(paddle.nn.functional.relu(h))
+        paddle.optimizer.SGD(0.1).minimize(loss)
+    return main, loss
+
+
+def test_legacy_refusal_names_the_set_value_op_and_the_fix(paddle):
+    """Paddle's translator refuses a legacy set_value whose value is an
+    attribute ("[set_value][ValueTensor] should only have 1 variable, but
+    got 0"), so analyze and budget= refuse the program: the message said
+    "refused one of its ops"; it now names the op, where it is, and the
+    way around (the value as a tensor, which translates)."""
+    from paddle.pir_utils import OldIrGuard
+    from memopt.errors import UnsupportedProgramError
+
+    with OldIrGuard():
+        main, loss = _legacy_setitem(paddle, value_as_tensor=False)
+        before = main.desc.serialize_to_string()
+        with pytest.raises(UnsupportedProgramError) as err:
+            memopt.analyze(main, BATCH, fetch_list=[loss])
+        position = [op.type for op in main.global_block().ops].index("set_value")
+        assert f"op 'set_value' (first at op {position} of block 0)" in str(err.value)
+        assert "paddle.full(shape, value, dtype)" in str(err.value)
+        assert main.desc.serialize_to_string() == before
+        main, loss = _legacy_setitem(paddle, value_as_tensor=True)
+        assert memopt.analyze(main, BATCH, fetch_list=[loss]).total_peak(BATCH) > 0
