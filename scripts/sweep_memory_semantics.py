@@ -133,6 +133,63 @@ def _setitem_grad_flow(paddle):
     return _normal(x=(16,)), [loss, mid, g]
 
 
+def _setitem_fetched(paddle):
+    """Writes into a feed (x[:, 0] = 0) and into a value that is fetched
+    and read by the backward (h[2:4] = ...), an in-place relu_ on a value
+    read earlier: the fetches see what Paddle's program order leaves."""
+    F = paddle.nn.functional
+    x = _data(paddle, "x", [8])
+    x.stop_gradient = False
+    x = _set(paddle, x, (slice(None), 0), 0.0)
+    h = paddle.nn.Linear(8, 8)(x)
+    early = paddle.square(h)
+    h = _set(paddle, h, slice(2, 4), F.elu(h[0:2]))
+    g = paddle.nn.Linear(8, 8)(h)
+    g2 = F.relu_(g)
+    out = paddle.nn.Linear(8, 2)(g2 + early)
+    loss = paddle.mean(out * out)
+    _train(paddle, loss)
+    return _normal(x=(8,)), [loss, h, x, g]
+
+
+def _assign_to_buffer(paddle):
+    """A running buffer (a non-trainable persistable parameter) updated in
+    the forward pass with paddle.assign(..., output=buf), read before and
+    after the update."""
+    F = paddle.nn.functional
+    x = _data(paddle, "x", [8])
+    buf = paddle.create_parameter([8], "float32", name="running_buf",
+                                  default_initializer=paddle.nn.initializer.Constant(0.5))
+    buf.stop_gradient = True
+    h = paddle.nn.Linear(8, 8)(x)
+    centred = h - buf                                   # reads the old buffer
+    paddle.assign(buf * 0.9 + paddle.mean(h, axis=0) * 0.1, output=buf)
+    scaled = F.silu(centred) * buf                      # reads the new one
+    out = paddle.nn.Linear(8, 2)(scaled)
+    loss = paddle.mean(out * out)
+    _train(paddle, loss, "sgd")
+    return _normal(x=(8,)), [loss, out, buf]
+
+
+def _setitem_in_cond(paddle):
+    """setitem inside both branches of static.nn.cond, trained through."""
+    F = paddle.nn.functional
+    x = _data(paddle, "x", [8])
+    h = paddle.nn.Linear(8, 8)(x)
+
+    def yes():
+        return paddle.static.setitem(h * 1.0, (slice(None), slice(0, 2)), F.silu(h[:, 2:4]))
+
+    def no():
+        return paddle.static.setitem(h * 2.0, (slice(None), 3), 1.0)
+
+    g = paddle.static.nn.cond(paddle.mean(h) > -100.0, yes, no)
+    out = paddle.nn.Linear(8, 2)(F.relu(g) + h)
+    loss = paddle.mean(out * out)
+    _train(paddle, loss)
+    return _normal(x=(8,)), [loss, out]
+
+
 def _scatter_writes(paddle):
     """put_along_axis, index_add, scatter (overwrite True/False),
     scatter_nd_add, masked_fill, index_put (PIR): outputs that alias their
@@ -352,6 +409,9 @@ def _feed_fetch_only(paddle):
 PROGRAMS = {
     "setitem": _setitem,
     "setitem_grad_flow": _setitem_grad_flow,
+    "setitem_fetched": _setitem_fetched,
+    "assign_to_buffer": _assign_to_buffer,
+    "setitem_in_cond": _setitem_in_cond,
     "scatter_writes": _scatter_writes,
     "inplace_writes": _inplace_writes,
     "views": _views,
