@@ -17,7 +17,8 @@ roll, gather_nd; memory_optimize applied twice (level 0 then 1, 1 then 2,
 program, a program that only feeds and fetches).
 
 Paddle 3.3.1 static mode has no fill_diagonal_ / zero_ on a Value or
-Variable, and view / view_as / as_strided assert dynamic mode: not swept.
+Variable, and view / view_as / as_strided / uniform_ assert dynamic mode:
+not swept.
 
 Each program is built in both IRs (PIR, the default; legacy
 ``ProgramDesc`` with ``FLAGS_enable_pir_api=0`` set before Paddle is
@@ -185,6 +186,21 @@ def _setitem_in_cond(paddle):
 
     g = paddle.static.nn.cond(paddle.mean(h) > -100.0, yes, no)
     out = paddle.nn.Linear(8, 2)(F.relu(g) + h)
+    loss = paddle.mean(out * out)
+    _train(paddle, loss)
+    return _normal(x=(8,)), [loss, out]
+
+
+def _setitem_advanced(paddle):
+    """x[mask] = 0 and x[index_tensor] = v (index_put in PIR), trained."""
+    F = paddle.nn.functional
+    x = _data(paddle, "x", [8])
+    h = paddle.nn.Linear(8, 8)(x)
+    read = F.silu(h)
+    h = _set(paddle, h, h > 1.0, 0.0)
+    rows = paddle.full([4], 3, "int64")
+    h = _set(paddle, h, rows, F.elu(read[0:4]))
+    out = paddle.nn.Linear(8, 2)(h + read)
     loss = paddle.mean(out * out)
     _train(paddle, loss)
     return _normal(x=(8,)), [loss, out]
@@ -412,6 +428,7 @@ PROGRAMS = {
     "setitem_fetched": _setitem_fetched,
     "assign_to_buffer": _assign_to_buffer,
     "setitem_in_cond": _setitem_in_cond,
+    "setitem_advanced": _setitem_advanced,
     "scatter_writes": _scatter_writes,
     "inplace_writes": _inplace_writes,
     "views": _views,
