@@ -2,19 +2,22 @@
 
 Programs scripts/sweep_programs.py, sweep_user_programs.py, sweep_legacy_user.py
 and sweep_region_programs.py do not build: static-mode slice assignment
-(``x[1:3] = y``, ``x[:, 0] = 0.0``, ``paddle.static.setitem``: set_value
-ops writing a value other ops read before and after), scatter-style and
+(``x[1:3] = y``, ``x[:, 0] = 0.0``, mask / index-tensor setitem,
+``paddle.static.setitem``, inside ``cond``, into a feed: set_value ops
+writing a value other ops read before and after), scatter-style and
 in-place writes (put_along_axis, index_put, index_add, scatter,
 scatter_nd_add, masked_fill and the in-place forms put_along_axis_,
-index_add_, index_put_, scatter_, masked_fill_, clip_, the in-place views
-unsqueeze_/squeeze_/flatten_/reshape_, ``paddle.assign(x, output=y)`` onto
-a value read earlier), views (transpose/reshape chains, split/unbind/chunk
-into branches, expand/broadcast_to, contiguous), dtypes (complex64 through paddle.fft, float64/float32 cast
-chains, int8/uint8/bool masks), linalg with gradients, einsum, unfold/fold,
-grid_sample, bicubic interpolate, ctc_loss, scaled_dot_product_attention,
-roll, gather_nd; memory_optimize applied twice (level 0 then 1, 1 then 2,
-2 then ``budget=``) and on odd targets (the startup program, an empty
-program, a program that only feeds and fetches).
+index_add_, index_put_, scatter_, masked_fill_, clip_, relu_, the in-place
+views unsqueeze_/squeeze_/flatten_/reshape_, ``paddle.assign(x, output=y)``
+onto a value read earlier and onto a running buffer), views
+(transpose/reshape chains, split/unbind/chunk into branches,
+expand/broadcast_to, contiguous), dtypes (complex64 through paddle.fft,
+float64/float32 cast chains, int8/uint8/bool masks), linalg with
+gradients, einsum, unfold/fold, grid_sample, bicubic interpolate, ctc_loss,
+scaled_dot_product_attention, roll, gather_nd; memory_optimize applied
+twice (level 0 then 1, 1 then 2, 2 then ``budget=``, ``budget=`` then 1)
+and on odd targets (the startup program, an empty program, a program that
+only feeds and fetches).
 
 Paddle 3.3.1 static mode has no fill_diagonal_ / zero_ on a Value or
 Variable, and view / view_as / as_strided / uniform_ assert dynamic mode:
@@ -24,8 +27,11 @@ Each program is built in both IRs (PIR, the default; legacy
 ``ProgramDesc`` with ``FLAGS_enable_pir_api=0`` set before Paddle is
 imported) and run with the garbage collector on (the default) and off
 (``FLAGS_eager_delete_tensor_gb=-1``), each IR x GC in a fresh process per
-program.  Configs: level 0, 1, 2 and ``budget=`` 0.9 x
-``memopt.analyze(program).total_peak(batch)``.  A fresh build is rewritten
+program.  Configs: level 0, 1, 2, ``budget=`` 0.9 x
+``memopt.analyze(program).total_peak(batch)`` and ``budget=`` the
+smallest budget a BudgetError at 1 byte names (where memopt recomputes
+the most); ``budget=1`` accepted on a program whose step holds memory is a
+bug.  A fresh build is rewritten
 and run 3 steps in a fresh scope: every fetch of every step and every
 persistable afterwards must equal the unchanged program's (same dtype,
 shape, bytes).  A refusal must be a memopt error (BudgetError,
@@ -539,7 +545,7 @@ def check_config(paddle, memopt, name, calls, ref):
     target = startup if name == "mlp_startup" else main
     fetch_arg = None if target is startup else fetch
     note = ""
-    for kw in calls:
+    for k, kw in enumerate(calls):
         before = snapshot(paddle, target)
         try:
             with contextlib.redirect_stdout(io.StringIO()):
@@ -554,7 +560,7 @@ def check_config(paddle, memopt, name, calls, ref):
             if _memopt_error(memopt, e) and not isinstance(e, CHECKER_ERRORS) and \
                     snapshot(paddle, target) == before:
                 note = "refused: " + _one_line(e)
-                if kw is calls[0]:
+                if k == 0:
                     return note
                 continue  # a second call refused cleanly: the first's program runs
             traceback.print_exc()
