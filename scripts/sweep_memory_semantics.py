@@ -212,6 +212,28 @@ def _setitem_advanced(paddle):
     return _normal(x=(8,)), [loss, out]
 
 
+def _alias_writes(paddle):
+    """In-place writes through an alias of a value the backward reads:
+    ``h.detach()`` then ``scale_``, ``reshape(h)`` then ``add_``, a
+    dropout output written over by ``relu_``."""
+    F = paddle.nn.functional
+    x = _data(paddle, "x", [8])
+    h = paddle.nn.Linear(8, 8)(x)
+    before = F.silu(h)                           # silu_grad reads h
+    d = h.detach()
+    d.scale_(2.0)
+    g = paddle.nn.Linear(8, 8)(x)
+    before_g = F.elu(g)
+    r = paddle.reshape(g, [BATCH, 2, 4])
+    r.add_(paddle.ones([BATCH, 2, 4], "float32"))
+    k = F.dropout(paddle.nn.Linear(8, 8)(x), 0.3)
+    k2 = F.relu_(k)
+    out = paddle.nn.Linear(8, 2)(before + before_g + k2 + paddle.reshape(r, [BATCH, 8]) + d)
+    loss = paddle.mean(out * out)
+    _train(paddle, loss)
+    return _normal(x=(8,)), [loss, out]
+
+
 def _scatter_writes(paddle):
     """put_along_axis, index_add, scatter (overwrite True/False),
     scatter_nd_add, masked_fill, index_put (PIR): outputs that alias their
@@ -435,6 +457,7 @@ PROGRAMS = {
     "assign_to_buffer": _assign_to_buffer,
     "setitem_in_cond": _setitem_in_cond,
     "setitem_advanced": _setitem_advanced,
+    "alias_writes": _alias_writes,
     "scatter_writes": _scatter_writes,
     "inplace_writes": _inplace_writes,
     "views": _views,
