@@ -234,6 +234,46 @@ def _alias_writes(paddle):
     return _normal(x=(8,)), [loss, out]
 
 
+def _self_alias(paddle):
+    """A value written with itself: h[1:3] = h[0:2] (set_value reading a
+    slice of its own target), h.add_(h), concat([h, h]), a feed written by
+    paddle.assign(..., output=x) after a read."""
+    F = paddle.nn.functional
+    x = _data(paddle, "x", [8])
+    h = paddle.nn.Linear(8, 8)(x)
+    first = F.silu(h)
+    h = _set(paddle, h, slice(1, 3), h[0:2])
+    h2 = F.elu(h * 1.0)
+    h2 = h2.add_(h2)
+    both = paddle.concat([h2, h2], axis=1)
+    fed = paddle.nn.Linear(8, 8)(x)
+    paddle.assign(x * 0.5, output=x)
+    out = paddle.nn.Linear(16, 2)(both) + paddle.mean(first + fed + x)
+    loss = paddle.mean(out * out)
+    _train(paddle, loss)
+    return _normal(x=(8,)), [loss, out]
+
+
+def _view_outlives_base(paddle):
+    """Views (reshape, squeeze/unsqueeze, flatten, transpose, slice) read
+    after their base's last reader, while values of the base's shape are
+    made: the base's memory must stay the view's."""
+    F = paddle.nn.functional
+    x = _data(paddle, "x", [8])
+    h = F.relu(paddle.nn.Linear(8, 8)(x))
+    v = paddle.reshape(h, [BATCH, 2, 4])
+    u = paddle.unsqueeze(F.silu(paddle.nn.Linear(8, 8)(x)), 1)
+    f = paddle.flatten(paddle.unsqueeze(F.elu(paddle.nn.Linear(8, 8)(x)), 2), 1)
+    sl = F.relu(paddle.nn.Linear(8, 8)(x))[:, 2:6]
+    g = F.silu(paddle.nn.Linear(8, 8)(x))            # the bases' shape, made after them
+    k = F.elu(paddle.nn.Linear(8, 8)(x))
+    out = paddle.nn.Linear(8, 2)(paddle.reshape(v, [BATCH, 8]) + paddle.squeeze(u, 1) + f + g + k)
+    out = out + paddle.mean(sl)
+    loss = paddle.mean(out * out)
+    _train(paddle, loss)
+    return _normal(x=(8,)), [loss, out]
+
+
 def _scatter_writes(paddle):
     """put_along_axis, index_add, scatter (overwrite True/False),
     scatter_nd_add, masked_fill, index_put (PIR): outputs that alias their
@@ -458,6 +498,8 @@ PROGRAMS = {
     "setitem_in_cond": _setitem_in_cond,
     "setitem_advanced": _setitem_advanced,
     "alias_writes": _alias_writes,
+    "self_alias": _self_alias,
+    "view_outlives_base": _view_outlives_base,
     "scatter_writes": _scatter_writes,
     "inplace_writes": _inplace_writes,
     "views": _views,
