@@ -274,6 +274,22 @@ def _view_outlives_base(paddle):
     return _normal(x=(8,)), [loss, out]
 
 
+def _counter_inplace(paddle):
+    """A non-persistable scalar read, incremented in place
+    (paddle.increment), read again; an activation scaled by each reading."""
+    F = paddle.nn.functional
+    x = _data(paddle, "x", [8])
+    h = F.silu(paddle.nn.Linear(8, 8)(x))
+    c = paddle.full([1], 1.0, "float32")
+    a = h * c
+    paddle.increment(c, 1.0)
+    b = F.elu(paddle.nn.Linear(8, 8)(a)) * c
+    out = paddle.nn.Linear(8, 2)(a + b)
+    loss = paddle.mean(out * out)
+    _train(paddle, loss)
+    return _normal(x=(8,)), [loss, out, c]
+
+
 def _scatter_writes(paddle):
     """put_along_axis, index_add, scatter (overwrite True/False),
     scatter_nd_add, masked_fill, index_put (PIR): outputs that alias their
@@ -500,6 +516,7 @@ PROGRAMS = {
     "alias_writes": _alias_writes,
     "self_alias": _self_alias,
     "view_outlives_base": _view_outlives_base,
+    "counter_inplace": _counter_inplace,
     "scatter_writes": _scatter_writes,
     "inplace_writes": _inplace_writes,
     "views": _views,
