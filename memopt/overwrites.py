@@ -8,8 +8,11 @@ operand reads the written data: in Paddle 3.3.1 the backward of
 ``before = silu(h); h[1:3] = y`` reads ``h`` as the setitem left it.  A
 recomputation that makes such a value again (or reads it for a clone of an
 op that ran before the write) gives the data from before the write, and
-the step is no longer the unchanged program's.  :func:`read_after_overwrite`
-names those values; :func:`memopt.recompute.problem_from_graph` bars them
+the step is no longer the unchanged program's.  In a legacy program an op
+writes a variable by its name: ``paddle.assign(new, output=buf)`` after
+``h - buf`` leaves a clone of ``h - buf`` reading the new ``buf``.
+:func:`read_after_overwrite` names those values;
+:func:`memopt.recompute.problem_from_graph` bars them
 (:attr:`memopt.recompute.RecomputeProblem.barred`).
 
 A write nobody observes (``add_`` over a matmul result no later op reads,

@@ -97,7 +97,8 @@ class RecomputeProblem:
     pinned: frozenset = frozenset()
     #: values a clone never reads, holds or makes again (written over
     #: where the block does not show it: inside a region op's blocks; or
-    #: by an in-place op while later ops read them, :mod:`memopt.overwrites`)
+    #: while ops still read them, by an in-place op or a second write of a
+    #: legacy variable: :mod:`memopt.overwrites`)
     barred: frozenset = frozenset()
     #: names the adapter knows some op writes over (a legacy variable
     #: written by two ops): never held for a clone (:func:`_holdable`)
@@ -171,8 +172,8 @@ def problem_from_graph(graph: Graph, batch: int, rules) -> RecomputeProblem:
     """The :class:`RecomputeProblem` of a one-block graph at ``batch``;
     ``rules`` (from the adapter) has ``flops(graph, op, batch)`` (an op's
     estimated FLOPs) and ``reason(op)`` (why it may not run twice, or
-    None).  Values an in-place op writes over while later ops read them
-    are barred (:func:`memopt.overwrites.read_after_overwrite`)."""
+    None).  Values written over while ops still read them are barred
+    (:func:`memopt.overwrites.read_after_overwrite`)."""
     ops = graph.blocks[0].ops
     available = frozenset(var.name for _, var in graph.all_vars()
                           if var.persistable or var.is_data or var.is_feed)

@@ -9,8 +9,10 @@ in-place writes (put_along_axis, index_put, index_add, scatter,
 scatter_nd_add, masked_fill and the in-place forms put_along_axis_,
 index_add_, index_put_, scatter_, masked_fill_, clip_, relu_, the in-place
 views unsqueeze_/squeeze_/flatten_/reshape_, ``paddle.assign(x, output=y)``
-onto a value read earlier and onto a running buffer), views
-(transpose/reshape chains, split/unbind/chunk into branches,
+onto a value read earlier, a running buffer and a feed, paddle.increment of
+a scalar read before and after), aliases (``detach()`` then ``scale_``,
+``h[1:3] = h[0:2]``, ``h.add_(h)``, views read after their base's last
+reader; transpose/reshape chains, split/unbind/chunk into branches,
 expand/broadcast_to, contiguous), dtypes (complex64 through paddle.fft,
 float64/float32 cast chains, int8/uint8/bool masks), linalg with
 gradients, einsum, unfold/fold, grid_sample, bicubic interpolate, ctc_loss,
