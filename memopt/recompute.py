@@ -57,6 +57,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import PlanError
 from .graph import Block, Graph, Op, OpFacts
+from .overwrites import read_after_overwrite
 
 __all__ = ["RecomputeProblem", "RecomputePlan", "Clone", "Choice", "saved_values",
            "candidates", "candidate_sets", "make_plan", "rewrite_graph", "prefix_grid",
@@ -95,7 +96,9 @@ class RecomputeProblem:
     #: read them
     pinned: frozenset = frozenset()
     #: values a clone never reads, holds or makes again (written over
-    #: where the block does not show it: inside a region op's blocks)
+    #: where the block does not show it: inside a region op's blocks; or
+    #: while ops still read them, by an in-place op or a second write of a
+    #: legacy variable: :mod:`memopt.overwrites`)
     barred: frozenset = frozenset()
     #: names the adapter knows some op writes over (a legacy variable
     #: written by two ops): never held for a clone (:func:`_holdable`)
@@ -169,12 +172,14 @@ def problem_from_graph(graph: Graph, batch: int, rules) -> RecomputeProblem:
     """The :class:`RecomputeProblem` of a one-block graph at ``batch``;
     ``rules`` (from the adapter) has ``flops(graph, op, batch)`` (an op's
     estimated FLOPs) and ``reason(op)`` (why it may not run twice, or
-    None)."""
+    None).  Values written over while ops still read them are barred
+    (:func:`memopt.overwrites.read_after_overwrite`)."""
     ops = graph.blocks[0].ops
     available = frozenset(var.name for _, var in graph.all_vars()
                           if var.persistable or var.is_data or var.is_feed)
     return RecomputeProblem(graph, [rules.flops(graph, op, batch) for op in ops],
-                            [rules.reason(op) for op in ops], available, batch)
+                            [rules.reason(op) for op in ops], available, batch,
+                            barred=read_after_overwrite(graph))
 
 
 def kept_inplace(graph: Graph, pairs: Sequence) -> list:

@@ -142,6 +142,10 @@ META = "meta"
 #: op).  Paddle 3 has no ``delete_var`` op.
 RELEASE_OP = "share_buffer"
 
+#: ``Variable.detach()`` in a legacy static program: ``share_data``, whose
+#: output shares its input's buffer.
+SHARE_DATA_OP = "share_data"
+
 _KIND_OF_TYPE: Dict[int, str] = {}
 
 
@@ -488,6 +492,13 @@ def program_to_graph(program) -> Graph:
                 if len(desc.input("Operands")) == 1:
                     aliases += tuple(desc.output("Out"))
                 facts.aliases = aliases
+            if op_type == SHARE_DATA_OP:
+                # ``x.detach()``: the output is the input's own buffer; a
+                # variable renamed into either name wrote over both (level 1,
+                # GC off: a matmul output renamed into the detached
+                # variable's name wrote over the Linear output silu's
+                # backward read)
+                facts.aliases += tuple(reads) + tuple(writes)
             if lod:
                 facts.aliases += tuple(n for n in writes if n in lod)
             subs = _sub_block_ids(desc)

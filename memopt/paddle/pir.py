@@ -1117,10 +1117,16 @@ def legacy_places(program, result: PirGraph) -> None:
         pending = []
 
 
+#: ``[set_value][ValueTensor] should only have 1 variable, but got 0``: the
+#: translator wants that input slot filled (legacy ``x[:, 0] = 0.0`` leaves
+#: set_value's ValueTensor empty, its value an attribute).
+_EMPTY_SLOT = re.compile(r"\[(\w+)\]\[(\w+)\] should only have 1 variable, but got 0")
+
 #: How Paddle 3.3.1's translator names the op it refuses: ``[op:rnn_grad]``
-#: (a translation rule failed) or ``Op auc should have corresponding OpInfo``
-#: (no PIR op of that type).
-_REFUSED_OP = (re.compile(r"\[op:([\w.]+)\]"), re.compile(r"\bOp ([\w.]+) should have corresponding OpInfo"))
+#: (a translation rule failed), ``Op auc should have corresponding OpInfo``
+#: (no PIR op of that type) or an empty input slot (:data:`_EMPTY_SLOT`).
+_REFUSED_OP = (re.compile(r"\[op:([\w.]+)\]"), re.compile(r"\bOp ([\w.]+) should have corresponding OpInfo"),
+               _EMPTY_SLOT)
 
 
 #: Legacy op types Paddle 3.3.1's translator to PIR crashes on (SIGSEGV in
@@ -1155,9 +1161,16 @@ def untranslatable(program, exc: BaseException):
     reason = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
     op_type = next((m.group(1) for rx in _REFUSED_OP for m in [rx.search(text)] if m), None)
     where = ""
+    empty = _EMPTY_SLOT.search(text)
     if op_type is not None:
+        def refused(op):
+            if op.type != op_type:
+                return False
+            slot = empty.group(2) if empty else None
+            return slot is None or slot not in op.input_names or not op.input(slot)
+
         for b, block in enumerate(program.blocks):
-            hit = next((i for i, op in enumerate(block.ops) if op.type == op_type), None)
+            hit = next((i for i, op in enumerate(block.ops) if refused(op)), None)
             if hit is not None:
                 where = f" (first at op {hit} of block {b})"
                 break
@@ -1169,6 +1182,9 @@ def untranslatable(program, exc: BaseException):
             "FLAGS_enable_pir_api=1), where it is read without translation"]
     if op_type in TRANSLATOR_CRASHES:
         ways.append("write that layer with ordinary ops (not paddle.static.nn.static_pylayer)")
+    elif empty is not None and op_type == "set_value":
+        ways.append("give the value as a tensor (paddle.static.setitem(x, index, "
+                    "paddle.full(shape, value, dtype)) rather than x[index] = 0.0)")
     elif op_type in READER_OPS:
         ways.append("feed the program instead of reading in it (DataLoader.from_generator("
                     "iterable=True) and Executor.run(feed=...))")

@@ -142,7 +142,8 @@ def problem_of(pg: PirGraph, batch: int) -> RecomputeProblem:
 
     problem = problem_from_graph(pg.graph, batch, PIR_RULES)
     problem.spelling = PirSpelling(pg)
-    problem.pinned, problem.barred = region_reads(pg) | pg.kept, region_writes(pg)
+    problem.pinned = region_reads(pg) | pg.kept
+    problem.barred = problem.barred | region_writes(pg)
     return problem
 
 
