@@ -971,8 +971,12 @@ def _save_hook(program, fetch_vars) -> None:
 
 
 def known_names(program) -> set:
-    """Every variable name declared in any block of ``program``."""
-    return {name for block in program.blocks for name in block.vars}
+    """Every variable name declared in any block of ``program`` (but the
+    renamed ones a rewrite before the backward declared again:
+    :mod:`memopt.paddle.kept_declarations`)."""
+    from .merge_record import kept_names
+
+    return {name for block in program.blocks for name in block.vars} - kept_names(program)
 
 
 def check_user_names(program, options) -> None:
