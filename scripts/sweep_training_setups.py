@@ -572,7 +572,7 @@ def check_one(name):
     amp_state = [a for a in sorted(ref[1]) if "loss_scaling" in a or "_steps" in a]
     cells = {}
     if amp_state:
-        cells["note"] = " ".join(f"{a}={ref[1][a].tolist()}" for a in amp_state)
+        cells["note"] = " ".join(f"{a}={ref[1][a].ravel()[0]:.3g}" for a in amp_state)
     for label in CONFIGS:
         startup, steps = build(paddle, name)
         refused, recomputed = [], 0
@@ -604,6 +604,15 @@ def check_one(name):
                 traceback.print_exc()
                 cells[label] = "BUG " + _one_line(e)
     return cells
+
+
+def _short(cell):
+    """A table cell: a config's refusal cut to the error's type and the
+    start of its message (the worker's JSON has it whole)."""
+    head, sep, why = cell.partition("(refused: ")
+    if sep:
+        return f"{head}(refused: {why.split(':')[0]})"
+    return cell[:64] + ("..." if len(cell) > 64 else "")
 
 
 def _env(ir, gc_off):
@@ -645,7 +654,7 @@ def main():
             cells = [res.get(k, "-") for k in labels]
             failed |= any(c.startswith(("DIFFERS", "BUG")) for c in cells)
             note = f" ({res['note']})" if "note" in res else ""
-            print(f"| {name}{note} | {ir} | " + " | ".join(c[:200] for c in cells) + " |",
+            print(f"| {name}{note} | {ir} | " + " | ".join(map(_short, cells)) + " |",
                   flush=True)
     return 1 if failed else 0
 
