@@ -24,8 +24,10 @@ write, trained 3 steps:
   PyLayer turned static by ``paddle.jit.to_static`` cannot be called in
   static mode in Paddle 3.3.1).
 
-Each program x config (level 0, 1, 2, level 1 ``skip_grads=False``,
-``budget=`` 0.9 of ``memopt.analyze(main).total_peak(batch)``) is built
+Each program x config (level 0, 1, 2, levels 1 and 2 with
+``skip_grads=False``, ``budget=`` 0.9 of ``memopt.analyze(main).total_peak(batch)``
+and the smallest budget BudgetError names, at level 0 and 2; a program's
+own ``skip_opt_set`` where it has one) is built
 fresh, rewritten, trained in a fresh scope: fetches and every persistable
 must equal the unchanged program's bit for bit (same dtype); an error must
 be memopt's and leave the program as it was.  ``--gc-off`` runs every worker
@@ -444,7 +446,8 @@ PROGRAMS = {
 
 CONFIGS = {"L0": dict(level=0), "L1": dict(level=1), "L1 grads": dict(level=1, skip_grads=False),
            "L2": dict(level=2), "L2 grads": dict(level=2, skip_grads=False), "budget0.9": None,
-           "budget@smallest": None, "L2 skip": dict(level=2), "budget@smallest skip": None}
+           "budget@smallest": None, "L2 budget@smallest": None, "L2 skip": dict(level=2),
+           "budget@smallest skip": None}
 
 
 # -- running -----------------------------------------------------------------------
@@ -528,6 +531,8 @@ def _kwargs(memopt, label, step):
             return None
         base["skip_opt_set"] = set(step.skip)
         label = label[:-len(" skip")]
+    if label.startswith("L2 budget"):  # level 2's order with the budget's recomputation
+        return dict(_kwargs(memopt, label[len("L2 "):], step), level=2)
     if CONFIGS[label] is not None:
         return dict(CONFIGS[label], **base)
     if label == "budget@smallest":  # what BudgetError says fits: recomputes the most
