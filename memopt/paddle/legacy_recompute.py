@@ -15,7 +15,8 @@ was).  :class:`LegacyTarget` hands these to the IR-neutral budget search of
 
 Not recomputed: random ops (a :data:`memopt.paddle.pir.RANDOM_OPS` type, a
 ``seed`` attribute or a ``Seed`` input: a second draw gives other values),
-``print`` and ``py_func`` (:data:`memopt.paddle.pir.SIDE_EFFECT_OPS`), ops writing a variable they read or one another op writes too (``sgd``,
+``print`` and ``py_func`` (:data:`memopt.paddle.pir.SIDE_EFFECT_OPS`), ops
+writing a variable they read or one another op writes too (``sgd``,
 ``increment``, a user's in-place ``assign``: a second run would write
 again), ops running sub-blocks and feed/fetch.  ``batch_norm`` in training
 mode is copied reading and writing fresh statistics (``fill_constant``
