@@ -16,8 +16,9 @@ Not recomputed: random ops (:data:`RANDOM_OPS`: a second draw gives other
 values), ops seen beyond their values
 (:data:`memopt.paddle.pir.SIDE_EFFECT_OPS`: ``pd_op.print``), communication
 ops (:func:`memopt.paddle.distributed.is_communication`: a tensor-parallel
-``all_reduce`` run again on one rank's schedule is a collective every rank must join in the same order), ops that write over an operand (``batch_norm_``'s running
-statistics, ``sgd_``: a second run would update twice), ops that run
+``all_reduce`` run again on one rank's schedule is a collective every rank
+must join in the same order), ops that write over an operand
+(``batch_norm_``'s running statistics, ``sgd_``: a second run would update twice), ops that run
 regions, and the glue of vectors on their own (``builtin.combine`` /
 ``builtin.split`` are cloned along with the op that uses them).
 A region op (``pd_op.if``, ``pd_op.while``) is opaque
