@@ -18,8 +18,8 @@ values), ops seen beyond their values
 ops (:func:`memopt.paddle.distributed.is_communication`: a tensor-parallel
 ``all_reduce`` run again on one rank's schedule is a collective every rank
 must join in the same order), ops that write over an operand
-(``batch_norm_``'s running statistics, ``sgd_``: a second run would update twice), ops that run
-regions, and the glue of vectors on their own (``builtin.combine`` /
+(``batch_norm_``'s running statistics, ``sgd_``: a second run would update
+twice), ops that run regions, and the glue of vectors on their own (``builtin.combine`` /
 ``builtin.split`` are cloned along with the op that uses them).
 A region op (``pd_op.if``, ``pd_op.while``) is opaque
 (:mod:`memopt.paddle.pir_regions`): every top-level value it reads, in its
