@@ -30,9 +30,9 @@ from .any_order import single_reader_rule
 from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
-from .paddle import (distributed, flags, kept_declarations, legacy, legacy_translation,
-                     merge_record, pending_backward, pir, pir_inplace, pir_owner, pir_retired,
-                     pir_rewrite, sharding)
+from .paddle import (distributed, flags, legacy, legacy_translation, merge_record,
+                     pending_backward, pir, pir_inplace, pir_owner, pir_retired, pir_rewrite,
+                     sharding)
 from .paddle import runtime as paddle_runtime
 from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
@@ -194,12 +194,10 @@ def _legacy_optimize(program, options: Options) -> Report:
                                substitutions=not runtime.gc)
             check_plan(graph, plan)
             homes = _homes(plan)
-    declared = kept_declarations.snapshot(program)
     buffer_of = merge_record.apply_merges(program, plan.groups, homes, legacy.rewrite,
                                           plan.order, plan.substitutions)
     merge_record.mark_substituted(program, plan.substitutions)
-    before_backward = _mark_if_before_backward(program, bool(buffer_of or plan.substitutions),
-                                               declared)
+    before_backward = _mark_if_before_backward(program, bool(buffer_of or plan.substitutions))
     if buffer_of or plan.substitutions:
         legacy.install_fetch_guard()
     if buffer_of:
@@ -228,15 +226,12 @@ def _homes(plan) -> dict:
     return homes
 
 
-def _mark_if_before_backward(program, changed: bool, declared) -> bool:
+def _mark_if_before_backward(program, changed: bool) -> bool:
     """Record in a legacy ``program`` that memopt ``changed`` it while it
-    could still be differentiated (:mod:`memopt.paddle.pending_backward`),
-    and declare the names it renamed away again (``declared``: their
-    declarations before, :mod:`memopt.paddle.kept_declarations`)."""
+    could still be differentiated (:mod:`memopt.paddle.pending_backward`)."""
     if not (changed and pending_backward.can_still_be_differentiated(program)):
         return False
     merge_record.mark_before_backward(program)
-    kept_declarations.declare_again(program, declared)
     return True
 
 
@@ -282,7 +277,6 @@ def _legacy_release(program, options: Options) -> Report:
         verify_releases(graph, plan.after)
         # each released name moves to a fresh memopt@buf_<k> (the record in
         # its desc) and leaves the program once the releases are in
-        declared = kept_declarations.snapshot(program)
         mapping, undo, finish = merge_record.rename_released(program, plan.released,
                                                              legacy.rewrite)
         try:
@@ -294,8 +288,7 @@ def _legacy_release(program, options: Options) -> Report:
         finish()
         released = plan.released
         legacy.install_fetch_guard()
-    before_backward = _mark_if_before_backward(program, bool(released),
-                                               declared if released else {})
+    before_backward = _mark_if_before_backward(program, bool(released))
     seconds = time.perf_counter() - start
     report = release_report(plan, released, ops, options, runtime.gc, runtime.gc_text, "legacy",
                             seconds)

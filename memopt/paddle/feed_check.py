@@ -28,8 +28,7 @@ def check_feed(program, feed) -> None:
     if not isinstance(feed, dict) or not feed:
         return
     block = program.global_block()
-    kept = merge_record.kept_names(program)
-    gone = [n for n in feed if isinstance(n, str) and (n in kept or not block.has_var(n))]
+    gone = [n for n in feed if isinstance(n, str) and not block.has_var(n)]
     if not gone:
         return
     record = merge_record.record_of(program)

@@ -953,6 +953,9 @@ def install_fetch_guard() -> None:
     fetch_guard.add_hook(_fetch_hook)
     fetch_guard.add_normalize_hook(_save_hook)
     fetch_guard.add_feed_hook(_feed_hook)
+    from . import lookup_guard
+
+    lookup_guard.install()
     from .compiled_guard import check_compiled
 
     fetch_guard.add_compiled_hook(check_compiled)
@@ -981,12 +984,8 @@ def _save_hook(program, fetch_vars) -> None:
 
 
 def known_names(program) -> set:
-    """Every variable name declared in any block of ``program`` (but the
-    renamed ones a rewrite before the backward declared again:
-    :mod:`memopt.paddle.kept_declarations`)."""
-    from .merge_record import kept_names
-
-    return {name for block in program.blocks for name in block.vars} - kept_names(program)
+    """Every variable name declared in any block of ``program``."""
+    return {name for block in program.blocks for name in block.vars}
 
 
 def check_user_names(program, options) -> None:

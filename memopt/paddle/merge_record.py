@@ -274,25 +274,6 @@ def mark_before_backward(program) -> None:
                          persistable=False)
 
 
-def record_kept(program, names: Iterable[str]) -> None:
-    """Add ``names`` (user names a rewrite before the backward declared
-    again: :mod:`memopt.paddle.kept_declarations`) to the record of
-    :data:`BEFORE_BACKWARD_VAR` (declared in block 0 if missing)."""
-    mark_before_backward(program)
-    desc = program.global_block().var(BEFORE_BACKWARD_VAR).desc
-    kept = sorted(set(_read(desc).get("kept", ())) | set(names))
-    desc._set_attr(RECORD_ATTR, json.dumps({"kept": kept}))
-
-
-def kept_names(program) -> frozenset:
-    """The user names :func:`record_kept` recorded in ``program``: declared,
-    but renamed away (never written)."""
-    block = program.global_block()
-    if not block.has_var(BEFORE_BACKWARD_VAR):
-        return frozenset()
-    return frozenset(str(n) for n in _read(block.var(BEFORE_BACKWARD_VAR).desc).get("kept", ()))
-
-
 def rename_released(program, names: Iterable[str], rewrite):
     """Rename each variable of block 0 that release_memory frees to a fresh
     name of its own, carrying the record (a buffer already keeps its name).
@@ -372,12 +353,11 @@ def check_fetch(program, fetch_list) -> None:
     items = fetch_list if isinstance(fetch_list, (list, tuple)) else [fetch_list]
     block = program.global_block()
     record = None
-    kept = kept_names(program)
     for item in items:
         name = item if isinstance(item, str) else getattr(item, "name", None)
         if isinstance(name, str) and name.startswith(BUFFER_PREFIX) and block.has_var(name):
             _refuse_buffer(block, name)
-        if not isinstance(name, str) or (block.has_var(name) and name not in kept):
+        if not isinstance(name, str) or block.has_var(name):
             continue
         if record is None:
             record = record_of(program)
