@@ -572,9 +572,13 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         before = _pir_analysis(pg, batch, model).total_peak(batch)
         recomputed, added, applied = [], 0.0, None
         if limit is not None:
+            named = {n: pg.values[n] for n in options.fetch_list | options.skip_opt_set
+                     if n in pg.values}
             chosen, applied = _recompute_within(program, pg, options, batch, limit, model)
             recomputed, added, note = _recompute_note(chosen, limit)
             notes.append(note)
+            if applied is not None:  # the clones moved the "%N" names on
+                options, lower = (_renamed(program, o, named) for o in (options, lower))
         try:
             # the in-place rewrite is all or nothing itself; if it fails the
             # recomputation goes too, so the call changes nothing
@@ -745,6 +749,23 @@ def _slices_and_order(program, batch: int, model, fetch_names, fetched, slices: 
         return [f"level 2: the concat slices and the memory-aware order left out: "
                 f"{type(exc).__name__}: {exc} (the program keeps level 1's rewrite)"]
     return notes
+
+
+def _renamed(program, options: Options, named: dict) -> Options:
+    """``options`` with each ``fetch_list`` / ``skip_opt_set`` name of
+    ``named`` (name -> the PIR Value it named) renamed to what ``program``
+    calls that Value now: ops added before it (a budget's clones) move the
+    ``%N`` names on, and the old name then names another value or none
+    (a fetched gradient edited after the backward: "fetch_list has a name
+    that the program does not have: '%43'")."""
+    from dataclasses import replace
+
+    now = pir.value_names(program)
+
+    def rename(names):
+        return frozenset(now.get(named[n].id, n) if n in named else n for n in names)
+    return replace(options, fetch_list=rename(options.fetch_list),
+                   skip_opt_set=rename(options.skip_opt_set))
 
 
 def _fetched_values(program, names) -> list:

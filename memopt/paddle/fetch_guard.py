@@ -15,6 +15,10 @@ as every legacy ``save_inference_model`` / ``serialize_program`` does first:
 a target the program no longer declares would otherwise be pruned to
 nothing and Paddle's error would name a feed.
 
+Feed hooks ``hook(program, feed)`` (raise to refuse) see every run's
+program and feed (:mod:`memopt.paddle.feed_check`: a feed of a renamed
+variable).
+
 Compiled hooks ``hook(compiled, program)`` (raise to refuse) see a
 ``CompiledProgram`` run: its ``BuildStrategy`` says which graph passes
 Paddle will apply to the program.
@@ -38,6 +42,15 @@ _SAVE_HOOKS: List[Callable[[object], None]] = []
 _SERIALIZE_HOOKS: List[Callable[[object], None]] = []
 _NORMALIZE_HOOKS: List[Hook] = []
 _COMPILED_HOOKS: List[Callable[[object, object], None]] = []
+_FEED_HOOKS: List[Callable[[object, object], None]] = []
+
+
+def add_feed_hook(hook: Callable[[object, object], None]) -> None:
+    """Register ``hook(program, feed)`` (once; raise to refuse) to run
+    before every ``Executor.run`` with the program run and its feed."""
+    if hook not in _FEED_HOOKS:
+        _FEED_HOOKS.append(hook)
+    _wrap()
 
 
 def add_compiled_hook(hook: Callable[[object, object], None]) -> None:
@@ -76,6 +89,8 @@ def _wrap() -> None:
             for check in list(_COMPILED_HOOKS):
                 check(target, inner)
         target = inner if inner is not None else target
+        for check in list(_FEED_HOOKS):
+            check(target, feed)
         for hook in list(_HOOKS):
             fetch_list = hook(target, fetch_list)
         return original(self, program, feed, fetch_list, *args, **kwargs)

@@ -963,12 +963,25 @@ def install_fetch_guard() -> None:
 
     fetch_guard.add_hook(_fetch_hook)
     fetch_guard.add_normalize_hook(_save_hook)
+    fetch_guard.add_feed_hook(_feed_hook)
+    from . import lookup_guard
+
+    lookup_guard.install()
     from .compiled_guard import check_compiled
 
     fetch_guard.add_compiled_hook(check_compiled)
     from . import translate_guard
 
     translate_guard.install()
+
+
+def _feed_hook(program, feed) -> None:
+    """The :mod:`memopt.paddle.fetch_guard` feed hook: a feed of a variable
+    a rewrite renamed away raises (:mod:`memopt.paddle.feed_check`)."""
+    if is_legacy_program(program):
+        from .feed_check import check_feed
+
+        check_feed(program, feed)
 
 
 def _save_hook(program, fetch_vars) -> None:

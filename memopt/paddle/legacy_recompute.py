@@ -15,7 +15,8 @@ was).  :class:`LegacyTarget` hands these to the IR-neutral budget search of
 
 Not recomputed: random ops (a :data:`memopt.paddle.pir.RANDOM_OPS` type, a
 ``seed`` attribute or a ``Seed`` input: a second draw gives other values),
-ops writing a variable they read or one another op writes too (``sgd``,
+``print`` and ``py_func`` (:data:`memopt.paddle.pir.SIDE_EFFECT_OPS`), ops
+writing a variable they read or one another op writes too (``sgd``,
 ``increment``, a user's in-place ``assign``: a second run would write
 again), ops running sub-blocks and feed/fetch.  ``batch_norm`` in training
 mode is copied reading and writing fresh statistics (``fill_constant``
@@ -38,7 +39,7 @@ from typing import Dict, List, Optional, Tuple
 from ..errors import PlanError, UnsupportedProgramError
 from ..graph import Graph
 from ..recompute import RecomputePlan, RecomputeProblem
-from .pir import RANDOM_OPS
+from .pir import RANDOM_OPS, SIDE_EFFECT_OPS
 
 __all__ = ["LEGACY_GC_LAG_OPS", "LEGACY_OUT_OF_PLACE", "draws_random", "op_flops", "LegacyRules", "problem_of",
            "AppliedLegacyRecompute", "apply_plan", "LegacyTarget"]
@@ -157,6 +158,8 @@ class LegacyRules:
         kind = desc.type()
         if draws_random(desc):
             return "random"
+        if "pd_op." + kind in SIDE_EFFECT_OPS:
+            return "side effect"
         if op.sub_blocks:
             return "runs sub-blocks"
         if kind in ("feed", "fetch", "fetch_v2") or not op.writes:

@@ -50,6 +50,7 @@ from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topologica
 from .distributed import is_communication
 from .legacy import EMPTY_VAR, _sub_block_ids, install_fetch_guard, program_to_graph, rewrite
 from .legacy_depend import insert_depends
+from .pir import SIDE_EFFECT_OPS
 from .pir_schedule import OrderChoice, choose_order, executor_modes, peaks_by_mode
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,8 @@ def name_dependencies(program) -> List[Set[int]]:
             if last_random is not None:
                 after[i].add(last_random)
             last_random = i
-        if not writes or is_communication(desc.type()):
+        if not writes or is_communication(desc.type()) or \
+                "pd_op." + desc.type() in SIDE_EFFECT_OPS:
             if last_sink is not None:
                 after[i].add(last_sink)
             last_sink = i

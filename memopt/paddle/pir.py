@@ -89,6 +89,7 @@ __all__ = [
     "is_pir_value",
     "value_name",
     "RANDOM_OPS",
+    "SIDE_EFFECT_OPS",
     "draws_random",
 ]
 
@@ -122,6 +123,15 @@ RANDOM_OPS = frozenset({
     "pd_op.gaussian_inplace_", "pd_op.gumbel_softmax", "pd_op.binomial",
     "pd_op.standard_gamma", "pd_op.dirichlet", "pd_op.fused_attention",
     "pd_op.fused_feedforward"})
+
+
+#: Ops whose run is seen beyond the values they write: ``pd_op.print``
+#: (Paddle's ``static.Print``) writes to stdout, a legacy ``py_func``
+#: (``pd_op.`` + its type) runs the user's Python.  Such an op runs as often,
+#: and in the order among themselves, as the program says: never recomputed
+#: (a ``budget=`` clone of a Print printed it again in the backward: 9 lines
+#: for 3 steps where the program prints 6), never moved past another.
+SIDE_EFFECT_OPS = frozenset({"pd_op.print", "pd_op.py_func"})
 
 
 def draws_random(op) -> bool:

@@ -277,12 +277,15 @@ def rewritten_peak(pg, plan, fetch_names, batch: int, runtime):
     from . import pir, pir_recompute
     from .runtime import executed
 
+    # the fetched Values, not their "%N" names: clones added before a value
+    # made after the backward (an edited gradient) move its name on
+    fetched = fetch_names if _is_target(pg) else [pg.values.get(n, n) for n in fetch_names]
     applied = pg.apply(plan, batch) if _is_target(pg) else pir_recompute.apply_plan(pg, plan)
     try:
         if _is_target(pg):
             after = pg.analysis(fetch_names, batch, runtime)
         else:
-            read = executed(pir.convert(pg.program, fetch_names), runtime)
+            read = executed(pir.convert(pg.program, fetched), runtime)
             after = from_graph(read.graph, batch, runtime, read.inplace)
         return guarded_peak(after, batch, gc_lag(pg), fetch_carry(pg)), applied
     except BaseException:

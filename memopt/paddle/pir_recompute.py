@@ -13,11 +13,13 @@ clone (``OpOperand.set_source``; shape-only reads keep the original), all
 or nothing.
 
 Not recomputed: random ops (:data:`RANDOM_OPS`: a second draw gives other
-values), communication ops (:func:`memopt.paddle.distributed.is_communication`:
-a tensor-parallel ``all_reduce`` run again on one rank's schedule is a
-collective every rank must join in the same order), ops that write over an operand (``batch_norm_``'s running
-statistics, ``sgd_``: a second run would update twice), ops that run
-regions, and the glue of vectors on their own (``builtin.combine`` /
+values), ops seen beyond their values
+(:data:`memopt.paddle.pir.SIDE_EFFECT_OPS`: ``pd_op.print``), communication
+ops (:func:`memopt.paddle.distributed.is_communication`: a tensor-parallel
+``all_reduce`` run again on one rank's schedule is a collective every rank
+must join in the same order), ops that write over an operand
+(``batch_norm_``'s running statistics, ``sgd_``: a second run would update
+twice), ops that run regions, and the glue of vectors on their own (``builtin.combine`` /
 ``builtin.split`` are cloned along with the op that uses them).
 A region op (``pd_op.if``, ``pd_op.while``) is opaque
 (:mod:`memopt.paddle.pir_regions`): every top-level value it reads, in its
@@ -44,7 +46,7 @@ from ..recompute import CLONE_SUFFIX, CloneSpelling, RecomputePlan, RecomputePro
 from ..graph import Graph, Op, OpFacts, Var
 from .distributed import is_communication
 from .pir_inplace import insertion_point_kept
-from .pir import COMBINE_OP, RANDOM_OPS, SPLIT_OP, SLICE_OP, PirGraph
+from .pir import COMBINE_OP, RANDOM_OPS, SIDE_EFFECT_OPS, SPLIT_OP, SLICE_OP, PirGraph
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,8 @@ def _reason(op) -> Optional[str]:
     name = op.type
     if name in RANDOM_OPS:
         return "random"
+    if name in SIDE_EFFECT_OPS:
+        return "side effect"
     if is_communication(name):
         return "communication"
     if op.sub_blocks:

@@ -31,7 +31,8 @@ from typing import List, Optional, Tuple
 from ..errors import PlanError
 from ..schedule import OrderOp, OrderProblem, candidate_orders, check_topological
 from .distributed import is_communication
-from .pir import DATA_OPS, FETCH_OPS, PARAMETER_OP, PirGraph, convert, draws_random
+from .pir import (DATA_OPS, FETCH_OPS, PARAMETER_OP, SIDE_EFFECT_OPS, PirGraph, convert,
+                  draws_random)
 from .pir_regions import VIEW_OPS, graph_ops_of, regions_of
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,8 @@ def order_problem(pg: PirGraph, batch: int) -> OrderProblem:
                     after[i].add(r)
                 elif r > i:
                     after[r].add(i)
-        if op.num_results() == 0 or op.name() in FETCH_OPS or i in region_at:
+        if op.num_results() == 0 or op.name() in FETCH_OPS or op.name() in SIDE_EFFECT_OPS \
+                or i in region_at:
             if last_sink is not None:
                 after[i].add(last_sink)
             last_sink = i
