@@ -1,0 +1,155 @@
+"""``memopt`` on models saved the ways users save them
+(``save_inference_model``, fluid ``__model__`` directories) and the output
+paths a user gets wrong.  What ``scripts/sweep_cli.py`` found, kept fixed:
+``optimize -o`` of the input (or its prefix) overwrote the input model; the
+written model had no parameters beside it (``load_inference_model`` of it
+failed; ``paddle.inference`` ran it on uninitialised weights: NaN); ``-o``
+in a missing directory was made by Paddle's PIR writer, ``-o`` in an
+unwritable one ended in Paddle's traceback; ``-o model.opt`` was refused
+with advice to write ``model.json``, the input; ``optimize -b 0`` ran;
+``plot -o x.html`` and ``plan -o`` of the input were found out after the
+work (or overwrote the problem)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from memopt.cli import main
+
+
+def _one_line(capsys, *fragments):
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("memopt: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def inference_model(tmp_path_factory, paddle):
+    """A PIR ``save_inference_model`` (two inputs, int64 ids with a dynamic
+    sequence dim + float features, two outputs) and its feed."""
+    root = tmp_path_factory.mktemp("infer")
+    main_prog, start = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main_prog, start):
+        ids = paddle.static.data("ids", [None, None], "int64")
+        feat = paddle.static.data("feat", [None, 8], "float32")
+        table = paddle.static.create_parameter([50, 8], "float32", name="table")
+        pooled = paddle.mean(paddle.nn.functional.embedding(ids, table), axis=1)
+        h = paddle.nn.functional.relu(paddle.static.nn.fc(pooled + feat, 16))
+        h = paddle.nn.functional.relu(paddle.static.nn.fc(h, 16))
+        out = paddle.nn.functional.softmax(paddle.static.nn.fc(h, 3))
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    with paddle.static.scope_guard(paddle.static.Scope()):
+        exe.run(start)
+        paddle.static.save_inference_model(str(root / "model"), [ids, feat], [out, h], exe,
+                                           program=main_prog)
+    rng = np.random.default_rng(0)
+    feed = {"ids": rng.integers(0, 50, (3, 5)).astype("int64"),
+            "feat": rng.standard_normal((3, 8)).astype("float32")}
+    np.savez(root / "feed.npz", **feed)
+    return root
+
+
+RUN = textwrap.dedent("""
+    import sys, numpy as np, paddle
+    paddle.enable_static()
+    feed = dict(np.load(sys.argv[2]))
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    outs = []
+    for prefix in sys.argv[3:]:
+        program, names, fetches = paddle.static.load_inference_model(prefix, exe)
+        outs.append(exe.run(program, feed={n: feed[n] for n in names}, fetch_list=fetches))
+    np.savez(sys.argv[1], *[o for run in outs for o in run])
+""")
+
+
+def test_optimize_writes_a_model_a_new_process_loads(inference_model, tmp_path, capsys):
+    """The parameter file is copied beside the written program (a prefix
+    with a dot is a prefix), and ``load_inference_model`` + Executor in a
+    new process give the original model's outputs, bit for bit."""
+    before = (inference_model / "model.json").read_bytes()
+    assert main(["-q", "optimize", str(inference_model / "model"), "--level", "1",
+                 "-o", str(tmp_path / "model.opt")]) == 0
+    assert "parameters copied" in capsys.readouterr().out
+    assert (tmp_path / "model.opt.json").is_file()
+    assert (tmp_path / "model.opt.pdiparams").read_bytes() == \
+        (inference_model / "model.pdiparams").read_bytes()
+    assert (inference_model / "model.json").read_bytes() == before
+    out = tmp_path / "outs.npz"
+    env = dict(os.environ, GLOG_minloglevel="2", PYTHONWARNINGS="ignore")
+    result = subprocess.run([sys.executable, "-c", RUN, str(out), str(inference_model / "feed.npz"),
+                             str(inference_model / "model"), str(tmp_path / "model.opt")],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    arrays = np.load(out)
+    a, b = [arrays[f"arr_{k}"] for k in (0, 1)], [arrays[f"arr_{k}"] for k in (2, 3)]
+    assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("output", ["model.json", "model", "model.pdiparams", "model.pdmodel"])
+def test_optimize_never_writes_over_its_input(inference_model, output, capsys):
+    files = {f: (inference_model / f).read_bytes() for f in os.listdir(inference_model)}
+    assert main(["-q", "optimize", str(inference_model / "model.json"),
+                 "-o", str(inference_model / output)]) == 1
+    _one_line(capsys, "-o ")
+    assert {f: (inference_model / f).read_bytes() for f in os.listdir(inference_model)} == files
+
+
+def test_bad_output_directories_are_refused_before_the_work(inference_model, tmp_path, capsys):
+    model = str(inference_model / "model.json")
+    missing = tmp_path / "no" / "dir"
+    assert main(["-q", "optimize", model, "-o", str(missing / "o.json")]) == 1
+    _one_line(capsys, str(missing), "does not exist")
+    assert not missing.parent.exists()  # Paddle's PIR writer made it
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["-q", "optimize", model, "-o", str(blocker / "o.json")]) == 1
+    _one_line(capsys, "is not a directory")
+    assert main(["-q", "plot", model, "-o", str(missing / "t.png")]) == 1
+    _one_line(capsys, "does not exist")
+    assert main(["-q", "plot", model, "-o", str(tmp_path / "t.html")]) == 1
+    _one_line(capsys, "t.html", ".png, .svg, .pdf")
+    if os.path.isdir("/proc"):  # unwritable even for root: Paddle's writer raised
+        assert main(["-q", "optimize", model, "-o", "/proc/memopt_o.json"]) == 1
+        _one_line(capsys, "/proc/memopt_o.json")
+
+
+def test_plan_never_writes_over_its_problem(tmp_path, capsys):
+    problem = tmp_path / "p.csv"
+    problem.write_text("id,lower,upper,size\n0,0,3,100\n1,1,4,50\n")
+    assert main(["-q", "plan", str(problem), "-o", str(problem)]) == 1
+    _one_line(capsys, "never overwrites")
+    assert problem.read_text() == "id,lower,upper,size\n0,0,3,100\n1,1,4,50\n"
+
+
+def test_optimize_batch_size_must_be_positive(inference_model, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["optimize", str(inference_model / "model.json"), "-b", "0", "-o", "x.json"])
+    assert info.value.code == 2 and "positive integer" in capsys.readouterr().err
+
+
+def test_directories_and_parameter_files(inference_model, tmp_path, capsys, paddle):
+    """A fluid ``__model__`` directory is read; another directory names the
+    programs it holds; ``.pdiparams.info`` is a parameter file."""
+    from paddle.pir_utils import OldIrGuard
+
+    with OldIrGuard():
+        main_prog, start = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main_prog, start):
+            x = paddle.static.data("x", [None, 4], "float32")
+            paddle.static.nn.fc(x, 3)
+        fluid = tmp_path / "fluid"
+        fluid.mkdir()
+        (fluid / "__model__").write_bytes(main_prog.desc.serialize_to_string())
+    assert main(["-q", "analyze", str(fluid), "-b", "2"]) == 0
+    assert "(legacy program)" in capsys.readouterr().out
+    assert main(["-q", "analyze", str(inference_model)]) == 1
+    _one_line(capsys, "is a directory", "model.json")
+    info = tmp_path / "m.pdiparams.info"
+    info.write_bytes(b"\0")
+    assert main(["-q", "analyze", str(info)]) == 1
+    _one_line(capsys, "parameter file", "m.json")
