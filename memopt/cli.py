@@ -153,6 +153,10 @@ def _read_problem(path: str):
 
     if not os.path.isfile(path):
         raise ModelFileError(f"no such file: {path}")
+    if not _is_problem(path):  # read_csv quoted a whole .json program as its "header"
+        raise ModelFileError(f"{path}: 'memopt plan' takes an interval problem (.csv: "
+                             "id,lower,upper,size); for a Paddle program use 'memopt analyze', "
+                             "'memopt optimize' or 'memopt plot'")
     return read_csv(path)
 
 
@@ -505,10 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--level", type=int, choices=(0, 1, 2), default=0,
                    help="0: share only same shape and dtype; 1: any provably large enough; "
-                        "2: level 1 and a memory-aware op order (PIR)")
-    p.add_argument("--budget", metavar="BYTES", default=None,
+                        "2: level 1 and a memory-aware op order")
+    p.add_argument("--budget", type=_bytes_arg, metavar="BYTES", default=None,
                    help="recompute forward values so one training step fits this allocator "
-                        "peak, e.g. 512MiB (PIR; needs --batch-size)")
+                        "peak, e.g. 512MiB (both IRs; needs --batch-size)")
     p.add_argument("-b", "--batch-size", type=_positive_int, default=None, metavar="N",
                    help="the batch size --budget is for")
     p.add_argument("--skip", nargs="+", action="extend", metavar="NAME", default=[],

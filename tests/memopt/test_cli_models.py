@@ -126,10 +126,21 @@ def test_plan_never_writes_over_its_problem(tmp_path, capsys):
     assert problem.read_text() == "id,lower,upper,size\n0,0,3,100\n1,1,4,50\n"
 
 
-def test_optimize_batch_size_must_be_positive(inference_model, capsys):
+@pytest.mark.parametrize("flags,message", [(["-b", "0"], "positive integer"),
+                                           (["--budget", "12XB", "-b", "8"], "number of bytes")])
+def test_optimize_values_are_checked_as_analyze_checks_them(inference_model, flags, message,
+                                                            capsys):
+    """``optimize -b 0`` ran; ``--budget 12XB`` was exit 1 after loading
+    the model, where ``analyze --budget 12XB`` is a usage error (2)."""
     with pytest.raises(SystemExit) as info:
-        main(["optimize", str(inference_model / "model.json"), "-b", "0", "-o", "x.json"])
-    assert info.value.code == 2 and "positive integer" in capsys.readouterr().err
+        main(["optimize", str(inference_model / "model.json"), *flags, "-o", "x.json"])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_plan_of_a_program_says_what_plan_takes(inference_model, capsys):
+    """It quoted the whole .json as a bad CSV header (one 2 KB line)."""
+    assert main(["-q", "plan", str(inference_model / "model.json")]) == 1
+    _one_line(capsys, "interval problem", "memopt analyze")
 
 
 def test_directories_and_parameter_files(inference_model, tmp_path, capsys, paddle):
