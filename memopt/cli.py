@@ -140,6 +140,15 @@ def _load(path: str, progress: Progress):
         return load_model(path)
 
 
+def _note_dynamic_dims(loaded) -> None:
+    """Say on stderr when an input has several -1 dimensions (all are B)."""
+    from .paddle.modelio import dynamic_dims_note
+
+    note = dynamic_dims_note(loaded)
+    if note:
+        print(f"memopt: note: {note}", file=sys.stderr)
+
+
 def _guard(loaded):
     """The IR guard the program was built in (so Paddle treats it right)."""
     from .models import ir_guard
@@ -195,6 +204,7 @@ def cmd_analyze(args, progress: Progress) -> int:
     from .paddle.flags import runtime_model
 
     loaded = _load(args.model, progress)
+    _note_dynamic_dims(loaded)
     with _guard(loaded), progress.step("analysing"):
         runtime = runtime_model(loaded.ir)
         runtime = dataclasses.replace(runtime, loop_iterations=args.loop_iterations)
@@ -224,6 +234,7 @@ def cmd_estimate(args, progress: Progress) -> int:
                         gradient_merge_steps=args.gradient_merge_steps,
                         fused_gradients=args.fused_gradients)
     loaded = _load(args.model, progress)
+    _note_dynamic_dims(loaded)
     with _guard(loaded), progress.step("estimating"):
         result = estimate(loaded.program, strategy, args.batch_size)
     if args.json:
@@ -437,6 +448,7 @@ def cmd_plot(args, progress: Progress) -> int:
     from .api import analyze, memory_optimize
 
     loaded = _load(args.model, progress)
+    _note_dynamic_dims(loaded)
     with _guard(loaded):
         with progress.step("analysing"):
             before = analyze(loaded.program, args.batch_size)

@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import ModelFileError
 
 __all__ = ["LoadedModel", "load_model", "save_program", "output_path", "file_kind",
-           "resolve_path"]
+           "resolve_path", "model_inputs", "dynamic_dims_note"]
 
 LEGACY, PIR, PROBLEM = "legacy", "pir", "problem"
 _EXTENSIONS = {".pdmodel": LEGACY, ".json": PIR, ".csv": PROBLEM}
@@ -225,6 +225,32 @@ def load_model(path: str) -> LoadedModel:
 
     install_fetch_guard()  # a fetch of a name a rewrite took away names it (MergedVariableError)
     return loaded
+
+
+def model_inputs(loaded: LoadedModel):
+    """``[(name, shape)]`` of what the program is fed: PIR ``pd_op.data``
+    ops; legacy variables a ``feed`` op writes or marked to be fed (``-1``
+    for a dynamic dimension)."""
+    block = loaded.program.global_block()
+    if loaded.ir == PIR:
+        return [(op.attrs()["name"], list(op.result(0).shape)) for op in block.ops
+                if op.name() == "pd_op.data"]
+    fed = {name for op in block.ops if op.type == "feed" for name in op.output_arg_names}
+    return [(v.name, list(v.shape)) for v in loaded.program.list_vars()
+            if v.name in fed or v.desc.need_check_feed()]
+
+
+def dynamic_dims_note(loaded: LoadedModel):
+    """A note for inputs with more than one dynamic (``-1``) dimension, or
+    None: memopt gives every ``-1`` the batch size, so ``ids`` of shape
+    ``[-1, -1]`` is B x B (a sequence as long as the batch)."""
+    many = [(n, s) for n, s in model_inputs(loaded) if sum(1 for d in s if d == -1) > 1]
+    if not many:
+        return None
+    shown = ", ".join(f"{n} {s}" for n, s in many[:3]) + (" ..." if len(many) > 3 else "")
+    return (f"{shown}: every -1 dimension is taken as the batch size B (a sequence as long "
+            "as the batch; such terms grow as B^2); save the model with the other "
+            "dimensions fixed (e.g. InputSpec([None, 128])) for figures at that length")
 
 
 def output_path(ir: str, path: str) -> str:

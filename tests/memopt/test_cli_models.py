@@ -137,6 +137,16 @@ def test_optimize_values_are_checked_as_analyze_checks_them(inference_model, fla
     assert info.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_several_dynamic_dims_are_named(inference_model, capsys):
+    """``ids`` of shape [-1, -1]: the figures are for a B x B input (the
+    peak a polynomial in B^2), which nothing said."""
+    assert main(["-q", "analyze", str(inference_model / "model.json"), "-b", "4"]) == 0
+    captured = capsys.readouterr()
+    assert "B^2" in captured.out
+    assert "note: ids [-1, -1]: every -1 dimension is taken as the batch size" in captured.err
+    assert "feat" not in captured.err  # [-1, 8]: only the batch is dynamic
+
+
 def test_plan_of_a_program_says_what_plan_takes(inference_model, capsys):
     """It quoted the whole .json as a bad CSV header (one 2 KB line)."""
     assert main(["-q", "plan", str(inference_model / "model.json")]) == 1
