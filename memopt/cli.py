@@ -489,6 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show tracebacks and debug logging")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"memopt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 

@@ -174,3 +174,25 @@ def test_directories_and_parameter_files(inference_model, tmp_path, capsys, padd
     info.write_bytes(b"\0")
     assert main(["-q", "analyze", str(info)]) == 1
     _one_line(capsys, "parameter file", "m.json")
+
+
+def test_version_and_help_say_what_the_readme_says(capsys):
+    """``--version`` was an unknown flag; ``estimate`` had no help test; the
+    help said level 2 and ``--budget`` were PIR-only (both IRs run them)."""
+    import memopt
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == \
+        f"memopt {memopt.__version__}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert all(c in text for c in ("analyze", "optimize", "estimate", "plan", "plot", "__model__"))
+    with pytest.raises(SystemExit):
+        main(["optimize", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(PIR" not in text and "both IRs" in text and "copied beside it" in text
+    with pytest.raises(SystemExit):
+        main(["estimate", "--help"])
+    assert capsys.readouterr().out.startswith("usage: memopt estimate")
