@@ -338,6 +338,10 @@ def cmd_optimize(args, progress: Progress) -> int:
             from .paddle.pir_deploy import predictor_note
 
             note = predictor_note(loaded.program)
+        else:
+            from .paddle.legacy_deploy import predictor_note
+
+            note = predictor_note(loaded.program, args.level, report.merged_count)
     if os.path.basename(loaded.path) == FLUID_PROGRAM:
         print(f"memopt: note: the parameters stay in {os.path.dirname(loaded.path)} "
               "(paddle.static.load_vars reads them into the written program)", file=sys.stderr)

@@ -196,3 +196,56 @@ def test_version_and_help_say_what_the_readme_says(capsys):
     with pytest.raises(SystemExit):
         main(["estimate", "--help"])
     assert capsys.readouterr().out.startswith("usage: memopt estimate")
+
+
+def test_legacy_inference_model_at_level_1_warns_about_the_predictor(tmp_path, capsys, paddle):
+    """``optimize --level 1`` of legacy ``jit.save`` ResNet-18 / MobileNetV3
+    models wrote files ``paddle.inference``'s default predictor cannot load
+    (oneDNN: 'could not create a primitive descriptor for a reorder
+    primitive'; scripts/sweep_cli.py) without a word; Executor runs them
+    bit-identically.  Now a warning says so; level 0 ran and says nothing."""
+    import json
+
+    from paddle.pir_utils import OldIrGuard
+
+    with OldIrGuard():
+        main_prog, start = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main_prog, start):
+            x = paddle.static.data("x", [None, 3, 8, 8], "float32")
+            h = paddle.nn.functional.relu(paddle.static.nn.conv2d(x, 4, 3))
+            h = paddle.nn.functional.relu(paddle.static.nn.conv2d(h, 4, 3))
+            out = paddle.static.nn.fc(paddle.flatten(h, 1), 2)
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        with paddle.static.scope_guard(paddle.static.Scope()):
+            exe.run(start)
+            paddle.static.save_inference_model(str(tmp_path / "cnn"), [x], [out], exe,
+                                               program=main_prog)
+    for level in (1, 0):
+        assert main(["-q", "optimize", str(tmp_path / "cnn.pdmodel"), "--level", str(level),
+                     "-o", str(tmp_path / f"L{level}"), "--json"]) == 0
+        captured = capsys.readouterr()
+        doc = json.loads(captured.out)
+        assert doc["merged_count"] > 0
+        if level:
+            assert "predictor" in doc["warning"] and "switch_ir_optim(False)" in doc["warning"]
+            assert "memopt: warning:" in captured.err
+        else:
+            assert "warning" not in doc and not captured.err
+    # what the warning is about (drop it when Paddle's predictor loads the file)
+    from paddle import inference
+
+    def predictor(prefix, ir_optim=True):
+        config = inference.Config(f"{prefix}.pdmodel", f"{prefix}.pdiparams")
+        config.disable_gpu()
+        config.switch_ir_optim(ir_optim)
+        runner = inference.create_predictor(config)
+        feed = np.ones((2, 3, 8, 8), "float32")
+        runner.get_input_handle(runner.get_input_names()[0]).copy_from_cpu(feed)
+        runner.run()
+        return runner.get_output_handle(runner.get_output_names()[0]).copy_to_cpu()
+
+    assert np.array_equal(predictor(tmp_path / "L1", ir_optim=False),
+                          predictor(tmp_path / "cnn", ir_optim=False))
+    assert np.array_equal(predictor(tmp_path / "L0"), predictor(tmp_path / "cnn"))
+    with pytest.raises(RuntimeError, match="primitive descriptor"):
+        predictor(tmp_path / "L1")
