@@ -31,6 +31,6 @@ def predictor_note(program, level: int, merged: int):
             "paddle.static.load_inference_model + Executor run it bit-identically, but "
             "paddle.inference's predictor with IR optimization on (its CPU default, oneDNN) "
             "may fail in run() ('could not create a primitive descriptor for a reorder "
-            "primitive', measured on ResNet-18 and a two-conv CNN). For the predictor, use --level 0, "
-            "Config.switch_ir_optim(False) or disable_mkldnn(), or deploy the unchanged "
-            "model (the predictor plans its own memory)")
+            "primitive', measured on ResNet-18 and a two-conv CNN). For the predictor, use "
+            "--level 0, Config.switch_ir_optim(False) or disable_mkldnn(), or deploy the "
+            "unchanged model (the predictor plans its own memory)")
