@@ -18,7 +18,9 @@ the prefix given to ``paddle.static.save`` / ``save_inference_model`` /
 input.
 
 Exit codes: 0 success, 1 a user error (a one-line message on stderr:
-missing or corrupt file, bad value), 2 wrong usage (argparse's message).
+missing or corrupt file, an output path that cannot be written or names an
+input, a value the program refuses), 2 wrong usage (argparse's message: an
+unknown command or flag, a bad option value such as ``-b 0``).
 ``--debug`` shows the traceback of an error.  Slow steps show progress on
 stderr: a live line when stderr is a terminal, otherwise one line per step
 that takes more than a couple of seconds.
@@ -483,7 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Where a Paddle program's memory goes, and less of it: memory "
                     "analysis, memory_optimize, arena planning.",
         epilog="MODEL: a saved Paddle program (.pdmodel legacy, .json PIR, the prefix "
-               "given to the save, or a directory holding __model__).  Exit codes: 0 ok, 1 user error, 2 usage.")
+               "given to the save, or a directory holding __model__).  Exit codes: 0 ok, "
+               "1 user error, 2 usage.")
     # --debug / --quiet go before or after the command
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

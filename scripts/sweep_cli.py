@@ -20,9 +20,10 @@ is an image with the before/after legend), ``optimize`` at levels 0/1/2
 ``np.array_equal`` to the original model's under the same runner; a
 training program: ``paddle.static.load`` of the written files and one step,
 parameters equal; legacy only: a PIR program read back from its ``.json``
-has no scope variables for ``paddle.static.load`` to fill), ``estimate --dp 2 --sharding-stage 1 --json``.  Then bad
-input: each must exit 1 or 2 with one ``memopt: error:`` / ``usage:`` line,
-no traceback, and leave the input model as it was.
+has no scope variables for ``paddle.static.load`` to fill), ``estimate
+--dp 2 --sharding-stage 1 --json``.  Then bad input: each must exit 1 or 2
+with one ``memopt: error:`` / ``usage:`` line, no traceback, and leave the
+input model as it was.
 
 Cells: ``ok`` / ``refused: <line>`` (a clean refusal) / ``BUG: <what>``.
 
@@ -478,7 +479,8 @@ def sweep_bad(root, tmp):
         else:
             verdict = "refused: " + next(ln for ln in lines if " error: " in ln).replace(
                 "memopt: error: ", "")[:110]
-        if [_digest(m) for m in models] != before or any(open(a, "rb").read() != sums[a] for a in watched):
+        changed = [a for a in watched if open(a, "rb").read() != sums[a]]
+        if [_digest(m) for m in models] != before or changed:
             verdict = "BUG: the input was overwritten; " + verdict
         rows.append((case, " ".join(os.path.basename(a) if os.sep in a else a for a in args),
                      verdict))
