@@ -10,11 +10,17 @@
     memopt plot     MODEL -o timeline.png [--batch-size N] [--level 0|1] [--top K]
     memopt plot     PROBLEM.csv -o arena.png [--exact] [--time-limit S]
 
-MODEL is a saved Paddle program: ``.pdmodel`` (legacy), ``.json`` (PIR) or
-the prefix given to ``paddle.static.save`` (see :mod:`memopt.paddle.modelio`).
+MODEL is a saved Paddle program: ``.pdmodel`` (legacy), ``.json`` (PIR),
+the prefix given to ``paddle.static.save`` / ``save_inference_model`` /
+``jit.save``, or a directory holding a legacy ``__model__`` (see
+:mod:`memopt.paddle.modelio`).  An output path is checked before any work
+(:mod:`memopt.cli_paths`): its directory must exist, and it is never an
+input.
 
 Exit codes: 0 success, 1 a user error (a one-line message on stderr:
-missing or corrupt file, bad value), 2 wrong usage (argparse's message).
+missing or corrupt file, an output path that cannot be written or names an
+input, a value the program refuses), 2 wrong usage (argparse's message: an
+unknown command or flag, a bad option value such as ``-b 0``).
 ``--debug`` shows the traceback of an error.  Slow steps show progress on
 stderr: a live line when stderr is a terminal, otherwise one line per step
 that takes more than a couple of seconds.
@@ -136,6 +142,15 @@ def _load(path: str, progress: Progress):
         return load_model(path)
 
 
+def _note_dynamic_dims(loaded) -> None:
+    """Say on stderr when an input has several -1 dimensions (all are B)."""
+    from .paddle.modelio import dynamic_dims_note
+
+    note = dynamic_dims_note(loaded)
+    if note:
+        print(f"memopt: note: {note}", file=sys.stderr)
+
+
 def _guard(loaded):
     """The IR guard the program was built in (so Paddle treats it right)."""
     from .models import ir_guard
@@ -149,6 +164,10 @@ def _read_problem(path: str):
 
     if not os.path.isfile(path):
         raise ModelFileError(f"no such file: {path}")
+    if not _is_problem(path):  # read_csv quoted a whole .json program as its "header"
+        raise ModelFileError(f"{path}: 'memopt plan' takes an interval problem (.csv: "
+                             "id,lower,upper,size); for a Paddle program use 'memopt analyze', "
+                             "'memopt optimize' or 'memopt plot'")
     return read_csv(path)
 
 
@@ -187,6 +206,7 @@ def cmd_analyze(args, progress: Progress) -> int:
     from .paddle.flags import runtime_model
 
     loaded = _load(args.model, progress)
+    _note_dynamic_dims(loaded)
     with _guard(loaded), progress.step("analysing"):
         runtime = runtime_model(loaded.ir)
         runtime = dataclasses.replace(runtime, loop_iterations=args.loop_iterations)
@@ -216,6 +236,7 @@ def cmd_estimate(args, progress: Progress) -> int:
                         gradient_merge_steps=args.gradient_merge_steps,
                         fused_gradients=args.fused_gradients)
     loaded = _load(args.model, progress)
+    _note_dynamic_dims(loaded)
     with _guard(loaded), progress.step("estimating"):
         result = estimate(loaded.program, strategy, args.batch_size)
     if args.json:
@@ -293,9 +314,12 @@ class _option_names:
 
 def cmd_optimize(args, progress: Progress) -> int:
     from .api import memory_optimize, release_memory
-    from .paddle.modelio import save_program
+    from .cli_paths import check_output, copy_parameters, parameter_files
+    from .paddle.modelio import FLUID_PROGRAM, output_path, save_program
 
     loaded = _load(args.model, progress)
+    output = output_path(loaded.ir, args.output)
+    check_output(output, [loaded.path] + [p for _, p in parameter_files(loaded.path)])
     released = None
     skip, fetch = list(args.skip or []), list(args.fetch or [])
     with _guard(loaded), _option_names(loaded.ir):
@@ -308,18 +332,27 @@ def cmd_optimize(args, progress: Progress) -> int:
             with progress.step("releasing"):
                 released = release_memory(loaded.program, skip_opt_set=skip,
                                           fetch_list=fetch)
-        with progress.step(f"writing {args.output}"):
-            written = save_program(loaded.program, args.output)
+        with progress.step(f"writing {output}"):
+            written = save_program(loaded.program, output)
+            copied = copy_parameters(loaded.path, written)
         note = None
         if loaded.ir == "pir":
             from .paddle.pir_deploy import predictor_note
 
             note = predictor_note(loaded.program)
+        else:
+            from .paddle.legacy_deploy import predictor_note
+
+            note = predictor_note(loaded.program, args.level, report.merged_count)
+    if os.path.basename(loaded.path) == FLUID_PROGRAM:
+        print(f"memopt: note: the parameters stay in {os.path.dirname(loaded.path)} "
+              "(paddle.static.load_vars reads them into the written program)", file=sys.stderr)
     if note:
         print(f"memopt: warning: {note}", file=sys.stderr)
     if args.json:
         doc = report.to_dict()
         doc["model"], doc["output"] = loaded.path, written
+        doc["parameter_files"] = copied
         if note:
             doc["warning"] = note
         if released is not None:
@@ -329,7 +362,8 @@ def cmd_optimize(args, progress: Progress) -> int:
         print(report)
         if released is not None:
             print(released)
-        print(f"wrote {written}")
+        print(f"wrote {written}" + (f" (parameters copied: {', '.join(copied)})"
+                                    if copied else ""))
     return 0
 
 
@@ -337,6 +371,10 @@ def cmd_plan(args, progress: Progress) -> int:
     from .report import format_bytes
 
     problem = _read_problem(args.problem)
+    if args.output:
+        from .cli_paths import check_output
+
+        check_output(args.output, [args.problem])
     plan = _plan_problem(problem, args.exact, args.time_limit, progress)
     if args.output:
         _write_offsets(problem, plan, args.output)
@@ -381,9 +419,25 @@ def _write_offsets(problem, plan, path: str) -> None:
         raise ModelFileError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+#: What ``memopt plot -o`` writes (matplotlib picks the format by extension).
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+
+
+def _check_plot_output(args) -> None:
+    from .cli_paths import check_output
+    from .errors import ModelFileError
+
+    ext = os.path.splitext(args.output)[1].lower()
+    if ext not in PLOT_FORMATS:
+        raise ModelFileError(f"-o {args.output}: a plot is written as "
+                             f"{', '.join(PLOT_FORMATS)}; give one of those extensions")
+    check_output(args.output, [args.model])
+
+
 def cmd_plot(args, progress: Progress) -> int:
     from . import plot
 
+    _check_plot_output(args)
     if _is_problem(args.model):
         from .bounds import peak_live_bytes
 
@@ -400,6 +454,7 @@ def cmd_plot(args, progress: Progress) -> int:
     from .api import analyze, memory_optimize
 
     loaded = _load(args.model, progress)
+    _note_dynamic_dims(loaded)
     with _guard(loaded):
         with progress.step("analysing"):
             before = analyze(loaded.program, args.batch_size)
@@ -429,8 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="memopt",
         description="Where a Paddle program's memory goes, and less of it: memory "
                     "analysis, memory_optimize, arena planning.",
-        epilog="MODEL: a saved Paddle program (.pdmodel legacy, .json PIR, or the prefix "
-               "given to paddle.static.save).  Exit codes: 0 ok, 1 user error, 2 usage.")
+        epilog="MODEL: a saved Paddle program (.pdmodel legacy, .json PIR, the prefix "
+               "given to the save, or a directory holding __model__).  Exit codes: 0 ok, "
+               "1 user error, 2 usage.")
     # --debug / --quiet go before or after the command
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -440,6 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show tracebacks and debug logging")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"memopt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -472,11 +531,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--level", type=int, choices=(0, 1, 2), default=0,
                    help="0: share only same shape and dtype; 1: any provably large enough; "
-                        "2: level 1 and a memory-aware op order (PIR)")
-    p.add_argument("--budget", metavar="BYTES", default=None,
+                        "2: level 1 and a memory-aware op order")
+    p.add_argument("--budget", type=_bytes_arg, metavar="BYTES", default=None,
                    help="recompute forward values so one training step fits this allocator "
-                        "peak, e.g. 512MiB (PIR; needs --batch-size)")
-    p.add_argument("-b", "--batch-size", type=int, default=None, metavar="N",
+                        "peak, e.g. 512MiB (both IRs; needs --batch-size)")
+    p.add_argument("-b", "--batch-size", type=_positive_int, default=None, metavar="N",
                    help="the batch size --budget is for")
     p.add_argument("--skip", nargs="+", action="extend", metavar="NAME", default=[],
                    help="variables never to merge (repeatable)")
@@ -490,7 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(FLAGS_eager_delete_tensor_gb=-1) free each temporary right after "
                         "its last use (legacy programs)")
     p.add_argument("-o", "--output", required=True, metavar="OUT",
-                   help="where to write the rewritten program")
+                   help="where to write the rewritten program (.json PIR, .pdmodel legacy, or "
+                        "a prefix); the parameter files beside MODEL (.pdiparams, .pdparams, "
+                        ".pdopt) are copied beside it.  Never MODEL itself")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_optimize)
 
@@ -542,7 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
             "memory_optimize, the peaks marked, the top holders named.  "
             "PROBLEM.csv: the arena plan, buffers as rectangles.")
     p.add_argument("model", metavar="MODEL|PROBLEM.csv")
-    p.add_argument("-o", "--output", required=True, metavar="PNG")
+    p.add_argument("-o", "--output", required=True, metavar="PNG",
+                   help="the image to write: .png, .svg or .pdf")
     p.add_argument("--batch-size", "-b", type=_positive_int, default=None)
     p.add_argument("--level", type=int, choices=(0, 1), default=0,
                    help="memory_optimize level for the 'after' line")

@@ -29,11 +29,16 @@ from typing import Any
 
 from ..errors import ModelFileError
 
-__all__ = ["LoadedModel", "load_model", "save_program", "file_kind", "resolve_path"]
+__all__ = ["LoadedModel", "load_model", "save_program", "output_path", "file_kind",
+           "resolve_path", "model_inputs", "dynamic_dims_note"]
 
 LEGACY, PIR, PROBLEM = "legacy", "pir", "problem"
 _EXTENSIONS = {".pdmodel": LEGACY, ".json": PIR, ".csv": PROBLEM}
-_PARAMETER_FILES = (".pdparams", ".pdopt", ".pdiparams")
+_PARAMETER_FILES = (".pdparams", ".pdopt", ".pdiparams", ".pdiparams.info")
+#: The program file of a fluid-style model directory (``save_vars`` /
+#: ``save_persistables`` / Paddle 1.x ``save_inference_model``): a legacy
+#: ``ProgramDesc`` beside one file per parameter or one combined file.
+FLUID_PROGRAM = "__model__"
 
 
 @dataclass
@@ -68,7 +73,14 @@ def resolve_path(path: str) -> str:
     if os.path.isfile(path):
         return path
     if os.path.isdir(path):
-        raise ModelFileError(f"{path} is a directory; pass a .pdmodel, .json or .csv file")
+        fluid = os.path.join(path, FLUID_PROGRAM)
+        if os.path.isfile(fluid):
+            return fluid
+        inside = sorted(f for f in os.listdir(path) if f.endswith((".pdmodel", ".json")))
+        hint = (": it holds " + ", ".join(os.path.join(path, f) for f in inside[:3])
+                + (" ..." if len(inside) > 3 else "")) if inside else ""
+        raise ModelFileError(f"{path} is a directory{hint}; pass a .pdmodel or .json file "
+                             "(or its prefix, the path given to the save)")
     candidates = [path + ext for ext in (".pdmodel", ".json") if os.path.isfile(path + ext)]
     if len(candidates) == 1:
         return candidates[0]
@@ -83,6 +95,8 @@ def file_kind(path: str) -> str:
 
     Raises :class:`ModelFileError` for anything else.
     """
+    if os.path.basename(path) == FLUID_PROGRAM:
+        return LEGACY
     ext = os.path.splitext(path)[1].lower()
     if ext not in _EXTENSIONS:
         raise ModelFileError(
@@ -213,21 +227,64 @@ def load_model(path: str) -> LoadedModel:
     return loaded
 
 
+def model_inputs(loaded: LoadedModel):
+    """``[(name, shape)]`` of what the program is fed: PIR ``pd_op.data``
+    ops; legacy variables a ``feed`` op writes or marked to be fed (``-1``
+    for a dynamic dimension)."""
+    block = loaded.program.global_block()
+    if loaded.ir == PIR:
+        return [(op.attrs()["name"], list(op.result(0).shape)) for op in block.ops
+                if op.name() == "pd_op.data"]
+    fed = {name for op in block.ops if op.type == "feed" for name in op.output_arg_names}
+    return [(v.name, list(v.shape)) for v in loaded.program.list_vars()
+            if v.name in fed or v.desc.need_check_feed()]
+
+
+def dynamic_dims_note(loaded: LoadedModel):
+    """A note for inputs with more than one dynamic (``-1``) dimension, or
+    None: memopt gives every ``-1`` the batch size, so ``ids`` of shape
+    ``[-1, -1]`` is B x B (a sequence as long as the batch)."""
+    many = [(n, s) for n, s in model_inputs(loaded) if sum(1 for d in s if d == -1) > 1]
+    if not many:
+        return None
+    shown = ", ".join(f"{n} {s}" for n, s in many[:3]) + (" ..." if len(many) > 3 else "")
+    return (f"{shown}: every -1 dimension is taken as the batch size B (a sequence as long "
+            "as the batch; such terms grow as B^2); save the model with the other "
+            "dimensions fixed (e.g. InputSpec([None, 128])) for figures at that length")
+
+
+def output_path(ir: str, path: str) -> str:
+    """The file :func:`save_program` writes for ``path`` and a program of
+    ``ir``: ``path`` itself when it ends in ``.json`` (PIR) / ``.pdmodel``
+    (legacy), else ``path`` + that extension (a prefix such as
+    ``model.opt``, as Paddle's savers take).  Raises
+    :class:`ModelFileError` for the other IR's extension or a parameter
+    file's."""
+    ext = ".json" if ir == PIR else ".pdmodel"
+    path = os.fspath(path)
+    lower = path.lower()
+    if lower.endswith(ext):
+        return path
+    root, given = os.path.splitext(path)
+    if given.lower() in (".json", ".pdmodel", ".csv") or lower.endswith(_PARAMETER_FILES):
+        kind = "PIR" if ext == ".json" else "legacy"
+        raise ModelFileError(f"-o {path}: a {kind} program is written as {ext}; "
+                             f"use -o {root}{ext}")
+    return path + ext
+
+
 def save_program(program: Any, path: str, overwrite: bool = True) -> str:
     """Write ``program``: a legacy program as ``.pdmodel`` bytes, a PIR
-    program as ``.json``.  The extension of ``path`` must match (added when
-    missing).  Returns the path written."""
+    program as ``.json``, at :func:`output_path`.  Returns the path written."""
     from .pir import is_pir_program
 
     ext = ".json" if is_pir_program(program) else ".pdmodel"
-    root, given = os.path.splitext(os.fspath(path))
-    if given.lower() not in ("", ext):
-        kind = "PIR" if ext == ".json" else "legacy"
-        raise ModelFileError(f"{path}: a {kind} program is written as {ext}; "
-                             f"use -o {root}{ext}")
-    out = root + ext
+    out = output_path(PIR if ext == ".json" else LEGACY, path)
     if os.path.exists(out) and not overwrite:
         raise ModelFileError(f"{out} exists; not overwriting it")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        # Paddle's PIR writer would make the directories
+        raise ModelFileError(f"cannot write {out}: no directory {os.path.dirname(out)}")
     try:
         if ext == ".json":
             from paddle.base import core
@@ -238,4 +295,7 @@ def save_program(program: Any, path: str, overwrite: bool = True) -> str:
                 f.write(program.desc.serialize_to_string())
     except OSError as exc:
         raise ModelFileError(f"cannot write {out}: {exc.strerror or exc}") from None
+    except RuntimeError as exc:  # Paddle's writer: "Cannot open ... to save variables"
+        reason = _first_line(exc).split(") ", 1)[-1]  # without Paddle's "(Unavailable) "
+        raise ModelFileError(f"cannot write {out}: {reason}") from None
     return out
