@@ -36,7 +36,10 @@ def _persistables(main, startup):
     return sorted(names)
 
 
-def _train(paddle, main, startup, fetch, feed):
+def _train(paddle, main, startup, fetch, feed, persistables=None):
+    """:data:`STEPS` steps from seeded parameters and data in a fresh scope:
+    ``([fetches per step], {persistable name: array})``; ``persistables``:
+    the names to read back (default: what the PIR startup program sets)."""
     scope = paddle.static.Scope()
     rng = np.random.default_rng(0)
     outs = []
@@ -46,8 +49,8 @@ def _train(paddle, main, startup, fetch, feed):
         exe.run(startup)
         for _ in range(STEPS):
             outs.append([np.array(a) for a in exe.run(main, feed=feed(rng), fetch_list=fetch)])
-        params = {n: np.array(scope.find_var(n).get_tensor())
-                  for n in _persistables(main, startup)}
+        names = _persistables(main, startup) if persistables is None else persistables
+        params = {n: np.array(scope.find_var(n).get_tensor()) for n in names}
     return outs, params
 
 
@@ -157,18 +160,10 @@ def _legacy_running_buffer(paddle):
 
 
 def _legacy_train(paddle, main, startup, fetch):
-    scope = paddle.static.Scope()
-    rng = np.random.default_rng(0)
-    outs = []
-    with paddle.static.scope_guard(scope):
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        paddle.seed(1)
-        exe.run(startup)
-        for _ in range(STEPS):
-            outs.append([np.array(a) for a in exe.run(main, feed=_feed8(rng), fetch_list=fetch)])
-        params = {v.name: np.array(scope.find_var(v.name).get_tensor())
-                  for v in main.list_vars() if v.persistable and v.name not in ("feed", "fetch")}
-    return outs, params
+    """:func:`_train` of a legacy program fed :func:`_feed8`."""
+    names = [v.name for v in main.list_vars()
+             if v.persistable and v.name not in ("feed", "fetch")]
+    return _train(paddle, main, startup, fetch, _feed8, names)
 
 
 def test_legacy_budget_never_clones_a_read_of_a_variable_written_later(paddle):

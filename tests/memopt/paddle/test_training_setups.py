@@ -90,6 +90,18 @@ def test_legacy_forward_rewrite_then_minimize_is_refused_at_run():
                 exe.run(main, feed=_feed(), fetch_list=[loss])
 
 
+def _two_steps(paddle, main, startup, fetch, width):
+    """Two steps from seeded parameters in a fresh scope, fed ``x`` of
+    ``[64, width]`` from a seeded generator: each step's fetches."""
+    with paddle.static.scope_guard(paddle.static.Scope()):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        paddle.seed(1)
+        exe.run(startup)
+        rng = np.random.default_rng(0)
+        return [exe.run(main, feed={"x": rng.standard_normal((64, width)).astype("float32")},
+                        fetch_list=fetch) for _ in range(2)]
+
+
 def _print_net(paddle):
     """x -> Linear -> tanh -> static.Print (forward and backward) -> Linear: mean square."""
     x = paddle.static.data("x", [-1, 8], "float32")
@@ -121,13 +133,7 @@ def test_pir_budget_never_recomputes_a_print():
         return sum(op.name() == "pd_op.print" for op in program.global_block().ops)
 
     def train(main, startup, fetch):
-        with paddle.static.scope_guard(paddle.static.Scope()):
-            exe = paddle.static.Executor(paddle.CPUPlace())
-            paddle.seed(1)
-            exe.run(startup)
-            rng = np.random.default_rng(0)
-            return [exe.run(main, feed={"x": rng.standard_normal((64, 8)).astype("float32")},
-                            fetch_list=fetch) for _ in range(2)]
+        return _two_steps(paddle, main, startup, fetch, width=8)
 
     main, startup, fetch = build()
     want, count = train(main, startup, fetch), prints(main)
@@ -243,13 +249,7 @@ def test_pir_budget_with_a_fetched_value_after_the_backward():
         return main, startup, [loss, out, edited[0][1]]
 
     def train(main, startup, fetch):
-        with paddle.static.scope_guard(paddle.static.Scope()):
-            exe = paddle.static.Executor(paddle.CPUPlace())
-            paddle.seed(1)
-            exe.run(startup)
-            rng = np.random.default_rng(0)
-            return [exe.run(main, feed={"x": rng.standard_normal((64, 16)).astype("float32")},
-                            fetch_list=fetch) for _ in range(2)]
+        return _two_steps(paddle, main, startup, fetch, width=16)
 
     want = train(*build())
     main, startup, fetch = build()
