@@ -989,9 +989,13 @@ def _save_hook(program, fetch_vars) -> None:
     ``save_inference_model`` of a merged variable raises
     :class:`MergedVariableError` naming it (Paddle pruned the program to
     nothing and blamed the first feed: "'img' doesn't exist in pruned
-    inference program")."""
+    inference program"); and warns when the program's buffers hold
+    variables of different shapes (:mod:`memopt.paddle.legacy_deploy`)."""
     if is_legacy_program(program):
         check_fetch(program, fetch_vars)
+        from .legacy_deploy import warn_on_save
+
+        warn_on_save(program)  # buffers across shapes: the predictor's passes
 
 
 def known_names(program) -> set:

@@ -99,10 +99,19 @@ def _read(desc) -> dict:
     return {}
 
 
-def _write(desc, names: Iterable[str], merged: bool, released: bool) -> None:
-    desc._set_attr(RECORD_ATTR, json.dumps(
-        {"names": sorted(set(names)), "merged": bool(merged), "released": bool(released)},
-        sort_keys=True))
+def _write(desc, names: Iterable[str], merged: bool, released: bool,
+           mixed_shapes: bool = False) -> None:
+    record = {"names": sorted(set(names)), "merged": bool(merged), "released": bool(released)}
+    if mixed_shapes:  # the names it holds were declared with different shapes
+        record["mixed_shapes"] = True
+    desc._set_attr(RECORD_ATTR, json.dumps(record, sort_keys=True))
+
+
+def mixed_shape_buffers(program) -> List[str]:
+    """The buffers of ``program`` (every block) that hold variables declared
+    with different shapes (level 1 and 2 merges across shapes), sorted."""
+    return sorted(name for block in program.blocks for name, var in block.vars.items()
+                  if name.startswith(BUFFER_PREFIX) and _read(var.desc).get("mixed_shapes"))
 
 
 def record_of(program) -> Dict[str, Tuple[str, bool, bool]]:
@@ -231,12 +240,16 @@ def apply_merges(program, groups: List[List[str]], homes: Mapping[str, int], rew
             _declare(pblock, buf, pblock.var(group[0]).desc)
             declared.append((pblock, buf))
             held: List[str] = []
-            released = False
+            released = mixed = False
             for m in group:
                 held.extend(_names_held(pblock, m))
                 if m.startswith(BUFFER_PREFIX):
-                    released = released or bool(_read(pblock.var(m).desc).get("released"))
-            _write(pblock.var(buf).desc, held, merged=True, released=released)
+                    rec = _read(pblock.var(m).desc)
+                    released = released or bool(rec.get("released"))
+                    mixed = mixed or bool(rec.get("mixed_shapes"))
+            mixed = mixed or len({tuple(pblock.var(m).desc.shape()) for m in group}) > 1
+            _write(pblock.var(buf).desc, held, merged=True, released=released,
+                   mixed_shapes=mixed)
             for m in group:
                 renames.setdefault(pblock.idx, {})[m] = buf
                 buffer_of[m] = buf
@@ -320,7 +333,7 @@ def rename_released(program, names: Iterable[str], rewrite):
         for name in already:
             rec = _read(block.var(name).desc)
             _write(block.var(name).desc, rec.get("names") or [name],
-                   bool(rec.get("merged")), True)
+                   bool(rec.get("merged")), True, bool(rec.get("mixed_shapes")))
         for name in plain:
             _detach(block, name)
 
