@@ -324,7 +324,9 @@ def any_order_bound(program, batch: int, runtime=None, fetch=()) -> Tuple[int, i
     persistable bytes.  A region op counts as one op reading what its
     regions read; the values made inside regions are left out (still a
     lower bound, a looser one: 0.62-0.87 of the program order's predicted
-    peak on memopt.models' region programs)."""
+    peak on memopt.models' region programs).  An op's kernel workspace
+    (the im2col buffer of a convolution's backward op) counts at that op
+    where the top-level ops are all the ops."""
     from .flags import runtime_model
     from .pir_inplace import executor_inplace
     from .. import analysis
@@ -364,11 +366,16 @@ def any_order_bound(program, batch: int, runtime=None, fetch=()) -> Tuple[int, i
         if made:
             kept = any(name in problem.keep for name in h.names)
             buffers.append((h.bytes(batch), made, read, kept))
+    work = [0] * n  # each top-level op's workspace (where flat = top level)
+    if len(an.order) == n:
+        for h in an.holders:
+            if h.category == "workspace" and not h.names and h.op != "fetch":
+                work[an.order[h.position]] += h.bytes(batch)
     best, where = 0, 0
     for o in range(n):
         before, after = anc[o] | (1 << o), desc[o] | (1 << o)
-        live = sum(size for size, made, read, kept in buffers
-                   if made & before and (kept or read & after or (made >> o) & 1))
+        live = work[o] + sum(size for size, made, read, kept in buffers
+                             if made & before and (kept or read & after or (made >> o) & 1))
         if live > best:
             best, where = live, o
     return an.persistable_bytes(batch) + best, where
