@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -235,6 +236,10 @@ def cmd_estimate(args, progress: Progress) -> int:
                         recompute_segments=args.recompute_segments,
                         gradient_merge_steps=args.gradient_merge_steps,
                         fused_gradients=args.fused_gradients)
+    try:  # before the model is read: the batch must split over the ranks
+        strategy.micro_batch(args.batch_size)
+    except ValueError as exc:
+        raise ValueError(_as_flags(str(exc))) from None
     loaded = _load(args.model, progress)
     _note_dynamic_dims(loaded)
     with _guard(loaded), progress.step("estimating"):
@@ -248,6 +253,18 @@ def cmd_estimate(args, progress: Progress) -> int:
         print(f"{loaded.path} ({loaded.ir} program)")
         print(result)
     return 0
+
+
+#: The API's names in :mod:`memopt.parallel`'s messages -> the flags that set them.
+_FLAG_OF = {"batch_size": "-b", "micro_batch_size": "--micro-batch-size",
+            "gradient_merge_steps": "--gradient-merge-steps", "dp": "--dp"}
+
+
+def _as_flags(message: str) -> str:
+    """``message`` with :mod:`memopt.parallel`'s parameter names spelled as
+    the ``estimate`` flags that set them."""
+    return re.sub(r"\b(" + "|".join(_FLAG_OF) + r")\b", lambda m: _FLAG_OF[m.group(1)],
+                  message)
 
 
 def _analyze_problem(args) -> int:

@@ -65,7 +65,10 @@ def test_estimate_json_and_text(saved):
 def test_estimate_usage_errors(saved):
     root, _ = saved
     bad = run_cli("estimate", root / "mlp_legacy", "-b", "63", "--dp", "2", "--quiet")
-    assert bad.returncode == 1 and "multiple of dp" in bad.stderr
+    assert bad.returncode == 1 and "-b 63 is not a multiple of --dp" in bad.stderr
+    micro = run_cli("estimate", root / "mlp_legacy", "-b", "8", "--dp", "2",
+                    "--micro-batch-size", "3", "--quiet")
+    assert micro.returncode == 1 and "--dp * --micro-batch-size = 6" in micro.stderr
     missing = run_cli("estimate", root / "mlp_legacy", "--quiet")
     assert missing.returncode == 2
     with pytest.raises(TypeError, match="strategy fields"):
