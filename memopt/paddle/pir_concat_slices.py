@@ -313,7 +313,7 @@ def slice_if_lower(program, batch: int, runtime, fetch_names=(),
                    f"concat left as they are (slicing them out predicted {why})"), None
     peak, slices = best
     applied = apply_slices(pg, slices)
-    placed = (" right after their concat's last backward reader"
+    placed = (" (right after their concat's last backward reader where that comes first)"
               if slices is not variants[0] else "")
     return len(slices), (
         f"level 2: {len(slices)} saved values held again inside a saved concat are sliced "
