@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..cli_paths import PARAMETER_SUFFIXES
 from ..errors import ModelFileError
 
 __all__ = ["LoadedModel", "load_model", "save_program", "output_path", "file_kind",
@@ -34,7 +35,6 @@ __all__ = ["LoadedModel", "load_model", "save_program", "output_path", "file_kin
 
 LEGACY, PIR, PROBLEM = "legacy", "pir", "problem"
 _EXTENSIONS = {".pdmodel": LEGACY, ".json": PIR, ".csv": PROBLEM}
-_PARAMETER_FILES = (".pdparams", ".pdopt", ".pdiparams", ".pdiparams.info")
 #: The program file of a fluid-style model directory (``save_vars`` /
 #: ``save_persistables`` / Paddle 1.x ``save_inference_model``): a legacy
 #: ``ProgramDesc`` beside one file per parameter or one combined file.
@@ -64,7 +64,7 @@ def resolve_path(path: str) -> str:
     when it names a parameter file."""
     path = os.fspath(path)
     lower = path.lower()
-    for ext in _PARAMETER_FILES:
+    for ext in PARAMETER_SUFFIXES:
         if lower.endswith(ext):
             stem = path[: -len(ext)]
             raise ModelFileError(
@@ -266,7 +266,7 @@ def output_path(ir: str, path: str) -> str:
     if lower.endswith(ext):
         return path
     root, given = os.path.splitext(path)
-    if given.lower() in (".json", ".pdmodel", ".csv") or lower.endswith(_PARAMETER_FILES):
+    if given.lower() in (".json", ".pdmodel", ".csv") or lower.endswith(PARAMETER_SUFFIXES):
         kind = "PIR" if ext == ".json" else "legacy"
         raise ModelFileError(f"-o {path}: a {kind} program is written as {ext}; "
                              f"use -o {root}{ext}")
