@@ -360,7 +360,7 @@ def cmd_optimize(args, progress: Progress) -> int:
         else:
             from .paddle.legacy_deploy import predictor_note
 
-            note = predictor_note(loaded.program, args.level, report.merged_count)
+            note = predictor_note(loaded.program)
     if os.path.basename(loaded.path) == FLUID_PROGRAM:
         print(f"memopt: note: the parameters stay in {os.path.dirname(loaded.path)} "
               "(paddle.static.load_vars reads them into the written program)", file=sys.stderr)

@@ -33,11 +33,9 @@ from . import merge_record
 __all__ = ["predictor_note", "warn_on_save"]
 
 
-def predictor_note(program, level: int = 1, merged: int = 1):
+def predictor_note(program):
     """A warning for a legacy ``program`` whose buffers hold variables of
-    different shapes (``level`` >= 1 with ``merged`` variables), or None."""
-    if level < 1 or not merged:
-        return None
+    different shapes (as level 1 and 2 merge them), or None."""
     buffers = merge_record.mixed_shape_buffers(program)
     if not buffers:
         return None
