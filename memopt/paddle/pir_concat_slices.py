@@ -32,11 +32,14 @@ predicted peak falls under every executor mode checked
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..errors import PlanError
 from .pir_inplace import insertion_point_kept
 from .pir import COMBINE_OP, PirGraph
+
+if TYPE_CHECKING:  # the return annotation of slice_if_lower
+    from .pir_recompute import AppliedRecompute
 
 __all__ = ["SliceOut", "plan_slices", "apply_slices"]
 

@@ -10,7 +10,6 @@ model's bytes."""
 import warnings
 
 import numpy as np
-import pytest
 
 import memopt
 from memopt.paddle import merge_record

@@ -58,7 +58,6 @@ def test_legacy_recompute_checkpoint_by_name_after_forward_rewrite(level):
             report = memopt.memory_optimize(main, level=level)
             assert report.merged_count > 0
             assert h.name not in {v.name for v in main.list_vars()}
-            before = main.desc.serialize_to_string()
             opt = paddle.incubate.optimizer.RecomputeOptimizer(paddle.optimizer.SGD(0.1))
             opt._set_checkpoints([h.name])
             with pytest.raises(RenamedLookupError,
