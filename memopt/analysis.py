@@ -252,12 +252,13 @@ class Analysis:
         return int(b)
 
     def timeline(self, batch_size: Optional[int] = None) -> list:
-        """Live non-persistable bytes at every op position (while it runs)."""
+        """Live non-persistable bytes at every op position (while it runs);
+        a program without ops has one position: the step holding its feeds."""
         b = self.batch_for(batch_size)
         total = np.zeros(self._coef.shape[1], dtype=object)
         for k, p in enumerate(self._powers):
             total = total + self._coef[k] * (b ** p)
-        return [int(x) for x in total[: len(self.op_types)]]
+        return [int(x) for x in total]
 
     def setup_ops(self) -> int:
         """How many op positions at the start of the run are declarations,
@@ -826,14 +827,16 @@ def from_graph_modes(graph: Graph, batch_size: Optional[int], runtimes: Sequence
             _poly_add(persistable, root_size)
         per_iteration = {nm for _, op in flat if op.facts.in_loop for nm in op.facts.stack_push}
         members: dict = {}
+        fetched = set(graph.fetch_names)
         for name, var in var_of.items():
             if var.persistable or not var.is_dense or size(name).coefficient == 0 or name in hollow:
                 continue
             root = aliases.find(name)
             if root in persistent_roots:
                 continue  # written over a parameter: no memory of its own
-            if name not in intervals and name not in first_writer:
-                continue
+            if name not in intervals and name not in first_writer and not (
+                    (var.is_data or var.is_feed) and (var.is_fetch or name in fetched)):
+                continue  # never written nor read; an input fetched back is held
             members.setdefault(root, []).append(name)
         holders = []
         for names in members.values():
@@ -841,8 +844,8 @@ def from_graph_modes(graph: Graph, batch_size: Optional[int], runtimes: Sequence
             for nm in names:
                 var = var_of[nm]
                 iv = intervals.get(nm)
-                start = iv.start if iv else first_writer[nm]
-                end = iv.end if iv else first_writer[nm]
+                start = iv.start if iv else first_writer.get(nm, 0)
+                end = iv.end if iv else first_writer.get(nm, 0)
                 # Memory is allocated by the first write: a variable written on
                 # one path only (in a branch) looks live from the program's
                 # start to liveness, but holds nothing before it is written.

@@ -1081,8 +1081,35 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
             fetch_values.append(last_value[name])
     # (a depend's result is its input's buffer: PirConverter._overwritten)
     result = convert(translated, fetch_values, value_names)
+    _declare_fetched_inputs(program, fetch_list, set(last_value), result)
     legacy_places(program, result)
     return result
+
+
+def _declare_fetched_inputs(program, fetch_list: Iterable, translated: set,
+                            result: PirGraph) -> None:
+    """Declare in ``result``'s top block each fetched legacy data variable
+    that no op reads: Paddle's translator makes values of ops only, so a fed
+    input fetched straight back had no value, and its memory was counted as
+    0 B (a ``budget=1`` was accepted on a program that holds the feed)."""
+    from paddle.base import core
+    from paddle.base.data_feeder import convert_dtype
+
+    block = program.global_block()
+    top = result.graph.blocks[0]
+    added = []
+    for item in fetch_list:
+        name = item if isinstance(item, str) else getattr(item, "name", None)
+        if name is None or name in translated or name in top.vars or not block.has_var(name):
+            continue
+        pvar = block.var(name)
+        if pvar.persistable or pvar.desc.type() != core.VarDesc.VarType.DENSE_TENSOR:
+            continue
+        top.add_var(Var(name, tuple(pvar.shape), convert_dtype(pvar.dtype), DENSE,
+                        is_data=True, is_feed=True, is_fetch=True))
+        added.append(name)
+    if added:
+        result.graph.fetch_names = tuple(dict.fromkeys((*result.graph.fetch_names, *added)))
 
 
 #: Ops of a translated legacy program that declare what the legacy program

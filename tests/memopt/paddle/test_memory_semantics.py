@@ -213,3 +213,22 @@ def test_legacy_detach_alias_never_merged(paddle):
         report = memopt.memory_optimize(main, level=1, fetch_list=fetch)
         assert report.merged_count  # still merges the rest
         _assert_same(want, _legacy_train(paddle, main, startup, fetch))
+
+
+def test_legacy_input_fetched_back_is_held(paddle):
+    """A legacy program with no ops that fetches its own feed was analysed
+    as holding 0 B (Paddle's translator makes values of ops only), so
+    ``budget=1`` was accepted.  The fed input is held for the step: the
+    analysis counts it and ``budget=1`` is refused, the program unchanged;
+    a budget of that size plans."""
+    from paddle.pir_utils import OldIrGuard
+
+    with OldIrGuard():
+        main, _, fetch = _build(paddle, lambda p: [p.static.data("x", [-1, 8], "float32")])
+        held = memopt.analyze(main, BATCH, fetch_list=fetch).total_peak(BATCH)
+        assert held == BATCH * 8 * 4
+        before = main.desc.serialize_to_string()
+        assert _smallest_budget(main, fetch) >= held
+        assert main.desc.serialize_to_string() == before
+        # not fetched: nothing the step holds
+        assert memopt.analyze(main, BATCH).total_peak(BATCH) == 0
