@@ -38,7 +38,7 @@ from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
 from .planner import plan_memory
 from .release import plan_releases, verify_releases
-from .report import REFERENCE_BATCH, Report, Reuse
+from .report import REFERENCE_BATCH, Holder, Report, Reuse
 from .reporting import make_report, pir_release_report, pir_report, release_report
 from .verify import check_plan
 
@@ -149,14 +149,25 @@ def _without_cycle_collection():
             python_gc.enable()
 
 
-def _dispatch(program, options: Options, release: bool) -> Report:
+def _bad_batch(batch_size) -> bool:
+    """Whether ``batch_size`` is not a positive integer (a bool is not one)."""
+    return isinstance(batch_size, bool) or not isinstance(
+        batch_size, (int, np.integer)) or batch_size < 1
+
+
+def _dispatch(program, options: Options, release: bool,
+              batch_size: Optional[int] = None) -> Report:
+    """memory_optimize (``release=False``) or release_memory at level 0/1 on
+    either IR; the report's figures at ``batch_size`` (default
+    :data:`memopt.report.REFERENCE_BATCH`)."""
+    batch = int(batch_size) if batch_size else None
     with _without_cycle_collection():
         if legacy.is_legacy_program(program):
             return _legacy_release(program, options) if release \
-                else _legacy_optimize(program, options)
+                else _legacy_optimize(program, options, batch)
         if pir.is_pir_program(program):
             return _pir_release(program, options) if release \
-                else _pir_optimize(program, options)
+                else _pir_optimize(program, options, batch)
     hint = ""
     if getattr(program, "_program", None) is not None:  # a CompiledProgram wraps one
         hint = (f": pass the Program the {type(program).__name__} was made from, "
@@ -166,7 +177,7 @@ def _dispatch(program, options: Options, release: bool) -> Report:
         f"or paddle.pir.Program), got {type(program).__name__}{hint}")
 
 
-def _legacy_optimize(program, options: Options) -> Report:
+def _legacy_optimize(program, options: Options, batch_size: Optional[int] = None) -> Report:
     """Plan, check and apply memory sharing on a legacy program.
 
     The plan is made for the runtime's current garbage-collection mode
@@ -178,6 +189,8 @@ def _legacy_optimize(program, options: Options) -> Report:
     legacy.check_user_names(program, options)
     graph = _legacy_graph(program, options)
     runtime = flags.read_flags()
+    batch = batch_size or REFERENCE_BATCH
+    analysed_before = _legacy_analysis(program, options, batch)
     # run translated to PIR with the GC on, an op reading one variable for
     # its dims and for its data fails: no dims-only substitutions there
     plan = plan_memory(graph, options, runtime.gc,
@@ -205,7 +218,8 @@ def _legacy_optimize(program, options: Options) -> Report:
                        for r in plan.reuses]
     seconds = time.perf_counter() - start
     log.debug("memory_optimize: %d variables merged in %.3f s", len(plan.reuses), seconds)
-    report = make_report(plan, options, runtime.gc_text, "legacy", seconds)
+    report = make_report(plan, options, runtime.gc_text, "legacy", seconds, batch_size=batch)
+    _analysed_peaks(report, program, options, analysed_before)
     if untranslatable:
         report.notes = list(report.notes) + [
             "shared memory only between variables of one shape (as level 0): with "
@@ -215,6 +229,33 @@ def _legacy_optimize(program, options: Options) -> Report:
     if before_backward:
         report.notes = list(report.notes) + [pending_backward.LEGACY_NOTE]
     return report
+
+
+def _legacy_analysis(program, options: Options, batch: int) -> Optional[Analysis]:
+    """:func:`analyze` of a legacy ``program`` at ``batch`` (what the
+    report's peaks are, as on PIR), or None where Paddle's translator
+    refuses the program (the report keeps the plan's own estimate)."""
+    try:
+        return analyze(program, batch, fetch_list=sorted(options.fetch_list))
+    except UnsupportedProgramError:
+        return None
+
+
+def _analysed_peaks(report: Report, program, options: Options,
+                    before: Optional[Analysis]) -> None:
+    """Set ``report``'s peaks and largest holders to :func:`analyze`'s of
+    the legacy program before (``before``) and as it is now, so the report
+    and ``memopt.analyze`` give one figure for one program (the plan's own
+    estimate left out the executor's in-place pass and kernel workspaces:
+    537,472 B against analyze's 482,392 B on the bundled MLP at batch 32)."""
+    after = _legacy_analysis(program, options, report.batch_size) if before else None
+    if after is None:
+        return
+    b = report.batch_size
+    report.persistable_bytes = before.persistable_bytes(b)
+    report.peak_before, report.peak_after = before.total_peak(b), after.total_peak(b)
+    report.top_holders = [Holder(h.name, h.bytes(b), tuple(h.names))
+                          for h in after.held_at(None, b)[:5]]
 
 
 def _homes(plan) -> dict:
@@ -431,7 +472,9 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         executor) so the predicted peak fits with the least added compute
         (values in ``skip_opt_set`` are never dropped); the report says
         what is recomputed, the added compute and the predicted peak.
-    batch_size : (keyword only) the batch size the budget is for (needed with ``budget``).
+    batch_size : (keyword only) the batch size the budget is for (needed with
+        ``budget``); level 2 plans its order for it; the report's figures are
+        given at it (default 32).
 
     Returns
     -------
@@ -463,6 +506,10 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     writes over raises it too.)
     """
     program = _default_program(program)
+    if budget is None and batch_size is not None and _bad_batch(batch_size):
+        raise ValueError(f"batch_size must be a positive integer, the batch the report's "
+                         f"figures are given at (got batch_size={batch_size!r}); nothing "
+                         "was changed")
     is_pir = pir.is_pir_program(program)
     if is_pir:  # Values an earlier rewrite replaced: their replacements (before any use)
         pir_retired.redirect(program)
@@ -480,7 +527,7 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         if budget is not None or options.level == 2:
             report = _level2_or_budget(program, options, budget, batch_size)
         else:
-            report = _dispatch(program, options, release=False)
+            report = _dispatch(program, options, release=False, batch_size=batch_size)
         if is_pir:  # the marks, kept where Paddle's .json keeps them
             pir_rewrite.write_record(program)
     if pending:
@@ -537,8 +584,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     from dataclasses import replace
 
     limit = None
-    bad_batch = batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
-        batch_size, (int, np.integer)) or batch_size < 1)
+    bad_batch = batch_size is not None and _bad_batch(batch_size)
     if budget is not None:
         if batch_size is None or bad_batch:
             raise ValueError(f"budget= needs batch_size=, the positive batch size the budget "
@@ -553,10 +599,14 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         if limit is not None:
             if legacy.is_legacy_program(program):
                 return _legacy_within_budget(program, options, limit, int(batch_size))
-        report = _dispatch(program, lower, release=False)
+        before = None
+        if legacy.is_legacy_program(program):
+            before = _legacy_analysis(program, options, int(batch_size or REFERENCE_BATCH))
+        report = _dispatch(program, lower, release=False, batch_size=batch_size)
         report.level = options.level
         if legacy.is_legacy_program(program):
             report.notes = list(report.notes) + _legacy_order(program, options, batch_size)
+            _analysed_peaks(report, program, options, before)  # after the new order
         return report
     from .paddle import pir_convert_cache, pir_loops
 

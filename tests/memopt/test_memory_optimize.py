@@ -183,6 +183,28 @@ def test_not_a_program(paddle):
         memopt.memory_optimize({"ops": []})
 
 
+
+@pytest.mark.parametrize("ir", ["legacy", "pir"])
+def test_report_at_the_given_batch_size(paddle, ir):
+    """``batch_size=`` at level 0/1 gives the report's figures at that batch
+    (they were at 32 whatever was passed); the unchanged program's peak at
+    that batch is the report's "before"."""
+    model = models.build("mlp", ir)
+    before = memopt.analyze(model.main, 8, fetch_list=model.fetch_list).total_peak(8)
+    report = memopt.memory_optimize(model.main, level=1, batch_size=8,
+                                    fetch_list=model.fetch_list)
+    assert report.batch_size == 8 and report.peak_before == before
+    assert "at batch 8" in str(report)
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, "8", 2.0])
+def test_bad_batch_size(paddle, bad):
+    model = models.build("mlp", "legacy")
+    before = model.main.desc.serialize_to_string()
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        memopt.memory_optimize(model.main, level=1, batch_size=bad)
+    assert model.main.desc.serialize_to_string() == before
+
 # -- fetches of merged variables -------------------------------------------------------
 
 def test_fetch_of_merged_variable_raises(paddle):
