@@ -467,7 +467,23 @@ class Analysis:
                  "shared_with": list(h.names[1:])}
                 for h in self.held_at(pos, b)[:top]],
             "timeline": self.timeline(b),
+            "dynamic_inputs": [{"name": n, "shape": shape} for n, shape in self.dynamic_inputs()],
         }
+
+    def dynamic_inputs(self) -> list:
+        """``[(name, shape)]`` of the fed inputs with more than one ``-1``
+        dimension.  Every ``-1`` is taken as the batch size, so an input
+        ``ids [-1, -1]`` is analysed as B x B (a sequence as long as the
+        batch) and its terms grow as B^2: the figures are for that length."""
+        seen: dict = {}
+        for _, var in self.graph.all_vars():
+            if (var.is_data or var.is_feed) and sum(1 for d in var.shape if d == -1) > 1:
+                seen.setdefault(var.name, list(var.shape))
+        return sorted(seen.items())
+
+    def dynamic_inputs_note(self) -> str:
+        """What :meth:`dynamic_inputs` means for the figures, or ''."""
+        return dynamic_inputs_text(self.dynamic_inputs())
 
     def report(self, batch_size: Optional[int] = None, top: int = 5,
                budget_bytes: Optional[int] = None) -> str:
@@ -504,6 +520,9 @@ class Analysis:
             what = ("any batch size (memory does not grow with it)" if fits is None
                     else "none (batch size 1 does not fit)" if fits == 0 else str(fits))
             lines.append(f"  largest batch in {format_bytes(budget_bytes)}: {what}")
+        note = self.dynamic_inputs_note()
+        if note:
+            lines.append(f"  note: {note}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -514,6 +533,18 @@ class Analysis:
 
 
 # -- building -----------------------------------------------------------------
+
+def dynamic_inputs_text(many: Sequence) -> str:
+    """The note for ``many``, ``[(name, shape)]`` of inputs with several
+    ``-1`` dimensions (each taken as the batch size), or '' for none."""
+    if not many:
+        return ""
+    shown = ", ".join(f"{n} {s}" for n, s in many[:3]) + (" ..." if len(many) > 3 else "")
+    return (f"{shown}: every -1 dimension is taken as the batch size B (a sequence as "
+            "long as the batch; such terms grow as B^2); build or save the program with "
+            "the other dimensions fixed (e.g. InputSpec([None, 128])) for figures at "
+            "that length")
+
 
 def _runtime_reads(op: Op) -> tuple:
     """What an op really needs in memory: its reads minus no-need-buffer ones."""

@@ -206,8 +206,7 @@ def cmd_analyze(args, progress: Progress) -> int:
     from .api import analyze
     from .paddle.flags import runtime_model
 
-    loaded = _load(args.model, progress)
-    _note_dynamic_dims(loaded)
+    loaded = _load(args.model, progress)   # (the report notes several -1 dims itself)
     with _guard(loaded), progress.step("analysing"):
         runtime = runtime_model(loaded.ir)
         runtime = dataclasses.replace(runtime, loop_iterations=args.loop_iterations)

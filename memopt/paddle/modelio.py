@@ -244,13 +244,10 @@ def dynamic_dims_note(loaded: LoadedModel):
     """A note for inputs with more than one dynamic (``-1``) dimension, or
     None: memopt gives every ``-1`` the batch size, so ``ids`` of shape
     ``[-1, -1]`` is B x B (a sequence as long as the batch)."""
+    from ..analysis import dynamic_inputs_text
+
     many = [(n, s) for n, s in model_inputs(loaded) if sum(1 for d in s if d == -1) > 1]
-    if not many:
-        return None
-    shown = ", ".join(f"{n} {s}" for n, s in many[:3]) + (" ..." if len(many) > 3 else "")
-    return (f"{shown}: every -1 dimension is taken as the batch size B (a sequence as long "
-            "as the batch; such terms grow as B^2); save the model with the other "
-            "dimensions fixed (e.g. InputSpec([None, 128])) for figures at that length")
+    return dynamic_inputs_text(many) or None
 
 
 def output_path(ir: str, path: str) -> str:

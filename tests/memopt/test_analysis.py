@@ -327,3 +327,20 @@ def test_gc_off_prediction_counts_what_fetching_holds(paddle, ir):
                 peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
     steady = max(peaks[1:])  # the first step allocates the feed's holders too
     assert abs(predicted - steady) <= 0.01 * steady, (predicted, peaks)
+
+
+def test_inputs_with_several_dynamic_dims_are_named(paddle):
+    """``ids [-1, -1]``: every -1 is the batch, so the figures are for a
+    B x B input; the report and its JSON say so (the CLI said it alone)."""
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        ids = paddle.static.data("ids", [-1, -1], "int64")
+        feat = paddle.static.data("feat", [-1, 8], "float32")
+        out = paddle.nn.Embedding(50, 8)(ids).mean(axis=1) + feat
+    an = analyze(main, 4, fetch_list=[out])
+    assert an.dynamic_inputs() == [("ids", [-1, -1])]
+    assert "note: ids [-1, -1]: every -1 dimension is taken as the batch size" in an.report()
+    assert an.to_json()["dynamic_inputs"] == [{"name": "ids", "shape": [-1, -1]}]
+    with paddle.static.program_guard(main, startup):
+        fixed = paddle.static.data("fixed", [-1, 16], "int64")
+    assert analyze(main, 4, fetch_list=[out, fixed]).dynamic_inputs() == [("ids", [-1, -1])]

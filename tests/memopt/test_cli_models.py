@@ -9,6 +9,7 @@ unwritable one ended in Paddle's traceback; ``-o model.opt`` was refused
 with advice to write ``model.json``, the input; ``optimize -b 0`` ran;
 ``plot -o x.html`` and ``plan -o`` of the input were found out after the
 work (or overwrote the problem)."""
+import json
 import os
 import subprocess
 import sys
@@ -143,8 +144,12 @@ def test_several_dynamic_dims_are_named(inference_model, capsys):
     assert main(["-q", "analyze", str(inference_model / "model.json"), "-b", "4"]) == 0
     captured = capsys.readouterr()
     assert "B^2" in captured.out
-    assert "note: ids [-1, -1]: every -1 dimension is taken as the batch size" in captured.err
-    assert "feat" not in captured.err  # [-1, 8]: only the batch is dynamic
+    assert "note: ids [-1, -1]: every -1 dimension is taken as the batch size" in captured.out
+    assert "feat [" not in captured.out  # [-1, 8]: only the batch is dynamic
+    assert main(["-q", "analyze", str(inference_model / "model.json"), "-b", "4",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["dynamic_inputs"] == [{"name": "ids", "shape": [-1, -1]}]
 
 
 def test_plan_of_a_program_says_what_plan_takes(inference_model, capsys):
