@@ -738,9 +738,17 @@ class _Converter:
         pairs = []
         for out_slot, in_slot in sorted(core.pir.get_op_inplace_info(pir_op).items()):
             vin, vout = pir_op.operand_source(in_slot), pir_op.result(out_slot)
-            if vin.initialized() and vout.initialized() \
-                    and vin.id in self.result.name_of and vout.id in self.result.name_of:
+            if not (vin.initialized() and vout.initialized()):
+                continue
+            if vin.id in self.result.name_of and vout.id in self.result.name_of:
                 pairs.append((self.result.name_of[vin.id], self.result.name_of[vout.id]))
+            elif vin.id in self.vector_elems and vout.id in self.vector_elems:
+                # a vector written over a vector (lars_momentum_, merged_adam_,
+                # merged_momentum_, check_finite_and_unscale_): element k of
+                # the result is element k of the operand's buffer
+                pairs.extend((a, b) for a, b in zip(self.vector_elems[vin.id],
+                                                    self.vector_elems[vout.id])
+                             if a is not None and b is not None)
         return tuple(pairs)
 
     def _no_need_buffer(self, pir_op) -> list:
