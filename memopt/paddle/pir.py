@@ -151,6 +151,8 @@ DEPEND_OP = "pd_op.depend"
 LAYER_NORM_GRAD_OP = "pd_op.layer_norm_grad"
 #: the Lamb update, which holds a parameter-sized buffer (kernel_memory.lamb_workspace)
 LAMB_OPS = ("pd_op.lamb", "pd_op.lamb_")
+#: Rprop's update, whose CPU kernel holds four parameter-sized buffers
+RPROP_OPS = ("pd_op.rprop", "pd_op.rprop_")
 #: how PIR prints a value's missing type
 NULL_TYPE = "<<NULL TYPE>>"
 #: convolutions whose CPU kernels hold an im2col buffer (kernel_memory.conv_workspace)
@@ -501,6 +503,8 @@ class _Converter:
             self._layer_norm_grad_memory(pir_op, facts)
         if name in LAMB_OPS:
             self._lamb_memory(pir_op, facts)
+        if name in RPROP_OPS:
+            self._rprop_memory(pir_op, facts)
         if name == POP_OP:
             stack = self._stack_index(pir_op.operand_source(0))
             held = self.pushed.get(stack, [])
@@ -662,6 +666,16 @@ class _Converter:
         if param is None or not (param.initialized() and param.is_dense_tensor_type()):
             return
         facts.workspace = kernel_memory.lamb_workspace(
+            tuple(int(d) for d in param.shape), _dtype_name(param))
+
+    def _rprop_memory(self, pir_op, facts: OpFacts) -> None:
+        """The Rprop update's workspace (:mod:`memopt.paddle.kernel_memory`)."""
+        from . import kernel_memory
+
+        param = pir_op.operand_source(0) if pir_op.num_operands() else None
+        if param is None or not (param.initialized() and param.is_dense_tensor_type()):
+            return
+        facts.workspace = kernel_memory.rprop_workspace(
             tuple(int(d) for d in param.shape), _dtype_name(param))
 
     def _layer_norm_grad_memory(self, pir_op, facts: OpFacts) -> None:
