@@ -11,6 +11,7 @@ peaks then).  A step's peak is
 before each of 4 steps (parameters and optimizer state included).
 
     python scripts/bench_optimizer_peaks.py [--optimizers a,b] [--ir pir|legacy] [--width W]
+                                            [--gc-off]
 
 Prints a markdown table: optimizer | analysed | unchanged steps min/max |
 smallest budget | steps at it min/max | max / budget (above 1: the budget
@@ -113,6 +114,8 @@ def main():
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--ir", choices=["pir", "legacy"], default="pir")
     parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--gc-off", action="store_true",
+                        help="FLAGS_eager_delete_tensor_gb=-1 in every worker")
     parser.add_argument("--worker", nargs=3)
     args = parser.parse_args()
     if args.worker:
@@ -122,7 +125,10 @@ def main():
     env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     if args.ir == "legacy":
         env["FLAGS_enable_pir_api"] = "0"
-    print(f"{args.ir}, MLP 16-{args.width}-{args.width}-4, batch {BATCH}, GC on, {STEPS} steps\n")
+    if args.gc_off:
+        env["FLAGS_eager_delete_tensor_gb"] = "-1"
+    print(f"{args.ir}, MLP 16-{args.width}-{args.width}-4, batch {BATCH}, "
+          f"GC {'off' if args.gc_off else 'on'}, {STEPS} steps\n")
     print("| optimizer | analysed | unchanged steps min/max | smallest budget "
           "| steps at it min/max | max / budget |")
     print("|---|---|---|---|---|---|", flush=True)
@@ -137,8 +143,8 @@ def main():
         worst = max(worst, ratio)
         print(f"| {name} | {base['analysed']:,} | {min(base['peaks']):,} / {max(base['peaks']):,} "
               f"| {fit['budget']:,} | {min(fit['peaks']):,} / {max(fit['peaks']):,} "
-              f"| {ratio:.3f} |", flush=True)
-    print(f"\nworst max / budget: {worst:.3f}")
+              f"| {ratio:.4f} |", flush=True)
+    print(f"\nworst max / budget: {worst:.4f}")
     return 0
 
 
