@@ -176,8 +176,8 @@ def _optimizers():
 
 
 def _regularized(paddle):
-    """CNN, Momentum with L2Decay; the first conv's weight its own L1Decay
-    (ParamAttr regularizer wins over the optimizer's)."""
+    """MLP, Momentum with L2Decay; the first weight its own L1Decay (a
+    ParamAttr regularizer wins over the optimizer's)."""
     loss, out, feed = _mlp(paddle, weight_attr=paddle.ParamAttr(
         regularizer=paddle.regularizer.L1Decay(1e-3)))
     paddle.optimizer.Momentum(0.05, 0.9, weight_decay=paddle.regularizer.L2Decay(1e-3)) \
@@ -220,7 +220,8 @@ def _scheduled(kind):
 
 
 def _multi_precision(paddle):
-    """CNN, Momentum and (next program) Adam with multi_precision=True on float32."""
+    """CNN, Adam with multi_precision=True on float32 parameters (no master
+    weights on CPU)."""
     loss, out, feed = _cnn(paddle)
     paddle.optimizer.Adam(1e-2, multi_precision=True).minimize(loss)
     return Spec(paddle.static.default_main_program(), feed, [loss, out])
@@ -350,8 +351,8 @@ def _lars(paddle):
 
 
 def _frozen(paddle):
-    """CNN-free MLP: a frozen first layer (ParamAttr trainable=False), a
-    stop_gradient bias, minimize(parameters=) the last layer's."""
+    """MLP: a frozen first layer (ParamAttr trainable=False), a
+    stop_gradient bias, minimize(parameters=) a subset."""
     x = paddle.static.data("x", [-1, 16], "float32")
     frozen = paddle.nn.Linear(16, 32, weight_attr=paddle.ParamAttr(trainable=False),
                               bias_attr=paddle.ParamAttr(trainable=False))
@@ -406,8 +407,7 @@ def _lamb_plateau_value_clip(paddle):
 
 
 def _merge_lookahead_frozen(paddle):
-    """MLP with a frozen layer, GradientMerge(LookAhead(SGD)) ... too deep for
-    Paddle: LookAhead(RMSProp) + frozen layer + piecewise LR."""
+    """MLP with a frozen layer, LookAhead(RMSProp) on a piecewise LR."""
     sched = paddle.optimizer.lr.PiecewiseDecay([1, 2], [0.05, 0.02, 0.01])
     x = paddle.static.data("x", [-1, 16], "float32")
     frozen = paddle.nn.Linear(16, 16, weight_attr=paddle.ParamAttr(trainable=False))
