@@ -136,7 +136,9 @@ at ``res`` in its dtype.  Measured (the kernel alone, dygraph, float32,
 ``N = 2**18``): ``x [4, N]``, one ``[1]`` index, ``v [N]``: 7340040 bytes
 over its output (the formula: 7340032); ``v`` one element: 6291464
 (6291456); ``x [8, N/4]``, a ``[4]`` index, ``v [4, N/4]``: 5.5 x 4N
-(5.5 x 4N); both indices given: 16 bytes (0).  ``pd_op.set_value_with_tensor``
+(5.5 x 4N); ``x [64, 1024]``, an ``[8]`` index: 172032 (172032); ``x [4,
+32, 256]``, a ``[2, 1]`` index, ``v [256]``: 461056 (461056); both indices
+given: 16 bytes (0).  ``pd_op.set_value_with_tensor``
 / ``_`` holds the value broadcast to the assigned slice of ``x``: measured
 ``x [2, N]`` whole (2 x 4N), ``x [4, N][1:2]`` with a ``[1, N]`` and a
 one-element value (4N each), ``x [4, N][0:4:2]`` (2 x 4N).  Without them a
