@@ -151,6 +151,12 @@ DEPEND_OP = "pd_op.depend"
 LAYER_NORM_GRAD_OP = "pd_op.layer_norm_grad"
 #: the Lamb update, which holds a parameter-sized buffer (kernel_memory.lamb_workspace)
 LAMB_OPS = ("pd_op.lamb", "pd_op.lamb_")
+#: Rprop's update, whose CPU kernel holds four parameter-sized buffers
+RPROP_OPS = ("pd_op.rprop", "pd_op.rprop_")
+#: index_put / set_value (a tensor value), whose kernels broadcast to the
+#: written region first (kernel_memory)
+INDEX_PUT_OPS = ("pd_op.index_put", "pd_op.index_put_")
+SET_VALUE_TENSOR_OPS = ("pd_op.set_value_with_tensor", "pd_op.set_value_with_tensor_")
 #: how PIR prints a value's missing type
 NULL_TYPE = "<<NULL TYPE>>"
 #: convolutions whose CPU kernels hold an im2col buffer (kernel_memory.conv_workspace)
@@ -179,6 +185,14 @@ def is_pir_value(obj: Any) -> bool:
 def _dtype_name(value) -> str:
     """``paddle.float32`` -> ``"float32"``."""
     return str(value.dtype).rsplit(".", 1)[-1].lower()
+
+
+def _constant_ints(value) -> Optional[list]:
+    """The ints a ``pd_op.full_int_array`` makes, else None."""
+    op = value.get_defining_op() if value is not None and value.initialized() else None
+    if op is None or op.name() != "pd_op.full_int_array":
+        return None
+    return [int(v) for v in op.attrs().get("value", [])]
 
 
 def _is_grad_op(name: str) -> bool:
@@ -501,6 +515,12 @@ class _Converter:
             self._layer_norm_grad_memory(pir_op, facts)
         if name in LAMB_OPS:
             self._lamb_memory(pir_op, facts)
+        if name in RPROP_OPS:
+            self._rprop_memory(pir_op, facts)
+        if name in INDEX_PUT_OPS:
+            self._index_put_memory(pir_op, facts)
+        if name in SET_VALUE_TENSOR_OPS:
+            self._set_value_memory(pir_op, facts)
         if name == POP_OP:
             stack = self._stack_index(pir_op.operand_source(0))
             held = self.pushed.get(stack, [])
@@ -664,6 +684,55 @@ class _Converter:
         facts.workspace = kernel_memory.lamb_workspace(
             tuple(int(d) for d in param.shape), _dtype_name(param))
 
+    def _rprop_memory(self, pir_op, facts: OpFacts) -> None:
+        """The Rprop update's workspace (:mod:`memopt.paddle.kernel_memory`)."""
+        from . import kernel_memory
+
+        param = pir_op.operand_source(0) if pir_op.num_operands() else None
+        if param is None or not (param.initialized() and param.is_dense_tensor_type()):
+            return
+        facts.workspace = kernel_memory.rprop_workspace(
+            tuple(int(d) for d in param.shape), _dtype_name(param))
+
+    def _index_put_memory(self, pir_op, facts: OpFacts) -> None:
+        """index_put's broadcast indices and value (:mod:`memopt.paddle.kernel_memory`);
+        integer indices only (a boolean mask takes another path)."""
+        from . import kernel_memory
+
+        if pir_op.num_operands() < 3:
+            return
+        x, vector, value = (pir_op.operand_source(k) for k in range(3))
+        combine = vector.get_defining_op() if vector.initialized() else None
+        if combine is None or combine.name() != COMBINE_OP or not all(
+                v.initialized() and v.is_dense_tensor_type() for v in (x, value)):
+            return
+        indices = list(combine.operands_source())
+        if not indices or not all(v.initialized() and v.is_dense_tensor_type()
+                                  and _dtype_name(v) in ("int64", "int32") for v in indices):
+            return
+        facts.workspace = kernel_memory.index_put_workspace(
+            tuple(int(d) for d in x.shape), [tuple(int(d) for d in v.shape) for v in indices],
+            tuple(int(d) for d in value.shape), _dtype_name(value))
+
+    def _set_value_memory(self, pir_op, facts: OpFacts) -> None:
+        """set_value's value broadcast to the slice (:mod:`memopt.paddle.kernel_memory`):
+        the slice from constant starts / ends / steps, else all of ``x``."""
+        from . import kernel_memory
+
+        x = pir_op.operand_source(0) if pir_op.num_operands() else None
+        if x is None or not (x.initialized() and x.is_dense_tensor_type()):
+            return
+        shape = [int(d) for d in x.shape]
+        bounds = [_constant_ints(pir_op.operand_source(k)) if pir_op.num_operands() > k
+                  else None for k in (2, 3, 4)]
+        axes = [int(a) for a in pir_op.attrs().get("axes", [])]
+        if all(b is not None and len(b) == len(axes) for b in bounds):
+            for axis, start, end, step in zip(axes, *bounds):
+                dim = shape[axis] if -len(shape) <= axis < len(shape) else -1
+                if dim >= 0 and step != 0:
+                    shape[axis] = len(range(*slice(start, end, step).indices(dim)))
+        facts.workspace = kernel_memory.set_value_workspace(tuple(shape), _dtype_name(x))
+
     def _layer_norm_grad_memory(self, pir_op, facts: OpFacts) -> None:
         """``layer_norm_grad``'s workspace (:mod:`memopt.paddle.kernel_memory`)."""
         from . import kernel_memory
@@ -738,9 +807,17 @@ class _Converter:
         pairs = []
         for out_slot, in_slot in sorted(core.pir.get_op_inplace_info(pir_op).items()):
             vin, vout = pir_op.operand_source(in_slot), pir_op.result(out_slot)
-            if vin.initialized() and vout.initialized() \
-                    and vin.id in self.result.name_of and vout.id in self.result.name_of:
+            if not (vin.initialized() and vout.initialized()):
+                continue
+            if vin.id in self.result.name_of and vout.id in self.result.name_of:
                 pairs.append((self.result.name_of[vin.id], self.result.name_of[vout.id]))
+            elif vin.id in self.vector_elems and vout.id in self.vector_elems:
+                # a vector written over a vector (lars_momentum_, merged_adam_,
+                # merged_momentum_, check_finite_and_unscale_): element k of
+                # the result is element k of the operand's buffer
+                pairs.extend((a, b) for a, b in zip(self.vector_elems[vin.id],
+                                                    self.vector_elems[vout.id])
+                             if a is not None and b is not None)
         return tuple(pairs)
 
     def _no_need_buffer(self, pir_op) -> list:
