@@ -31,7 +31,7 @@ from ..errors import BudgetError
 log = logging.getLogger(__name__)
 
 __all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "FETCH_CARRIED", "gc_lag", "fetch_carry",
-           "carried_bytes", "guarded_peak", "budget_error",
+           "carried_bytes", "fed_again_bytes", "guarded_peak", "budget_error",
            "recompute_choices", "vouched", "offered", "estimated_batch", "plan_recompute",
            "rewritten_peak", "choose_plan", "smallest_budget", "plans_at",
            "largest_planned_batch", "require_supported"]
@@ -115,13 +115,35 @@ def carried_bytes(prediction, batch: int, carried: int) -> int:
     return total
 
 
+def fed_again_bytes(prediction, batch: int) -> int:
+    """With the garbage collector off, one more buffer of each fed input
+    (dense, not persistable) at ``batch``; 0 with it on.  Every buffer of
+    a step stays allocated into the next (nothing frees it), and the next
+    step's feed is copied in while the last one's is still held: measured
+    (``scripts/sweep_optimizers.py``, PIR, LookAhead MLP at batch 64 then
+    16, a plan at its smallest budget to the byte) steps 72-4,165 bytes
+    over the budget, the fed ``x`` counted once."""
+    from ..graph import size_at
+
+    if prediction.runtime.gc:
+        return 0
+    total = 0
+    for _, var in prediction.graph.all_vars():
+        if (var.is_feed or var.is_data) and var.is_dense and not var.persistable:
+            total += size_at(var.size, batch)
+    return total
+
+
 def guarded_peak(prediction, batch: int, window: int = GC_LAG_OPS, carried: int = 0) -> int:
     """The total peak a budget is checked against: ``prediction``'s (an
     :class:`memopt.analysis.Analysis`) with frees up to ``window`` ops late,
     the largest over the executor's schedule with its own worker count and
     with each of :data:`WORKERS_CHECKED` (dataflow schedule only), plus
-    ``carried`` buffers of each fetched value (:func:`carried_bytes`)."""
-    return _lagged_peak(prediction, batch, window) + carried_bytes(prediction, batch, carried)
+    ``carried`` buffers of each fetched value (:func:`carried_bytes`) and,
+    with the garbage collector off, the next step's feeds
+    (:func:`fed_again_bytes`)."""
+    return (_lagged_peak(prediction, batch, window) + carried_bytes(prediction, batch, carried)
+            + fed_again_bytes(prediction, batch))
 
 
 def _lagged_peak(prediction, batch: int, window: int) -> int:
