@@ -76,6 +76,7 @@ from typing import Any, Iterable, Optional
 
 from ..graph import (DENSE, RELEASED_VAR, Block, Graph, Op, OpFacts, Var, unversioned,
                      versioned)
+from .dim_extents import DimExtents, grad_inputs
 from .distributed import mark_in_flight
 
 log = logging.getLogger(__name__)
@@ -280,6 +281,7 @@ class _Converter:
         self.fetch_ids = {v.id for v in fetch_list if hasattr(v, "id")}
         self.fetch_names = [v for v in fetch_list if isinstance(v, str)]
         self.block_ops: list = []  # (graph block idx, Op) in walk order
+        self.extents = DimExtents()  # -1 dims that are not the batch
 
     # -- names and variables ------------------------------------------------
     def _declare(self, value, name: str, block: Block, shape_only: bool = False,
@@ -479,6 +481,7 @@ class _Converter:
             reads = []  # no memory moves: readers of the vector read the elements
         for nm in writes:
             self.result.defining_op.setdefault(nm, position)
+        self._visit_extents(pir_op, block, reads, writes)
         facts = OpFacts()
         is_release = name == SHARE_DATA_OP and set(reads) == {RELEASED_VAR}
         if is_release:
@@ -518,6 +521,18 @@ class _Converter:
                                     attrs={"pir_id": pir_op.id()}, facts=facts))
         if name == PUSH_OP:
             self._walk_push(pir_op, block, reads[1:])
+
+    def _visit_extents(self, pir_op, block: Block, reads: list, writes: list) -> None:
+        """What the ``-1`` dims of ``pir_op``'s results hold where they are
+        not the batch (:mod:`memopt.paddle.dim_extents`)."""
+        find = self.graph.find_var
+        name = pir_op.name()
+        has_yaml = name.startswith("pd_op.") and name not in NO_YAML_OPS \
+            and not pir_op.num_regions()  # asking others for slot names can crash Paddle
+        grads = grad_inputs(pir_op, lambda v: self.result.name_of.get(v.id)) if has_yaml else {}
+        self.extents.visit(name, pir_op.attrs(), [find(nm, block.idx) for nm in reads],
+                           [find(nm, block.idx) for nm in writes],
+                           {res: find(src, block.idx) for res, src in grads.items()})
 
     def _rnn_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """What the rnn kernels allocate beyond PIR's types
