@@ -393,6 +393,7 @@ def _int_bool(paddle):
     c.stop_gradient = True                             # no gradient through int casts
     i2 = paddle.cast(m2, "int64") * paddle.unsqueeze(a, 1)
     f = paddle.cast(i2 + paddle.unsqueeze(c, 1), "float32")
+    f.stop_gradient = True                             # legacy: no int grad kernels
     out = paddle.nn.Linear(16, 2)(h * paddle.cast(m2, "float32") + f * 1e-2)
     loss = paddle.mean(out * out)
     _adam(paddle, loss)

@@ -1229,10 +1229,18 @@ def untranslatable(program, exc: BaseException):
         culprit = f"op {op_type!r}{where}"
     else:
         culprit = "one of its ops"
+    sparse = _sparse_lookup(program) if "selectedrows" in text.lower() else None
+    if sparse is not None:  # the message names a type, not the op
+        op_type, where = sparse
+        culprit = (f"the SelectedRows gradient of op {op_type!r} (is_sparse=True, first "
+                   f"at op {where[1]} of block {where[0]}) where an op reads it")
     forward = op_type.endswith("_grad") if op_type else False
     ways = ["build the program in PIR (Paddle 3's default static mode, "
             "FLAGS_enable_pir_api=1), where it is read without translation"]
-    if op_type in TRANSLATOR_CRASHES:
+    if sparse is not None:
+        ways.append("a dense gradient: nn.Embedding(..., sparse=False) (or "
+                    "F.embedding(..., sparse=False))")
+    elif op_type in TRANSLATOR_CRASHES:
         ways.append("write that layer with ordinary ops (not paddle.static.nn.static_pylayer)")
     elif empty is not None and op_type == "set_value":
         ways.append("give the value as a tensor (paddle.static.setitem(x, index, "
@@ -1249,6 +1257,19 @@ def untranslatable(program, exc: BaseException):
     return UnsupportedProgramError(
         f"memopt reads a legacy program through Paddle's translation to PIR, which "
         f"refused {culprit}: {reason}. Ways around: " + "; or ".join(ways) + ".")
+
+
+def _sparse_lookup(program):
+    """``(op type, (block, position))`` of the first sparse lookup
+    (``lookup_table`` / ``lookup_table_v2`` with ``is_sparse``: its gradient is
+    SelectedRows, which Paddle's translator to PIR refuses where an
+    optimizer or ``sum`` reads it) in a legacy ``program``, or None."""
+    for b, block in enumerate(program.blocks):
+        for i, op in enumerate(block.ops):
+            if op.type in ("lookup_table", "lookup_table_v2") and op.has_attr("is_sparse") \
+                    and op.attr("is_sparse"):
+                return op.type, (b, i)
+    return None
 
 
 _pir_context_ready = False
