@@ -41,8 +41,13 @@ DATA_DEPENDENT = frozenset({"pd_op.masked_select", "pd_op.nonzero", "pd_op.uniqu
 NUMEL_PRESERVING = frozenset({"pd_op.reshape", "pd_op.reshape_", "pd_op.flatten",
                               "pd_op.flatten_", "pd_op.squeeze", "pd_op.squeeze_",
                               "pd_op.unsqueeze", "pd_op.unsqueeze_"})
-#: ops whose output dim is at most the input's same dim
-AT_MOST_INPUT = frozenset({"pd_op.slice", "pd_op.strided_slice", "pd_op.topk"})
+#: ops whose output dim is at most the input's same dim (same rank): slices,
+#: topk, and reductions keeping their dims (Paddle leaves every dim of
+#: ``argmax(x, axis=1, keepdim=True)`` unknown: ``[-1, -1]`` for a ``[B, 8]`` x)
+AT_MOST_INPUT = frozenset({"pd_op.slice", "pd_op.strided_slice", "pd_op.topk",
+                           "pd_op.argmax", "pd_op.argmin", "pd_op.max", "pd_op.min",
+                           "pd_op.sum", "pd_op.mean", "pd_op.prod", "pd_op.all",
+                           "pd_op.any", "pd_op.amax", "pd_op.amin", "pd_op.logsumexp"})
 #: ops taking rows from an index: ``embedding(ids, weight)``,
 #: ``gather_nd(x, index)`` (``gather`` / ``index_select`` take an axis
 #: operand memopt does not read: their dims are carried from ``x``)
