@@ -2,14 +2,18 @@
 
 Paddle writes ``-1`` for every dim it cannot infer at build time.  memopt
 reads a ``-1`` as the batch size ``B`` (:mod:`memopt.graph`), which is what
-it is for a fed value and most values computed from one.  Two kinds of op
-make a ``-1`` that is something else:
+it is for a fed value and most values computed from one.  Three kinds of
+op make a ``-1`` that is something else:
 
 - ops whose output length the data decides: ``masked_select``, ``nonzero``
   (and one-argument ``where`` / ``x[mask]``, which are built on it),
-  ``unique``; ``slice`` / ``topk`` with tensor bounds; such a dim holds at
-  most as many elements as the input (``masked_select(h, h > 0)`` of a
-  ``[B, 256]`` ``h`` is ``[-1]``: up to ``256 * B`` elements, not ``B``);
+  ``unique``; such a dim holds at most as many elements as the input
+  (``masked_select(h, h > 0)`` of a ``[B, 256]`` ``h`` is ``[-1]``: up to
+  ``256 * B`` elements, not ``B``);
+- ops whose dim is at most the input's same dim but Paddle cannot say
+  which: ``slice`` / ``topk`` with tensor bounds, a reduction keeping its
+  dims with a tensor axis (``argmax(x, axis=1, keepdim=True)`` is
+  ``[-1, -1]``: ``B * B`` elements read as the batch);
 - ops that fold the batch into another dim: ``reshape(h, [-1, k])`` of a
   ``[B, 6, 32]`` value is ``[-1, k]`` with ``6 * 32 / k * B`` rows.
 
@@ -20,10 +24,13 @@ places: elementwise ops, matmul, their gradients; ``transpose``;
 ``embedding`` / ``gather_nd`` rows from their indices), and
 sets :attr:`memopt.graph.Var.bound` where the extents give another size
 than the declared shape.  An extent from the data is the most it can be,
-so predictions and ``budget=`` count the worst case.  Not followed: a dim
-whose length comes from a tensor's values (``repeat_interleave`` with
-tensor repeats, ``reshape`` to a shape tensor with several ``-1``): those
-are read as the batch, as before.
+so predictions and ``budget=`` count the worst case.  A legacy program is
+read through Paddle's translation to PIR, so the same.  Not followed (read
+as the batch, as before): a dim whose length comes from a tensor's values
+(``repeat_interleave`` with tensor repeats, ``reshape`` to a shape tensor
+with several ``-1``), a reduction dropping dims of a data-decided value,
+``gather`` / ``index_select`` rows, ``concat`` along a data-decided dim,
+and a while loop's carried values.
 """
 from __future__ import annotations
 
