@@ -168,6 +168,10 @@ class Var:
         value: the ``name=`` given in Python, or the op that makes it and
         where, with ``name`` beside it); empty when the name says it all.
         :attr:`display` is what messages print.
+    bound : the most bytes the variable holds when its ``-1`` dims are not
+        (all) the batch: a dim the data decides (``masked_select``'s output)
+        or a batch folded into another (``reshape`` to ``[-1, k]``); None
+        when ``shape`` says it (:mod:`memopt.paddle.dim_extents`).
     """
 
     name: str
@@ -179,6 +183,7 @@ class Var:
     is_fetch: bool = False
     is_data: bool = False
     label: str = ""
+    bound: Optional[Size] = None
 
     @property
     def display(self) -> str:
@@ -190,6 +195,8 @@ class Var:
         """Byte size (symbolic in the batch); zero for non-dense kinds."""
         if self.kind != DENSE:
             return Size(0, 0)
+        if self.bound is not None:
+            return self.bound
         return size_of(self.shape, self.dtype)
 
     @property

@@ -76,6 +76,7 @@ from typing import Any, Iterable, Optional
 
 from ..graph import (DENSE, RELEASED_VAR, Block, Graph, Op, OpFacts, Var, unversioned,
                      versioned)
+from .dim_extents import DimExtents, grad_inputs
 from .distributed import mark_in_flight
 
 log = logging.getLogger(__name__)
@@ -294,6 +295,7 @@ class _Converter:
         self.fetch_ids = {v.id for v in fetch_list if hasattr(v, "id")}
         self.fetch_names = [v for v in fetch_list if isinstance(v, str)]
         self.block_ops: list = []  # (graph block idx, Op) in walk order
+        self.extents = DimExtents()  # -1 dims that are not the batch
 
     # -- names and variables ------------------------------------------------
     def _declare(self, value, name: str, block: Block, shape_only: bool = False,
@@ -493,6 +495,7 @@ class _Converter:
             reads = []  # no memory moves: readers of the vector read the elements
         for nm in writes:
             self.result.defining_op.setdefault(nm, position)
+        self._visit_extents(pir_op, block, reads, writes)
         facts = OpFacts()
         is_release = name == SHARE_DATA_OP and set(reads) == {RELEASED_VAR}
         if is_release:
@@ -538,6 +541,18 @@ class _Converter:
                                     attrs={"pir_id": pir_op.id()}, facts=facts))
         if name == PUSH_OP:
             self._walk_push(pir_op, block, reads[1:])
+
+    def _visit_extents(self, pir_op, block: Block, reads: list, writes: list) -> None:
+        """What the ``-1`` dims of ``pir_op``'s results hold where they are
+        not the batch (:mod:`memopt.paddle.dim_extents`)."""
+        find = self.graph.find_var
+        name = pir_op.name()
+        has_yaml = name.startswith("pd_op.") and name not in NO_YAML_OPS \
+            and not pir_op.num_regions()  # asking others for slot names can crash Paddle
+        grads = grad_inputs(pir_op, lambda v: self.result.name_of.get(v.id)) if has_yaml else {}
+        self.extents.visit(name, pir_op.attrs(), [find(nm, block.idx) for nm in reads],
+                           [find(nm, block.idx) for nm in writes],
+                           {res: find(src, block.idx) for res, src in grads.items()})
 
     def _rnn_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """What the rnn kernels allocate beyond PIR's types
@@ -1291,10 +1306,18 @@ def untranslatable(program, exc: BaseException):
         culprit = f"op {op_type!r}{where}"
     else:
         culprit = "one of its ops"
+    sparse = _sparse_lookup(program) if "selectedrows" in text.lower() else None
+    if sparse is not None:  # the message names a type, not the op
+        op_type, where = sparse
+        culprit = (f"the SelectedRows gradient of op {op_type!r} (is_sparse=True, first "
+                   f"at op {where[1]} of block {where[0]}) where an op reads it")
     forward = op_type.endswith("_grad") if op_type else False
     ways = ["build the program in PIR (Paddle 3's default static mode, "
             "FLAGS_enable_pir_api=1), where it is read without translation"]
-    if op_type in TRANSLATOR_CRASHES:
+    if sparse is not None:
+        ways.append("a dense gradient: nn.Embedding(..., sparse=False) (or "
+                    "F.embedding(..., sparse=False))")
+    elif op_type in TRANSLATOR_CRASHES:
         ways.append("write that layer with ordinary ops (not paddle.static.nn.static_pylayer)")
     elif empty is not None and op_type == "set_value":
         ways.append("give the value as a tensor (paddle.static.setitem(x, index, "
@@ -1311,6 +1334,19 @@ def untranslatable(program, exc: BaseException):
     return UnsupportedProgramError(
         f"memopt reads a legacy program through Paddle's translation to PIR, which "
         f"refused {culprit}: {reason}. Ways around: " + "; or ".join(ways) + ".")
+
+
+def _sparse_lookup(program):
+    """``(op type, (block, position))`` of the first sparse lookup
+    (``lookup_table`` / ``lookup_table_v2`` with ``is_sparse``: its gradient is
+    SelectedRows, which Paddle's translator to PIR refuses where an
+    optimizer or ``sum`` reads it) in a legacy ``program``, or None."""
+    for b, block in enumerate(program.blocks):
+        for i, op in enumerate(block.ops):
+            if op.type in ("lookup_table", "lookup_table_v2") and op.has_attr("is_sparse") \
+                    and op.attr("is_sparse"):
+                return op.type, (b, i)
+    return None
 
 
 _pir_context_ready = False

@@ -1,0 +1,213 @@
+"""Values whose ``-1`` dims are not the batch (scripts/sweep_dynamic_shapes.py):
+``masked_select`` / ``unique`` outputs whose length the data decides, and a
+batch folded into another dim by ``reshape`` / ``flatten``
+(:mod:`memopt.paddle.dim_extents`).
+
+Each test builds a small real program, compares ``memopt.analyze``'s step
+peak with Paddle's allocator (the lowest step over what the startup program
+left, as tests/memopt/paddle/test_kernel_memory.py measures) and trains the
+rewritten program against the unchanged one, bit for bit.
+"""
+import contextlib
+import io
+
+import numpy as np
+import pytest
+
+import memopt
+from memopt.errors import BudgetError
+
+B = 64
+STEPS = 3
+
+
+def _lowest_step_peak(paddle, main, startup, feed, fetch, settle_to, most=16):
+    """The least allocator peak of a step over what the startup program
+    left, after the first (warm-up) step: steps go on (up to ``most``)
+    while every one peaked above ``settle_to`` (Paddle's collector frees on
+    its own thread; the step whose frees all landed on time is what the
+    model describes)."""
+    from paddle.base import core
+
+    scope = paddle.static.Scope()
+    with paddle.static.scope_guard(scope):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        exe.run(startup)
+        # after the startup program: the scope keeps the last step's feeds,
+        # which the model counts inside the step
+        start = core.host_memory_stat_current_value("Allocated", 0)
+        exe.run(main, feed=feed, fetch_list=fetch)
+        peaks = []
+        while len(peaks) < 4 or (min(peaks) > settle_to and len(peaks) < most):
+            core.host_memory_stat_reset_peak_value("Allocated", 0)
+            exe.run(main, feed=feed, fetch_list=fetch)
+            peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - start)
+    return min(peaks)
+
+
+def _train(paddle, main, startup, fetch, feed):
+    """:data:`STEPS` steps in a fresh scope: ([fetches per step], {parameter: array})."""
+    scope = paddle.static.Scope()
+    outs = []
+    with paddle.static.scope_guard(scope):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        paddle.seed(1)
+        exe.run(startup)
+        for _ in range(STEPS):
+            outs.append([np.array(a) for a in exe.run(main, feed=feed, fetch_list=fetch)])
+        params = {n: np.array(scope.find_var(n).get_tensor()) for n in _parameters(startup)}
+    return outs, params
+
+
+def _parameters(startup):
+    """What the PIR startup program sets: parameters and optimizer state."""
+    names = set()
+    for op in startup.global_block().ops:
+        if op.name() == "builtin.set_parameter":
+            names.add(op.attrs()["parameter_name"])
+        elif op.name() == "builtin.shadow_output":
+            names.add(op.attrs()["output_name"])
+    return sorted(names)
+
+
+def _build(paddle, make):
+    from paddle.utils import unique_name
+
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with unique_name.guard(), paddle.static.program_guard(main, startup):
+        fetch = make(paddle)
+    return main, startup, fetch
+
+
+def _masked_select_net(paddle):
+    """masked_select of a [B, 256] value (every element selected): a [-1]
+    output of 256 * B elements, and three more like it (silu, the square,
+    their gradients), trained with SGD."""
+    x = paddle.static.data("x", [-1, 256], "float32")
+    h = paddle.nn.Linear(256, 256)(x)
+    sel = paddle.masked_select(h, h > -100.0)
+    s2 = paddle.nn.functional.silu(sel)
+    loss = paddle.mean(s2 * s2)
+    paddle.optimizer.SGD(0.1).minimize(loss)
+    return [loss]
+
+
+def _folded_batch_net(fold):
+    """``fold`` of a [B, 6, 64] value: reshape to [-1, 32] (12 * B rows) or
+    flatten(0, 1) (6 * B rows), through a Linear, trained with SGD."""
+    def net(paddle):
+        x = paddle.static.data("x", [-1, 6, 64], "float32")
+        h = paddle.nn.Linear(64, 64)(x)
+        if fold == "reshape":
+            r = paddle.nn.Linear(32, 32)(paddle.reshape(h, [-1, 32]))
+        else:
+            r = paddle.nn.Linear(64, 64)(paddle.flatten(h, 0, 1))
+        loss = paddle.mean(r * r)
+        paddle.optimizer.SGD(0.1).minimize(loss)
+        return [loss]
+    return net
+
+
+def _assert_predicted(ir, predicted, measured):
+    """PIR: within 1% of the allocator.  Legacy: 0.85-1.2x (the legacy
+    executor's step varies from process to process: the [-1, 32] reshape net
+    measured 589,828 B in some and 688,132 B, the prediction, in others)."""
+    low, high = (0.99, 1.01) if ir == "pir" else (0.85, 1.2)
+    assert low * measured <= predicted <= high * measured, (predicted, measured)
+
+
+def _feed(shape):
+    return {"x": np.random.default_rng(0).standard_normal((B,) + shape).astype("float32")}
+
+
+def test_masked_select_output_counts_the_input_elements(paddle):
+    """The step peak is predicted to the allocator's within 1% (masked_select
+    selecting every element: the bound is reached).  Reading the [-1]
+    output as B elements had predicted 394,244 B against 409,608 B."""
+    main, startup, fetch = _build(paddle, _masked_select_net)
+    predicted = memopt.analyze(main, B, fetch_list=fetch).peak(B)
+    measured = _lowest_step_peak(paddle, main, startup, _feed((256,)), fetch,
+                                 settle_to=predicted * 1.01)
+    _assert_predicted("pir", predicted, measured)
+
+
+@pytest.mark.parametrize("ir", ["pir", "legacy"])
+@pytest.mark.parametrize("fold", ["reshape", "flatten"])
+def test_reshape_to_another_leading_dim_keeps_its_elements(paddle, ir, fold):
+    """reshape to [-1, 32] / flatten(0, 1) of a [B, 6, 64] value: every value
+    after it counts 384 * B elements, and the step peak is predicted to the
+    allocator's within 1% (PIR: 589,828 B against 589,784 B; it had been
+    393,476 B, 0.67x, reading 12 * B rows as B, and ``budget=`` the smallest
+    budget BudgetError named measured 1.33x that budget in the lowest of 5
+    steps)."""
+    guard = paddle.pir_utils.OldIrGuard() if ir == "legacy" else contextlib.nullcontext()
+    with guard:
+        main, startup, fetch = _build(paddle, _folded_batch_net(fold))
+        predicted = memopt.analyze(main, B, fetch_list=fetch).peak(B)
+        measured = _lowest_step_peak(paddle, main, startup, _feed((6, 64)), fetch,
+                                     settle_to=predicted * 1.01)
+    _assert_predicted(ir, predicted, measured)
+
+
+def test_data_dependent_program_bit_identical_at_every_level(paddle):
+    """masked_select, nonzero, unique with counts feeding an embedding, at
+    levels 0-2 and ``budget=`` the smallest budget: fetches and parameters
+    bit-identical to the unchanged program's after 3 Adam steps."""
+    def net(paddle):
+        x = paddle.static.data("x", [-1, 16], "float32")
+        h = paddle.nn.Linear(16, 16)(x)
+        sel = paddle.masked_select(h, h > 0)
+        idx = paddle.nonzero(h > 0.5)
+        uniq, inverse, counts = paddle.unique(paddle.cast(h > 0, "int64").reshape([-1]) + idx[0:1, 1],
+                                              return_inverse=True, return_counts=True)
+        e = paddle.nn.Embedding(20, 4)(inverse)
+        loss = paddle.mean(paddle.square(sel)) + paddle.mean(paddle.square(e)) \
+            + paddle.mean(paddle.cast(counts, "float32"))
+        paddle.optimizer.Adam(1e-2).minimize(loss)
+        return [loss, sel, idx, counts]
+
+    feed = _feed((16,))
+    want = _train(paddle, *_build(paddle, net), feed)
+    configs = [dict(level=0), dict(level=1), dict(level=2), "smallest"]
+    for config in configs:
+        main, startup, fetch = _build(paddle, net)
+        if config == "smallest":
+            with pytest.raises(BudgetError) as err:
+                memopt.memory_optimize(main, budget=1, batch_size=B, fetch_list=fetch)
+            config = dict(budget=err.value.smallest_budget, batch_size=B)
+        with contextlib.redirect_stdout(io.StringIO()):
+            memopt.memory_optimize(main, fetch_list=fetch, **config)
+        got = _train(paddle, main, startup, fetch, feed)
+        for step, (xs, ys) in enumerate(zip(want[0], got[0])):
+            for k, (a, b) in enumerate(zip(xs, ys)):
+                assert a.dtype == b.dtype and np.array_equal(a, b), (config, step, k)
+        assert sorted(want[1]) == sorted(got[1]) and want[1]
+        for name, a in want[1].items():
+            assert np.array_equal(a, got[1][name]), (config, name)
+
+
+def test_legacy_sparse_embedding_refusal_names_the_lookup(paddle):
+    """A legacy program with nn.Embedding(sparse=True) under Adam: Paddle's
+    translator to PIR refuses the SelectedRows gradient with a message that
+    names a type, not an op ("Type validation failed for the 2th input, got
+    pd_op.selectedrows<100x16xf32>"); ``budget=`` and ``analyze`` now name
+    the sparse lookup and the dense-gradient way around, and leave the
+    program as it was."""
+    def net(paddle):
+        ids = paddle.static.data("ids", [-1, 5], "int64")
+        emb = paddle.nn.Embedding(100, 16, sparse=True, padding_idx=0)
+        loss = paddle.mean(paddle.nn.functional.relu(paddle.nn.Linear(16, 16)(emb(ids))))
+        paddle.optimizer.Adam(0.01).minimize(loss)
+        return [loss]
+
+    with paddle.pir_utils.OldIrGuard():
+        main, _, fetch = _build(paddle, net)
+        before = main.desc.serialize_to_string()
+        for call in (lambda: memopt.memory_optimize(main, budget=10**6, batch_size=B,
+                                                    fetch_list=fetch),
+                     lambda: memopt.analyze(main, B, fetch_list=fetch)):
+            with pytest.raises(memopt.errors.UnsupportedProgramError) as err:
+                call()
+            assert "'lookup_table_v2' (is_sparse=True, first at op 0 of block 0)" in str(err.value)
+            assert "sparse=False" in str(err.value)
+            assert main.desc.serialize_to_string() == before
