@@ -426,6 +426,13 @@ def pir_where_map(ref_main, main):
         if ops[k].name().rstrip("_") == "pd_op.batch_norm" and r >= 3 \
                 and ops[k].attrs().get("is_test"):
             continue  # saved mean / variance / reserve space: not written in eval mode
+        if any(use.name() == "pd_op.while" and use.operand_source(0).is_same(ops[k].result(r))
+               for use in ops[k].result(r).all_used_ops()):
+            # a while's initial condition: Paddle 3.3.1's while writes each
+            # trip's condition into it, and a fetch of it races with the loop
+            # in the unchanged program too (True, False in 4 of 160 runs of
+            # this sweep's while_cond program, GC off, memopt not imported)
+            continue
         sig = mine.get((k, r))
         if sig in theirs:
             out[f"{k}.{r}"] = theirs[sig]
