@@ -233,11 +233,18 @@ def _legacy_optimize(program, options: Options, batch_size: Optional[int] = None
 
 def _legacy_analysis(program, options: Options, batch: int) -> Optional[Analysis]:
     """:func:`analyze` of a legacy ``program`` at ``batch`` (what the
-    report's peaks are, as on PIR), or None where Paddle's translator
-    refuses the program (the report keeps the plan's own estimate)."""
+    report's peaks are, as on PIR), or None where it cannot be had: Paddle's
+    translator refuses the program, or the analysis fails (the report then
+    keeps the plan's own estimate; the figures never fail the rewrite,
+    which is checked on its own, :func:`memopt.verify.check_plan`)."""
     try:
         return analyze(program, batch, fetch_list=sorted(options.fetch_list))
     except UnsupportedProgramError:
+        return None
+    except Exception as exc:  # a figure of the report, not the rewrite: say it, go on
+        log.warning("memory_optimize: the report's peaks are the plan's own estimate: "
+                    "memopt.analyze failed on this legacy program (%s: %s)",
+                    type(exc).__name__, exc)
         return None
 
 
