@@ -548,18 +548,7 @@ def main():
     print("|---|---|---|---|---|")
     for ir, gc, env in _groups(args):
         for res in _check_group(names, env):
-            name = res["program"]
-            if res.get("crash"):
-                print(f"| {name} | {ir} | {gc} | - | BUG CRASH |")
-                failed = True
-            elif res["error"]:
-                print(f"| {name} | {ir} | {gc} | - | paddle fails unchanged too: "
-                      f"{res['error'][:140]} |")
-            else:
-                for label, cell in res["cells"].items():
-                    failed |= cell.startswith(("BUG", "DIFFERS"))
-                    print(f"| {name} | {ir} | {gc} | {label} | {cell[:200]} |")
-            sys.stdout.flush()
+            failed |= harness.print_rows(res["program"], ir, gc, res)
     return 1 if failed else 0
 
 

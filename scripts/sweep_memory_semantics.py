@@ -721,18 +721,27 @@ def main():
                 if gc == "off":
                     env["FLAGS_eager_delete_tensor_gb"] = "-1"
                 res = _bench.run_worker(__file__, [name], env=env, timeout=900)
-                if "cells" not in res:
-                    print(f"| {name} | {ir} | {gc} | - | BUG CRASH {res.get('error', '')} |")
-                    failed = True
-                elif res["error"]:
-                    print(f"| {name} | {ir} | {gc} | - | paddle fails unchanged too: "
-                          f"{res['error'][:140]} |")
-                else:
-                    for label, cell in res["cells"].items():
-                        failed |= cell.startswith(("BUG", "DIFFERS"))
-                        print(f"| {name} | {ir} | {gc} | {label} | {cell[:200]} |")
-                sys.stdout.flush()
+                failed |= print_rows(name, ir, gc, res)
     return 1 if failed else 0
+
+
+def print_rows(name, ir, gc, res) -> bool:
+    """Print a worker's result for ``name`` under ``ir`` / ``gc`` as table
+    rows (a crash, Paddle failing the unchanged program, or a row per
+    config); whether it shows a bug."""
+    failed = False
+    if "cells" not in res or res.get("crash"):
+        print(f"| {name} | {ir} | {gc} | - | BUG CRASH {res.get('error', '')} |")
+        failed = True
+    elif res["error"]:
+        print(f"| {name} | {ir} | {gc} | - | paddle fails unchanged too: "
+              f"{res['error'][:140]} |")
+    else:
+        for label, cell in res["cells"].items():
+            failed |= cell.startswith(("BUG", "DIFFERS"))
+            print(f"| {name} | {ir} | {gc} | {label} | {cell[:200]} |")
+    sys.stdout.flush()
+    return failed
 
 
 if __name__ == "__main__":

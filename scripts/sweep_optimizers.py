@@ -58,7 +58,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench  # noqa: E402
 from sweep_programs import ROOT, _one_line  # noqa: E402
-from sweep_training_setups import _short, _text_of, persistable_names, same  # noqa: E402
+# (_matmul: x @ y, legacy matmul_v2 appended by hand; Paddle 3.3.1's paddle.matmul
+# takes PIR Values only)
+from sweep_training_setups import (_matmul, _pir, _short, _text_of,  # noqa: E402
+                                   persistable_names, same)
 from sweep_user_programs import _memopt_error  # noqa: E402
 
 BATCH = 64
@@ -80,24 +83,6 @@ class Spec:
     def __init__(self, main, feed, fetch, between=None, after=None):
         self.main, self.feed, self.fetch = main, feed, fetch
         self.between, self.after = between, after
-
-
-def _pir(paddle):
-    return paddle.framework.in_pir_mode()
-
-
-def _matmul(paddle, x, y):
-    """x @ y (legacy: matmul_v2 appended by hand; Paddle 3.3.1's
-    paddle.matmul takes PIR Values only)."""
-    if _pir(paddle):
-        return paddle.matmul(x, y)
-    from paddle.base.layer_helper import LayerHelper
-
-    helper = LayerHelper("matmul_v2")
-    out = helper.create_variable_for_type_inference(x.dtype)
-    helper.append_op(type="matmul_v2", inputs={"X": x, "Y": y}, outputs={"Out": out},
-                     attrs={"trans_x": False, "trans_y": False})
-    return out
 
 
 # -- networks ------------------------------------------------------------------------
