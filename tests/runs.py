@@ -48,3 +48,17 @@ def after_one_step(model):
         exe.run(model.main, feed=model.feed(rng), fetch_list=[model.loss])
         yield lambda fetch_list: exe.run(model.main, feed=model.feed(rng),
                                          fetch_list=fetch_list)
+
+
+def startup_persistables(startup) -> list:
+    """The names a PIR startup program sets, sorted: its parameters
+    (``builtin.set_parameter``) and the optimizer state it makes
+    (``builtin.shadow_output``) -- what a bit-identity check reads back
+    from the scope after the steps."""
+    names = set()
+    for op in startup.global_block().ops:
+        if op.name() == "builtin.set_parameter":
+            names.add(op.attrs()["parameter_name"])
+        elif op.name() == "builtin.shadow_output":
+            names.add(op.attrs()["output_name"])
+    return sorted(names)

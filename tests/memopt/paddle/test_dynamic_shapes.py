@@ -16,6 +16,7 @@ import pytest
 
 import memopt
 from memopt.errors import BudgetError
+from runs import startup_persistables
 
 B = 64
 STEPS = 3
@@ -55,19 +56,9 @@ def _train(paddle, main, startup, fetch, feed):
         exe.run(startup)
         for _ in range(STEPS):
             outs.append([np.array(a) for a in exe.run(main, feed=feed, fetch_list=fetch)])
-        params = {n: np.array(scope.find_var(n).get_tensor()) for n in _parameters(startup)}
+        params = {n: np.array(scope.find_var(n).get_tensor())
+                  for n in startup_persistables(startup)}
     return outs, params
-
-
-def _parameters(startup):
-    """What the PIR startup program sets: parameters and optimizer state."""
-    names = set()
-    for op in startup.global_block().ops:
-        if op.name() == "builtin.set_parameter":
-            names.add(op.attrs()["parameter_name"])
-        elif op.name() == "builtin.shadow_output":
-            names.add(op.attrs()["output_name"])
-    return sorted(names)
 
 
 def _build(paddle, make):

@@ -12,6 +12,7 @@ import pytest
 
 import memopt
 from memopt.errors import BudgetError
+from runs import startup_persistables
 
 BATCH = 64
 STEPS = 3
@@ -24,16 +25,6 @@ def _build(paddle, make):
     with unique_name.guard(), paddle.static.program_guard(main, startup):
         fetch = make(paddle)
     return main, startup, fetch
-
-
-def _persistables(main, startup):
-    names = set()
-    for op in startup.global_block().ops:
-        if op.name() == "builtin.set_parameter":
-            names.add(op.attrs()["parameter_name"])
-        elif op.name() == "builtin.shadow_output":
-            names.add(op.attrs()["output_name"])
-    return sorted(names)
 
 
 def _train(paddle, main, startup, fetch, feed, persistables=None):
@@ -49,7 +40,7 @@ def _train(paddle, main, startup, fetch, feed, persistables=None):
         exe.run(startup)
         for _ in range(STEPS):
             outs.append([np.array(a) for a in exe.run(main, feed=feed(rng), fetch_list=fetch)])
-        names = _persistables(main, startup) if persistables is None else persistables
+        names = startup_persistables(startup) if persistables is None else persistables
         params = {n: np.array(scope.find_var(n).get_tensor()) for n in names}
     return outs, params
 
