@@ -177,12 +177,14 @@ def _dispatch(program, options: Options, release: bool,
         f"or paddle.pir.Program), got {type(program).__name__}{hint}")
 
 
-def _legacy_optimize(program, options: Options, batch_size: Optional[int] = None) -> Report:
+def _legacy_optimize(program, options: Options, batch_size: Optional[int] = None,
+                     reorder=None) -> Report:
     """Plan, check and apply memory sharing on a legacy program.
 
     The plan is made for the runtime's current garbage-collection mode
     (``FLAGS_eager_delete_tensor_gb``) and fully checked before the program
-    is touched; the rewrite is all-or-nothing.
+    is touched; the rewrite is all-or-nothing.  ``reorder`` (level 2): run
+    on the rewritten program before its peak is analysed, returns notes.
     """
     start = time.perf_counter()
     legacy.check_backward_order(program)
@@ -219,6 +221,7 @@ def _legacy_optimize(program, options: Options, batch_size: Optional[int] = None
     seconds = time.perf_counter() - start
     log.debug("memory_optimize: %d variables merged in %.3f s", len(plan.reuses), seconds)
     report = make_report(plan, options, runtime.gc_text, "legacy", seconds, batch_size=batch)
+    order_notes = reorder() if reorder is not None else []
     _analysed_peaks(report, program, options, analysed_before)
     if untranslatable:
         report.notes = list(report.notes) + [
@@ -228,6 +231,7 @@ def _legacy_optimize(program, options: Options, batch_size: Optional[int] = None
             f"shapes did not translate ({untranslatable})"]
     if before_backward:
         report.notes = list(report.notes) + [pending_backward.LEGACY_NOTE]
+    report.notes = list(report.notes) + order_notes
     return report
 
 
@@ -606,14 +610,14 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         if limit is not None:
             if legacy.is_legacy_program(program):
                 return _legacy_within_budget(program, options, limit, int(batch_size))
-        before = None
         if legacy.is_legacy_program(program):
-            before = _legacy_analysis(program, options, int(batch_size or REFERENCE_BATCH))
-        report = _dispatch(program, lower, release=False, batch_size=batch_size)
+            with _without_cycle_collection():
+                report = _legacy_optimize(
+                    program, lower, int(batch_size) if batch_size else None,
+                    reorder=lambda: _legacy_order(program, options, batch_size))
+        else:
+            report = _dispatch(program, lower, release=False)  # names what it takes
         report.level = options.level
-        if legacy.is_legacy_program(program):
-            report.notes = list(report.notes) + _legacy_order(program, options, batch_size)
-            _analysed_peaks(report, program, options, before)  # after the new order
         return report
     from .paddle import pir_convert_cache, pir_loops
 
