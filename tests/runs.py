@@ -62,3 +62,35 @@ def startup_persistables(startup) -> list:
         elif op.name() == "builtin.shadow_output":
             names.add(op.attrs()["output_name"])
     return sorted(names)
+
+
+def train_steps(paddle, main, startup, fetch, feed, persistables=None, steps: int = STEPS):
+    """``steps`` steps of a static program from seeded parameters and data
+    in a fresh scope: ``([fetches per step], {persistable name: array})``.
+    ``feed(rng)`` gives each step's feed; ``persistables``: the names to
+    read back (default :func:`startup_persistables`, a PIR startup's)."""
+    scope = paddle.static.Scope()
+    rng = np.random.default_rng(0)
+    outs = []
+    with paddle.static.scope_guard(scope):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        paddle.seed(1)
+        exe.run(startup)
+        for _ in range(steps):
+            outs.append([np.array(a) for a in exe.run(main, feed=feed(rng), fetch_list=fetch)])
+        names = startup_persistables(startup) if persistables is None else persistables
+        params = {n: np.array(scope.find_var(n).get_tensor()) for n in names}
+    return outs, params
+
+
+def assert_same_steps(want, got, context="") -> None:
+    """Two :func:`train_steps` results bit-identical: every fetch of every
+    step (dtype too) and every persistable read back (``context`` names the
+    configuration in a failure)."""
+    for step, (xs, ys) in enumerate(zip(want[0], got[0])):
+        for k, (a, b) in enumerate(zip(xs, ys)):
+            assert a.dtype == b.dtype and np.array_equal(a, b), \
+                f"{context} step {step} fetch {k} differs"
+    assert sorted(want[1]) == sorted(got[1]) and want[1]
+    for name, a in want[1].items():
+        assert np.array_equal(a, got[1][name]), f"{context} {name} differs after the steps"

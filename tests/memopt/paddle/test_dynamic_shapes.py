@@ -16,10 +16,9 @@ import pytest
 
 import memopt
 from memopt.errors import BudgetError
-from runs import startup_persistables
+from runs import assert_same_steps, train_steps
 
 B = 64
-STEPS = 3
 
 
 def _lowest_step_peak(paddle, main, startup, feed, fetch, settle_to, most=16):
@@ -44,21 +43,6 @@ def _lowest_step_peak(paddle, main, startup, feed, fetch, settle_to, most=16):
             exe.run(main, feed=feed, fetch_list=fetch)
             peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - start)
     return min(peaks)
-
-
-def _train(paddle, main, startup, fetch, feed):
-    """:data:`STEPS` steps in a fresh scope: ([fetches per step], {parameter: array})."""
-    scope = paddle.static.Scope()
-    outs = []
-    with paddle.static.scope_guard(scope):
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        paddle.seed(1)
-        exe.run(startup)
-        for _ in range(STEPS):
-            outs.append([np.array(a) for a in exe.run(main, feed=feed, fetch_list=fetch)])
-        params = {n: np.array(scope.find_var(n).get_tensor())
-                  for n in startup_persistables(startup)}
-    return outs, params
 
 
 def _build(paddle, make):
@@ -170,7 +154,7 @@ def test_data_dependent_program_bit_identical_at_every_level(paddle):
         return [loss, sel, idx, counts]
 
     feed = _feed((16,))
-    want = _train(paddle, *_build(paddle, net), feed)
+    want = train_steps(paddle, *_build(paddle, net), lambda rng: feed)
     configs = [dict(level=0), dict(level=1), dict(level=2), "smallest"]
     for config in configs:
         main, startup, fetch = _build(paddle, net)
@@ -180,13 +164,8 @@ def test_data_dependent_program_bit_identical_at_every_level(paddle):
             config = dict(budget=err.value.smallest_budget, batch_size=B)
         with contextlib.redirect_stdout(io.StringIO()):
             memopt.memory_optimize(main, fetch_list=fetch, **config)
-        got = _train(paddle, main, startup, fetch, feed)
-        for step, (xs, ys) in enumerate(zip(want[0], got[0])):
-            for k, (a, b) in enumerate(zip(xs, ys)):
-                assert a.dtype == b.dtype and np.array_equal(a, b), (config, step, k)
-        assert sorted(want[1]) == sorted(got[1]) and want[1]
-        for name, a in want[1].items():
-            assert np.array_equal(a, got[1][name]), (config, name)
+        assert_same_steps(want, train_steps(paddle, main, startup, fetch, lambda rng: feed),
+                          context=str(config))
 
 
 def test_legacy_sparse_embedding_refusal_names_the_lookup(paddle):

@@ -7,15 +7,13 @@ every persistable bit-identical to the unchanged program's.
 import contextlib
 import io
 
-import numpy as np
 import pytest
 
 import memopt
 from memopt.errors import BudgetError
-from runs import startup_persistables
+from runs import assert_same_steps, train_steps
 
 BATCH = 64
-STEPS = 3
 
 
 def _build(paddle, make):
@@ -25,33 +23,6 @@ def _build(paddle, make):
     with unique_name.guard(), paddle.static.program_guard(main, startup):
         fetch = make(paddle)
     return main, startup, fetch
-
-
-def _train(paddle, main, startup, fetch, feed, persistables=None):
-    """:data:`STEPS` steps from seeded parameters and data in a fresh scope:
-    ``([fetches per step], {persistable name: array})``; ``persistables``:
-    the names to read back (default: what the PIR startup program sets)."""
-    scope = paddle.static.Scope()
-    rng = np.random.default_rng(0)
-    outs = []
-    with paddle.static.scope_guard(scope):
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        paddle.seed(1)
-        exe.run(startup)
-        for _ in range(STEPS):
-            outs.append([np.array(a) for a in exe.run(main, feed=feed(rng), fetch_list=fetch)])
-        names = startup_persistables(startup) if persistables is None else persistables
-        params = {n: np.array(scope.find_var(n).get_tensor()) for n in names}
-    return outs, params
-
-
-def _assert_same(want, got):
-    for step, (xs, ys) in enumerate(zip(want[0], got[0])):
-        for k, (a, b) in enumerate(zip(xs, ys)):
-            assert a.dtype == b.dtype and np.array_equal(a, b), f"step {step} fetch {k} differs"
-    assert sorted(want[1]) == sorted(got[1]) and want[1]
-    for name, a in want[1].items():
-        assert np.array_equal(a, got[1][name]), f"{name} differs after {STEPS} steps"
 
 
 def _smallest_budget(main, fetch):
@@ -87,14 +58,14 @@ def test_budget_never_recomputes_a_value_written_over_in_place(paddle):
     the set_value ops wrote into it: the first Linear's gradient differed
     (Adam moved its weights by 0.02 more).  A value an in-place op writes
     over while later ops read it is never made again nor read by a clone."""
-    want = _train(paddle, *_build(paddle, _setitem_net), _feed8)
+    want = train_steps(paddle, *_build(paddle, _setitem_net), _feed8)
     main, startup, fetch = _build(paddle, _setitem_net)
     budget = _smallest_budget(main, fetch)
     with contextlib.redirect_stdout(io.StringIO()):
         report = memopt.memory_optimize(main, budget=budget, batch_size=BATCH,
                                         fetch_list=fetch)
     assert report.recomputed  # still recomputes what it may
-    _assert_same(want, _train(paddle, main, startup, fetch, _feed8))
+    assert_same_steps(want, train_steps(paddle, main, startup, fetch, _feed8))
 
 
 def _legacy_setitem(paddle, value_as_tensor):
@@ -151,10 +122,10 @@ def _legacy_running_buffer(paddle):
 
 
 def _legacy_train(paddle, main, startup, fetch):
-    """:func:`_train` of a legacy program fed :func:`_feed8`."""
+    """:func:`runs.train_steps` of a legacy program fed :func:`_feed8`."""
     names = [v.name for v in main.list_vars()
              if v.persistable and v.name not in ("feed", "fetch")]
-    return _train(paddle, main, startup, fetch, _feed8, names)
+    return train_steps(paddle, main, startup, fetch, _feed8, names)
 
 
 def test_legacy_budget_never_clones_a_read_of_a_variable_written_later(paddle):
@@ -172,7 +143,7 @@ def test_legacy_budget_never_clones_a_read_of_a_variable_written_later(paddle):
             report = memopt.memory_optimize(main, budget=budget, batch_size=BATCH,
                                             fetch_list=fetch)
         assert report.recomputed
-        _assert_same(want, _legacy_train(paddle, main, startup, fetch))
+        assert_same_steps(want, _legacy_train(paddle, main, startup, fetch))
 
 
 def _legacy_detach(paddle):
@@ -203,7 +174,7 @@ def test_legacy_detach_alias_never_merged(paddle):
         main, startup, fetch = _build(paddle, _legacy_detach)
         report = memopt.memory_optimize(main, level=1, fetch_list=fetch)
         assert report.merged_count  # still merges the rest
-        _assert_same(want, _legacy_train(paddle, main, startup, fetch))
+        assert_same_steps(want, _legacy_train(paddle, main, startup, fetch))
 
 
 def test_legacy_input_fetched_back_is_held(paddle):

@@ -20,6 +20,7 @@ import pytest
 
 import memopt
 from memopt import models
+from runs import assert_same_steps, train_steps
 
 BATCH = 16
 
@@ -47,21 +48,15 @@ def _momentum(paddle):
     return paddle.optimizer.Momentum(0.05, 0.9)
 
 
-def _train(paddle, main, startup, fetch, steps=3):
-    """``steps`` steps from seeded parameters: every fetch, then every
-    parameter and velocity."""
-    scope = paddle.static.Scope()
-    with models.ir_guard("pir"), paddle.static.scope_guard(scope):
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        paddle.seed(1)
-        exe.run(startup)
-        rng = np.random.default_rng(0)
-        got = [np.array(a) for _ in range(steps) for a in exe.run(
-            main, feed={"x": rng.standard_normal((BATCH, 16)).astype("float32")},
-            fetch_list=fetch)]
-        names = sorted(op.attrs()["parameter_name"] for op in main.global_block().ops
-                       if op.name() == "builtin.parameter")
-        return got + [np.array(scope.find_var(n).get_tensor()) for n in names]
+def _train(paddle, main, startup, fetch):
+    """3 steps from seeded parameters and data (:func:`runs.train_steps`):
+    every fetch, then every parameter and optimizer state ``main`` holds."""
+    names = sorted(op.attrs()["parameter_name"] for op in main.global_block().ops
+                   if op.name() == "builtin.parameter")
+    with models.ir_guard("pir"):
+        return train_steps(paddle, main, startup, fetch,
+                           lambda rng: {"x": rng.standard_normal((BATCH, 16)).astype("float32")},
+                           names)
 
 
 def test_pir_lars_momentum_updates_in_place_in_the_analysis():
@@ -89,10 +84,7 @@ def test_pir_lars_momentum_updates_in_place_in_the_analysis():
     smallest = smallest["lars"]
     report = memopt.memory_optimize(main, budget=smallest, batch_size=BATCH, fetch_list=fetch)
     assert report.peak_after <= smallest
-    got = _train(paddle, main, startup, fetch)
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert_same_steps(want, _train(paddle, main, startup, fetch))
 
 
 def _rprop(paddle):
