@@ -516,10 +516,8 @@ class _Converter:
             self._conv_memory(pir_op, facts)
         if name == LAYER_NORM_GRAD_OP:
             self._layer_norm_grad_memory(pir_op, facts)
-        if name in LAMB_OPS:
-            self._lamb_memory(pir_op, facts)
-        if name in RPROP_OPS:
-            self._rprop_memory(pir_op, facts)
+        if name in LAMB_OPS or name in RPROP_OPS:
+            self._update_memory(pir_op, facts)
         if name in INDEX_PUT_OPS:
             self._index_put_memory(pir_op, facts)
         if name in SET_VALUE_TENSOR_OPS:
@@ -689,25 +687,17 @@ class _Converter:
         if workspace is not None:
             facts.workspace = workspace
 
-    def _lamb_memory(self, pir_op, facts: OpFacts) -> None:
-        """The Lamb update's workspace (:mod:`memopt.paddle.kernel_memory`)."""
+    def _update_memory(self, pir_op, facts: OpFacts) -> None:
+        """A Lamb or Rprop update's workspace, sized by its parameter
+        (:mod:`memopt.paddle.kernel_memory`)."""
         from . import kernel_memory
 
         param = pir_op.operand_source(0) if pir_op.num_operands() else None
         if param is None or not (param.initialized() and param.is_dense_tensor_type()):
             return
-        facts.workspace = kernel_memory.lamb_workspace(
-            tuple(int(d) for d in param.shape), _dtype_name(param))
-
-    def _rprop_memory(self, pir_op, facts: OpFacts) -> None:
-        """The Rprop update's workspace (:mod:`memopt.paddle.kernel_memory`)."""
-        from . import kernel_memory
-
-        param = pir_op.operand_source(0) if pir_op.num_operands() else None
-        if param is None or not (param.initialized() and param.is_dense_tensor_type()):
-            return
-        facts.workspace = kernel_memory.rprop_workspace(
-            tuple(int(d) for d in param.shape), _dtype_name(param))
+        workspace_of = (kernel_memory.lamb_workspace if pir_op.name() in LAMB_OPS
+                        else kernel_memory.rprop_workspace)
+        facts.workspace = workspace_of(tuple(int(d) for d in param.shape), _dtype_name(param))
 
     def _index_put_memory(self, pir_op, facts: OpFacts) -> None:
         """index_put's broadcast indices and value (:mod:`memopt.paddle.kernel_memory`);
