@@ -1,9 +1,13 @@
-"""Reference training runs and the bit-identity check the Paddle tests share.
+"""Reference training runs, bit-identity checks and a small saved model
+the Paddle tests share.
 
 :func:`reference` runs a model of :mod:`memopt.models` unoptimized for
 :data:`STEPS` steps, once per test session (the GC mode does not change the
 numbers); :func:`assert_same` demands every fetched array of every step and
 every parameter afterwards to be bit-identical (``np.array_equal``).
+:func:`train_steps` / :func:`assert_same_steps` do the same for a program a
+test builds itself, :func:`save_legacy_cnn` saves a small legacy inference
+model.
 """
 import contextlib
 
@@ -94,3 +98,20 @@ def assert_same_steps(want, got, context="") -> None:
     assert sorted(want[1]) == sorted(got[1]) and want[1]
     for name, a in want[1].items():
         assert np.array_equal(a, got[1][name]), f"{context} {name} differs after the steps"
+
+
+def save_legacy_cnn(paddle, prefix):
+    """A legacy conv-relu x2 / flatten / fc classifier (build inside
+    ``OldIrGuard``), its startup run in the current scope, saved as an
+    inference model at ``prefix``; returns the Executor."""
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [None, 3, 8, 8], "float32")
+        h = paddle.nn.functional.relu(paddle.static.nn.conv2d(x, 4, 3))
+        h = paddle.nn.functional.relu(paddle.static.nn.conv2d(h, 4, 3))
+        out = paddle.static.nn.fc(paddle.flatten(h, 1), 2)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    paddle.seed(3)
+    exe.run(startup)
+    paddle.static.save_inference_model(prefix, [x], [out], exe, program=main)
+    return exe

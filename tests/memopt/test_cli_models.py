@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from memopt.cli import main
+from runs import save_legacy_cnn
 
 
 def _one_line(capsys, *fragments):
@@ -213,18 +214,8 @@ def test_legacy_inference_model_at_level_1_warns_about_the_predictor(tmp_path, c
 
     from paddle.pir_utils import OldIrGuard
 
-    with OldIrGuard():
-        main_prog, start = paddle.static.Program(), paddle.static.Program()
-        with paddle.static.program_guard(main_prog, start):
-            x = paddle.static.data("x", [None, 3, 8, 8], "float32")
-            h = paddle.nn.functional.relu(paddle.static.nn.conv2d(x, 4, 3))
-            h = paddle.nn.functional.relu(paddle.static.nn.conv2d(h, 4, 3))
-            out = paddle.static.nn.fc(paddle.flatten(h, 1), 2)
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        with paddle.static.scope_guard(paddle.static.Scope()):
-            exe.run(start)
-            paddle.static.save_inference_model(str(tmp_path / "cnn"), [x], [out], exe,
-                                               program=main_prog)
+    with OldIrGuard(), paddle.static.scope_guard(paddle.static.Scope()):
+        save_legacy_cnn(paddle, str(tmp_path / "cnn"))
     for level in (1, 0):
         assert main(["-q", "optimize", str(tmp_path / "cnn.pdmodel"), "--level", str(level),
                      "-o", str(tmp_path / f"L{level}"), "--json"]) == 0

@@ -13,21 +13,7 @@ import numpy as np
 
 import memopt
 from memopt.paddle import merge_record
-
-
-def _cnn(paddle, prefix):
-    """conv-relu x2, flatten, fc; saved as an inference model at ``prefix``."""
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.static.program_guard(main, startup):
-        x = paddle.static.data("x", [None, 3, 8, 8], "float32")
-        h = paddle.nn.functional.relu(paddle.static.nn.conv2d(x, 4, 3))
-        h = paddle.nn.functional.relu(paddle.static.nn.conv2d(h, 4, 3))
-        out = paddle.static.nn.fc(paddle.flatten(h, 1), 2)
-    exe = paddle.static.Executor(paddle.CPUPlace())
-    paddle.seed(3)
-    exe.run(startup)
-    paddle.static.save_inference_model(prefix, [x], [out], exe, program=main)
-    return exe
+from runs import save_legacy_cnn
 
 
 def _rewrite_and_save(paddle, exe, src, dst, level):
@@ -58,7 +44,7 @@ def test_save_warns_for_buffers_across_shapes_and_level0_deploys_bit_identically
     from paddle.pir_utils import OldIrGuard
 
     with OldIrGuard():
-        exe = _cnn(paddle, str(tmp_path / "ref"))
+        exe = save_legacy_cnn(paddle, str(tmp_path / "ref"))
         level1, said1 = _rewrite_and_save(paddle, exe, str(tmp_path / "ref"),
                                           str(tmp_path / "l1"), level=1)
         level0, said0 = _rewrite_and_save(paddle, exe, str(tmp_path / "ref"),
