@@ -1156,33 +1156,32 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
             if value.initialized() and value.id not in value_names:
                 value_names[value.id] = name if k == 0 else versioned(name, k)
                 last_value[name] = value
-    fetch_values = []
-    for item in fetch_list:
-        name = item if isinstance(item, str) else getattr(item, "name", None)
-        if name in last_value:
-            fetch_values.append(last_value[name])
+    fetch_names = [item if isinstance(item, str) else getattr(item, "name", None)
+                   for item in fetch_list]
+    fetch_values = [last_value[name] for name in fetch_names if name in last_value]
     # (a depend's result is its input's buffer: PirConverter._overwritten)
     result = convert(translated, fetch_values, value_names)
-    _declare_fetched_inputs(program, fetch_list, set(last_value), result)
+    _declare_fetched_inputs(program, [n for n in fetch_names if n not in last_value], result)
     legacy_places(program, result)
     return result
 
 
-def _declare_fetched_inputs(program, fetch_list: Iterable, translated: set,
-                            result: PirGraph) -> None:
-    """Declare in ``result``'s top block each fetched legacy data variable
-    that no op reads: Paddle's translator makes values of ops only, so a fed
-    input fetched straight back had no value, and its memory was counted as
-    0 B (a ``budget=1`` was accepted on a program that holds the feed)."""
+def _declare_fetched_inputs(program, untranslated: Iterable, result: PirGraph) -> None:
+    """Declare in ``result``'s top block, as a fed input, each fetched
+    legacy variable of ``untranslated`` (fetched names the translation made
+    no value of) that is a dense temporary of ``program``: no op makes or
+    reads it, so only a feed fills it.  Paddle's translator makes values of
+    ops only, so a fed input fetched straight back had no value, and its
+    memory was counted as 0 B (a ``budget=1`` was accepted on a program
+    that holds the feed)."""
     from paddle.base import core
     from paddle.base.data_feeder import convert_dtype
 
     block = program.global_block()
     top = result.graph.blocks[0]
     added = []
-    for item in fetch_list:
-        name = item if isinstance(item, str) else getattr(item, "name", None)
-        if name is None or name in translated or name in top.vars or not block.has_var(name):
+    for name in untranslated:
+        if name is None or name in top.vars or not block.has_var(name):
             continue
         pvar = block.var(name)
         if pvar.persistable or pvar.desc.type() != core.VarDesc.VarType.DENSE_TENSOR:
