@@ -48,6 +48,7 @@ _EXPORTS = {
     "MergedVariableError": "memopt.errors",
     "install_fetch_guard": "memopt.paddle.guards",
     "BudgetError": "memopt.errors",
+    "ArgumentTypeError": "memopt.errors",
 }
 
 __all__ = sorted(_EXPORTS)

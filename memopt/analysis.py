@@ -61,15 +61,15 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .graph import Graph, Op, Size, unversioned
+from .graph import Graph, Op, Size, size_at, unversioned
 from .liveness import Interval, StraightLine, program_liveness
-from .report import format_bytes
+from .report import REFERENCE_BATCH, format_bytes
 from .schedule import reorder
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RuntimeModel", "Holder", "Analysis", "from_graph", "from_graph_modes", "versions",
-           "executor_order"]
+           "executor_order", "late_free_text"]
 
 #: With the garbage collector off, Paddle 3.3.1's executor (CPU) holds this
 #: many more buffers the size of each fetched value of a PIR program when the
@@ -113,6 +113,28 @@ class RuntimeModel:
     fetch_copies : with ``gc`` False, how many more buffers the size of
         each fetched value the executor holds when the step ends
         (:data:`FETCH_COPIES_GC_OFF`, :data:`LEGACY_FETCH_COPIES_GC_OFF`).
+    late_frees : with ``gc``, how many ops late a free may happen: Paddle's
+        CPU collector frees on its own thread, so a dead buffer stays
+        counted until that thread runs (:meth:`Analysis.step_peak`; 0: every
+        free at its op).  With ``late_free_seconds`` set, the most ops back
+        a free may be late (0: no cap).
+    late_free_seconds : with ``gc``, how long the collector's thread may
+        stall: frees of the ops estimated to finish within that time before
+        an op are still held when it allocates (:meth:`Analysis.total_peak_late`;
+        0: count ops, ``late_frees``).
+    op_seconds, bytes_per_second : the rough clock of
+        :meth:`Analysis.op_seconds`: a fixed time per op plus the bytes it
+        touches at that rate.
+    also_workers : in the dataflow schedule, further worker counts the
+        step's peak is also taken under (on busy cores fewer of the
+        executor's threads run at once; :meth:`Analysis.step_peak` takes the
+        largest).
+    fetch_carried : with ``gc``, how many buffers the size of each fetched
+        value (dense, not persistable) a step holds beyond the value itself:
+        the executor keeps the last step's fetch results while the next runs.
+    next_feed : with ``gc`` False, one more buffer of each fed input: every
+        buffer of a step stays into the next, whose feed is copied in while
+        the last one's is still held.
     """
 
     gc: bool = True
@@ -122,6 +144,13 @@ class RuntimeModel:
     workers: int = 4
     loop_iterations: int = 1
     fetch_copies: int = FETCH_COPIES_GC_OFF
+    late_frees: int = 0
+    also_workers: tuple = ()
+    fetch_carried: int = 0
+    next_feed: bool = False
+    late_free_seconds: float = 0.0
+    op_seconds: float = 20e-6
+    bytes_per_second: float = 2e9
 
 
 @dataclass(frozen=True)
@@ -195,7 +224,8 @@ class Analysis:
     Attributes
     ----------
     graph : the program's :class:`Graph`.
-    batch_size : the batch size figures default to (1 when None was given).
+    batch_size : the batch size figures default to
+        (:data:`memopt.report.REFERENCE_BATCH` when None was given).
     runtime : the runtime model used.
     holders : every non-persistable buffer (see :class:`Holder`).
     persistable : bytes of persistable variables (parameters, optimizer
@@ -228,7 +258,10 @@ class Analysis:
     order: list = field(default_factory=list)
     batch_planner: Any = field(default=None, repr=False, compare=False)
     places: list = field(default_factory=list)
+    same_variable: list = field(default_factory=list)
     _coef: Any = field(default=None, repr=False)
+    _schedules: Any = field(default=None, repr=False, compare=False)
+    _op_bytes: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = max(len(self.op_types), 1)
@@ -245,11 +278,13 @@ class Analysis:
     # -- figures --------------------------------------------------------------
     def batch_for(self, batch_size: Optional[int] = None) -> int:
         """The batch size figures are given at: ``batch_size``, else the
-        analysis's own, else 1 (ValueError below 1)."""
-        b = batch_size if batch_size is not None else (self.batch_size or 1)
-        if not isinstance(b, (int, np.integer)) or b < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {b!r}")
-        return int(b)
+        analysis's own, else :data:`memopt.report.REFERENCE_BATCH` (the one
+        default of every report).  :class:`memopt.errors.ArgumentTypeError`
+        for a batch that is not an int, ValueError below 1."""
+        from .arguments import as_batch
+
+        b = batch_size if batch_size is not None else (self.batch_size or REFERENCE_BATCH)
+        return as_batch(b)
 
     def timeline(self, batch_size: Optional[int] = None) -> list:
         """Live non-persistable bytes at every op position (while it runs);
@@ -342,6 +377,40 @@ class Analysis:
         line = self.timeline(batch_size)
         if window <= 0 or not line:
             return self.total_peak(batch_size)
+        return self._late_peak([max(t - window, 0) for t in range(len(line))], batch_size)
+
+    def total_peak_late(self, seconds: float, batch_size: Optional[int] = None) -> int:
+        """:meth:`total_peak` when frees may run up to ``seconds`` late.
+
+        Op ``t`` allocates as it starts; a buffer freed after op ``s < t``
+        is taken to be still held then if the ops between them (``s + 1 ..
+        t - 1``) are estimated to run in less than ``seconds``
+        (:meth:`op_seconds`), and at least the frees of op ``t - 1`` always
+        are; at most ``runtime.late_frees`` ops back (no cap when 0).  The
+        collector's thread stalls for a time, not a number of ops: many
+        small ops (a Transformer at a small batch) fit in a stall, few large
+        ones (a CNN's convolutions) do not.  ``seconds <= 0`` is
+        :meth:`total_peak`."""
+        line = self.timeline(batch_size)
+        if seconds <= 0 or not line:
+            return self.total_peak(batch_size)
+        cost = np.cumsum([0.0] + self.op_seconds(batch_size))  # cost[k]: ops 0..k-1
+        cap = self.runtime.late_frees
+        lo = []
+        for t in range(len(line)):
+            # the earliest op s whose frees are still queued at t: the ops
+            # s+1 .. t-1 take less than `seconds` (cost[t] - cost[s+1])
+            s = int(np.searchsorted(cost, cost[t] - seconds, side="right")) - 1
+            s = min(max(s, 0), max(t - 1, 0))
+            if cap:
+                s = max(s, t - cap)
+            lo.append(max(s, 0))
+        return self._late_peak(lo, batch_size)
+
+    def _late_peak(self, first_late: Sequence[int], batch_size: Optional[int]) -> int:
+        """The total peak when at each run position ``t`` the frees queued
+        after ops ``first_late[t] .. t - 1`` are still held."""
+        line = self.timeline(batch_size)
         b = self.batch_for(batch_size)
         freed = np.zeros(len(line) + 1, dtype=object)
         last = len(line) - 1
@@ -351,9 +420,113 @@ class Analysis:
         pending = np.cumsum(freed)
         best = 0
         for t, live in enumerate(line):
-            # frees queued after ops t-window .. t-1, i.e. at slots t-window+1 .. t
-            best = max(best, live + int(pending[t] - pending[max(t - window, 0)]))
+            # frees queued after ops lo .. t-1, i.e. at slots lo+1 .. t
+            lo = min(first_late[t], t)
+            best = max(best, live + int(pending[t] - pending[lo]))
         return self.persistable_bytes(b) + best
+
+    def op_seconds(self, batch_size: Optional[int] = None) -> list:
+        """Each op's estimated run time in seconds, in run order: the
+        runtime's ``op_seconds`` per op plus the bytes it reads and writes
+        (dense variables, each once) over ``runtime.bytes_per_second``.  A
+        rough clock for :meth:`total_peak_late`: it only has to say which
+        ops are small and which are large."""
+        b = self.batch_for(batch_size)
+        if self._op_bytes is None:
+            flat = list(self.graph.walk_ops())
+            per_op = []
+            for block, op in flat:
+                poly: dict = {}
+                for name in dict.fromkeys((*op.reads, *op.writes)):
+                    var = self.graph.find_var(name, block)
+                    if var is not None and var.is_dense:
+                        _poly_add(poly, var.size)
+                per_op.append(poly)
+            order = self.order or list(range(len(flat)))
+            self._op_bytes = [per_op[i] if i < len(per_op) else {} for i in order]
+        rt = self.runtime
+        rate = rt.bytes_per_second or float("inf")
+        return [rt.op_seconds + _poly_at(poly, b) / rate for poly in self._op_bytes]
+
+    def step_peak(self, batch_size: Optional[int] = None) -> int:
+        """The peak of one step: the figure memopt gives, promises and plans for.
+
+        Bytes the allocator holds at the step's highest point, persistable
+        variables included, under :attr:`runtime` with what it says about
+        the executor beyond frees on time: frees up to
+        ``runtime.late_frees`` ops late (:meth:`total_peak_pending`), the
+        largest over the run order with ``runtime.workers`` and each of
+        ``runtime.also_workers`` worker threads, plus ``runtime.fetch_carried``
+        buffers of each fetched value (GC on) and, with the collector off,
+        one more buffer of each fed input (the next step's feed is copied in
+        while the last one's is held).  ``analyze``'s report,
+        ``max_batch_size``, ``memory_optimize``'s report and ``budget=``
+        (and :class:`memopt.errors.BudgetError`'s figures) all use it.  With
+        a :class:`RuntimeModel` that adds nothing (a bare Graph's default)
+        it is :meth:`total_peak`, the peak with every free at its op.
+        """
+        b = self.batch_for(batch_size)
+        peak = max(a._late_total(b) for a in (self, *self._other_schedules()))
+        return peak + self.fetch_carried_bytes(b) + self.fed_again_bytes(b)
+
+    def _late_total(self, b: int) -> int:
+        """The total peak with frees as late as the runtime says."""
+        rt = self.runtime
+        if not rt.gc:
+            return self.total_peak(b)
+        if rt.late_free_seconds > 0:
+            return self.total_peak_late(rt.late_free_seconds, b)
+        return self.total_peak_pending(rt.late_frees, b)
+
+    def allowance(self, batch_size: Optional[int] = None) -> int:
+        """Bytes :meth:`step_peak` adds to :meth:`total_peak` (late frees,
+        other worker counts, carried fetches, the next feed)."""
+        return self.step_peak(batch_size) - self.total_peak(batch_size)
+
+    def _other_schedules(self) -> list:
+        """This program's analyses under ``runtime.also_workers`` (dataflow
+        schedule only), made once."""
+        rt = self.runtime
+        if rt.schedule != "dataflow" or not rt.also_workers:
+            return []
+        if self._schedules is None:
+            from dataclasses import replace
+
+            runtimes = [replace(rt, workers=w, also_workers=())
+                        for w in sorted(set(rt.also_workers)) if w != rt.workers]
+            self._schedules = from_graph_modes(self.graph, self.batch_size, runtimes,
+                                               self.inplace, self.same_variable)
+        return self._schedules
+
+    def fetch_carried_bytes(self, batch_size: Optional[int] = None) -> int:
+        """``runtime.fetch_carried`` buffers of each fetched value that is
+        dense and not persistable, with the garbage collector on (0 with it
+        off: ``runtime.fetch_copies`` holders count those)."""
+        rt = self.runtime
+        if not rt.fetch_carried or not rt.gc:
+            return 0
+        b = self.batch_for(batch_size)
+        total = 0
+        for name in dict.fromkeys(self.graph.fetch_names):
+            var = self.graph.find_var(name)
+            if var is not None and not var.persistable and var.is_dense:
+                total += rt.fetch_carried * size_at(var.size, b)
+        return total
+
+    def fed_again_bytes(self, batch_size: Optional[int] = None) -> int:
+        """With the garbage collector off, one more buffer of each fed
+        input (dense, not persistable) when ``runtime.next_feed``: every
+        buffer of a step stays into the next, whose feed is copied in while
+        the last one's is held.  0 with it on."""
+        rt = self.runtime
+        if rt.gc or not rt.next_feed:
+            return 0
+        b = self.batch_for(batch_size)
+        total = 0
+        for _, var in self.graph.all_vars():
+            if (var.is_feed or var.is_data) and var.is_dense and not var.persistable:
+                total += size_at(var.size, b)
+        return total
 
     def peak_formula(self, batch_size: Optional[int] = None) -> str:
         """The live bytes at the peak position as a formula in ``B``."""
@@ -390,58 +563,66 @@ class Analysis:
                    for k, p in enumerate(self._powers)) or \
             any(p > 0 and c for p, c in self.persistable.items())
 
-    def max_batch_size(self, budget_bytes: int, *, include_persistable: bool = True,
+    def max_batch_size(self, budget_bytes, *, include_persistable: bool = True,
                        limit: int = 1 << 30, recompute: bool = False) -> Optional[int]:
-        """The largest batch size whose memory fits ``budget_bytes``.
+        """The largest batch size whose step fits ``budget_bytes``.
 
-        Counts the step's peak plus, when ``include_persistable``, the
-        persistable variables.  Returns 0 when not even batch 1 fits, and
-        ``None`` when memory does not depend on the batch size and fits
-        (any batch does).  Searches up to ``limit``.
+        ``budget_bytes``: bytes (int) or a string such as ``"8MiB"``.  A
+        batch fits when its :meth:`step_peak` (the one figure: what the
+        report shows and ``memory_optimize(budget=...)`` checks) is within
+        the budget; with ``include_persistable=False`` the persistable
+        variables are left out of both.  Returns 0 when not even batch 1
+        fits, and ``None`` when memory does not depend on the batch size and
+        fits (any batch does).  Searches up to ``limit``.
 
-        ``recompute=True``: the batch ``memory_optimize(program,
-        budget=budget_bytes, batch_size=n)`` is known to plan (the same
-        figure as :class:`memopt.errors.BudgetError`'s ``largest_batch``):
-        the largest batch ``n`` found at which planning, exactly as
-        memory_optimize plans under this analysis' runtime (the plans it
-        vouches for, frees up to ``memopt.paddle.pir_budget.GC_LAG_OPS``
-        ops late, the rewritten program checked), returns a plan, with
-        ``n + 1`` refused (or ``n == limit``); 0 if batch 1 is refused.
-        Searched from the estimate the plans at this analysis' batch give,
-        a few plannings of seconds each; the program is planned as it is
-        when called and left as it was.  It is the largest such batch if a
-        batch gets a plan whenever a larger one does (memory grows with
-        the batch); otherwise a verified lower bound of it.  Persistable
-        variables always count (``include_persistable=False`` is refused):
-        a budget holds them.  Needs an analysis of a PIR program by
-        :func:`memopt.analyze` (if/while regions included: their loops'
-        trip counts read as ``budget=`` reads them).
+        ``recompute=True``: the largest batch ``n`` found at which
+        ``memory_optimize(program, budget=budget_bytes, batch_size=n)``
+        returns a plan (the same figure as
+        :class:`memopt.errors.BudgetError`'s ``largest_batch``), never below
+        the answer without recompute (the unchanged step, when it fits, is
+        a plan ``budget=`` returns).  Each batch the search tries is planned
+        as memory_optimize plans (the rewritten program checked by
+        :meth:`step_peak`); a few plannings of seconds each; the program is
+        left as it was.  It is the largest such batch if a batch gets a
+        plan whenever a larger one does; otherwise a checked lower bound.
+        Persistable variables always count (``include_persistable=False``
+        is refused): a budget holds them.  Needs an analysis of a PIR
+        program by :func:`memopt.analyze`.
+
+        Raises
+        ------
+        ArgumentTypeError : ``budget_bytes`` is not bytes or a string of bytes.
+        ValueError : a negative budget; ``recompute=True`` on an analysis
+            without a planner, or with ``include_persistable=False``.
         """
+        from .arguments import as_bytes
         from .batch_search import largest_passing
 
-        if budget_bytes < 0:
-            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        budget_bytes = as_bytes(budget_bytes, "budget_bytes", allow_zero=True)
         if recompute and self.batch_planner is None and len(self.graph.blocks) == 1:
             raise ValueError("max_batch_size(recompute=True) needs the analysis of a PIR "
                              "program made by memopt.analyze(program)")
-        if recompute and self.batch_planner is not None:
-            if not include_persistable:
-                raise ValueError(
-                    "max_batch_size(recompute=True) answers for memory_optimize(budget=...), "
-                    "whose budget holds the parameters and optimizer state: drop "
-                    "include_persistable=False")
-            if not self.grows_with_batch():
-                return None if self.batch_planner(budget_bytes, 1, 1) else 0
-            return self.batch_planner(budget_bytes, self.batch_for(None), limit)
+        if recompute and self.batch_planner is not None and not include_persistable:
+            raise ValueError(
+                "max_batch_size(recompute=True) answers for memory_optimize(budget=...), "
+                "whose budget holds the parameters and optimizer state: drop "
+                "include_persistable=False")
 
         def need(b: int) -> int:
-            return self.peak(b) + (self.persistable_bytes(b) if include_persistable else 0)
+            return self.step_peak(b) - (0 if include_persistable else self.persistable_bytes(b))
 
         if need(1) > budget_bytes:
-            return 0
+            plain = 0
+        elif not self.grows_with_batch():
+            plain = None
+        else:
+            plain = largest_passing(lambda b: need(b) <= budget_bytes, 1, limit, {1: True})
+        if not (recompute and self.batch_planner is not None):
+            return plain
         if not self.grows_with_batch():
-            return None
-        return largest_passing(lambda b: need(b) <= budget_bytes, 1, limit, {1: True})
+            return None if plain is None or self.batch_planner(budget_bytes, 1, 1) else 0
+        planned = self.batch_planner(budget_bytes, max(self.batch_for(None), plain or 1), limit)
+        return max(planned, plain or 0)
 
     # -- output ---------------------------------------------------------------
     def to_json(self, batch_size: Optional[int] = None, top: int = 10) -> dict:
@@ -459,6 +640,7 @@ class Analysis:
             "peak_formula": self.peak_formula(b),
             "persistable_bytes": self.persistable_bytes(b),
             "total_peak_bytes": self.total_peak(b),
+            "step_peak_bytes": self.step_peak(b),
             "breakdown_at_peak": self.breakdown(pos, b),
             "inplace_ops": len(self.inplace),
             "held_at_peak": [
@@ -486,24 +668,35 @@ class Analysis:
         return dynamic_inputs_text(self.dynamic_inputs())
 
     def report(self, batch_size: Optional[int] = None, top: int = 5,
-               budget_bytes: Optional[int] = None) -> str:
-        """A human-readable summary (what ``str(analysis)`` prints)."""
+               budget_bytes=None) -> str:
+        """A human-readable summary (what ``str(analysis)`` prints): one
+        peak figure, :meth:`step_peak` (persistable variables included), at
+        one stated batch; the other figures say what they are."""
         b = self.batch_for(batch_size)
         pos = self.peak_position(b)
+        default = "" if batch_size is not None or self.batch_size else \
+            " (the default: pass batch_size for yours)"
+        step, steady = self.step_peak(b), self.total_peak(b)
         lines = [
-            f"memory analysis at batch size {b} ({len(self.op_types)} ops; "
+            f"memory analysis at batch size {b}{default} ({len(self.op_types)} ops; "
             f"GC {'on' if self.runtime.gc else 'off'}"
             + (f", {len(self.inplace)} ops in place" if self.inplace else "") + ")",
-            f"  peak of the step      {format_bytes(self.peak(b))} at "
+            f"  peak of the step      {format_bytes(step)} (parameters and optimizer state "
+            "included: what a budget must hold)",
+        ]
+        if step != steady:
+            lines.append(f"    {self.allowance_text(b)}")
+        lines += [
+            f"  live at the peak op   {format_bytes(self.peak(b))} at "
             f"{self._place_and_type(pos)}"
             + (f", run position {pos} (the plot's x)" if self.place(pos) != f"op {pos}"
-               and not self.place(pos).startswith("run ") else ""),
-            f"  as a function of B    {self.peak_formula(b)} (at that op)",
+               and not self.place(pos).startswith("run ") else "")
+            + " (temporaries, frees on time)",
+            f"  as a function of B    {self.peak_formula(b)} (live at that op)",
             f"  persistable           {format_bytes(self.persistable_bytes(b))}",
-            f"  total                 {format_bytes(self.total_peak(b))}",
-            "  at the peak: " + ", ".join(
+            "  at the peak op: " + ", ".join(
                 f"{c} {format_bytes(v)}" for c, v in self.breakdown(pos, b).items() if v),
-            f"  top {top} holders at the peak:",
+            f"  top {top} holders at the peak op:",
         ]
         shown = self.held_at(pos, b)[:top]
         width = max([24] + [len(h.label) for h in shown])   # the columns line up
@@ -512,24 +705,58 @@ class Analysis:
             lines.append(f"    {h.label:<{width}} {format_bytes(h.bytes(b)):>11}  {h.category:<10} "
                          f"made by {h.op} {self._made_at(h)}{shared}")
         if self.grows_with_batch():
-            curve = self.peak_curve(sorted({1, b, 2 * b, 4 * b}))
-            lines.append("  peak by batch size:   " + ", ".join(
+            curve = [(k, self.step_peak(k)) for k in sorted({1, b, 2 * b, 4 * b})]
+            lines.append("  peak of the step by batch size: " + ", ".join(
                 f"B={k}: {format_bytes(v)}" for k, v in curve))
         if budget_bytes is not None:
             fits = self.max_batch_size(budget_bytes)
             what = ("any batch size (memory does not grow with it)" if fits is None
                     else "none (batch size 1 does not fit)" if fits == 0 else str(fits))
-            lines.append(f"  largest batch in {format_bytes(budget_bytes)}: {what}")
+            shown_budget = budget_bytes if isinstance(budget_bytes, str) \
+                else format_bytes(int(budget_bytes))
+            lines.append(f"  largest batch in {shown_budget}: {what}")
         note = self.dynamic_inputs_note()
         if note:
             lines.append(f"  note: {note}")
         return "\n".join(lines)
+
+    def allowance_text(self, batch_size: Optional[int] = None) -> str:
+        """What :meth:`step_peak` adds to the peak with every free on time,
+        in words (one line)."""
+        b = self.batch_for(batch_size)
+        rt = self.runtime
+        parts = []
+        if late_free_text(rt):
+            parts.append(f"{late_free_text(rt)} (Paddle's CPU collector frees on its own "
+                         "thread)")
+        if rt.schedule == "dataflow" and rt.also_workers:
+            parts.append("the executor's order with "
+                         + " or ".join(str(w) for w in sorted({rt.workers, *rt.also_workers}))
+                         + " threads")
+        if self.fetch_carried_bytes(b):
+            parts.append(f"{rt.fetch_carried} more buffers of each fetched value")
+        if self.fed_again_bytes(b):
+            parts.append("the next step's feed")
+        return (f"{format_bytes(self.total_peak(b))} with every free on time; "
+                f"+{format_bytes(self.allowance(b))} for " + ", ".join(parts))
 
     def __str__(self) -> str:
         return self.report()
 
     def dumps(self, batch_size: Optional[int] = None) -> str:
         return json.dumps(self.to_json(batch_size), indent=2, sort_keys=True)
+
+
+def late_free_text(runtime: RuntimeModel) -> str:
+    """How late ``runtime`` takes frees to happen, in words: ``"frees up to
+    2.5 ms late"``, ``"frees up to 1 op late"``, or '' (frees on time)."""
+    if not runtime.gc:
+        return ""
+    if runtime.late_free_seconds > 0:
+        return f"frees up to {runtime.late_free_seconds * 1e3:g} ms late"
+    if runtime.late_frees:
+        return f"frees up to {runtime.late_frees} op{'s' if runtime.late_frees > 1 else ''} late"
+    return ""
 
 
 # -- building -----------------------------------------------------------------
@@ -929,7 +1156,7 @@ def from_graph_modes(graph: Graph, batch_size: Optional[int], runtimes: Sequence
         out.append(Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
                             holders=holders, persistable=persistable,
                             op_types=[op.type for _, op in positions], inplace=list(inplace),
-                            order=order,
+                            order=order, same_variable=list(same_variable),
                             places=[op.attrs.get("place", "") for _, op in positions]))
     return out
 

@@ -19,16 +19,15 @@ import contextlib
 import dataclasses
 import gc as python_gc
 import logging
-import math
 import time
 from typing import Any, Iterable, List, Optional
 
-import numpy as np
 
 from .analysis import Analysis, RuntimeModel, from_graph
 from .any_order import single_reader_rule
 from .candidates import variant_inplace
-from .errors import UnsupportedProgramError
+from .arguments import as_batch, as_bytes
+from .errors import ArgumentTypeError, UnsupportedProgramError
 from .graph import Graph, unversioned
 from .paddle import (distributed, flags, legacy, legacy_translation, merge_record,
                      pending_backward, pir, pir_inplace, pir_owner, pir_retired, pir_rewrite,
@@ -38,7 +37,7 @@ from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
 from .planner import plan_memory
 from .release import plan_releases, verify_releases
-from .report import REFERENCE_BATCH, Holder, Report, Reuse
+from .report import REFERENCE_BATCH, Holder, Report, Reuse, format_bytes
 from .reporting import make_report, pir_release_report, pir_report, release_report
 from .verify import check_plan
 
@@ -149,10 +148,19 @@ def _without_cycle_collection():
             python_gc.enable()
 
 
-def _bad_batch(batch_size) -> bool:
-    """Whether ``batch_size`` is not a positive integer (a bool is not one)."""
-    return isinstance(batch_size, bool) or not isinstance(
-        batch_size, (int, np.integer)) or batch_size < 1
+def _check_batch(batch_size, what: str) -> Optional[int]:
+    """``batch_size`` (None stays None) checked by
+    :func:`memopt.arguments.as_batch`: ArgumentTypeError for a float such as
+    ``64.0`` or a string, ValueError below 1, each saying ``what`` the batch
+    is for and that nothing was changed."""
+    if batch_size is None:
+        return None
+    try:
+        return as_batch(batch_size)
+    except ArgumentTypeError as exc:
+        raise ArgumentTypeError(f"{exc}: {what}; nothing was changed") from None
+    except ValueError as exc:
+        raise ValueError(f"{exc}: {what}; nothing was changed") from None
 
 
 def _dispatch(program, options: Options, release: bool,
@@ -264,7 +272,7 @@ def _analysed_peaks(report: Report, program, options: Options,
         return
     b = report.batch_size
     report.persistable_bytes = before.persistable_bytes(b)
-    report.peak_before, report.peak_after = before.total_peak(b), after.total_peak(b)
+    report.peak_before, report.peak_after = before.step_peak(b), after.step_peak(b)
     report.top_holders = [Holder(h.name, h.bytes(b), tuple(h.names))
                           for h in after.held_at(None, b)[:5]]
 
@@ -368,7 +376,7 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None,
     start = time.perf_counter()
     batch = batch_size or REFERENCE_BATCH
     runtime = flags.read_flags()
-    model = RuntimeModel(gc=runtime.gc, inplace=runtime.inplace)
+    model = flags.runtime_model("pir")
     pg = pir.convert(program, sorted(options.fetch_list))
     pir_rewrite.check_user_names(pg, options)
     before = _pir_analysis(pg, batch, model)
@@ -432,7 +440,7 @@ def _pir_release(program, options: Options) -> Report:
     changed."""
     start = time.perf_counter()
     runtime = flags.read_flags()
-    model = RuntimeModel(gc=runtime.gc, inplace=runtime.inplace)
+    model = flags.runtime_model("pir")
     pg = pir.convert(program, sorted(options.fetch_list))
     pir_rewrite.check_user_names(pg, options)
     an = _pir_analysis(pg, REFERENCE_BATCH, model)
@@ -517,10 +525,13 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     writes over raises it too.)
     """
     program = _default_program(program)
-    if budget is None and batch_size is not None and _bad_batch(batch_size):
-        raise ValueError(f"batch_size must be a positive integer, the batch the report's "
-                         f"figures are given at (got batch_size={batch_size!r}); nothing "
-                         "was changed")
+    batch_size = _check_batch(batch_size, "the batch the budget is for and the report's "
+                              "figures are given at")
+    if budget is not None:
+        if batch_size is None:
+            raise ValueError("budget= needs batch_size=, the positive batch size the budget "
+                             "is for (got batch_size=None); nothing was changed")
+        budget = parse_budget(budget)
     is_pir = pir.is_pir_program(program)
     if is_pir:  # Values an earlier rewrite replaced: their replacements (before any use)
         pir_retired.redirect(program)
@@ -543,6 +554,7 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
             pir_rewrite.write_record(program)
     if pending:
         report.notes = list(report.notes) + [pending_backward.note(len(pending))]
+    report.default_batch = batch_size is None
     if options.print_log:
         print(report)
     return report
@@ -566,20 +578,10 @@ def _keep_for_pending_backward(program, options: Options):
 
 def parse_budget(budget) -> int:
     """``budget`` (bytes as an int or a float such as ``1.5e9``, whole bytes
-    rounded down as for ``"1.5GiB"``; or a string such as ``"6GiB"``) in bytes;
-    TypeError / ValueError naming the value otherwise."""
-    from .report import parse_bytes
-
-    numeric = (int, float, np.integer, np.floating)
-    if isinstance(budget, bool) or not isinstance(budget, numeric + (str,)):
-        raise TypeError(f"budget must be bytes (int or float) or a string such as "
-                        f"'6GiB', got {budget!r}")
-    if isinstance(budget, (float, np.floating)) and not math.isfinite(budget):
-        raise ValueError(f"budget must be a finite number of bytes, got {budget!r}")
-    value = parse_bytes(budget) if isinstance(budget, str) else int(budget)
-    if value <= 0:
-        raise ValueError(f"budget must be positive, got {budget!r}")
-    return value
+    rounded down as for ``"1.5GiB"``; or a string such as ``"6GiB"``) in
+    bytes (:func:`memopt.arguments.as_bytes`): ArgumentTypeError (a
+    TypeError) / ValueError naming the value otherwise."""
+    return as_bytes(budget, "budget")
 
 
 def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
@@ -594,19 +596,9 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     :func:`_legacy_within_budget` plans it."""
     from dataclasses import replace
 
-    limit = None
-    bad_batch = batch_size is not None and _bad_batch(batch_size)
-    if budget is not None:
-        if batch_size is None or bad_batch:
-            raise ValueError(f"budget= needs batch_size=, the positive batch size the budget "
-                             f"is for (got batch_size={batch_size!r})")
-        limit = parse_budget(budget)
+    limit = budget  # bytes (memory_optimize read it), or None
     lower = replace(options, level=min(options.level, 1))
     if not pir.is_pir_program(program):
-        if bad_batch:
-            raise ValueError(f"batch_size must be a positive integer, the batch level 2 plans "
-                             f"the order for (got batch_size={batch_size!r}); nothing was "
-                             "changed")
         if limit is not None:
             if legacy.is_legacy_program(program):
                 return _legacy_within_budget(program, options, limit, int(batch_size))
@@ -630,13 +622,21 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         pir_rewrite.check_user_names(pg, options)
         pg.kept = frozenset(options.skip_opt_set)  # never dropped by a recomputation
         model = pir_loops.runtime_for(program, model, budget=limit is not None)
-        before = _pir_analysis(pg, batch, model).total_peak(batch)
+        before_analysis = _pir_analysis(pg, batch, model)
+        before = before_analysis.step_peak(batch)
         recomputed, added, applied = [], 0.0, None
-        if limit is not None:
+        fits_as_is = limit is not None and (
+            before <= limit or _rewrite_fits(program, lower, batch, model, limit))
+        if fits_as_is:  # the one model says it fits: never refused, nothing recomputed
+            notes.append(f"recompute: none needed: the step's peak "
+                         f"{format_bytes(before)} fits the budget {format_bytes(limit)}"
+                         + ("" if before <= limit else
+                            f" after level {lower.level}'s in-place rewrite"))
+        elif limit is not None:
             named = {n: pg.values[n] for n in options.fetch_list | options.skip_opt_set
                      if n in pg.values}
             chosen, applied = _recompute_within(program, pg, options, batch, limit, model)
-            recomputed, added, note = _recompute_note(chosen, limit)
+            recomputed, added, note = _recompute_note(chosen, limit, model)
             notes.append(note)
             if applied is not None:  # the clones moved the "%N" names on
                 options, lower = (_renamed(program, o, named) for o in (options, lower))
@@ -661,7 +661,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             notes += _slices_and_order(program, batch, model, options.fetch_list, fetched,
                                        slices=applied is None)
         report.peak_after = _pir_analysis(pir.convert(program, fetched), batch,
-                                          model).total_peak(batch)
+                                          model).step_peak(batch)
     report.peak_before = before
     report.level = options.level
     report.notes = list(report.notes) + notes
@@ -672,27 +672,42 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     return report
 
 
-def _recompute_note(chosen, limit: int, lag: Optional[int] = None) -> tuple:
+def _rewrite_fits(program, options: Options, batch: int, model, limit: int) -> bool:
+    """Whether ``program`` after the in-place rewrite at ``options.level``
+    (tried on a clone) has a step peak
+    (:meth:`memopt.analysis.Analysis.step_peak`) within ``limit`` bytes: a
+    budget that rewrite meets is met without recomputing.  False at level 0
+    or when the rewrite changes nothing."""
+    if options.level < 1:
+        return False
+    clone = program.clone()
+    report = _pir_optimize(clone, options, batch)
+    if not report.reuses:
+        return False
+    fetched = _fetched_values(clone, options.fetch_list)
+    return _pir_analysis(pir.convert(clone, fetched), batch, model).step_peak(batch) <= limit
+
+
+def _recompute_note(chosen, limit: int, runtime) -> tuple:
     """``(recomputed names, added compute %, the report's note)`` for the
     recomputation plan ``chosen`` (a :class:`memopt.recompute.Choice`) made
-    for the budget ``limit``, checked with frees ``lag`` ops late (default
-    :data:`memopt.paddle.pir_budget.GC_LAG_OPS`)."""
-    from .paddle.pir_budget import GC_LAG_OPS
-    from .report import format_bytes
+    for the budget ``limit`` under ``runtime`` (its step peak checked with
+    frees as late as it says)."""
+    from .analysis import late_free_text
 
-    lag = GC_LAG_OPS if lag is None else lag
     if not chosen.k:
-        return [], 0.0, (f"recompute: none needed: the predicted peak "
+        return [], 0.0, (f"recompute: none needed: the step's peak "
                          f"{format_bytes(chosen.peak)} fits the budget {format_bytes(limit)}")
     recomputed, added = list(chosen.plan.dropped), chosen.plan.added_percent
     shown = ", ".join(recomputed[:8]) + (", ..." if len(recomputed) > 8 else "")
+    late = late_free_text(runtime)
     return recomputed, added, (
         f"recompute ({chosen.label}): {len(recomputed)} saved values dropped and "
         f"made again in the backward part by {len(chosen.plan.clones)} cloned "
         f"forward ops ({shown}); added compute {added:.1f}% of the step (FLOPs "
-        f"estimate); predicted peak {format_bytes(chosen.peak)} for the budget "
-        f"{format_bytes(limit)} (frees taken up to {lag} ops late: Paddle's CPU "
-        "collector frees on its own thread)")
+        f"estimate); the rewritten step's peak (above) fits the budget "
+        f"{format_bytes(limit)}" + (f" with {late} (Paddle's CPU collector frees on its "
+                                    "own thread)" if late else ""))
 
 
 def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> Report:
@@ -719,9 +734,9 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
     fetch = sorted(options.fetch_list)
     target = legacy_recompute.LegacyTarget(program, fetch, kept=options.skip_opt_set)
     with _without_cycle_collection():
-        before = target.analysis(fetch, batch, model).total_peak(batch)
+        before = target.analysis(fetch, batch, model).step_peak(batch)
         chosen, applied = pir_budget.choose_plan(target, fetch, batch, limit, model)
-        recomputed, added, note = _recompute_note(chosen, limit, target.gc_lag_ops)
+        recomputed, added, note = _recompute_note(chosen, limit, model)
         notes = [note]
         lower = replace(options, level=min(options.level, 1))
         try:
@@ -731,8 +746,7 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
             _legacy_optimize(trial, lower)
             try:
                 shared = pir_budget.guarded_peak(legacy_recompute.LegacyTarget(trial, fetch)
-                                                 .analysis(fetch, batch, model), batch,
-                                                 target.gc_lag_ops)
+                                                 .analysis(fetch, batch, model), batch)
                 why = f"is predicted at {format_bytes(shared)}, over the budget"
             except UnsupportedProgramError as exc:  # its merges unreadable: unchecked
                 shared, why = None, f"cannot be read to check it against the budget ({exc})"
@@ -747,7 +761,7 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
             if applied is not None:
                 applied.undo()
             raise
-        report.peak_after = target.analysis(fetch, batch, model).total_peak(batch)
+        report.peak_after = target.analysis(fetch, batch, model).step_peak(batch)
     report.peak_before = before
     report.batch_size = batch
     report.level = options.level
@@ -898,7 +912,9 @@ def release_memory(program=None, skip_opt_set=None, *, fetch_list=None) -> Repor
     options = resolve_options(skip_opt_set, fetch_list=fetch_list)
     if pir.is_pir_program(program):
         pir_owner.require_own_values(program, skip_opt_set=skip_opt_set, fetch_list=fetch_list)
-    return _dispatch(program, options, release=True)
+    report = _dispatch(program, options, release=True)
+    report.default_batch = True  # release_memory takes no batch size
+    return report
 
 
 # -- analyze ---------------------------------------------------------------------------
@@ -911,8 +927,9 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     ----------
     program_or_graph : a ``paddle.pir.Program``, a legacy
         ``paddle.base.framework.Program`` or a memopt :class:`Graph`.
-    batch_size : the batch size the figures default to (``-1`` dimensions);
-        every method also takes its own.
+    batch_size : the batch size the figures default to (``-1`` dimensions;
+        default :data:`memopt.report.REFERENCE_BATCH`, the one default of
+        every report); every method also takes its own.
     fetch_list : what the step fetches (Values/Variables or names): live to
         the end.
     runtime : the executor's memory behaviour; default: read from Paddle's
@@ -928,11 +945,10 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     Raises
     ------
     UnsupportedProgramError : anything else.
+    ArgumentTypeError : a batch size that is not an int (``64.0``).
     ValueError : a batch size below 1.
     """
-    if batch_size is not None and (not isinstance(batch_size, (int, np.integer))
-                                   or isinstance(batch_size, bool) or batch_size < 1):
-        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    batch_size = None if batch_size is None else as_batch(batch_size)
     fetch_list = list(fetch_list or ())
     if isinstance(program_or_graph, Graph):
         graph = program_or_graph

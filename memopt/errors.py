@@ -37,6 +37,12 @@ class MergedVariableError(MemoptError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class ArgumentTypeError(MemoptError, TypeError):
+    """An argument of the wrong type (a float batch size, a list as a
+    budget): the message names the argument, what it got and what it takes.
+    A :class:`TypeError`, so ``except TypeError`` catches it too."""
+
+
 class BudgetError(MemoptError, ValueError):
     """No plan fits the memory budget given to ``memory_optimize(budget=...)``.
 

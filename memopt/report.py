@@ -23,12 +23,15 @@ reuses : one :class:`Reuse` per variable that shares another's memory.
 temporaries_before / temporaries_after : bytes of the distinct temporaries
     (non-persistable dense variables) before and after: every variable
     its own memory before; one block per group of merged variables after.
-batch_size : the batch size the estimates below are evaluated at.
+batch_size : the batch size the figures below are evaluated at (the
+    caller's ``batch_size``, else :data:`REFERENCE_BATCH`, the one default
+    of every report; ``default_batch`` says which).
 persistable_bytes : parameters and optimizer state at ``batch_size``.
-peak_before / peak_after : the estimated peak (bytes, persistable included)
-    under the runtime model: with GC on, a variable (a group, after) holds
-    memory from its first write to its last use; with GC off, from the
-    start of the run to its end.
+peak_before / peak_after : the peak of the step (bytes, persistable
+    included): :meth:`memopt.analysis.Analysis.step_peak` of the program
+    before and after, the one figure ``analyze`` and ``budget=`` use (with
+    GC on a value holds memory from its first write to its last use, its
+    free taken up to a few ops late; with GC off to the end of the run).
 top_holders : the five largest holders at the estimated peak after.
 release : how temporaries' memory is released at run time.
 not_merged : why candidates were left alone: reason -> number of variables.
@@ -50,7 +53,9 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from .graph import Size, as_size
 
-#: Reference batch size for the estimates, when the caller gives none.
+#: The batch size every report's figures are given at when the caller gives
+#: none: ``memory_optimize``'s print_log, ``str(memopt.analyze(program))``
+#: and ``memopt analyze`` without ``-b`` (a ``-1`` dimension is this many rows).
 REFERENCE_BATCH = 32
 
 #: Lines of reuses (one per memory shared) ``str(report)`` (print_log)
@@ -209,6 +214,7 @@ class Report:
     added_compute_percent: float = 0.0
     budget: Optional[int] = None
     labels: Dict[str, str] = field(default_factory=dict)
+    default_batch: bool = False
 
     def label(self, name: str) -> str:
         """How the text names variable ``name`` (see :attr:`labels`)."""
@@ -226,12 +232,20 @@ class Report:
             f"skip_grads={self.skip_grads}, runtime: {self.runtime}",
             f"  merged variables: {self.merged_count} "
             f"({sum(1 for r in self.reuses if r.how == 'in-place')} in place)",
-            f"  distinct temporaries: {self.temporaries_before} -> {self.temporaries_after}"
-            f" (at batch {b}: {format_bytes(self.temporaries_before.at(b))} -> "
+            f"  peak of the step at batch {b}"
+            + (" (the default: pass batch_size for yours)" if self.default_batch else "")
+            + f": {format_bytes(self.peak_before)} -> {format_bytes(self.peak_after)} "
+            f"(parameters and optimizer state, {format_bytes(self.persistable_bytes)}, "
+            "included: what a budget must hold)",
+            f"  sizes of all temporaries added up (not a peak): {self.temporaries_before} -> "
+            f"{self.temporaries_after} (at batch {b}: "
+            f"{format_bytes(self.temporaries_before.at(b))} -> "
             f"{format_bytes(self.temporaries_after.at(b))})",
-            f"  estimated peak at batch {b} (persistable {format_bytes(self.persistable_bytes)} "
-            f"included): {format_bytes(self.peak_before)} -> {format_bytes(self.peak_after)}",
         ]
+        if self.budget is not None:
+            lines.append(f"  budget: {format_bytes(self.budget)} "
+                         + ("(met: the peak of the step is within it)"
+                            if self.peak_after <= self.budget else "(NOT met)"))
         if self.top_holders:
             lines.append("  largest holders at the peak:")
             for h in self.top_holders:

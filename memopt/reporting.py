@@ -185,7 +185,7 @@ def pir_report(graph, before, after, reuses, reasons, changed: int, options: Opt
         temporaries_before=Bytes.total(temps.values()),
         temporaries_after=Bytes.total(s for n, s in temps.items() if n not in shared),
         batch_size=batch_size, persistable_bytes=before.persistable_bytes(batch_size),
-        peak_before=before.total_peak(batch_size), peak_after=after.total_peak(batch_size),
+        peak_before=before.step_peak(batch_size), peak_after=after.step_peak(batch_size),
         top_holders=holders, release=_pir_release_text(gc), not_merged=dict(reasons),
         seconds=seconds, notes=notes, labels=_labels(graph, reuses, held))
 
@@ -212,6 +212,6 @@ def pir_release_report(graph, analysis, kept: List[str], gc: bool, runtime: str,
     return Report(program_type="pir", gc=gc, runtime=runtime, temporaries_before=temps,
                   temporaries_after=temps, batch_size=REFERENCE_BATCH,
                   persistable_bytes=analysis.persistable_bytes(),
-                  peak_before=analysis.total_peak(), peak_after=analysis.total_peak(),
+                  peak_before=analysis.step_peak(), peak_after=analysis.step_peak(),
                   release=_pir_release_text(gc), seconds=seconds,
                   notes=[f"kept by skip_opt_set: {', '.join(kept)}"] if kept else [])

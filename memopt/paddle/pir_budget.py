@@ -26,147 +26,35 @@ from __future__ import annotations
 
 import logging
 
+from ..analysis import late_free_text
 from ..errors import BudgetError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "FETCH_CARRIED", "gc_lag", "fetch_carry",
-           "carried_bytes", "fed_again_bytes", "guarded_peak", "budget_error",
+__all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "FETCH_CARRIED", "gc_lag",
+           "guarded_peak", "budget_error",
            "recompute_choices", "vouched", "offered", "estimated_batch", "plan_recompute",
-           "rewritten_peak", "choose_plan", "smallest_budget", "plans_at",
+           "rewritten_peak", "choose_plan", "unchanged_batch", "smallest_budget", "plans_at",
            "largest_planned_batch", "require_supported"]
 
-#: How many ops late a free may be taken to happen when a plan is checked
-#: against a budget (:meth:`memopt.analysis.Analysis.total_peak_pending`).
-#: Paddle 3.3.1's CPU garbage collector queues every free on its own thread,
-#: so a buffer stays allocated until that thread gets a core.  Measured here
-#: (2 shared cores, load 4-5, recompute plans whose steady peak the model
-#: predicts to the byte): over 8 steps x 3-9 fresh processes the allocator's
-#: step peak exceeded the steady one in 15-50% of steps, by up to 1.21x on
-#: U-Net (covered by a 4-op lag: 1.25x), 1.07x on DenseNet (2 ops) and
-#: 1.38x on BERT (4 ops: 1.28x; 12 ops: 1.45x), with rare outliers beyond any
-#: lag (BERT, sequential executor: 2.8x once in 56 steps); right after a
-#: step, the allocator's count still fell by 0.2-2.0 MiB within 50 ms with
-#: nothing running (frees still queued).  No rewrite of the program changes
-#: that thread; 4 ops covers the CNNs' observed lag.
-GC_LAG_OPS = 4
+from .flags import FETCH_CARRIED, GC_LAG_OPS, WORKERS_CHECKED  # noqa: F401 (re-exported)
 
 
-#: Worker counts the multi-thread schedule is also modelled with when a
-#: plan is checked.  Paddle's executor runs 4 threads, but on a machine
-#: whose cores are busy fewer of them run at once, and its interleaving
-#: then lies between one thread's and four's (measured: a BERT plan modelled
-#: at 7.8 MB with 4 workers ran at 8.5-10.7 MB in 3 processes on 2 loaded
-#: cores; with 1 and 2 workers the model gives 8.1 and 7.8 MB, and with
-#: frees 4 ops late 11.8 and 10.9 MB).
-WORKERS_CHECKED = (1, 2)
-
-#: With Paddle's garbage collector on, how many buffers the size of each
-#: fetched value (not persistable) a PIR training loop holds beyond what
-#: :mod:`memopt.analysis` counts (the value itself, kept to the step's end),
-#: at every step after the first: Paddle 3.3.1's executor keeps the last
-#: step's fetch results (after ``exe.run`` returns, the allocator still
-#: counts two buffers of each fetched value, three while the caller holds
-#: the arrays it returned), and ``out = exe.run(...)`` holds the previous
-#: step's arrays while the next step runs; during a step, the fetch copy
-#: the executor makes adds up to one more.  Measured (2026-11-26,
-#: ``scripts/sweep_budget_unknown.py``, GC on, fetch_list [loss, logits]):
-#: step 1 / steps 2-4 / predicted, MB: tied LSTM LM (logits 8.19 MB)
-#: 36.39 / 52.78 / 29.74; GRU seq2seq (2.56 MB) 20.77 / 25.89 / 23.33;
-#: GPT-6 (2.05 MB) 55.75 / 59.84 / 54.47: every later step is the first
-#: plus two of each fetched value, the first at most one above the
-#: prediction.  A budget is checked with these three buffers counted
-#: (:func:`guarded_peak`'s ``carried``); fetch only the loss to leave them
-#: out.
-FETCH_CARRIED = 3
-
-_ALTERNATES: dict = {}
-
-
-def gc_lag(pg) -> int:
-    """How many ops late frees are taken to happen for ``pg``: a target's
-    own ``gc_lag_ops`` (its executor's collector), else :data:`GC_LAG_OPS`."""
+def gc_lag(pg, runtime=None) -> int:
+    """How many ops late frees are taken to happen when ``pg`` is planned
+    under ``runtime`` (its ``late_frees``; a legacy target's runtime says 1,
+    a PIR program's :data:`GC_LAG_OPS`): what the report's note says."""
+    if runtime is not None:
+        return runtime.late_frees if runtime.gc else 0
     return getattr(pg, "gc_lag_ops", GC_LAG_OPS)
 
 
-def fetch_carry(pg) -> int:
-    """How many buffers the size of each fetched value a step of ``pg``
-    holds beyond the analysis (:data:`FETCH_CARRIED`): a target's own
-    ``fetch_carried`` (a legacy program's: none measured, 0), else
-    :data:`FETCH_CARRIED` for a PIR program."""
-    return getattr(pg, "fetch_carried", 0 if _is_target(pg) else FETCH_CARRIED)
-
-
-def carried_bytes(prediction, batch: int, carried: int) -> int:
-    """``carried`` buffers the size of each fetched value of
-    ``prediction``'s graph that is dense and not persistable, at ``batch``,
-    with the garbage collector on (0 with it off: ``fetch_copies`` counts
-    those)."""
-    from ..graph import size_at
-
-    if not carried or not prediction.runtime.gc:
-        return 0
-    graph = prediction.graph
-    total = 0
-    for name in dict.fromkeys(graph.fetch_names):
-        var = graph.find_var(name)
-        if var is not None and not var.persistable and var.is_dense:
-            total += carried * size_at(var.size, batch)
-    return total
-
-
-def fed_again_bytes(prediction, batch: int) -> int:
-    """With the garbage collector off, one more buffer of each fed input
-    (dense, not persistable) at ``batch``; 0 with it on.  Every buffer of
-    a step stays allocated into the next (nothing frees it), and the next
-    step's feed is copied in while the last one's is still held: measured
-    (``scripts/sweep_optimizers.py``, PIR, LookAhead MLP at batch 64 then
-    16, a plan at its smallest budget to the byte) steps 72-4,165 bytes
-    over the budget, the fed ``x`` counted once."""
-    from ..graph import size_at
-
-    if prediction.runtime.gc:
-        return 0
-    total = 0
-    for _, var in prediction.graph.all_vars():
-        if (var.is_feed or var.is_data) and var.is_dense and not var.persistable:
-            total += size_at(var.size, batch)
-    return total
-
-
-def guarded_peak(prediction, batch: int, window: int = GC_LAG_OPS, carried: int = 0) -> int:
-    """The total peak a budget is checked against: ``prediction``'s (an
-    :class:`memopt.analysis.Analysis`) with frees up to ``window`` ops late,
-    the largest over the executor's schedule with its own worker count and
-    with each of :data:`WORKERS_CHECKED` (dataflow schedule only), plus
-    ``carried`` buffers of each fetched value (:func:`carried_bytes`) and,
-    with the garbage collector off, the next step's feeds
-    (:func:`fed_again_bytes`)."""
-    return (_lagged_peak(prediction, batch, window) + carried_bytes(prediction, batch, carried)
-            + fed_again_bytes(prediction, batch))
-
-
-def _lagged_peak(prediction, batch: int, window: int) -> int:
-    """:func:`guarded_peak` without the fetched values' buffers."""
-    peak = prediction.total_peak_pending(window, batch)
-    runtime = prediction.runtime
-    if runtime.schedule != "dataflow":
-        return peak
-    key = id(prediction)
-    alternates = _ALTERNATES.get(key)
-    if alternates is None or alternates[0] is not prediction:
-        from dataclasses import replace
-
-        from ..analysis import from_graph_modes
-
-        alternates = (prediction, from_graph_modes(
-            prediction.graph, prediction.batch_size,
-            [replace(runtime, workers=w) for w in WORKERS_CHECKED if w != runtime.workers],
-            prediction.inplace))
-        if len(_ALTERNATES) > 256:
-            _ALTERNATES.clear()
-        _ALTERNATES[key] = alternates
-    return max([peak] + [a.total_peak_pending(window, batch) for a in alternates[1]])
+def guarded_peak(prediction, batch: int) -> int:
+    """The peak a budget is checked against: ``prediction``'s (an
+    :class:`memopt.analysis.Analysis`) one figure,
+    :meth:`~memopt.analysis.Analysis.step_peak` (frees late, other worker
+    counts, carried fetches, the next feed: as its runtime says)."""
+    return prediction.step_peak(batch)
 
 
 def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
@@ -180,7 +68,7 @@ def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
     keep = (lambda plan: offered(plan, runtime)) if offered_only else None
     choices = recompute.evaluate_grid(problem, _predictor(pg, batch, runtime), keep=keep)
     for c in choices:
-        c.peak = guarded_peak(c.prediction, batch, gc_lag(pg), fetch_carry(pg))
+        c.peak = guarded_peak(c.prediction, batch)
     return problem, choices
 
 
@@ -243,8 +131,7 @@ def offered(plan, runtime) -> bool:
     return runtime.schedule != "dataflow" or not plan.readers
 
 
-def estimated_batch(choices, budget: int, limit: int = 1 << 20,
-                    window: int = GC_LAG_OPS, carried: int = 0) -> int:
+def estimated_batch(choices, budget: int, limit: int = 1 << 20) -> int:
     """A guess at the largest batch that fits ``budget``: the largest batch
     some plan of ``choices`` fits at (:func:`guarded_peak`) with each plan's
     structure kept as it was planned at their batch; 0 if none.  Only a
@@ -258,10 +145,9 @@ def estimated_batch(choices, budget: int, limit: int = 1 << 20,
 
     best = 0
     for c in sorted(choices, key=lambda c: c.peak):
-        if best >= limit or guarded_peak(c.prediction, best + 1, window, carried) > budget:
+        if best >= limit or guarded_peak(c.prediction, best + 1) > budget:
             continue
-        best = largest_passing(lambda n, c=c: guarded_peak(c.prediction, n, window,
-                                                            carried) <= budget,
+        best = largest_passing(lambda n, c=c: guarded_peak(c.prediction, n) <= budget,
                                best + 1, limit, {best + 1: True})
     return best
 
@@ -309,7 +195,7 @@ def rewritten_peak(pg, plan, fetch_names, batch: int, runtime):
         else:
             read = executed(pir.convert(pg.program, fetched), runtime)
             after = from_graph(read.graph, batch, runtime, read.inplace)
-        return guarded_peak(after, batch, gc_lag(pg), fetch_carry(pg)), applied
+        return guarded_peak(after, batch), applied
     except BaseException:
         applied.undo()
         raise
@@ -337,11 +223,29 @@ def choose_plan(pg, fetch_names, batch: int, budget: int, runtime):
                  "budget %d; undone", choice.label, actual, budget)
         applied.undo()
     smallest = smallest_budget(pg, fetch_names, batch, runtime, choices, checked)
-    largest = largest_planned_batch(pg, fetch_names, budget, runtime,
-                                    start=estimated_batch(choices, budget, batch - 1,
-                                                          gc_lag(pg), fetch_carry(pg)),
-                                    limit=batch - 1, order=choices)
-    raise budget_error(budget, batch, smallest, largest, gc_lag(pg))
+    largest = max(largest_planned_batch(pg, fetch_names, budget, runtime,
+                                        start=estimated_batch(choices, budget, batch - 1),
+                                        limit=batch - 1, order=choices),
+                  unchanged_batch(choices, budget, batch - 1))
+    raise budget_error(budget, batch, smallest, largest, late_free_text(runtime))
+
+
+def unchanged_batch(choices, budget: int, limit: int) -> int:
+    """The largest batch up to ``limit`` at which the unchanged program (the
+    plan of ``choices`` that drops nothing) fits ``budget`` by its
+    :meth:`~memopt.analysis.Analysis.step_peak`: ``memory_optimize`` returns
+    it there (``budget=`` never refuses what the unchanged step meets), so
+    :class:`BudgetError`'s largest batch and
+    ``max_batch_size(recompute=True)`` are never below
+    ``max_batch_size()``.  0 if batch 1 does not fit or there is no such
+    plan."""
+    from ..batch_search import largest_passing
+
+    base = next((c for c in choices if not c.k), None)
+    if base is None or limit < 1 or guarded_peak(base.prediction, 1) > budget:
+        return 0
+    return largest_passing(lambda n: guarded_peak(base.prediction, n) <= budget, 1, limit,
+                           {1: True})
 
 
 def smallest_budget(pg, fetch_names, batch: int, runtime, choices, checked=None) -> int:
@@ -390,8 +294,8 @@ def plans_at(pg, fetch_names, batch: int, budget: int, runtime, order=()) -> boo
     for _, plan in plans:
         graph, _ = recompute.rewrite_graph(problem, plan)
         prediction = predict(graph, plan)
-        if prediction.total_peak_pending(gc_lag(pg), batch) > budget \
-                or guarded_peak(prediction, batch, gc_lag(pg), fetch_carry(pg)) > budget:
+        if prediction.total_peak_pending(gc_lag(pg, runtime), batch) > budget \
+                or guarded_peak(prediction, batch) > budget:
             continue
         if not plan.dropped:
             return True
@@ -420,18 +324,20 @@ def largest_planned_batch(pg, fetch_names, budget: int, runtime, *, start: int,
 
 
 def budget_error(budget: int, batch: int, smallest: int, largest: int,
-                 window: int = GC_LAG_OPS) -> BudgetError:
+                 lateness: str = "") -> BudgetError:
     """The :class:`BudgetError` for ``budget`` at ``batch``: ``smallest``
     the least budget that gets a plan at ``batch`` (:func:`smallest_budget`),
     ``largest`` the largest batch found that gets one within ``budget``
-    (:func:`largest_planned_batch`), both checked by planning as
-    ``memory_optimize`` does."""
+    (:func:`largest_planned_batch`, never below the unchanged program's),
+    both checked by planning as ``memory_optimize`` does; ``lateness`` how
+    late frees were taken (:func:`memopt.analysis.late_free_text`)."""
     from ..report import format_bytes
 
+    late = f" (the step's peak with {lateness[len('frees '):]} frees)" if lateness else ""
     return BudgetError(
         f"no plan fits the budget {format_bytes(budget)} at batch size {batch}: the smallest "
-        f"budget memopt can fit at this batch is {format_bytes(smallest)} (with Paddle's "
-        f"garbage collector up to {window} ops behind); the largest batch that fits "
-        f"{format_bytes(budget)} is {largest}" + (" (none)" if largest == 0 else "")
-        + " (both checked by planning at them). The program is unchanged.",
+        f"budget memopt can fit at this batch is {format_bytes(smallest)}{late}; the largest "
+        f"batch that fits {format_bytes(budget)} is {largest}" + (" (none)" if largest == 0 else "")
+        + " (both checked by planning at them, by the peak memopt.analyze reports). "
+        "The program is unchanged.",
         budget, batch, smallest, largest)

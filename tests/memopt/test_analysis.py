@@ -164,7 +164,9 @@ def test_dataflow_schedule_runs_consumers_as_soon_as_ready():
 def test_report_and_json_name_the_peak():
     an = analyze(chain_graph(), 2, runtime=PROGRAM_ORDER)
     text = an.report(top=2, budget_bytes=1000)
-    assert "peak of the step      132 B at op 3 (scale)" in text
+    assert "peak of the step      196 B (parameters" in text  # the one figure: step_peak
+    assert an.step_peak() == an.total_peak() == 196  # a bare graph's runtime adds nothing
+    assert "live at the peak op   132 B at op 3 (scale)" in text
     assert "largest batch in 1000 B: 14" in text
     doc = an.to_json()
     assert doc["peak_bytes"] == 132 and doc["total_peak_bytes"] == 196

@@ -23,7 +23,8 @@ PACKAGES = ("memopt", "autobatch")
 
 #: memopt's API and faces: they may import anything of memopt.
 API = {"memopt.api"}
-FACES = {"memopt.cli", "memopt.plot", "memopt.models", "memopt.dist_runs", "memopt.dist_sweep"}
+FACES = {"memopt.cli", "memopt.plot", "memopt.models", "memopt.dist_runs", "memopt.dist_sweep",
+         "memopt.testing.heldout"}
 #: Adapters: Paddle imported inside; may import the core.
 ADAPTER_PREFIX = "memopt.paddle"
 PLANNER = {"memopt.planner"}
