@@ -959,6 +959,10 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
         return from_graph(graph, batch_size, rt)
     ir = paddle_runtime.is_program(program_or_graph)
     rt = runtime or flags.runtime_model(ir or "pir")
+    if runtime is None and ir == "pir":  # a while loop's constant trip count, as budget= reads it
+        from .paddle import pir_loops
+
+        rt = pir_loops.runtime_for(program_or_graph, rt, budget=False)
     read = paddle_runtime.read_program(program_or_graph, fetch_list, rt)
     analysis = from_graph(read.graph, batch_size, rt, read.inplace, read.same_variable)
     if ir == "pir":
