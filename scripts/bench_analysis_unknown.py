@@ -127,7 +127,6 @@ def _infer_program(name: str, exe, workdir: str):
 
 
 def _feed(rng, batch: int, shape, dtype, classes: int, train: bool) -> dict:
-    import numpy as np
 
     if dtype == "int64":
         x = rng.integers(0, VOCAB, size=(batch, *shape)).astype("int64")
