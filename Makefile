@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e ".[all]"
 	touch $(STAMP)
 
-# TensorFlow Probability 0.25 for scripts/bench_autobatch_tf.py's side-by-side
+# TensorFlow Probability 0.25 for benchmarks/bench_autobatch_tf.py's side-by-side
 # runs.  It needs TensorFlow 2.18, which cannot live beside this project's
 # TensorFlow, hence a venv of its own (the bench finds it there).
 TFP_VENV := .tfp-venv

@@ -28,8 +28,8 @@ the overlap: the lowest step is the one closest to the model).
 
 Usage::
 
-    python scripts/bench_analysis_unknown.py              # every row
-    python scripts/bench_analysis_unknown.py --programs resnet18_train --gc off
+    python benchmarks/bench_analysis_unknown.py              # every row
+    python benchmarks/bench_analysis_unknown.py --programs resnet18_train --gc off
 
 Prints a markdown table.
 """
