@@ -39,7 +39,7 @@ while it runs one step:
   ``layer_norm_grad``, ``add_grad``, convolutions' im2col buffer).
 
 Not modelled: other kernels' temporary workspaces, and which branch of an
-``if`` runs (values saved in either branch are counted: an upper bound).  ``scripts/bench_analysis.py`` measures the error against
+``if`` runs (values saved in either branch are counted: an upper bound).  ``benchmarks/bench_analysis.py`` measures the error against
 Paddle's allocator (within 10% on the benchmark models).
 
 Sizes are symbolic in the batch (a ``-1`` dimension is ``B``), so the live

@@ -178,7 +178,6 @@ def main() -> None:
     parser.add_argument("--side", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, TESTS)
-    import numpy as np
     import user_programs as up
     names = args.programs.split(",") if args.programs else list(up.PROGRAMS)
     regimes = args.regimes.split(",")

@@ -32,7 +32,7 @@ the program unchanged.  The harness is scripts/sweep_memory_semantics.py's.
 step holds beyond parameters and optimizer state) against the lowest of
 steps 2-5 of ``host_memory_stat_peak_value('Allocated', 0)`` (reset before
 each step, less what was allocated before the first), as
-scripts/bench_analysis_unknown.py measures it; ``declared`` is the
+benchmarks/bench_analysis_unknown.py measures it; ``declared`` is the
 prediction that reads every ``-1`` dim as the batch (before
 :mod:`memopt.paddle.dim_extents`).  A fresh process per program, IR and GC.
 
@@ -51,6 +51,7 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
 import _bench  # noqa: E402
 import sweep_memory_semantics as harness  # noqa: E402
 from sweep_programs import _env, _one_line  # noqa: E402

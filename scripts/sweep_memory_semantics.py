@@ -58,6 +58,7 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
 import _bench  # noqa: E402
 from sweep_programs import _env, _one_line, same  # noqa: E402
 from sweep_user_programs import _memopt_error  # noqa: E402

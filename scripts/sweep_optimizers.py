@@ -56,6 +56,7 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
 import _bench  # noqa: E402
 from sweep_programs import ROOT, _one_line  # noqa: E402
 # (_matmul: x @ y, legacy matmul_v2 appended by hand; Paddle 3.3.1's paddle.matmul

@@ -33,7 +33,8 @@ import json
 import os
 import sys
 
-import _bench
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
+import _bench  # noqa: E402
 
 import numpy as np
 

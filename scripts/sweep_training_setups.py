@@ -50,6 +50,7 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
 import _bench  # noqa: E402
 from sweep_programs import ROOT, _one_line  # noqa: E402
 

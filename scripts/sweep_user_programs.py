@@ -44,7 +44,8 @@ import traceback
 
 import numpy as np
 
-import _bench
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
+import _bench  # noqa: E402
 from sweep_programs import _data_values, _env, _load_and_run, _one_line, outcome_of, same
 
 BATCH = 256

@@ -34,10 +34,10 @@ Columns (one markdown table):
 
 Usage::
 
-    python scripts/bench_recompute.py                      # all models
-    python scripts/bench_recompute.py --models unet,bert --steps 4
-    python scripts/bench_recompute.py --floors             # the leanest plans' floors (model)
-    python scripts/bench_recompute.py --l2-only --repeat 3 --steps 6   # the L2 column alone
+    python benchmarks/bench_recompute.py                      # all models
+    python benchmarks/bench_recompute.py --models unet,bert --steps 4
+    python benchmarks/bench_recompute.py --floors             # the leanest plans' floors (model)
+    python benchmarks/bench_recompute.py --l2-only --repeat 3 --steps 6   # the L2 column alone
 """
 from __future__ import annotations
 

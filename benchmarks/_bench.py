@@ -1,4 +1,4 @@
-"""What every script of scripts/ shares: timing, medians, MiB and markdown tables.
+"""What every benchmark of benchmarks/ shares: timing, medians, MiB and markdown tables.
 
 - :func:`median_time` runs a function ``repeat`` times and gives the median
   wall-clock and CPU seconds (this process); :func:`median_seconds` the wall
@@ -10,9 +10,10 @@
 - :func:`run_worker` runs the script's ``--worker`` mode in a fresh process
   (one configuration per process) and returns the JSON line it printed.
 
-Scripts import it as ``import _bench`` (``python scripts/x.py`` puts
-scripts/ first on ``sys.path``).  Nothing here knows a figure: every number a
-table shows is measured by the script in the run that prints it.
+Benchmarks import it as ``import _bench`` (``python benchmarks/x.py`` puts
+benchmarks/ first on ``sys.path``; the scripts of scripts/ add it).  Nothing
+here knows a figure: every number a table shows is measured by the script in
+the run that prints it.
 """
 from __future__ import annotations
 

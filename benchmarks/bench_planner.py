@@ -21,9 +21,9 @@ For every problem:
 
 Usage::
 
-    python scripts/bench_planner.py                      # default mode
-    python scripts/bench_planner.py --exact --time-limit 60
-    python scripts/bench_planner.py --problems A,B --no-models --fit
+    python benchmarks/bench_planner.py                      # default mode
+    python benchmarks/bench_planner.py --exact --time-limit 60
+    python benchmarks/bench_planner.py --problems A,B --no-models --fit
 """
 from __future__ import annotations
 

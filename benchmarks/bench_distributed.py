@@ -21,8 +21,8 @@ median step over all runs (the ratio is taken on it) and the worst step.  Exit s
 rewritten run is not bit-identical, a rank fails, or an estimate is more
 than 10% off the measured peak.
 
-    python scripts/bench_distributed.py --quick     # under 8 minutes
-    python scripts/bench_distributed.py             # + GC-on and L0 rows everywhere
+    python benchmarks/bench_distributed.py --quick     # under 8 minutes
+    python benchmarks/bench_distributed.py             # + GC-on and L0 rows everywhere
 """
 from __future__ import annotations
 

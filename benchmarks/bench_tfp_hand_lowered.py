@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/bench_tfp_hand_lowered.py [--tfp-python .tfp-venv/bin/python]
+    python benchmarks/bench_tfp_hand_lowered.py [--tfp-python .tfp-venv/bin/python]
         [--batch 1000] [--repeat 3]
 
 Builds the programs of ``tests/autobatch/tfp_programs.py`` (written against

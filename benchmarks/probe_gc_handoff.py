@@ -31,9 +31,9 @@ counted as one buffer each.
 
 Usage::
 
-    python scripts/probe_gc_handoff.py --models unet,bert --repeat 3 --steps 6
-    python scripts/probe_gc_handoff.py --small --repeat 4 --steps 10
-    python scripts/probe_gc_handoff.py --model --models unet,bert   # model only
+    python benchmarks/probe_gc_handoff.py --models unet,bert --repeat 3 --steps 6
+    python benchmarks/probe_gc_handoff.py --small --repeat 4 --steps 10
+    python benchmarks/probe_gc_handoff.py --model --models unet,bert   # model only
 """
 from __future__ import annotations
 

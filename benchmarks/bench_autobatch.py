@@ -1,6 +1,6 @@
 """Speed and memory of the autobatch VM (NumPy backend) against plain Python.
 
-    python scripts/bench_autobatch.py [--quick] [--repeat 3] [--blas-threads 1]
+    python benchmarks/bench_autobatch.py [--quick] [--repeat 3] [--blas-threads 1]
         [--tf [--tfp-python PATH]]
 
 Workloads (inputs drawn uniformly, seeded): fib (batch 1,000 and 10,000,
@@ -10,7 +10,7 @@ step counts (batch 10,000, n <= 1,000), a NUTS-shaped program (a loop around
 a doubly recursive tree build whose leaf does a 256 x 256 matrix-vector
 product; batch 100 and 1,000), fib batch 1,000 with n <= 10 and is_even batch
 1,000 with n <= 50.  Peers (JAX, hand-vectorized NumPy, TFP 0.25) are
-measured side by side in ``scripts/bench_autobatch_peers.py``.
+measured side by side in ``benchmarks/bench_autobatch_peers.py``.
 
 Columns: the engine the pipeline picks on NumPy (the fused loop for
 call-free programs, the VM otherwise), its seconds (wall-clock and CPU,
@@ -20,7 +20,7 @@ stackless executor (one run), plain Python looping over the examples one by
 one (medians), and the ratio.  Every run's result is checked against plain
 Python.
 
-``--tf`` then runs ``scripts/bench_autobatch_tf.py`` (the TensorFlow
+``--tf`` then runs ``benchmarks/bench_autobatch_tf.py`` (the TensorFlow
 backend in eager, graph and XLA mode, and TFP 0.25's own engine side by side
 when a Python that has it is found) and prints its table.
 
@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--blas-threads", default="1", help="BLAS threads (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tf", action="store_true",
-                        help="then run scripts/bench_autobatch_tf.py: the TensorFlow backend "
+                        help="then run benchmarks/bench_autobatch_tf.py: the TensorFlow backend "
                         "(eager, graph, XLA) and, where a Python with TFP 0.25 is given "
                         "(--tfp-python), TFP's engine on the same programs, side by side")
     parser.add_argument("--tfp-python", default=None,

@@ -40,9 +40,9 @@ ResNet-50 under 0.15 s.
 
 Usage::
 
-    python scripts/bench_memopt.py                  # all models, all configs
-    python scripts/bench_memopt.py --models mlp,cnn --steps 3 --repeat 5
-    python scripts/bench_memopt.py --models vgg,gpt_einsum,amp_bf16 \
+    python benchmarks/bench_memopt.py                  # all models, all configs
+    python benchmarks/bench_memopt.py --models mlp,cnn --steps 3 --repeat 5
+    python benchmarks/bench_memopt.py --models vgg,gpt_einsum,amp_bf16 \
         --configs base-gc-on,L0-gc-on,L1-gc-on --gc-on-runs 10
 """
 from __future__ import annotations

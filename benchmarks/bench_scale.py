@@ -3,7 +3,7 @@
 Targets (issue 8): ``memopt.memory_optimize`` finishes in under 20 s and under
 2 GiB of memory on a 100,000-op legacy program.
 
-    python scripts/bench_scale.py [--ops 100000] [--repeat 3]
+    python benchmarks/bench_scale.py [--ops 100000] [--repeat 3]
 
 The program is a deep residual MLP written straight into a ``ProgramDesc``
 (building it through Paddle's layer API would take minutes), with a feed

@@ -21,8 +21,8 @@ Columns (one markdown table row per model and GC mode):
 
 Usage::
 
-    python scripts/bench_legacy_level2.py                      # the default models
-    python scripts/bench_legacy_level2.py --models branches:256,densenet:8 --steps 7
+    python benchmarks/bench_legacy_level2.py                      # the default models
+    python benchmarks/bench_legacy_level2.py --models branches:256,densenet:8 --steps 7
 """
 from __future__ import annotations
 

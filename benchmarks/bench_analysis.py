@@ -30,12 +30,12 @@ renamed variables are one buffer each, released ones end at their release).
 
 Usage::
 
-    python scripts/bench_analysis.py            # every model, both IRs
-    python scripts/bench_analysis.py --quick    # MLP and CNN only
-    python scripts/bench_analysis.py --models resnet50 --irs pir
-    python scripts/bench_analysis.py --models lstm gru --gc off
-    python scripts/bench_analysis.py --optimize
-    python scripts/bench_analysis.py --legacy-gc-off
+    python benchmarks/bench_analysis.py            # every model, both IRs
+    python benchmarks/bench_analysis.py --quick    # MLP and CNN only
+    python benchmarks/bench_analysis.py --models resnet50 --irs pir
+    python benchmarks/bench_analysis.py --models lstm gru --gc off
+    python benchmarks/bench_analysis.py --optimize
+    python benchmarks/bench_analysis.py --legacy-gc-off
 
 Prints a markdown table.
 """

@@ -6,8 +6,8 @@ One markdown table: per program its op count and the wall seconds of
 and ``memopt.analyze(program)``, each on a fresh build of the program (the
 build is not timed; the programs are never run).
 
-    python scripts/bench_plan_time.py [--programs bert12,resnet50] [--repeat 1]
-    python scripts/bench_plan_time.py --versions /work/main,/work/wK
+    python benchmarks/bench_plan_time.py [--programs bert12,resnet50] [--repeat 1]
+    python benchmarks/bench_plan_time.py --versions /work/main,/work/wK
 
 Programs (all training programs: forward, backward, momentum):
 

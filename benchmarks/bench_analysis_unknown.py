@@ -28,8 +28,8 @@ the overlap: the lowest step is the one closest to the model).
 
 Usage::
 
-    python scripts/bench_analysis_unknown.py              # every row
-    python scripts/bench_analysis_unknown.py --programs resnet18_train --gc off
+    python benchmarks/bench_analysis_unknown.py              # every row
+    python benchmarks/bench_analysis_unknown.py --programs resnet18_train --gc off
 
 Prints a markdown table.
 """
@@ -127,7 +127,6 @@ def _infer_program(name: str, exe, workdir: str):
 
 
 def _feed(rng, batch: int, shape, dtype, classes: int, train: bool) -> dict:
-    import numpy as np
 
     if dtype == "int64":
         x = rng.integers(0, VOCAB, size=(batch, *shape)).astype("int64")

@@ -1,6 +1,6 @@
 """autobatch on TensorFlow (eager / tf.function / XLA) against TFP 0.25's auto_batching.
 
-    python scripts/bench_autobatch_tf.py [--quick] [--repeat 3] [--modes eager,graph,xla]
+    python benchmarks/bench_autobatch_tf.py [--quick] [--repeat 3] [--modes eager,graph,xla]
         [--workloads fib1k,fib10k,collatz10k,nuts1k] [--tfp-python .tfp-venv/bin/python]
 
 Workloads (inputs drawn uniformly, seeded; the same arrays go to both engines):

@@ -10,7 +10,7 @@ peaks then).  A step's peak is
 ``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)`` reset
 before each of 4 steps (parameters and optimizer state included).
 
-    python scripts/bench_optimizer_peaks.py [--optimizers a,b] [--ir pir|legacy] [--width W]
+    python benchmarks/bench_optimizer_peaks.py [--optimizers a,b] [--ir pir|legacy] [--width W]
                                             [--gc-off]
 
 Prints a markdown table: optimizer | analysed | unchanged steps min/max |
@@ -28,7 +28,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench  # noqa: E402
-from sweep_programs import ROOT  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BATCH = 64
 STEPS = 4

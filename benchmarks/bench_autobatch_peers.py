@@ -1,6 +1,6 @@
 """autobatch (NumPy) against its peers, every one measured in this run.
 
-    python scripts/bench_autobatch_peers.py [--repeat 5] [--quick] [--no-jax] [--no-tfp]
+    python benchmarks/bench_autobatch_peers.py [--repeat 5] [--quick] [--no-jax] [--no-tfp]
         [--jax-python .jax-venv/bin/python] [--tfp-python .tfp-venv/bin/python]
 
 Workloads (inputs drawn uniformly, seeded; the same arrays go to every
@@ -43,7 +43,7 @@ Peers, side by side:
 - plain Python: the one-example twin (``autobatch.examples``) looped over
   the batch.
 - TFP 0.25 ``auto_batching`` (TensorFlow backend under XLA) from ``make tfp``'s
-  ``.tfp-venv`` through ``scripts/bench_autobatch_tf.py``'s worker (Collatz,
+  ``.tfp-venv`` through ``benchmarks/bench_autobatch_tf.py``'s worker (Collatz,
   NUTS-shaped and fib; TFP's frontend has no loops, so they are written as
   tail recursion there; no gcd).
 
