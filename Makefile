@@ -5,13 +5,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test setup tfp clean docs lint typecheck format-check dist
+.PHONY: demo test sweep setup tfp clean docs lint typecheck format-check dist
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# The sweep matrices (tests/sweeps/, marked `sweep`, deselected by `make test`):
+# hours of fresh-process Paddle runs; one cell is one test id.
+sweep: $(STAMP)
+	$(BIN)/python -m pytest -q -m sweep tests/sweeps
 
 setup: $(STAMP)
 

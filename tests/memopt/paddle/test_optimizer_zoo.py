@@ -1,4 +1,4 @@
-"""Optimizer set-ups of scripts/sweep_optimizers.py that found bugs.
+"""Optimizer set-ups of tests/sweeps/test_sweep_optimizers.py that found bugs.
 
 - PIR, ``paddle.incubate.optimizer.LarsMomentumOptimizer``: its
   ``pd_op.lars_momentum_`` updates every parameter and velocity through one

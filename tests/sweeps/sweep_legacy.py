@@ -1,5 +1,5 @@
 """Sweep memory_optimize over legacy Paddle training programs and the
-workflows users run around them; print a markdown table.
+workflows users run around them.
 
 Every model is built as a legacy ``ProgramDesc`` (``FLAGS_enable_pir_api=0``
 set before Paddle is imported), rewritten with ``memopt.memory_optimize`` at
@@ -26,37 +26,22 @@ print_log=True``; ``B``: ``skip_grads=False, skip_opt_set={an activation}``
   process, gives the unchanged model's outputs (variant A only: B may merge
   the prediction away, and then saving it must fail naming it).
 
-``peak``: the allocator's peak over the startup program and two steps with
-the GC off (``host_memory_stat_peak_value``: parameters and optimizer state
-included), unchanged, and rewritten at levels 0 and 1 as a ratio to it, each
-measured in a fresh process.
-
-Usage::
-
-    python scripts/sweep_legacy.py                 # every model, the table
-    python scripts/sweep_legacy.py resnet18 lstm   # some models
-    python scripts/sweep_legacy.py --check NAME    # one model's checks, JSON
-    python scripts/sweep_legacy.py --peak NAME LEVEL [grads] [gc=on]  # one peak,
-                                  # bytes (grads: skip_grads=False; LEVEL B: + budget)
-    python scripts/sweep_legacy.py --levels 2,B [MODEL ...]  # those levels' checks,
-                                  # peaks (KiB) GC off and on beside level 1's
-    SWEEP_FORCE_ORDER=greedy python scripts/sweep_legacy.py --levels 2 --check NAME
-                                  # level 2 applies that candidate order whatever
-                                  # its gain (greedy, depth, optimizer)
+The cells are tests of ``test_sweep_legacy.py``, model x configuration
+(``L0A`` ... ``L2B``; a configuration's cell is every check above), each
+model in a fresh process (``--check NAME`` prints one JSON object) with
+``FLAGS_enable_pir_api=0``.  ``SWEEP_FORCE_ORDER=greedy`` (or ``depth``,
+``optimizer``) makes level 2 apply that candidate order whatever its gain.
 """
+import contextlib
+import io
+import json
 import os
+import subprocess
+import sys
+import tempfile
+import traceback
 
-os.environ.setdefault("FLAGS_enable_pir_api", "0")
-
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import traceback  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 STEPS = 3
 LEVELS = (0, 1, 2)
@@ -438,6 +423,21 @@ def force_order(name):
 
 
 def optimize(b, level, variant):
+    """``memory_optimize`` of ``b.main`` at ``level`` in ``variant``: the
+    Report and what print_log printed.  A memopt error must leave the
+    program as it was (its serialized desc byte-identical)."""
+    import memopt
+
+    before = b.main.desc.serialize_to_string()
+    try:
+        return _optimize(b, level, variant)
+    except memopt.errors.MemoptError:
+        if b.main.desc.serialize_to_string() != before:
+            raise AssertionError("memopt refused and left the program changed")
+        raise
+
+
+def _optimize(b, level, variant):
     import memopt
 
     if os.environ.get("SWEEP_FORCE_ORDER") and level == 2:
@@ -746,146 +746,39 @@ def check_infer_only(name):
     return "ok" if bits_equal(*outs) else "DIFFERS"
 
 
-def peak(name, level, skip_grads=True, gc="off"):
-    """The allocator's peak over the startup program and two steps with the
-    GC off (``host_memory_stat_peak_value``; this process only, so run each
-    configuration in a fresh one) and the memory held after the startup
-    program (parameters, optimizer state); ``level`` -1: unchanged."""
-    import paddle
-    from paddle.base import core
-
-    import memopt
-
-    b = Built(name)
-    with gc_mode(gc):
-        if level == BUDGET:
-            budget = optimize(b, BUDGET, "A")[0].budget
-        elif level >= 0:
-            memopt.memory_optimize(b.main, level=level, fetch_list=b.fetch(),
-                                   skip_grads=skip_grads)
-        scope = paddle.static.Scope()
-        rng = np.random.default_rng(1)
-        with paddle.static.scope_guard(scope):
-            exe = paddle.static.Executor(paddle.CPUPlace())
-            paddle.seed(1)
-            exe.run(b.startup)
-            state = core.host_memory_stat_current_value("Allocated", 0)
-            for _ in range(2):
-                exe.run(b.main, feed=b.feed(rng), fetch_list=b.fetch())
-            return [core.host_memory_stat_peak_value("Allocated", 0), state] + (
-                [budget] if level == BUDGET else [])
+#: memopt errors that refuse a program cleanly (the culprit named; optimize
+#: checks the program was left as it was).
+REFUSALS = ("UnsupportedProgramError", "BudgetError")
 
 
-def _child(*args):
-    env = dict(os.environ, FLAGS_enable_pir_api="0")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode:
-        return {"error": proc.stderr.strip().splitlines()[-1][:300] if proc.stderr else "?"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _summary(results):
-    """Collapse per-config results: 'ok' or the first failure per check."""
-    cells = {}
-    for cfg, checks in results.items():
-        if not isinstance(checks, dict):
-            continue
-        for check, value in checks.items():
-            if check in ("merged", "note"):
-                continue
-            if value != "ok" and not str(value).startswith("ok"):
-                cells.setdefault(check, f"{cfg}: {value}")
-            else:
-                cells.setdefault(check, "ok")
-    return cells
-
-
-def _peak_cells(peaks):
-    """'before MiB | L0 ratio | L1 ratio | L0, L1 ratio above the state'."""
-    if not all(isinstance(p, list) for p in peaks):
-        return " | ".join(str(p) for p in peaks) + " | -"
-    (base, state), rest = peaks[0], peaks[1:]
-    whole = [f"{p / base:.2f}x" for p, _ in rest]
-    above = "/".join(f"{(p - s) / (base - state):.2f}x" for p, s in rest)
-    return f"{base / 2**20:.1f} MiB | " + " | ".join(whole) + f" | {above}"
+def config_cell(checks):
+    """One configuration's checks as one cell: 'ok', 'refused: <message>'
+    (every failing check a clean refusal of memopt: the program is one
+    memopt does not take) or 'BUG: <the failing checks>'."""
+    if not isinstance(checks, dict):
+        return "BUG: " + str(checks)[:200]
+    bad = {k: str(v) for k, v in checks.items()
+           if k != "merged" and not k.startswith("note")
+           and not (str(v) == "ok" or str(v).startswith("ok"))}
+    if not bad:
+        return "ok"
+    if all(any(v.startswith(f"ERROR {e} ") for e in REFUSALS) for v in bad.values()):
+        first = next(iter(bad.values()))
+        return "refused: " + first.split(": ", 1)[1][:160]
+    return "BUG: " + "; ".join(f"{k}: {v}" for k, v in bad.items())[:400]
 
 
 def main(argv):
-    levels = LEVELS
-    if argv[:1] == ["--levels"]:  # e.g. --levels 2,B
-        levels = tuple(int(k) if k.isdigit() else k for k in argv[1].split(","))
-        argv = argv[2:]
-    if argv[:1] == ["--check"]:
-        out = check_model(argv[1], levels)
-        if argv[1] in INFER_ONLY:
-            out["infer_only"] = {"forward": _try(check_infer_only, argv[1])}
-        print(json.dumps(out))
-        return 0
-    if argv[:1] == ["--peak"]:  # NAME LEVEL [grads] [gc=on]
-        level = int(argv[2]) if argv[2].lstrip("-").isdigit() else argv[2]
-        gc = "on" if "gc=on" in argv[3:] else "off"
-        print(json.dumps(peak(argv[1], level, "grads" not in argv[3:], gc)))
-        return 0
-    names = argv or list(MODELS)
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        print(f"usage: sweep_legacy.py [MODEL ...]; unknown {', '.join(unknown)}; the "
-              f"models: {', '.join(MODELS)}", file=sys.stderr)
+    if argv[:1] != ["--check"] or len(argv) != 2:
+        print("usage: sweep_legacy.py --check NAME (one model's checks, JSON)", file=sys.stderr)
         return 2
-    cols = ["train_gc_off", "train_gc_on", "cross_off", "cross_on", "fetch", "clone", "save", "parse", "infer"]
-    if levels != LEVELS:
-        return _levels_table(names, levels, cols)
-    print("| model | merged L0/L1 | " + " | ".join(cols) +
-          " | peak before | L0 after | L1 after | L0/L1 above state |")
-    print("|" + "---|" * (len(cols) + 6))
-    details = {}
-    for name in names:
-        res = _child("--check", name)
-        details[name] = res
-        if "paddle" in res or "error" in res:
-            print(f"| {name} | {res.get('paddle') or res.get('error')} |", flush=True)
-            continue
-        cells = _summary(res)
-        merged = "/".join(str(res.get(f"L{k}A", {}).get("merged", "-")) for k in (0, 1))
-        peaks = [_child("--peak", name, str(level)) for level in (-1, 0, 1)]
-        print(f"| {name} | {merged} | " + " | ".join(cells.get(c, "-") for c in cols) +
-              " | " + _peak_cells(peaks) + " |", flush=True)
-    with open(os.environ.get("SWEEP_JSON", "/tmp/sweep_legacy.json"), "w") as f:
-        json.dump(details, f, indent=1)
-    return 0
-
-
-def _levels_table(names, levels, cols):
-    """``--levels``: every check at those levels and each level's measured
-    peak (MiB, startup and two steps) with the GC off and on, level 1's
-    beside it."""
-    flag = ",".join(str(k) for k in levels)
-    shown = [1] + [k for k in levels if k != 1]
-    print("| model | GC | " + " | ".join(f"L{k} peak KiB" for k in shown) + " | " +
-          " | ".join(cols) + " | notes |")
-    print("|" + "---|" * (len(shown) + len(cols) + 3))
-    details = {}
-    for name in names:
-        res = _child("--levels", flag, "--check", name)
-        details[name] = res
-        if "paddle" in res or "error" in res:
-            print(f"| {name} | {res.get('paddle') or res.get('error')} |", flush=True)
-            continue
-        cells = _summary(res)
-        notes = "; ".join(f"{cfg} {k}: {v}" for cfg, r in res.items() if isinstance(r, dict)
-                          for k, v in r.items() if k.startswith("note") and v)
-        for gc in GC:
-            peaks = [_child("--peak", name, str(k), f"gc={gc}") for k in shown]
-            mib = [(f"{p[0] / 2**10:.1f}" + (f" ({p[0] / p[2]:.2f}x budget)" if len(p) > 2 else ""))
-                   if isinstance(p, list) else str(p)[:80] for p in peaks]
-            print(f"| {name} | {gc} | " + " | ".join(mib) + " | " +
-                  " | ".join(cells.get(c, "-")[:120] for c in cols) + f" | {notes[:160]} |",
-                  flush=True)
-    with open(os.environ.get("SWEEP_JSON", "/tmp/sweep_legacy_levels.json"), "w") as f:
-        json.dump(details, f, indent=1)
+    out = check_model(argv[1])
+    if argv[1] in INFER_ONLY:
+        out["infer_only"] = {"forward": _try(check_infer_only, argv[1])}
+    print(json.dumps(out))
     return 0
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("FLAGS_enable_pir_api", "0")  # before Paddle is imported
     sys.exit(main(sys.argv[1:]))

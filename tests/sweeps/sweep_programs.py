@@ -1,4 +1,4 @@
-"""Sweep memory_optimize over real PIR programs the tests do not build.
+"""memory_optimize over real PIR programs the unit tests do not build.
 
 For each program (paddle.vision models, nn.Transformer, bidirectional LSTM/GRU,
 sparse embeddings, dropout, AMP, clipping, schedulers, while_loop/cond,
@@ -8,13 +8,11 @@ for L in 0, 1, 2 (and level 1 with ``skip_grads=False``, level 0 with
 ``print_log=True``) and must give bit-identical fetches and parameters.  On
 the level-2 program the workflows: a ``clone()`` used for eval, ``static.save``
 / ``load`` then more training, ``save_inference_model`` loaded in a new
-process.  The peak (``host_memory_stat_peak_value``) of the unchanged and the
-level-2 program is measured each in a fresh process (Paddle's default flags).
+process.
 
-    python scripts/sweep_programs.py [--models a,b] [--no-peak] [--peak-runs 3]
-
-Prints a markdown table; exits 1 when any row fails.  Each program runs in
-its own process (``--one NAME``) so a crash in one does not stop the sweep.
+The cells are tests of ``test_sweep_programs.py``; each program runs in a
+fresh process of its own (``python sweep_programs.py --one NAME`` prints one
+JSON object), so a crash in one does not stop the others.
 """
 import argparse
 import json
@@ -27,7 +25,7 @@ import traceback
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BATCH = 2
 STEPS = 3
 
@@ -467,21 +465,6 @@ def _load_and_run(prefix, tmp):
         return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
 
 
-def peak_one(name, level):
-    """Peak allocated host bytes of 3 steps, in this (fresh) process."""
-    import paddle
-    import memopt
-
-    paddle.enable_static()
-    main, startup, feed, fetch = build(paddle, name)
-    before = str(main)
-    if level is not None:
-        memopt.memory_optimize(main, level=level, fetch_list=fetch)
-    print("CHANGED " + json.dumps(str(main) != before), flush=True)
-    run(paddle, main, startup, feed, fetch)
-    return int(paddle.base.core.host_memory_stat_peak_value("Allocated", 0))
-
-
 def _one_line(e):
     text = f"{type(e).__name__}: {e}".strip().splitlines()
     return text[0][:160] if text else type(e).__name__
@@ -504,92 +487,12 @@ def _env():
     return env
 
 
-def _child(args, key="RESULT"):
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + args,
-                          capture_output=True, text=True, env=_env(), timeout=3600)
-    for line in proc.stdout.splitlines():
-        if line.startswith(key + " "):
-            return json.loads(line[len(key) + 1:]), proc.stderr
-    return None, proc.stderr
-
-
-def peak_ratio(name, runs):
-    """The level-2 peak over the unchanged program's, each measured in
-    ``runs`` fresh processes (alternating), medians compared: the
-    multi-thread executor's peak varies from run to run (mobilenet_v1,
-    batch 2: 3.9 to 5.2 MB unchanged).  A level-2 program identical to the
-    unchanged one is reported as such, not measured."""
-    changed, err = _child(["--peak", name, "--level", "2"], key="CHANGED")
-    if changed is None:
-        return None, err
-    if not changed:
-        return "1 (level 2 left the program as it was)", ""
-    before, after = [], []
-    for _ in range(runs):
-        b, e1 = _child(["--peak", name])
-        a, e2 = _child(["--peak", name, "--level", "2"])
-        if a is None or b is None:
-            return None, (e1 or "")[-1500:] + (e2 or "")[-1500:]
-        before.append(b)
-        after.append(a)
-    mb, ma = float(np.median(before)), float(np.median(after))
-    return (f"{ma / mb:.3f} (median {ma / 2**20:.2f}/{mb / 2**20:.2f} MiB; "
-            f"min {min(after) / min(before):.3f})"), ma / mb
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(PROGRAMS))
-    parser.add_argument("--no-peak", action="store_true")
-    parser.add_argument("--peak-runs", type=int, default=3,
-                        help="fresh processes per configuration for the peak")
-    parser.add_argument("--one")
-    parser.add_argument("--peak")
-    parser.add_argument("--level", type=int, default=-1)
+    parser.add_argument("--one", required=True, metavar="NAME")
     args = parser.parse_args()
-    if args.one:
-        print("RESULT " + json.dumps(check_one(args.one)), flush=True)
-        return 0
-    if args.peak:
-        level = None if args.level < 0 else args.level
-        print("RESULT " + json.dumps(peak_one(args.peak, level)), flush=True)
-        return 0
-    failed = False
-    print("| program | config | bit-identical | merged | peak L2/unchanged | workflows (L2) | time s |")
-    print("|---|---|---|---|---|---|---|")
-    for name in args.models.split(","):
-        t = time.perf_counter()
-        res, err = _child(["--one", name])
-        if res is None:
-            print(f"| {name} | - | CRASH | | | | {time.perf_counter() - t:.0f} |")
-            sys.stderr.write(err[-3000:])
-            failed = True
-            continue
-        if res["error"]:
-            print(f"| {name} | - | paddle fails unchanged: {res['error']} | | | | |")
-            continue
-        ratio = ""
-        if not args.no_peak:
-            ratio, value = peak_ratio(name, args.peak_runs)
-            if ratio is None:
-                ratio = "peak run failed"
-                sys.stderr.write(value)
-                failed = True
-            elif isinstance(value, float):
-                failed |= value > 1.0
-        for i, (label, row) in enumerate(res["rows"].items()):
-            ok = "y" if row["ok"] else "n " + row.get("error", "")
-            if i == 0 and res.get("note"):
-                ok += f" ({res['note']})"
-            failed |= not row["ok"]
-            print(f"| {name} | {label} | {ok} | {row.get('merged', '')} | "
-                  f"{ratio if label == 'L2' else ''} | {res['workflows'] if i == 0 else ''} | "
-                  f"{row['time']:.1f} |")
-        failed |= not res["workflows"].startswith("ok")
-        if any(not r["ok"] for r in res["rows"].values()) or not res["workflows"].startswith("ok"):
-            sys.stderr.write(err[-4000:])
-        sys.stdout.flush()
-    return 1 if failed else 0
+    print(json.dumps(check_one(args.one)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Check ``level=2`` and ``budget=`` (issue 15) on PIR training programs no
-other script builds, as a user would run them (CPU, Paddle's defaults: GC
+"""``level=2`` and ``budget=`` on PIR training programs no other sweep
+builds, as a user would run them (CPU, Paddle's defaults: GC
 on, the in-place pass, the multi-thread executor).
 
 For each model, each configuration in a fresh process: the unchanged
@@ -10,25 +10,18 @@ of the predicted peak (``pred``) and of the measured one (``meas``: the
 unchanged program's lowest step).  A step's peak is
 ``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)`` reset
 before the step (parameters and optimizer state included, they are
-allocated by then); the table shows the lowest and the largest of steps
-2..``--steps`` over the budget (the promise: <= 1.00), the added compute,
-the planning seconds of the call, whether the losses, fetches and
-parameters over the steps equal the unchanged run's bit for bit, and
-whether the lowest step peak never rose as the budget fell.  A BudgetError
-must leave the program as it was (``str(program)``); planning again at
-``err.smallest_budget`` (batch B) and at ``err.largest_batch`` (the same
-budget) must succeed and fit (both are run).
+allocated by then).  A worker records the step peaks, the added compute,
+the planning seconds and a digest of the losses, fetches and parameters
+over the steps; the test asserts the digest equals the unchanged run's (the
+peaks are reported, not judged).  A BudgetError must leave the program as
+it was (``str(program)``); planning again at ``err.smallest_budget`` (batch
+B) and at ``err.largest_batch`` (the same budget) must succeed.
 
-Usage::
-
-    python scripts/sweep_budget_unknown.py                        # every model
-    python scripts/sweep_budget_unknown.py --models gpt6,mixer --fractions 1,0.6
-    python scripts/sweep_budget_unknown.py 2> rows.jsonl   # each model's row on stderr
-    python scripts/sweep_budget_unknown.py --rows rows.jsonl   # the table again
+The cells are tests of ``test_sweep_budget_unknown.py`` (``--worker MODEL CONFIG BATCH BUDGET
+STEPS`` prints one JSON object).
 """
 from __future__ import annotations
 
-import os
 import argparse
 import contextlib
 import hashlib
@@ -37,8 +30,8 @@ import json
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
-import _bench  # noqa: E402
+import builds
+import cells
 
 FRACTIONS = (1.0, 0.8, 0.6, 0.4)
 
@@ -298,7 +291,7 @@ def worker(name: str, config: str, batch: int, budget: float, steps: int) -> dic
 
     import memopt
 
-    main, startup, feed, fetch = _bench.build_pir_model(MODELS, name)
+    main, startup, feed, fetch = builds.build_pir_model(MODELS, name)
     out: dict = {"model": name, "config": config, "batch": batch, "budget": budget}
     before = str(main)
     log = io.StringIO()
@@ -346,126 +339,24 @@ def worker(name: str, config: str, batch: int, budget: float, steps: int) -> dic
             peaks.append(core.host_memory_stat_peak_value("Allocated", 0))
             for value in values:
                 digest.update(np.asarray(value).tobytes())
-        for pname in _bench.pir_parameter_names(main):
+        for pname in builds.pir_parameter_names(main):
             digest.update(np.array(scope.find_var(pname).get_tensor()).tobytes())
     out.update(peaks=peaks, step_seconds=times, digest=digest.hexdigest())
     return out
 
 
 def run(name, config, batch, budget, steps) -> dict:
-    return _bench.run_worker(__file__, [name, config, batch, repr(float(budget)), steps])
-
-
-def _steady(r):
-    """The step peaks after the first (steps 2..n)."""
-    return r["peaks"][1:] if len(r["peaks"]) > 1 else r["peaks"]
-
-
-def sweep(name, steps, fractions, batch=None) -> dict:
-    batch = batch or MODELS[name][0]
-    base = run(name, "default", batch, 0, steps)
-    row = {"model": name, "batch": batch, "base": base, "budgets": []}
-    if "peaks" not in base:
-        return row
-    row["level2"] = run(name, "level2", batch, 0, steps)
-    refs = {"pred": base["predicted"], "meas": min(_steady(base))}
-    for ref, whole in refs.items():
-        for f in fractions:
-            r = run(name, "budget", batch, f * whole, steps)
-            if r.get("error") == "BudgetError":
-                r["at_smallest"] = run(name, "budget", batch, r["smallest"], steps)
-                if r["largest"]:
-                    r["at_largest"] = run(name, "budget", r["largest"], f * whole, steps)
-            row["budgets"].append((ref, f, r))
-    return row
-
-
-def _mb(n) -> str:
-    return f"{n / 2 ** 20:.2f}"
-
-
-def _fit(r, base_digest=None) -> str:
-    """``lowest-largest`` step peak over the budget (and NOT-IDENTICAL)."""
-    if "peaks" not in r:
-        return r.get("error", "?")[:60].replace("|", "/")
-    s = _steady(r)
-    same = "" if base_digest is None or r["digest"] == base_digest else " NOT-IDENTICAL"
-    return f"{min(s) / r['budget']:.2f}-{max(s) / r['budget']:.2f}{same}"
-
-
-def table(rows, out=print) -> None:
-    t = _bench.Table(["model", "B", "step s", "default MiB pred / steps", "L2 steps / default",
-                      "L2 s", "budget", "peak/budget low-high", "added %", "plan s",
-                      "identical", "BudgetError follow-ups"], "llrlllllrrll", out=out)
-    for row in rows:
-        base = row["base"]
-        if "peaks" not in base:
-            t.row(row["model"], row["batch"], "-", base.get("error", "?")[:80].replace("|", "/"),
-                  *["-"] * 8)
-            continue
-        s0 = _steady(base)
-        head = [row["model"], row["batch"], f"{min(base['step_seconds'][1:] or [0]):.2f}",
-                f"{_mb(base['predicted'])} / {_mb(min(s0))}-{_mb(max(s0))}"]
-        l2 = row["level2"]
-        if "peaks" in l2:
-            s2 = _steady(l2)
-            same = "" if l2["digest"] == base["digest"] else " NOT-IDENTICAL"
-            head += [f"{min(s2) / min(s0):.3f}-{max(s2) / min(s0):.3f}"
-                     f"{'' if l2['changed'] else ' (unchanged)'}{same}", f"{l2['seconds']:.1f}"]
-        else:
-            head += [l2.get("error", "?")[:60].replace("|", "/"), "-"]
-        lows = {}
-        for ref, f, r in row["budgets"]:
-            cells = [f"{round(f * 100)}% {ref} ({_mb(r['budget'])})"]
-            if "peaks" in r:
-                lows.setdefault(ref, []).append(min(_steady(r)))
-                cells += [_fit(r), f"{r.get('added') or 0:.1f}", f"{r['seconds']:.1f}",
-                          "yes" if r["digest"] == base["digest"] else "NO", "-"]
-            elif r.get("error") == "BudgetError":
-                follow = (f"smallest {_mb(r['smallest'])} -> "
-                          f"{_fit(r['at_smallest'], base['digest'])}; largest batch "
-                          f"{r['largest']} -> "
-                          + (_fit(r["at_largest"]) if "at_largest" in r else "-"))
-                cells += ["BudgetError" + ("" if r["unchanged"] else " CHANGED-PROGRAM"),
-                          "-", f"{r['seconds']:.1f}", "-", follow]
-            else:
-                cells += [r.get("error", "?")[:80].replace("|", "/")
-                          + ("" if r.get("unchanged", True) else " CHANGED-PROGRAM"),
-                          "-", "-", "-", "-"]
-            t.row(*head, *cells)
-            head = ["", "", "", "", "", ""]
-        mono = {ref: all(b <= a for a, b in zip(v, v[1:])) for ref, v in lows.items()}
-        t.row("", "", "", "", "", "", "monotone (lowest step)",
-              ", ".join(f"{ref}: {'yes' if ok else 'NO'}" for ref, ok in mono.items())
-              or "- (no plan)",
-              "", "", "", "")
+    """The worker's result, in a fresh process."""
+    return cells.fresh_process(__file__, [name, config, batch, repr(float(budget)), steps])
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS))
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=None, help="override every model's batch")
-    parser.add_argument("--rows", nargs="+", metavar="FILE",
-                        help="print the table of the JSON lines earlier runs wrote on stderr")
-    parser.add_argument("--worker", nargs=5)
+    parser.add_argument("--worker", nargs=5, required=True,
+                        metavar=("MODEL", "CONFIG", "BATCH", "BUDGET", "STEPS"))
     args = parser.parse_args(argv)
-    if args.rows:
-        rows = [json.loads(line) for path in args.rows for line in open(path)
-                if line.startswith('{"model"')]
-        table([dict(r, budgets=[tuple(b) for b in r["budgets"]]) for r in rows])
-        return 0
-    if args.worker:
-        name, config, batch, budget, steps = args.worker
-        print(json.dumps(worker(name, config, int(batch), float(budget), int(steps))))
-        return 0
-    fractions = [float(f) for f in args.fractions.split(",")]
-    rows = []
-    for name in args.models.split(","):
-        rows.append(sweep(name, args.steps, fractions, args.batch))
-        print(json.dumps(rows[-1], default=str), file=sys.stderr, flush=True)
-    table(rows)
+    name, config, batch, budget, steps = args.worker
+    print(json.dumps(worker(name, config, int(batch), float(budget), int(steps))))
     return 0
 
 

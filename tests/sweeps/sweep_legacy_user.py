@@ -1,9 +1,9 @@
 """Sweep memory_optimize over legacy programs written the way Fluid-era users
 wrote them (the book's models, old transpiler tests, optimizers and
-workflows scripts/sweep_legacy.py does not cover); print a markdown table.
+workflows sweep_legacy.py does not cover).
 
 Each program is built as a legacy ``ProgramDesc`` (``FLAGS_enable_pir_api=0``
-before Paddle is imported) and checked with scripts/sweep_legacy.py's harness
+before Paddle is imported) and checked with sweep_legacy.py's harness
 (imported, not copied): levels 0, 1, 2 and ``B`` (``budget=`` 0.9 x
 ``memopt.analyze``'s predicted peak at the feed's batch), variant ``A``
 (``fetch_list=[loss, prediction], print_log=True``) and ``B``
@@ -31,25 +31,17 @@ A raise from memopt that is not a ``memopt.errors.MemoptError`` (or a
 TypeError/ValueError of the arguments) is a bug: the cell names the
 exception and the memopt line it came from.
 
-Usage::
-
-    python scripts/sweep_legacy_user.py                  # every program, the table
-    python scripts/sweep_legacy_user.py word2vec ema     # some programs
-    python scripts/sweep_legacy_user.py --check NAME     # one program's checks, JSON
-    python scripts/sweep_legacy_user.py --peaks [PROGRAM ...]  # measured peaks (GC off)
-    python scripts/sweep_legacy_user.py --table /tmp/sweep_legacy_user.json  # saved table
+The cells are tests of ``test_sweep_legacy_user.py``, program x
+configuration, each program in a fresh process (``--check NAME`` prints one
+JSON object) with ``FLAGS_enable_pir_api=0``.
 """
+import contextlib
+import io
+import json
 import os
+import sys
 
-os.environ.setdefault("FLAGS_enable_pir_api", "0")
-
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_legacy as s  # noqa: E402
@@ -547,13 +539,20 @@ def _save_inference(b, prefix):
 
 _harness_optimize, _harness_train = s.optimize, s.train
 _harness_save_inference = s.save_inference
-s.save_inference = _save_inference
 _default_activation = s._an_activation
-s.MODELS.update(MODELS)
-s.LABELS = tuple(set(s.LABELS) | set(LABELS))
-s.Built, s.optimize, s._an_activation, s.train = UserBuilt, optimize, _an_activation, _train
-s._LOAD_CHILD = s._LOAD_CHILD.replace("import sweep_legacy as s",
-                                      "import sweep_legacy_user\nimport sweep_legacy as s")
+
+
+def install():
+    """Make sweep_legacy's harness run this module's programs (its
+    ``Built``, ``optimize``, ``train``, ``save_inference`` replaced): done
+    by the worker (``main``) and the inference child, never on import."""
+    s.save_inference = _save_inference
+    s.MODELS.update(MODELS)
+    s.LABELS = tuple(set(s.LABELS) | set(LABELS))
+    s.Built, s.optimize, s._an_activation, s.train = UserBuilt, optimize, _an_activation, _train
+    s._LOAD_CHILD = s._LOAD_CHILD.replace(
+        "import sweep_legacy as s",
+        "import sweep_legacy_user\nsweep_legacy_user.install()\nimport sweep_legacy as s")
 
 
 # -- workflows the harness lacks ---------------------------------------------------------------
@@ -750,109 +749,20 @@ def check_user(name):
     return out
 
 
-def _child(name):
-    env = dict(os.environ, FLAGS_enable_pir_api="0")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--check", name],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode:
-        return {"error": proc.stderr.strip().splitlines()[-1][:300] if proc.stderr else "?"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 CONFIGS = ("L0A", "L0B", "L1A", "L1B", "L2A", "L2B", "LBA")
 
 
-#: memopt errors that refuse a program cleanly (unchanged, the culprit named).
-REFUSALS = ("UnsupportedProgramError", "BudgetError")
-
-
-def _cell(checks):
-    """'ok', 'refused: <message>' (every failing check a clean refusal of
-    memopt: the program is one memopt does not take) or 'BUG: <the failing
-    checks>'."""
-    if not isinstance(checks, dict):
-        return str(checks)[:120]
-    bad = {k: str(v) for k, v in checks.items()
-           if k != "merged" and not k.startswith("note")
-           and not (str(v) == "ok" or str(v).startswith("ok"))}
-    if not bad:
-        return "ok"
-    if all(any(v.startswith(f"ERROR {e} ") for e in REFUSALS) for v in bad.values()):
-        first = next(iter(bad.values()))
-        return "refused: " + first.split(": ", 1)[1][:160]
-    return "BUG: " + "; ".join(f"{k}: {v}" for k, v in bad.items())[:240]
-
-
-def print_table(details):
-    print("| program | " + " | ".join(LABELS[c] for c in CONFIGS) + " |")
-    print("|" + "---|" * (len(CONFIGS) + 1))
-    for name, res in details.items():
-        if "paddle" in res or "error" in res:
-            print(f"| {name} | {res.get('paddle') or res.get('error')} |", flush=True)
-            continue
-        print(f"| {name} | " + " | ".join(_cell(res.get(c, "-")) for c in CONFIGS) + " |",
-              flush=True)
-
-
-LABELS = {"L0A": "L0 fetch_list+log", "L0B": "L0 skip+grads", "L1A": "L1 fetch_list+log",
-          "L1B": "L1 skip+grads", "L2A": "L2 fetch_list+log", "L2B": "L2 skip+grads",
-          "LBA": "budget 0.9x"}
-
-
-def _peak_child(name, level):
-    env = dict(os.environ, FLAGS_enable_pir_api="0")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--peak", name, str(level)],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode:
-        return None
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def peaks_table(names):
-    """The allocator's peak (startup and two steps, GC off, fresh process
-    each: sweep_legacy.peak) unchanged and at levels 0, 1, 2."""
-    print("| program | unchanged KiB | L0 | L1 | L2 |")
-    print("|---|---|---|---|---|")
-    for name in names:
-        base = _peak_child(name, -1)
-        if base is None:
-            print(f"| {name} | failed | - | - | - |", flush=True)
-            continue
-        cells = []
-        for level in (0, 1, 2):
-            p = _peak_child(name, level)
-            cells.append("-" if p is None else f"{p[0] / base[0]:.2f}x")
-        print(f"| {name} | {base[0] / 1024:.1f} | " + " | ".join(cells) + " |", flush=True)
-    return 0
-
 
 def main(argv):
-    if argv[:1] == ["--check"]:
-        print(json.dumps(check_user(argv[1])))
-        return 0
-    if argv[:1] == ["--peak"]:  # NAME LEVEL: one peak, this process (GC off)
-        print(json.dumps(s.peak(argv[1], int(argv[2]))))
-        return 0
-    if argv[:1] == ["--table"]:  # the table of a saved SWEEP_JSON
-        with open(argv[1]) as f:
-            print_table(json.load(f))
-        return 0
-    if argv[:1] == ["--peaks"]:
-        return peaks_table(argv[1:] or list(MODELS))
-    names = argv or [*MODELS, *READERS]
-    unknown = [n for n in names if n not in MODELS and n not in READERS]
-    if unknown:
-        print(f"usage: sweep_legacy_user.py [PROGRAM ...]; unknown {', '.join(unknown)}; "
-              f"the programs: {', '.join(MODELS)}", file=sys.stderr)
+    if argv[:1] != ["--check"] or len(argv) != 2:
+        print("usage: sweep_legacy_user.py --check NAME (one program's checks, JSON)",
+              file=sys.stderr)
         return 2
-    details = {}
-    for name in names:
-        details[name] = _child(name)
-    print_table(details)
-    with open(os.environ.get("SWEEP_JSON", "/tmp/sweep_legacy_user.json"), "w") as f:
-        json.dump(details, f, indent=1)
+    install()
+    print(json.dumps(check_user(argv[1])))
     return 0
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("FLAGS_enable_pir_api", "0")  # before Paddle is imported
     sys.exit(main(sys.argv[1:]))

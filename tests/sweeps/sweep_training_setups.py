@@ -30,14 +30,12 @@ and the smallest budget BudgetError names, at level 0 and 2; a program's
 own ``skip_opt_set`` where it has one) is built
 fresh, rewritten, trained in a fresh scope: fetches and every persistable
 must equal the unchanged program's bit for bit (same dtype); an error must
-be memopt's and leave the program as it was.  ``--gc-off`` runs every worker
-(the unchanged program too) with ``FLAGS_eager_delete_tensor_gb=-1``.
+be memopt's and leave the program as it was.
 
-    python scripts/sweep_training_setups.py [--programs a,b] [--ir pir|legacy] [--gc-off]
-
-Prints a markdown table program x config -> ok / refused (message) /
-paddle fails unchanged / DIFFERS / BUG; exits 1 on DIFFERS or BUG.  Each
-program runs in a fresh process.
+The cells are tests of ``test_sweep_training_setups.py``: program x IR x
+config -> ok / refused (message) / paddle fails unchanged / DIFFERS / BUG;
+each program runs in a fresh process (``--worker NAME`` prints one JSON
+object), GC on (Paddle's default) and off.
 """
 import argparse
 import contextlib
@@ -50,9 +48,7 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
-import _bench  # noqa: E402
-from sweep_programs import ROOT, _one_line  # noqa: E402
+from sweep_programs import _one_line  # noqa: E402
 
 BATCH = 64
 STEPS = 3
@@ -612,57 +608,13 @@ def check_one(name):
     return cells
 
 
-def _short(cell):
-    """A table cell: a config's refusal cut to the error's type and the
-    start of its message (the worker's JSON has it whole)."""
-    head, sep, why = cell.partition("(refused: ")
-    if sep:
-        return f"{head}(refused: {why.split(':')[0]})"
-    return cell[:64] + ("..." if len(cell) > 64 else "")
-
-
-def _env(ir, gc_off):
-    env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    if ir == "legacy":
-        env["FLAGS_enable_pir_api"] = "0"
-    if gc_off:
-        env["FLAGS_eager_delete_tensor_gb"] = "-1"
-    return env
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--programs", default=",".join(PROGRAMS))
-    parser.add_argument("--ir", choices=["pir", "legacy", "both"], default="both")
-    parser.add_argument("--gc-off", action="store_true")
-    parser.add_argument("--worker")
+    parser.add_argument("--worker", required=True, metavar="NAME")
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(check_one(args.worker)), flush=True)
-        return 0
-    labels = list(CONFIGS)
-    print("| program | IR | " + " | ".join(labels) + " |")
-    print("|---|---|" + "---|" * len(labels), flush=True)
-    failed = False
-    for name in args.programs.split(","):
-        irs = [PROGRAMS[name][1]] if PROGRAMS[name][1] != "both" else ["pir", "legacy"]
-        for ir in irs:
-            if args.ir not in ("both", ir):
-                continue
-            res = _bench.run_worker(__file__, [name], env=_env(ir, args.gc_off), timeout=900)
-            if "paddle" in res:
-                print(f"| {name} | {ir} | paddle fails unchanged: {res['paddle']} |", flush=True)
-                continue
-            if "error" in res:
-                print(f"| {name} | {ir} | CRASH {res['error']} |", flush=True)
-                failed = True
-                continue
-            cells = [res.get(k, "-") for k in labels]
-            failed |= any(c.startswith(("DIFFERS", "BUG")) for c in cells)
-            note = f" ({res['note']})" if "note" in res else ""
-            print(f"| {name}{note} | {ir} | " + " | ".join(map(_short, cells)) + " |",
-                  flush=True)
-    return 1 if failed else 0
+    print(json.dumps(check_one(args.worker)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

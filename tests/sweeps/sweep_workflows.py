@@ -1,6 +1,6 @@
 """Sweep the workflows a user takes a rewritten program through, both IRs.
 
-Derivations scripts/sweep_user_programs.py, scripts/sweep_legacy_user.py and
+Derivations sweep_user_programs.py, sweep_legacy_user.py and
 tests/memopt/paddle/test_fetch_trust.py do not cover: the deployment
 predictor (``paddle.inference.Config`` + ``create_predictor``, IR optim on /
 off, its own ``enable_memory_optim``) on a ``save_inference_model`` of the
@@ -25,11 +25,10 @@ the rewritten one must give the same bytes and dtypes, or a memopt error
 ``ok`` / ``ok (k refused)`` / ``refused: <message>`` / ``paddle fails
 unchanged too`` / ``BUG: <error>``.
 
-    python scripts/sweep_workflows.py [--programs a,b] [--irs pir,legacy] [--gc on,off]
-    python scripts/sweep_workflows.py --one cnn_bn_dropout pir on   # one worker
-
-Each (program, IR, GC mode) runs in its own process; exits 1 if any cell is
-a BUG.  Legacy programs are built and run under ``OldIrGuard`` (as the
+The cells are tests of ``test_sweep_workflows.py``, program x IR x GC x
+configuration (a configuration's cell is every workflow: :func:`config_cell`);
+each (program, IR, GC mode) runs in its own process
+(``--one cnn_bn_dropout pir on`` prints one JSON object).  Legacy programs are built and run under ``OldIrGuard`` (as the
 tests do): with ``FLAGS_enable_pir_api=0`` in the environment Paddle 3.3.1
 cannot build the Transformer or the while program unchanged (``tanh():
 argument (position 1) must be Value, but got Variable``).  The new process
@@ -50,7 +49,7 @@ import traceback
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BATCH = 4
 CONFIGS = ("L0", "L1", "L2", "budget0.9")
 GC = {"on": 0.0, "off": -1.0}
@@ -989,40 +988,31 @@ def worker(name, ir, gc):
     return rows
 
 
+def config_cell(rows, config):
+    """Every workflow of one configuration as one cell: ``BUG: ...`` if any
+    workflow is one; ``refused: ...`` if memopt refused the program;
+    ``paddle fails unchanged too: ...`` if Paddle could not build it; else
+    ``ok`` (a refused fetch of a merged name and a workflow Paddle fails on
+    the unchanged program too are listed, not failures)."""
+    mine = {flow: cell for flow, c, cell in rows if c in (config, "all", "ref")}
+    bugs = [f"{flow}: {cell}" for flow, cell in mine.items() if cell.startswith("BUG")]
+    if bugs:
+        return "BUG: " + "; ".join(bugs)[:400]
+    if mine.get("build", "").startswith("paddle fails"):
+        return mine["build"]
+    if mine.get("optimize", "").startswith("refused"):
+        return mine["optimize"]
+    notes = [f"{flow}: {cell[:60]}" for flow, cell in mine.items() if not cell.startswith("ok")]
+    return "ok" + (" (" + "; ".join(notes)[:300] + ")" if notes else "")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--programs", default=",".join(PROGRAMS))
-    ap.add_argument("--irs", default="pir,legacy")
-    ap.add_argument("--gc", default="on,off")
-    ap.add_argument("--one", nargs=3, metavar=("PROGRAM", "IR", "GC"))
+    ap.add_argument("--one", nargs=3, metavar=("PROGRAM", "IR", "GC"), required=True)
     args = ap.parse_args()
-    if args.one:
-        rows = worker(*args.one)
-        print("RESULT " + json.dumps([[k[0], k[1], v] for k, v in rows.items()]))
-        return 0
-    bugs = 0
-    print("| program | IR | GC | workflow | " + " | ".join(CONFIGS) + " |")
-    print("|---|---|---|---|" + "---|" * len(CONFIGS))
-    for name in args.programs.split(","):
-        for ir in args.irs.split(","):
-            for gc in args.gc.split(","):
-                done = subprocess.run([sys.executable, os.path.abspath(__file__), "--one",
-                                       name, ir, gc], env=_env(gc), capture_output=True,
-                                      text=True, timeout=3000)
-                line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-                if not line:
-                    bugs += 1
-                    print(f"| {name} | {ir} | {gc} | (worker) | BUG: exit {done.returncode} "
-                          + done.stderr.strip()[-200:].replace("\n", " ") + " |")
-                    continue
-                table = {}
-                for flow, config, cell in json.loads(line[0][7:]):
-                    table.setdefault(flow, {})[config] = cell
-                for flow, cells in table.items():
-                    bugs += sum(c.startswith("BUG") for c in cells.values())
-                    print(f"| {name} | {ir} | {gc} | {flow} | " + " | ".join(
-                        cells.get(c, "") .replace("|", "/") for c in CONFIGS) + " |", flush=True)
-    return 1 if bugs else 0
+    rows = worker(*args.one)
+    print(json.dumps({"rows": [[k[0], k[1], v] for k, v in rows.items()]}))
+    return 0
 
 
 if __name__ == "__main__":

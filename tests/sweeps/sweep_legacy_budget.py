@@ -13,21 +13,18 @@ the budget, the added compute the report gives, and whether every fetch of
 every step and every persistable tensor afterwards (parameters, optimizer
 state, running statistics) equal the unchanged run's bit for bit.
 
-Usage::
-
-    python scripts/sweep_legacy_budget.py
-    python scripts/sweep_legacy_budget.py --models cnn --fractions 1,0.6
+The cells are tests of ``test_sweep_legacy_budget.py`` (``--worker MODEL
+BUDGET STEPS PAUSE LAG`` prints one JSON object; LAG >= 0 checks plans with
+frees that many ops late instead of memopt's ``LEGACY_GC_LAG_OPS``).
 """
 from __future__ import annotations
 
-import os
 import argparse
 import hashlib
 import json
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
-import _bench  # noqa: E402
+import cells
 
 #: name -> memopt.models.build arguments
 MODELS = {
@@ -89,61 +86,18 @@ def worker(model: str, budget: float, steps: int, pause: float, lag: int) -> dic
     return out
 
 
-def run(model: str, budget: float, steps: int, pause: float, lag: int = -1) -> dict:
-    return _bench.run_worker(__file__, [model, repr(float(budget)), steps, pause, lag],
-                             {"FLAGS_enable_pir_api": "0"})
-
-
-def table(rows) -> str:
-    out = ["| model | batch | default peak (lowest step) | budget | peak / budget "
-           "(lowest step) | added FLOPs | bit-identical |", "|" + "---|" * 7]
-    for base, results in rows:
-        if "peak" not in base:
-            out.append(f"| {base.get('model')} | {base.get('error')} |")
-            continue
-        head = (f"| {base['model']} | {base['batch']} | {base['peak'] / 2 ** 20:.2f} MiB "
-                f"({base['lowest'] / 2 ** 20:.2f}) ")
-        for f, r in results:
-            if "peak" in r:
-                same = "yes" if r["digest"] == base["digest"] else "NO"
-                out.append(f"{head}| {f:.0%} | {r['peak'] / r['budget']:.2f} "
-                           f"({r['lowest'] / r['budget']:.2f}) | {r['added']:.1f}% "
-                           f"({r['recomputed']} values) | {same} |")
-            elif r.get("error") == "BudgetError":
-                out.append(f"{head}| {f:.0%} | BudgetError: smallest "
-                           f"{r['smallest'] / 2 ** 20:.2f} MiB, program "
-                           f"{'unchanged' if r['unchanged'] else 'CHANGED'} | - | - |")
-            else:
-                out.append(f"{head}| {f:.0%} | {r.get('error')} | - | - |")
-    return "\n".join(out)
+def run(model: str, budget: float, steps: int, pause: float = 0.0, lag: int = -1) -> dict:
+    """The worker's result, in a fresh process with FLAGS_enable_pir_api=0."""
+    return cells.fresh_process(__file__, [model, repr(float(budget)), steps, pause, lag],
+                               {"FLAGS_enable_pir_api": "0"})
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker", nargs=5)
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--pause", type=float, default=0.0,
-                        help="seconds between steps (0: back to back)")
-    parser.add_argument("--lag", type=int, default=-1,
-                        help="check plans with frees this many ops late "
-                             "(default: memopt's LEGACY_GC_LAG_OPS)")
+    parser.add_argument("--worker", nargs=5, metavar=('MODEL', 'BUDGET', 'STEPS', 'PAUSE', 'LAG'), required=True)
     args = parser.parse_args(argv)
-    if args.worker:
-        model, budget, steps, pause, lag = args.worker
-        print(json.dumps(worker(model, float(budget), int(steps), float(pause), int(lag))))
-        return 0
-    rows = []
-    for model in args.models.split(","):
-        base = run(model, 0, args.steps, args.pause)
-        results = []
-        if "peak" in base:
-            for f in map(float, args.fractions.split(",")):
-                results.append((f, run(model, f * base["peak"], args.steps, args.pause,
-                                       args.lag)))
-        rows.append((base, results))
-    print(table(rows))
+    model, budget, steps, pause, lag = args.worker
+    print(json.dumps(worker(model, float(budget), int(steps), float(pause), int(lag))))
     return 0
 
 

@@ -6,23 +6,19 @@ For each model a fresh process measures the unchanged program's peak ``P``
 ``--steps`` training steps, reset after the startup program: parameters and
 optimizer state included) at batch ``B``; then, each in a fresh process,
 ``memory_optimize(budget=f * P, batch_size=B)`` (a float number of bytes)
-for each fraction ``f``: planned or BudgetError, measured peak / budget
-(the promise: <= 1.00), the added compute the report gives, whether losses,
-fetches and parameters over the steps equal the unchanged run's bit for bit
-(if not, both again with one executor thread), and whether the peak never
-rose as the budget fell.  On a BudgetError the worker also checks the
-program is exactly as it was (``str(program)``), and the driver runs
-``budget=err.smallest_budget`` at ``B`` and ``budget=f * P`` at
-``err.largest_batch`` (both must plan and fit).
+for each fraction ``f``: planned or BudgetError, and a digest of the
+losses, fetches and parameters over the steps, which the test compares with
+the unchanged run's (if they differ, both again with one executor thread);
+the measured peak over the budget is reported, not judged.  On a
+BudgetError the worker checks the program is exactly as it was
+(``str(program)``), and the test runs ``budget=err.smallest_budget`` at
+``B`` and ``budget=f * P`` at ``err.largest_batch`` (both must plan).
 
-Usage::
-
-    python scripts/sweep_budget.py                       # every model
-    python scripts/sweep_budget.py --models gru,vgg11 --fractions 1,0.6
+The cells are tests of ``test_sweep_budget.py`` (``--worker MODEL CONFIG BATCH BUDGET
+STEPS`` prints one JSON object).
 """
 from __future__ import annotations
 
-import os
 import argparse
 import contextlib
 import hashlib
@@ -30,8 +26,8 @@ import io
 import json
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
-import _bench  # noqa: E402
+import builds
+import cells
 
 FRACTIONS = (1.0, 0.8, 0.6, 0.45)
 
@@ -184,7 +180,7 @@ def worker(name: str, config: str, batch: int, budget: float, steps: int) -> dic
 
     import memopt
 
-    main, startup, feed, fetch = _bench.build_pir_model(MODELS, name)
+    main, startup, feed, fetch = builds.build_pir_model(MODELS, name)
     out: dict = {"model": name, "config": config, "batch": batch, "budget": budget}
     if config == "budget":
         before = str(main)
@@ -218,108 +214,24 @@ def worker(name: str, config: str, batch: int, budget: float, steps: int) -> dic
             for value in exe.run(main, feed=feed(rng, batch), fetch_list=fetch):
                 digest.update(np.asarray(value).tobytes())
         out["peak"] = core.host_memory_stat_peak_value("Allocated", 0)
-        for pname in _bench.pir_parameter_names(main):
+        for pname in builds.pir_parameter_names(main):
             digest.update(np.array(scope.find_var(pname).get_tensor()).tobytes())
     out["digest"] = digest.hexdigest()
     return out
 
 
 def run(name, config, batch, budget, steps, env=None) -> dict:
-    return _bench.run_worker(__file__, [name, config, batch, repr(float(budget)), steps], env)
-
-
-def sweep(name, steps, fractions) -> dict:
-    batch = MODELS[name][0]
-    base = run(name, "default", batch, 0, steps)
-    row = {"model": name, "batch": batch, "base": base, "budgets": []}
-    if "peak" not in base:
-        return row
-    for f in fractions:
-        r = run(name, "budget", batch, f * base["peak"], steps)
-        if r.get("error") == "BudgetError":
-            r["at_smallest"] = run(name, "budget", batch, r["smallest"], steps)
-            if r["largest"]:
-                r["at_largest"] = run(name, "budget", r["largest"], f * base["peak"], steps)
-        row["budgets"].append((f, r))
-    differs = [(f, r) for f, r in row["budgets"]
-               if r.get("digest", base["digest"]) != base["digest"]]
-    if differs:
-        # Paddle's multi-thread executor runs the random ops of independent
-        # branches (GoogLeNet's three dropout heads) in whichever order its
-        # threads reach them, so the unchanged program's own results hang on
-        # its schedule; with one thread (FLAGS_new_executor_serial_run) the
-        # order is the program's dataflow order, the same in both programs
-        serial = {"FLAGS_new_executor_serial_run": "1"}
-        f = differs[0][0]
-        a = run(name, "default", batch, 0, steps, serial)
-        b = run(name, "budget", batch, f * base["peak"], steps, serial)
-        row["serial_same"] = "digest" in a and a.get("digest") == b.get("digest")
-    return row
-
-
-def _fit(r, base_digest=None) -> str:
-    if "peak" not in r:
-        return r.get("error", "?")[:80]
-    same = "" if base_digest is None or r["digest"] == base_digest else " NOT-IDENTICAL"
-    return f"{r['peak'] / r['budget']:.2f}{same}"
-
-
-def table(rows) -> str:
-    fr = [f for f, _ in rows[0]["budgets"]] if rows else FRACTIONS
-    head = ["model", "batch", "default peak"] + [f"b={round(f * 100)}%" for f in fr] \
-        + ["monotone", "bit-identical", "BudgetError follow-ups"]
-    out: list = []
-    _bench.Table(head, out=out.append)
-    for row in rows:
-        base = row["base"]
-        if "peak" not in base:
-            out.append(f"| {row['model']} | {row['batch']} | {base.get('error')} |")
-            continue
-        cells = [row["model"], str(row["batch"]), f"{base['peak'] / 2 ** 20:.1f} MiB"]
-        peaks, same, notes = [], True, []
-        for f, r in row["budgets"]:
-            if "peak" in r:
-                cells.append(f"{r['peak'] / r['budget']:.2f} (+{r.get('added', 0):.0f}%, "
-                             f"{r.get('recomputed', 0)} rec)")
-                peaks.append(r["peak"])
-                same &= r["digest"] == base["digest"]
-                if r.get("log_says_recompute") is False:
-                    notes.append(f"{f}: print_log silent on recompute")
-            elif r.get("error") == "BudgetError":
-                cells.append("BudgetError" + ("" if r.get("unchanged") else " CHANGED-PROGRAM"))
-                notes.append(f"{f}: smallest {r['smallest'] / 2 ** 20:.1f} MiB -> "
-                             f"{_fit(r['at_smallest'], base['digest'])}; largest batch "
-                             f"{r['largest']} -> "
-                             + (_fit(r['at_largest']) if 'at_largest' in r else "-"))
-            else:
-                cells.append(r.get("error", "?")[:80].replace("|", "/")
-                             + ("" if r.get("unchanged", True) else " CHANGED-PROGRAM"))
-        mono = all(b <= a for a, b in zip(peaks, peaks[1:]))
-        identical = "yes" if same else "NO" + {
-            True: " (identical with one executor thread)",
-            False: " (nor with one executor thread)"}.get(row.get("serial_same"), "")
-        cells += ["yes" if mono else "NO", identical, "; ".join(notes) or "-"]
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)
+    """The worker's result, in a fresh process."""
+    return cells.fresh_process(__file__, [name, config, batch, repr(float(budget)), steps], env)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS))
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--worker", nargs=5)
+    parser.add_argument("--worker", nargs=5, required=True,
+                        metavar=("MODEL", "CONFIG", "BATCH", "BUDGET", "STEPS"))
     args = parser.parse_args(argv)
-    if args.worker:
-        name, config, batch, budget, steps = args.worker
-        print(json.dumps(worker(name, config, int(batch), float(budget), int(steps))))
-        return 0
-    fractions = [float(f) for f in args.fractions.split(",")]
-    rows = []
-    for name in args.models.split(","):
-        rows.append(sweep(name, args.steps, fractions))
-        print(json.dumps(rows[-1], default=str), file=sys.stderr, flush=True)
-    print(table(rows))
+    name, config, batch, budget, steps = args.worker
+    print(json.dumps(worker(name, config, int(batch), float(budget), int(steps))))
     return 0
 
 

@@ -1,5 +1,5 @@
 """Sweep the ``memopt`` command as a new user meets it, on saved models of
-every kind, both IRs; print a markdown table model x subcommand.
+every kind, both IRs: model x subcommand.
 
 Models (saved the ways users save them, into a scratch directory):
 ``paddle.static.save_inference_model`` of one input, of several (int64 ids
@@ -25,22 +25,18 @@ has no scope variables for ``paddle.static.load`` to fill), ``estimate
 with one ``memopt: error:`` / ``usage:`` line, no traceback, and leave the
 input model as it was.
 
-Cells: ``ok`` / ``refused: <line>`` (a clean refusal) / ``BUG: <what>``.
-
-    python scripts/sweep_cli.py [--models DIR] [--quick]
-
-``--quick`` leaves out the paddle.vision models.  Exits 1 on any BUG.
+Cells: ``ok`` / ``refused: <line>`` (a clean refusal) / ``BUG: <what>``;
+they are the tests of ``test_sweep_cli.py`` (this module builds the models,
+``--build IR DIR``, and runs a written one, ``--run``, in worker processes).
 """
 import argparse
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
-import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: keys ``memopt analyze --json`` documents (README, "The memopt command")
 ANALYZE_KEYS = ("model", "ir", "batch_size", "peak_bytes", "peak_op", "persistable_bytes",
@@ -489,57 +485,18 @@ def sweep_bad(root, tmp):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", help="scratch dir for the models (default: a temp dir)")
-    parser.add_argument("--quick", action="store_true", help="no paddle.vision models")
-    parser.add_argument("--build", nargs=2, metavar=("IR", "DIR"), help=argparse.SUPPRESS)
-    parser.add_argument("--run", nargs=6, metavar="X", help=argparse.SUPPRESS)
-    parser.add_argument("--quick-build", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--build", nargs=2, metavar=("IR", "DIR"),
+                        help="save every model of IR under DIR")
+    parser.add_argument("--quick-build", action="store_true",
+                        help="with --build: no paddle.vision models")
+    parser.add_argument("--run", nargs=6, metavar="X",
+                        help="run a written model (IR ROOT NAME PREFIX HOW OUT)")
     args = parser.parse_args()
     if args.build:
         return build_models(args.build[0], args.build[1], args.quick_build)
     if args.run:
         return run_model(*args.run)
-
-    base = args.models or tempfile.mkdtemp(prefix="memopt_sweep_cli_")
-    tmp = os.path.join(base, "out")
-    os.makedirs(tmp, exist_ok=True)
-    table = []
-    for ir in ("pir", "legacy"):
-        root = os.path.join(base, ir)
-        if not os.path.isfile(os.path.join(root, "feeds.npz")):
-            os.makedirs(root, exist_ok=True)
-            built = worker("--build", ir, root, *(["--quick-build"] if args.quick else []), ir=ir)
-            if built.returncode:
-                sys.exit(f"building the {ir} models failed:\n{built.stderr[-2000:]}")
-        names = sorted({re.sub(r"\.(json|pdmodel|unsaved)$", "", f) for f in os.listdir(root)
-                        if f.endswith((".json", ".pdmodel", ".unsaved"))}
-                       | {d for d in os.listdir(root) if d.startswith("vars_")})
-        for name in names:
-            if args.quick and name in VISION:
-                continue
-            unsaved = os.path.join(root, name + ".unsaved")
-            if os.path.exists(unsaved):
-                table.append((ir, name, {"analyze": "not saved (Paddle: "
-                                         + open(unsaved).read()[:60] + ")"}))
-                continue
-            print(f"sweeping {ir} {name}", file=sys.stderr, flush=True)
-            table.append((ir, name, sweep_model(ir, root, name, tmp)))
-    columns = []
-    for _, _, row in table:
-        columns += [c for c in row if c not in columns]
-    print("| IR | model | " + " | ".join(columns) + " |")
-    print("|" + "---|" * (len(columns) + 2))
-    for ir, name, row in table:
-        print(f"| {ir} | {name} | " + " | ".join(row.get(c, "-") for c in columns) + " |")
-    print()
-    bad = sweep_bad(base, tmp)
-    print("| bad input | command | result |\n|---|---|---|")
-    for case, command, verdict in bad:
-        print(f"| {case} | memopt {command} | {verdict} |")
-    cells = [v for _, _, row in table for v in row.values()] + [v for _, _, v in bad]
-    bugs = sum(1 for v in cells if v.startswith("BUG"))
-    print(f"\n{len(cells)} cells, {bugs} BUG")
-    return 1 if bugs else 0
+    parser.error("--build or --run")
 
 
 if __name__ == "__main__":

@@ -26,40 +26,24 @@ default) and off (``FLAGS_eager_delete_tensor_gb=-1``), a fresh process per
 of every step and every persistable afterwards must equal the unchanged
 program's (same dtype, shape, bytes); and ``budget=`` the smallest budget
 a BudgetError at 1 byte names (where memopt recomputes the most).  A refusal must be a memopt error with
-the program unchanged.  The harness is scripts/sweep_memory_semantics.py's.
+the program unchanged.  The harness is sweep_memory_semantics.py's.
 
-``--peak``: ``analyze(...).peak(batch)`` of the unchanged program (what a
-step holds beyond parameters and optimizer state) against the lowest of
-steps 2-5 of ``host_memory_stat_peak_value('Allocated', 0)`` (reset before
-each step, less what was allocated before the first), as
-benchmarks/bench_analysis_unknown.py measures it; ``declared`` is the
-prediction that reads every ``-1`` dim as the batch (before
-:mod:`memopt.paddle.dim_extents`).  A fresh process per program, IR and GC.
-
-    python scripts/sweep_dynamic_shapes.py [--programs a,b] [--ir pir,legacy]
-                                           [--gc on,off] [--peak]
-
-Prints a markdown table program x config -> ok / refused (message) /
-paddle fails unchanged / DIFFERS / BUG; exits 1 on a bug.
+The cells are tests of ``test_sweep_dynamic_shapes.py``: program x IR x GC
+x config -> ok / refused (message) / paddle fails unchanged / DIFFERS /
+BUG; each program runs in a fresh process per IR and GC (``--worker NAME``
+prints one JSON object).
 """
 import argparse
 import json
 import os
 import sys
-import traceback
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
-import _bench  # noqa: E402
 import sweep_memory_semantics as harness  # noqa: E402
-from sweep_programs import _env, _one_line  # noqa: E402
 
 BATCH = 64
-harness.BATCH = BATCH
-#: steps a --peak run measures (the first is a warm-up, shown apart)
-PEAK_STEPS = 5
 
 
 def _pir(paddle):
@@ -444,126 +428,16 @@ PROGRAMS = {
 CONFIGS = [("L0", [dict(level=0)]), ("L1", [dict(level=1)]), ("L2", [dict(level=2)]),
            ("budget0.9", ["budget"]), ("budget@smallest", ["smallest"])]
 
-harness.PROGRAMS = PROGRAMS
-harness.configs_of = lambda name: CONFIGS
-
-
-# -- prediction --------------------------------------------------------------------
-
-def peak_one(name):
-    """analyze's step peak of the unchanged program (``Analysis.peak``: what
-    a step holds beyond parameters and optimizer state) with and without
-    :mod:`memopt.paddle.dim_extents` (``declared``: every ``-1`` read as the
-    batch), and each of 5 steps' allocator peak
-    (``host_memory_stat_peak_value``, reset before the step) minus what was
-    allocated before the first, in this (fresh) process."""
-    import paddle
-    import memopt
-    from memopt.paddle import dim_extents
-
-    core = paddle.base.core
-    paddle.enable_static()
-    main, startup, feed, fetch = harness.build(paddle, name)
-    predicted = memopt.analyze(main, BATCH, fetch_list=fetch).peak(BATCH)
-    visit = dim_extents.DimExtents.visit
-    dim_extents.DimExtents.visit = lambda *a, **k: None
-    try:
-        declared = memopt.analyze(main, BATCH, fetch_list=fetch).peak(BATCH)
-    finally:
-        dim_extents.DimExtents.visit = visit
-    scope = paddle.static.Scope()
-    rng = np.random.default_rng(0)
-    peaks = []
-    with paddle.static.scope_guard(scope):
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        paddle.seed(1)
-        exe.run(startup)
-        base = core.host_memory_stat_current_value("Allocated", 0)
-        for _ in range(PEAK_STEPS):
-            data = feed(rng)
-            core.host_memory_stat_reset_peak_value("Allocated", 0)
-            exe.run(main, feed=data, fetch_list=fetch)
-            peaks.append(int(core.host_memory_stat_peak_value("Allocated", 0) - base))
-    return {"program": name, "predicted": int(predicted), "declared": int(declared),
-            "peaks": peaks}
-
-
-def _groups(args):
-    for ir in args.ir.split(","):
-        for gc in args.gc.split(","):
-            env = {"PYTHONPATH": _env()["PYTHONPATH"],
-                   "FLAGS_enable_pir_api": "1" if ir == "pir" else "0"}
-            if gc == "off":
-                env["FLAGS_eager_delete_tensor_gb"] = "-1"
-            yield ir, gc, env
-
-
-def _check_group(names, env):
-    """check_one of each name in one fresh process; a crash reruns the rest
-    one per process so it is charged to its program."""
-    res = _bench.run_worker(__file__, [",".join(names)], env=env, timeout=3000)
-    if "results" in res:
-        return res["results"]
-    return [_bench.run_worker(__file__, [n], env=env, timeout=900).get("results", [
-        {"program": n, "cells": {}, "error": "", "crash": True}])[0] for n in names]
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--programs", default=",".join(PROGRAMS))
-    parser.add_argument("--ir", default="pir,legacy")
-    parser.add_argument("--gc", default="on,off")
-    parser.add_argument("--peak", action="store_true")
-    parser.add_argument("--worker")
-    parser.add_argument("--peak-worker")
+    parser.add_argument("--worker", required=True, metavar="NAME")
     args = parser.parse_args()
-    if args.worker:
-        results = [harness.check_one(n) for n in args.worker.split(",")]
-        print(json.dumps({"results": results}), flush=True)
-        return 0
-    if args.peak_worker:
-        try:
-            print(json.dumps(peak_one(args.peak_worker)), flush=True)
-        except Exception as e:
-            traceback.print_exc()
-            print(json.dumps({"error": _one_line(e)}), flush=True)
-        return 0
-    names = args.programs.split(",")
-    if args.peak:
-        print("| program | IR | GC | declared MiB | predicted MiB | lowest of steps 2-5 MiB "
-              "| declared / lowest | predicted / lowest |")
-        print("|---|---|---|---|---|---|---|---|")
-        for ir, gc, env in _groups(args):
-            for n in names:
-                res = _peak_child(n, env)
-                if "peaks" not in res:
-                    print(f"| {n} | {ir} | {gc} | - | - | - | - | {res.get('error', '')[:120]} |")
-                    continue
-                low = max(1, min(res["peaks"][1:]))
-                print(f"| {n} | {ir} | {gc} | {res['declared'] / 2**20:.3f} | "
-                      f"{res['predicted'] / 2**20:.3f} | {low / 2**20:.3f} | "
-                      f"{res['declared'] / low:.3f} | {res['predicted'] / low:.3f} |", flush=True)
-        return 0
-    failed = False
-    print("| program | IR | GC | config | result |")
-    print("|---|---|---|---|---|")
-    for ir, gc, env in _groups(args):
-        for res in _check_group(names, env):
-            failed |= harness.print_rows(res["program"], ir, gc, res)
-    return 1 if failed else 0
-
-
-def _peak_child(name, env):
-    import subprocess
-
-    full = dict(os.environ, **env)
-    full.setdefault("GLOG_minloglevel", "2")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--peak-worker", name],
-                          capture_output=True, text=True, env=full, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        return {"error": "crashed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    return json.loads(lines[-1])
+    harness.BATCH = BATCH
+    harness.PROGRAMS = PROGRAMS
+    harness.configs_of = lambda name: CONFIGS
+    print(json.dumps(harness.check_one(args.worker)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

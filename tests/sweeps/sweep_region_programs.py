@@ -23,7 +23,8 @@ machine a step can peak above the plan, ``pir_budget.GC_LAG_OPS``); then one ste
 digest covers every fetch, the clone's fetches and the parameters after
 the steps; a BudgetError worker checks ``str(program)`` is unchanged.
 
-    python scripts/sweep_region_programs.py [--models a,b] [--fractions 1,0.9,0.8]
+The cells are tests of ``test_sweep_region_programs.py`` (``--worker MODEL
+CONFIG FRACTION STEPS`` prints one JSON object).
 """
 from __future__ import annotations
 
@@ -33,10 +34,9 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
-import _bench  # noqa: E402
-
 import numpy as np
+
+import cells
 
 BATCH = int(os.environ.get("SWEEP_BATCH", 8))
 #: cond_big_reads' batch: its activations (batch x 1024 floats each) outweigh
@@ -230,55 +230,16 @@ def worker(name: str, config: str, fraction: float, steps: int) -> dict:
 
 
 def run(name: str, config: str, fraction: float, steps: int) -> dict:
-    return _bench.run_worker(__file__, [name, config, repr(fraction), steps])
-
-
-def row(name: str, steps: int, fractions) -> str:
-    mib = 2 ** 20
-    base = run(name, "default", 0.0, steps)
-    if "peak" not in base:
-        return f"| {name} | {base.get('error')} |"
-    l2 = run(name, "level2", 0.0, steps)
-    if "peak" in l2:
-        cell = (f"{l2['predicted'] / mib:.2f}/{base['predicted_default'] / mib:.2f} pred, "
-                f"{l2['low'] / mib:.2f}/{base['low'] / mib:.2f} meas (lowest step)"
-                + ("" if l2["digest"] == base["digest"] else " NOT-IDENTICAL"))
-    else:
-        cell = l2.get("error", "?")[:80]
-    cells = [name, cell]
-    for f in fractions:
-        r = run(name, "budget", f, steps)
-        if "peak" in r:
-            same = "same" if r["digest"] == base["digest"] else "NOT-IDENTICAL"
-            cells.append(f"{r['low'] / r['budget']:.2f}-{r['peak'] / r['budget']:.2f} "
-                         f"(+{r['added']:.1f}%, "
-                         f"{r['recomputed']} rec, {same})")
-        elif r.get("error") == "BudgetError":
-            cells.append(f"BudgetError (smallest {r['smallest'] / mib:.2f} MiB, "
-                         + ("unchanged)" if r["unchanged"] else "CHANGED)"))
-        else:
-            cells.append(r.get("error", "?")[:80] + {True: " (unchanged)", False: " CHANGED"}
-                         .get(r.get("unchanged"), ""))
-    return "| " + " | ".join(cells) + " |"
+    """The worker's result, in a fresh process."""
+    return cells.fresh_process(__file__, [name, config, repr(fraction), steps])
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker", nargs=4, metavar=("MODEL", "CONFIG", "FRACTION", "STEPS"))
-    parser.add_argument("--models", default=",".join(PROGRAMS))
-    parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--worker", nargs=4, metavar=('MODEL', 'CONFIG', 'FRACTION', 'STEPS'), required=True)
     args = parser.parse_args(argv)
-    if args.worker:
-        name, config, fraction, steps = args.worker
-        print(json.dumps(worker(name, config, float(fraction), int(steps))))
-        return 0
-    fractions = [float(f) for f in args.fractions.split(",")]
-    head = ["program", "level 2 / default (MiB)"] + [
-        f"budget {f:g} x predicted: step peaks / budget (lowest-highest)" for f in fractions]
-    _bench.Table(head)
-    for name in args.models.split(","):
-        print(row(name, args.steps, fractions), flush=True)
+    name, config, fraction, steps = args.worker
+    print(json.dumps(worker(name, config, float(fraction), int(steps))))
     return 0
 
 

@@ -34,16 +34,12 @@ pows, LR variables, EMA shadows, step counters) must equal the unchanged
 program's bit for bit (same dtype); an error must be memopt's and leave the
 program as it was.
 
-One fresh process per (IR, GC) group runs every program of the group:
-PIR (Paddle's default) and legacy (``FLAGS_enable_pir_api=0`` before Paddle
-is imported) x GC on (the default) and off
-(``FLAGS_eager_delete_tensor_gb=-1``).  A group whose process crashes is
-rerun one program per process to say which.
-
-    python scripts/sweep_optimizers.py [--programs a,b] [--ir pir,legacy] [--gc on,off]
-
-Prints a markdown table program x config -> ok / refused (message) /
-paddle fails unchanged / DIFFERS / BUG; exits 1 on DIFFERS or BUG.
+The cells are tests of ``test_sweep_optimizers.py``: program x IR (PIR,
+Paddle's default; legacy, ``FLAGS_enable_pir_api=0`` before Paddle is
+imported) x GC (on, the default; off, ``FLAGS_eager_delete_tensor_gb=-1``)
+x config -> ok / refused (message) / paddle fails unchanged / DIFFERS /
+BUG; one fresh process per program, IR and GC (``--worker NAMES`` prints
+one JSON object, ``{program: cells}``).
 """
 import argparse
 import contextlib
@@ -56,12 +52,10 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
-import _bench  # noqa: E402
-from sweep_programs import ROOT, _one_line  # noqa: E402
+from sweep_programs import _one_line  # noqa: E402
 # (_matmul: x @ y, legacy matmul_v2 appended by hand; Paddle 3.3.1's paddle.matmul
 # takes PIR Values only)
-from sweep_training_setups import (_matmul, _pir, _short, _text_of,  # noqa: E402
+from sweep_training_setups import (_matmul, _pir, _text_of,  # noqa: E402
                                    persistable_names, same)
 from sweep_user_programs import _memopt_error  # noqa: E402
 
@@ -562,60 +556,12 @@ def check_group(names):
     return {name: check_one(name) for name in names}
 
 
-def _env(ir, gc):
-    env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    if ir == "legacy":
-        env["FLAGS_enable_pir_api"] = "0"
-    if gc == "off":
-        env["FLAGS_eager_delete_tensor_gb"] = "-1"
-    return env
-
-
-def _group(names, ir, gc):
-    """{program: cells} of one (IR, GC) group: one process, or one per
-    program when the group's process crashed."""
-    res = _bench.run_worker(__file__, [",".join(names)], env=_env(ir, gc), timeout=1800)
-    if "error" not in res:
-        return res
-    return {n: _bench.run_worker(__file__, [n], env=_env(ir, gc), timeout=900).get(n)
-            or {"crash": res["error"]} for n in names}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--programs", default=",".join(PROGRAMS))
-    parser.add_argument("--ir", default="pir,legacy")
-    parser.add_argument("--gc", default="on,off")
-    parser.add_argument("--worker")
+    parser.add_argument("--worker", required=True, metavar="NAMES")
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(check_group(args.worker.split(","))), flush=True)
-        return 0
-    names = args.programs.split(",")
-    print("| program | IR | GC | " + " | ".join(CONFIGS) + " |")
-    print("|---|---|---|" + "---|" * len(CONFIGS), flush=True)
-    failed, counts = False, {}
-    for ir in args.ir.split(","):
-        for gc in args.gc.split(","):
-            results = _group(names, ir, gc)
-            for name in names:
-                cells = results[name]
-                if "paddle" in cells or "crash" in cells:
-                    kind = "paddle fails unchanged" if "paddle" in cells else "CRASH"
-                    failed |= kind == "CRASH"
-                    counts[kind] = counts.get(kind, 0) + 1
-                    print(f"| {name} | {ir} | {gc} | {kind}: "
-                          f"{cells.get('paddle') or cells.get('crash')} |", flush=True)
-                    continue
-                row = [cells.get(k, "-") for k in CONFIGS]
-                for c in row:
-                    kind = c.split(" ")[0].rstrip(":")
-                    counts[kind] = counts.get(kind, 0) + 1
-                failed |= any(c.startswith(("DIFFERS", "BUG")) for c in row)
-                print(f"| {name} | {ir} | {gc} | " + " | ".join(map(_short, row)) + " |",
-                      flush=True)
-    print("\ncells: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    return 1 if failed else 0
+    print(json.dumps(check_group(args.worker.split(","))), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

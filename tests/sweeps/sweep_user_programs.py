@@ -1,6 +1,6 @@
 """Sweep memory_optimize over PIR programs as a new user writes them.
 
-Program kinds scripts/sweep_programs.py and the region/budget sweeps do not
+Program kinds sweep_programs.py and the region/budget sweeps do not
 build: gradients fetched without an optimizer, two losses with two
 optimizers, Lamb/Adagrad/RMSProp/Adadelta/nesterov Momentum with LR
 schedulers, clipping and L2 decay, Conv1D/Conv3D/Conv2DTranspose with
@@ -24,13 +24,9 @@ and leave ``str(program)`` as it was.  Workflows on the level-2 program:
 ``save_inference_model`` loaded in a new process.  A raise that is not a
 memopt error (KeyError, AttributeError, ... from inside memopt) is a bug.
 
-    python scripts/sweep_user_programs.py [--models a,b] [--gc-off]
-
-``--gc-off`` runs every worker with ``FLAGS_eager_delete_tensor_gb=-1``
-(the unchanged program too).
-
-Prints a markdown table; exits 1 when any row fails.  Each program runs in
-its own process.
+The cells are tests of ``test_sweep_user_programs.py`` (GC on and off);
+each program runs in its own process (``--worker NAME`` prints one JSON
+object).
 """
 import argparse
 import contextlib
@@ -44,9 +40,7 @@ import traceback
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
-import _bench  # noqa: E402
-from sweep_programs import _data_values, _env, _load_and_run, _one_line, outcome_of, same
+from sweep_programs import _data_values, _load_and_run, _one_line, outcome_of, same
 
 BATCH = 256
 STEPS = 3
@@ -741,43 +735,10 @@ def workflows(paddle, memopt, name, ref):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(PROGRAMS))
-    parser.add_argument("--worker")
-    parser.add_argument("--gc-off", action="store_true",
-                        help="run with Paddle's garbage collector off")
+    parser.add_argument("--worker", required=True, metavar="NAME")
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(check_one(args.worker)), flush=True)
-        return 0
-    failed = False
-    table = _bench.Table(["program", "config", "result", "merged", "time s"])
-    for name in args.models.split(","):
-        env = {"PYTHONPATH": _env()["PYTHONPATH"]}
-        if args.gc_off:
-            env["FLAGS_eager_delete_tensor_gb"] = "-1"
-        res = _bench.run_worker(__file__, [name], env=env, timeout=1800)
-        if "rows" not in res:
-            table.row(name, "-", "CRASH " + res.get("error", ""), "", "")
-            failed = True
-            continue
-        if res["error"]:
-            table.row(name, "-", "paddle fails unchanged: " + res["error"], "", "")
-            continue
-        for label, row in res["rows"].items():
-            if row["ok"]:
-                text = "ok" + (f" (refused: {row['refusal']})" if row.get("refusal") else "")
-                if "recomputed" in row:
-                    text += f" ({row['recomputed']} recomputed)"
-            else:
-                text = "BUG " + row.get("error", "")
-                failed = True
-            table.row(name, label, text, row.get("merged", ""), f"{row['time']:.1f}")
-        for label in ("budget_error", "workflows"):
-            text = res.get(label, "")
-            failed |= not text.startswith("ok")
-            table.row(name, label, text if text.startswith("ok") else "BUG " + text, "", "")
-        sys.stdout.flush()
-    return 1 if failed else 0
+    print(json.dumps(check_one(args.worker)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Sweep memory_optimize over programs whose ops have unusual memory semantics.
 
-Programs scripts/sweep_programs.py, sweep_user_programs.py, sweep_legacy_user.py
+Programs sweep_programs.py, sweep_user_programs.py, sweep_legacy_user.py
 and sweep_region_programs.py do not build: static-mode slice assignment
 (``x[1:3] = y``, ``x[:, 0] = 0.0``, mask / index-tensor setitem,
 ``paddle.static.setitem``, inside ``cond``, into a feed: set_value ops
@@ -41,11 +41,9 @@ UnsupportedProgramError, ...) and leave the program as it was; a PlanError
 (memopt.verify's independent checks of the plan failed) or GraphError is a
 bug.
 
-    python scripts/sweep_memory_semantics.py [--programs a,b] [--ir pir,legacy]
-                                             [--gc on,off]
-
-Prints a markdown table program x config -> ok / refused (message) /
-paddle fails unchanged / DIFFERS / BUG; exits 1 on a bug.
+The cells are tests of ``test_sweep_memory_semantics.py``: program x IR x
+GC x config -> ok / refused (message) / paddle fails unchanged / DIFFERS /
+BUG (``--worker NAME`` prints one JSON object).
 """
 import argparse
 import contextlib
@@ -58,9 +56,7 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
-import _bench  # noqa: E402
-from sweep_programs import _env, _one_line, same  # noqa: E402
+from sweep_programs import _one_line, same  # noqa: E402
 from sweep_user_programs import _memopt_error  # noqa: E402
 
 BATCH = 256
@@ -703,46 +699,10 @@ def check_one(name):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--programs", default=",".join(PROGRAMS))
-    parser.add_argument("--ir", default="pir,legacy")
-    parser.add_argument("--gc", default="on,off")
-    parser.add_argument("--worker")
+    parser.add_argument("--worker", required=True, metavar="NAME")
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(check_one(args.worker)), flush=True)
-        return 0
-    failed = False
-    print("| program | IR | GC | config | result |")
-    print("|---|---|---|---|---|")
-    for name in args.programs.split(","):
-        for ir in args.ir.split(","):
-            for gc in args.gc.split(","):
-                env = {"PYTHONPATH": _env()["PYTHONPATH"],
-                       "FLAGS_enable_pir_api": "1" if ir == "pir" else "0"}
-                if gc == "off":
-                    env["FLAGS_eager_delete_tensor_gb"] = "-1"
-                res = _bench.run_worker(__file__, [name], env=env, timeout=900)
-                failed |= print_rows(name, ir, gc, res)
-    return 1 if failed else 0
-
-
-def print_rows(name, ir, gc, res) -> bool:
-    """Print a worker's result for ``name`` under ``ir`` / ``gc`` as table
-    rows (a crash, Paddle failing the unchanged program, or a row per
-    config); whether it shows a bug."""
-    failed = False
-    if "cells" not in res or res.get("crash"):
-        print(f"| {name} | {ir} | {gc} | - | BUG CRASH {res.get('error', '')} |")
-        failed = True
-    elif res["error"]:
-        print(f"| {name} | {ir} | {gc} | - | paddle fails unchanged too: "
-              f"{res['error'][:140]} |")
-    else:
-        for label, cell in res["cells"].items():
-            failed |= cell.startswith(("BUG", "DIFFERS"))
-            print(f"| {name} | {ir} | {gc} | {label} | {cell[:200]} |")
-    sys.stdout.flush()
-    return failed
+    print(json.dumps(check_one(args.worker)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
