@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -293,7 +295,6 @@ def capture(step, input_spec: Sequence, *, amp: Optional[dict] = None) -> Captur
     _check_signature(fn)
     layer = _layer_of(step) or _layer_of(fn)
     root = layer if layer is not None else _closure_layer(fn)
-    static_fn = paddle.jit.to_static(fn, full_graph=True, backend=None)
     was_dynamic = paddle.in_dynamic_mode()
     if not was_dynamic:
         raise UnsupportedProgramError(
@@ -302,21 +303,56 @@ def capture(step, input_spec: Sequence, *, amp: Optional[dict] = None) -> Captur
     recorder = _OpRecorder(root)
     try:
         with _model_kept(layer if layer is not None else root), recorder:
+            static_fn = paddle.jit.to_static(fn, full_graph=True, backend=None)
             cast = paddle.amp.auto_cast(**amp) if amp else contextlib.nullcontext()
             with cast:
                 _, partial = static_fn.get_concrete_program(*specs)
+            # building the train program would reset each parameter's
+            # gradient (PartialProgramLayer._set_grad_type): not on a model
+            # memopt only reads
+            partial._set_grad_type = _leave_gradients
             runnable = partial.train_program
     except UnsupportedProgramError:
         raise
     except Exception as exc:
         raise UnsupportedProgramError(
             f"paddle.jit.to_static(full_graph=True) could not trace the step "
-            f"{getattr(fn, '__qualname__', type(fn).__name__)}: {type(exc).__name__}: "
-            f"{_first_line(exc)}. memopt predicts from the program Paddle builds: make "
+            f"{getattr(fn, '__qualname__', type(fn).__name__)}{_where(exc)}: "
+            f"{type(exc).__name__}: {_first_line(exc)}. memopt predicts from the program Paddle builds: make "
             "the step traceable by to_static(full_graph=True) (tensor-dependent Python "
             "control flow through paddle.static.nn.cond / while_loop or a plain if/for "
             "on tensors, no numpy() calls, no Python side effects on tensors)") from exc
     return _captured(runnable, specs, root, recorder)
+
+
+def _leave_gradients(params, train_program) -> None:
+    """Stands in for ``PartialProgramLayer._set_grad_type`` on memopt's own
+    partial program: Paddle's sets each parameter's gradient type, dropping
+    the gradient a ``clear_grad()`` kept."""
+    return None
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _where(exc: BaseException) -> str:
+    """`` at model.py:41 (vals = x.tolist())``: the user's line Paddle's dy2st
+    error points at (its "<--- HERE" mark), or ''."""
+    text = str(exc)
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _FRAME.search(line)
+        if not m or "site-packages" in m.group(1) or "/paddle/" in m.group(1):
+            continue
+        code = ""
+        for later in lines[i + 1:i + 12]:
+            if "<--- HERE" in later:
+                break
+            if later.strip() and "~~~" not in later:
+                code = later.strip()
+        return f" at {os.path.basename(m.group(1))}:{m.group(2)} ({code})" if code else \
+            f" at {os.path.basename(m.group(1))}:{m.group(2)}"
+    return ""
 
 
 def _first_line(exc: BaseException) -> str:

@@ -157,8 +157,76 @@ def analyze_step(step, input_spec: Sequence, optimizer=None, *, mode: str = "eag
     from .. import runtime as paddle_runtime
 
     read = paddle_runtime.read_program(cap.program, [], runtime)
-    base = from_graph(read.graph, batch_size, runtime, read.inplace, read.same_variable)
-    return _compose(base, cap, optimizer, mode, set_to_zero)
+    inplace = list(read.inplace)
+    kernels = None
+    if mode == "eager":
+        kernels = eager_kernels(read.graph)
+        inplace += kernels.shared
+    base = from_graph(read.graph, batch_size, runtime, inplace, read.same_variable)
+    return _compose(base, cap, optimizer, mode, set_to_zero, kernels)
+
+
+#: Ops whose eager output is a view of their first input (Paddle's stride
+#: kernels, ``FLAGS_use_stride_kernel`` on by default): no memory of their own.
+#: Measured on a [2048, 1000] float32 tensor: reshape, transpose, slice,
+#: unsqueeze, squeeze, flatten, strided slice, index, diagonal, unbind,
+#: astype to its own dtype allocate nothing; split, chunk, expand, contiguous do.
+EAGER_VIEWS = frozenset({
+    "pd_op.reshape", "pd_op.transpose", "pd_op.slice", "pd_op.unsqueeze", "pd_op.squeeze",
+    "pd_op.flatten", "pd_op.strided_slice", "pd_op.diagonal", "pd_op.unbind",
+    "pd_op.view_shape", "pd_op.view_dtype", "pd_op.as_strided",
+})
+
+#: Kernels whose static-executor workspace (:mod:`memopt.paddle.kernel_memory`)
+#: an eager call does not allocate: eager ``add_grad`` of [2048, 1000] + a
+#: [1000] bias measured the two gradients' bytes and nothing more.
+EAGER_NO_WORKSPACE = frozenset({"pd_op.add_grad"})
+
+
+#: Views that are not contiguous in general: a kernel that reads one copies
+#: it to a contiguous buffer for the call (held while the op runs).
+STRIDED_VIEWS = frozenset({"pd_op.transpose", "pd_op.slice", "pd_op.strided_slice",
+                           "pd_op.diagonal", "pd_op.unbind", "pd_op.as_strided"})
+
+
+@dataclass
+class EagerKernels:
+    """What eager kernels do beyond the program's types: ``shared`` --
+    ``(position, input, output)`` of each view (one buffer); ``copies`` --
+    ``(position, view name)``: the op at flat ``position`` reads a strided
+    view and copies it for its call."""
+
+    shared: list
+    copies: list
+
+
+def eager_kernels(graph) -> EagerKernels:
+    """Eager kernels' memory on a read program: the views
+    (:data:`EAGER_VIEWS`), the copies strided views cost their readers
+    (:data:`STRIDED_VIEWS`), and the workspaces eager calls do not allocate
+    (:data:`EAGER_NO_WORKSPACE`, cleared on ``graph``)."""
+    shared, copies = [], []
+    strided = set()
+    for pos, (_, op) in enumerate(graph.walk_ops()):
+        if op.type in EAGER_VIEWS and op.reads and op.writes:
+            shared.append((pos, op.reads[0], op.writes[0]))
+            if op.type in STRIDED_VIEWS and not _leading_slice(op):
+                strided.add(op.writes[0])
+            elif op.reads[0] in strided:
+                strided.add(op.writes[0])     # a view of a strided view
+            continue
+        for name in dict.fromkeys(op.reads):
+            if name in strided and name not in op.facts.no_need_buffer:
+                copies.append((pos, name))
+        if op.type in EAGER_NO_WORKSPACE and op.facts.workspace is not None:
+            op.facts = dataclasses.replace(op.facts, workspace=None)
+    return EagerKernels(shared, copies)
+
+
+def _leading_slice(op) -> bool:
+    """A slice along the first axis only (a contiguous view)."""
+    axes = op.attrs.get("axes") if isinstance(op.attrs, dict) else None
+    return op.type == "pd_op.slice" and axes is not None and list(axes) == [0]
 
 
 def _param_bytes(p) -> int:
@@ -166,7 +234,7 @@ def _param_bytes(p) -> int:
 
 
 def _compose(base: Analysis, cap: CapturedStep, opt, mode: str,
-             set_to_zero: bool) -> StepAnalysis:
+             set_to_zero: bool, kernels: Optional["EagerKernels"] = None) -> StepAnalysis:
     last = len(base.op_types) - 1
     step_pos = last + 1                      # opt.step(), eagerly after the program
     grad_of = {g: p for p, g in cap.param_grads.items()}
@@ -180,13 +248,24 @@ def _compose(base: Analysis, cap: CapturedStep, opt, mode: str,
             if name in grad_of:
                 new_grad_start[grad_of[name]] = h.start
         holders.append(h)
+    if kernels is not None and kernels.copies:
+        run_of = {flat: run for run, flat in enumerate(base.order)} if base.order else {}
+        for flat, name in kernels.copies:
+            var = base.graph.find_var(name)
+            run = run_of.get(flat, flat)
+            if var is None or var.size.coefficient == 0:
+                continue
+            holders.append(Holder(
+                name=f"contiguous copy of {name}", names=(), size=var.size,
+                category="workspace", op=base.op_types[run], position=run, start=run, end=run,
+                label=f"contiguous copy of the strided view {name} for {base.op_types[run]}"))
     missing = sorted(set(cap.param_grads) - set(new_grad_start))
     if missing:
         raise UnsupportedProgramError(
             f"memopt found no gradient value for parameter(s) {missing[:5]} in the traced "
             "program (Paddle's dy2st changed how it names them?)")
-    trained = [(cap.parameters[p], _param_bytes(cap.parameters[p]))
-               for p in cap.param_grads if p in cap.parameters]
+    trained = _in_optimizer_order(opt, [cap.parameters[p] for p in cap.param_grads
+                                        if p in cap.parameters])
     grad_bytes = {p: _param_bytes(cap.parameters[p]) if p in cap.parameters else 0
                   for p in cap.param_grads}
     if set_to_zero:
@@ -221,6 +300,21 @@ def _compose(base: Analysis, cap: CapturedStep, opt, mode: str,
         graph=base.graph, batch_size=base.batch_size, runtime=base.runtime, holders=holders,
         persistable=persistable, op_types=op_types, inplace=list(base.inplace), order=order,
         places=places, mode=mode, terms=terms, state=state, captured=cap)
+
+
+def _in_optimizer_order(opt, params) -> list:
+    """``[(parameter, gradient bytes)]`` in the order ``opt.step()`` walks them."""
+    if opt is None:
+        return [(p, _param_bytes(p)) for p in params]
+    ids = {id(p): p for p in params}
+    order = []
+    for item in getattr(opt, "_parameter_list", None) or []:
+        group = item.get("params", []) if isinstance(item, dict) else [item]
+        for p in group:
+            if id(p) in ids:
+                order.append(ids.pop(id(p)))
+    order += list(ids.values())
+    return [(p, _param_bytes(p)) for p in order]
 
 
 def _other_model_bytes(cap: CapturedStep) -> int:

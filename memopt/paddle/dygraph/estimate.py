@@ -183,19 +183,31 @@ def _regularizes(opt, param) -> bool:
 
 def step_extras(opt, params_grads: Iterable) -> List[tuple]:
     """``[(what, bytes)]`` the eager ``opt.step()`` holds at once beyond the
-    gradients and state: clipped and regularized gradients.
+    gradients and state (measured on Paddle 3.3.1, CPU, an MLP 64-512x4-10):
+
+    - ``ClipGradByNorm`` / ``ClipGradByValue``: a new gradient per clipped
+      parameter, all held until the update ends (one more gradient's bytes);
+      ``ClipGradByGlobalNorm`` scales the gradients without a second copy
+      (a few scalars);
+    - a weight-decay regularizer not fused into the update kernel: for each
+      parameter in turn a decay term the parameter's size and a new gradient,
+      the new gradients held to the end: ``max_i(new gradients 1..i + term_i)``.
 
     ``params_grads`` lists ``(parameter, gradient bytes)`` for the
-    parameters that get a gradient.
+    parameters that get a gradient, in the optimizer's order.
     """
     pairs = list(params_grads)
     out = []
     kind = _clip_kind(opt)
-    if kind in ("ClipGradByGlobalNorm", "ClipGradByNorm", "ClipGradByValue"):
+    if kind in ("ClipGradByNorm", "ClipGradByValue"):
         clipped = sum(b for p, b in pairs if getattr(p, "need_clip", True))
         if clipped:
             out.append((f"gradients clipped by {kind}", clipped))
-    regularized = sum(b for p, b in pairs if _regularizes(opt, p))
-    if regularized:
-        out.append(("gradients with weight decay added", regularized))
+    held, worst = 0, 0
+    for p, nbytes in pairs:
+        if _regularizes(opt, p):
+            held += nbytes
+            worst = max(worst, held + nbytes)
+    if worst:
+        out.append(("gradients with weight decay added", worst))
     return out
