@@ -24,7 +24,6 @@ _EXPORTS = {
     "Report": "memopt.report",
     "analyze": "memopt.api",
     "estimate": "memopt.api",
-    "suggest_recompute": "memopt.paddle.dygraph",
     "Strategy": "memopt.parallel",
     "RankEstimate": "memopt.parallel",
     "Analysis": "memopt.analysis",
