@@ -275,6 +275,7 @@ def _analysed_peaks(report: Report, program, options: Options,
     report.peak_before, report.peak_after = before.step_peak(b), after.step_peak(b)
     report.top_holders = [Holder(h.name, h.bytes(b), tuple(h.names))
                           for h in after.held_at(None, b)[:5]]
+    report.analyses = [before, after]
 
 
 def _homes(plan) -> dict:
@@ -402,6 +403,7 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None,
         after = before
     report = pir_report(pg.graph, before, after, reuses, reasons, len(rewrites), options,
                         runtime.gc, runtime.pir_text, batch, time.perf_counter() - start)
+    report.analyses = [before, after]
     log.debug("PIR memory_optimize: %d ops in place in %.3f s", len(rewrites), report.seconds)
     return report
 
@@ -445,8 +447,10 @@ def _pir_release(program, options: Options) -> Report:
     pir_rewrite.check_user_names(pg, options)
     an = _pir_analysis(pg, REFERENCE_BATCH, model)
     kept = sorted(set(options.skip_opt_set) & set(pg.values))
-    return pir_release_report(pg.graph, an, kept, runtime.gc, runtime.pir_text,
-                              time.perf_counter() - start)
+    report = pir_release_report(pg.graph, an, kept, runtime.gc, runtime.pir_text,
+                                time.perf_counter() - start)
+    report.analyses = [an, an]  # the program is not changed
+    return report
 
 
 def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
@@ -660,8 +664,9 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         if options.level == 2:
             notes += _slices_and_order(program, batch, model, options.fetch_list, fetched,
                                        slices=applied is None)
-        report.peak_after = _pir_analysis(pir.convert(program, fetched), batch,
-                                          model).step_peak(batch)
+        after_analysis = _pir_analysis(pir.convert(program, fetched), batch, model)
+        report.peak_after = after_analysis.step_peak(batch)
+        report.analyses = [before_analysis, after_analysis]
     report.peak_before = before
     report.level = options.level
     report.notes = list(report.notes) + notes
@@ -920,13 +925,25 @@ def release_memory(program=None, skip_opt_set=None, *, fetch_list=None) -> Repor
 # -- analyze ---------------------------------------------------------------------------
 
 def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
-            fetch_list: Iterable = (), runtime: Optional[RuntimeModel] = None) -> Analysis:
-    """Memory analysis of one step of a program.
+            fetch_list: Iterable = (), runtime: Optional[RuntimeModel] = None,
+            input_spec=None, optimizer=None, mode: Optional[str] = None,
+            set_to_zero: bool = True, amp: Optional[dict] = None) -> Analysis:
+    """Memory analysis of one step of a program, or of a dygraph training step.
 
     Parameters
     ----------
     program_or_graph : a ``paddle.pir.Program``, a legacy
-        ``paddle.base.framework.Program`` or a memopt :class:`Graph`.
+        ``paddle.base.framework.Program`` or a memopt :class:`Graph`; or a
+        dygraph *step* -- an ``nn.Layer`` whose forward returns the loss, a
+        function of the inputs returning the loss, or what
+        ``paddle.jit.to_static`` made of either -- given with ``input_spec``:
+        the whole training step ``loss = step(*inputs); loss.backward();
+        opt.step(); opt.clear_grad()`` is predicted without running it
+        (parameters, gradients as ``clear_grad(set_to_zero=...)`` leaves them,
+        ``optimizer``'s state and what its eager update allocates), ``mode``
+        ``"eager"`` (default) or ``"to_static"``; ``amp``: the
+        ``paddle.amp.auto_cast`` keywords the step runs under.  See
+        :func:`memopt.paddle.dygraph.analyze_step`.
     batch_size : the batch size the figures default to (``-1`` dimensions;
         default :data:`memopt.report.REFERENCE_BATCH`, the one default of
         every report); every method also takes its own.
@@ -949,6 +966,15 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     ValueError : a batch size below 1.
     """
     batch_size = None if batch_size is None else as_batch(batch_size)
+    if input_spec is not None or optimizer is not None or mode is not None:
+        from .paddle.dygraph import analyze_step
+
+        if input_spec is None:
+            raise ValueError("analyze(step, ...) needs input_spec=[InputSpec(...), ...]: one "
+                             "per input of the step, the batch dimension None")
+        return analyze_step(program_or_graph, input_spec, optimizer, mode=mode or "eager",
+                            batch_size=None if batch_size is None else int(batch_size),
+                            set_to_zero=set_to_zero, amp=amp)
     fetch_list = list(fetch_list or ())
     if isinstance(program_or_graph, Graph):
         graph = program_or_graph
