@@ -37,6 +37,24 @@ Usage::
     python benchmarks/bench_recompute.py                      # all models
     python benchmarks/bench_recompute.py --models unet,bert --steps 4
     python benchmarks/bench_recompute.py --floors             # the leanest plans' floors (model)
+    python benchmarks/bench_recompute.py --heldout --repeat 10 --steps 10   # budgets that hold
+
+``--heldout``: the promise of ``budget=`` on programs the tests and the
+model's calibration do not have (:mod:`memopt.testing.heldout`: BERT-,
+GPT-, U-Net-, VGG-style and a small CNN, small and large batches).  For
+each program and fraction ``f`` the budget is the parameters and optimizer
+state plus ``f`` of the rest of the unchanged step's peak as
+``memopt.analyze`` gives it (:meth:`memopt.analysis.Analysis.step_peak`;
+at ``f = 1`` memopt must return the program unchanged); each of
+``--repeat`` fresh processes plans it (``memory_optimize(budget=...)``,
+deterministic: every process gets the same plan) and runs ``--steps``
+training steps under Paddle's default flags (GC on: the collector frees on
+its own thread, so step peaks vary with the load).  One row per program x
+fraction: the plan (recomputed values, or ``refused`` with BudgetError's
+smallest budget: the reason), the steps within the budget (target >= 95%),
+the median, 95th percentile and largest step peak over the budget, the
+load average while it ran, and whether every process gave bit-identical
+losses and parameters to the unchanged program's.
     python benchmarks/bench_recompute.py --l2-only --repeat 3 --steps 6   # the L2 column alone
 """
 from __future__ import annotations
@@ -361,6 +379,100 @@ def table(rows: list) -> str:
     return "\n".join(out)
 
 
+HELDOUT_FRACTIONS = (1.0, 0.8, 0.6)
+
+
+def heldout_worker(row: str, fraction: float, steps: int) -> dict:
+    """One fresh process of ``--heldout``: plan ``row`` for its budget
+    (``fraction``; 0 runs the unchanged program as a reference), run
+    ``steps`` steps, return the step peaks and a digest."""
+    import paddle
+
+    paddle.enable_static()
+    import memopt
+    from memopt.testing import heldout
+
+    kind, batch, opts = heldout.HELDOUT[row]
+    m = heldout.build(kind, batch, **dict(opts))
+    an = memopt.analyze(m.main, batch, fetch_list=[m.loss])
+    params = an.persistable_bytes()
+    budget = params + int(fraction * (an.step_peak() - params)) if fraction else 0
+    out: dict = {"row": row, "batch": batch, "budget": budget, "model": an.step_peak(),
+                 "steady": an.total_peak()}
+    if fraction:
+        try:
+            report = memopt.memory_optimize(m.main, budget=budget, batch_size=batch,
+                                            fetch_list=[m.loss])
+        except memopt.BudgetError as exc:
+            out.update(error="BudgetError", smallest=exc.smallest_budget,
+                       largest=exc.largest_batch)
+            return out
+        out.update(recomputed=len(report.recomputed), added=report.added_compute_percent,
+                   predicted=report.peak_after)
+    _, step_peaks, times, digest = measured_steps(m, steps)
+    out.update(step_peaks=step_peaks, digest=digest, step_s=statistics.median(times))
+    return out
+
+
+def _load() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def bench_heldout(rows: list, fractions, steps: int, repeat: int) -> list:
+    """``--heldout``: per row, the unchanged program's digest, then each
+    fraction in ``repeat`` fresh processes (see the module docstring)."""
+    out = []
+    for row in rows:
+        ref = run(row, "heldout", 0, 0, steps)
+        for f in fractions:
+            runs, loads = [], []
+            for _ in range(max(repeat, 1)):
+                loads.append(_load())
+                r = run(row, "heldout", 0, f, steps)
+                runs.append(r)
+                if "step_peaks" not in r:
+                    break  # refused (deterministic) or crashed: no point repeating
+            out.append({"row": row, "fraction": f, "runs": runs, "ref": ref.get("digest"),
+                        "loads": loads})
+            print(f"{row} {f}: {len(runs)} runs", file=sys.stderr)
+    return out
+
+
+def heldout_table(results: list) -> str:
+    head = ["program", "budget (f of the step)", "plan", "steps within budget",
+            "median / budget", "p95 / budget", "max / budget", "load", "bit-identical"]
+    lines: list = []
+    _bench.Table(head, out=lines.append)
+    for res in results:
+        runs, first = res["runs"], res["runs"][0]
+        cell0 = f"{res['row']} (batch {first.get('batch', '?')})"
+        budget = first.get("budget", 0)
+        bcell = f"{mib(budget)} ({res['fraction']:.0%})" if budget else "?"
+        if first.get("error") == "BudgetError":
+            lines.append("| " + " | ".join([
+                cell0, bcell, f"refused: smallest budget {mib(first['smallest'])}, largest "
+                f"batch {first['largest']}", "-", "-", "-", "-", f"{res['loads'][0]:.1f}",
+                "-"]) + " |")
+            continue
+        ok = [r for r in runs if "step_peaks" in r]
+        if len(ok) < len(runs):
+            lines.append(f"| {cell0} | {bcell} | {runs[-1].get('error', '?')[:80]} |")
+            continue
+        peaks = sorted(p for r in ok for p in r["step_peaks"])
+        n = len(peaks)
+        within = sum(p <= budget for p in peaks)
+        plan = (f"{first['recomputed']} recomputed (+{first['added']:.0f}%)"
+                if first.get("recomputed") else "unchanged")
+        same = all(r["digest"] == res["ref"] for r in ok)
+        lines.append("| " + " | ".join([
+            cell0, bcell, plan, f"{within}/{n} ({within / n:.0%})",
+            f"{statistics.median(peaks) / budget:.3f}",
+            f"{peaks[min(n - 1, int(0.95 * n))] / budget:.3f}", f"{peaks[-1] / budget:.3f}",
+            f"{min(res['loads']):.1f}-{max(res['loads']):.1f}", "yes" if same else "NO"]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(BENCH_MODELS))
@@ -373,6 +485,9 @@ def main(argv=None) -> int:
                         help="only level 2 against the default, each in --repeat processes")
     parser.add_argument("--worker", nargs=5, metavar=("MODEL", "CONFIG", "BATCH", "BUDGET",
                                                       "STEPS"))
+    parser.add_argument("--heldout", action="store_true",
+                        help="budgets on memopt.testing.heldout's programs: per-step "
+                             "distribution over --repeat fresh processes")
     parser.add_argument("--floors", action="store_true",
                         help="print what each row's leanest plan holds at its peak (model only)")
     args = parser.parse_args(argv)
@@ -381,7 +496,20 @@ def main(argv=None) -> int:
         return 0
     if args.worker:
         model, config, batch, budget, steps = args.worker
+        if config == "heldout":
+            print(json.dumps(heldout_worker(model, float(budget), int(steps))))
+            return 0
         print(json.dumps(worker(model, config, int(batch), int(budget), int(steps))))
+        return 0
+    if args.heldout:
+        from memopt.testing.heldout import HELDOUT
+
+        rows = [r for r in args.models.split(",") if r in HELDOUT] or list(HELDOUT)
+        fractions = tuple(float(f) for f in args.fractions.split(",")) \
+            if args.fractions != ",".join(str(f) for f in FRACTIONS) else HELDOUT_FRACTIONS
+        results = bench_heldout(rows, fractions, args.steps, args.repeat)
+        print(json.dumps(results, default=str), file=sys.stderr)
+        print(heldout_table(results))
         return 0
     fractions = tuple(float(f) for f in args.fractions.split(","))
     if args.l2_only:

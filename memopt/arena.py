@@ -647,8 +647,9 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
         greedy descents of the canonical search, then a short branch and bound
         toward the lower bound; about a second at most) or ``"exact"``
         (branch and bound until optimal or ``time_limit``).
-    capacity : bytes the plan must fit in (default: the problem's capacity,
-        if any).  The search aims below it; a plan above it raises.
+    capacity : bytes the plan must fit in, an int or a string such as
+        ``"64MiB"`` (default: the problem's capacity, if any).  The search
+        aims below it; a plan above it raises.
     time_limit : seconds for the search (default 0.9 for ``"default"``, 60 for
         ``"exact"``); a safety net -- the node budget keeps runs
         deterministic.  The first search in a process also loads the
@@ -679,6 +680,10 @@ def plan_arena(problem, *, mode: str = "default", capacity: Optional[int] = None
 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
+    if capacity is not None:
+        from .arguments import as_bytes
+
+        capacity = as_bytes(capacity, "capacity", allow_zero=True)
     if isinstance(problem, Problem):
         buffers = problem.buffers
         if capacity is None:

@@ -485,8 +485,8 @@ def cmd_plot(args, progress: Progress) -> int:
                            batch_size=b, top=args.top,
                            title=f"{os.path.basename(loaded.path)}: live memory over one step, "
                                  f"batch {b}")
-    print(f"peak at batch {b}: {format_bytes(before.peak(b))} before, "
-          f"{format_bytes(after.peak(b))} after memory_optimize "
+    print(f"peak of the step at batch {b}: {format_bytes(before.step_peak(b))} before, "
+          f"{format_bytes(after.step_peak(b))} after memory_optimize "
           f"({report.merged_count} variable{'' if report.merged_count == 1 else 's'} "
           "share memory)")
     print(f"wrote {args.output}")
@@ -528,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
             "that fits.  A .csv interval problem gets its lower bounds.")
     p.add_argument("model", metavar="MODEL", help="saved program (.pdmodel/.json) or .csv problem")
     p.add_argument("--batch-size", "-b", type=_positive_int, default=None,
-                   help="batch size for the -1 dimensions (default 1)")
+                   help="batch size for the -1 dimensions (default 32, as every report)")
     p.add_argument("--budget", type=_bytes_arg, default=None, metavar="BYTES",
                    help="memory budget, e.g. 16GiB, 512MiB, 2GB: report the largest batch size "
                         "that fits (parameters included)")

@@ -170,7 +170,8 @@ def read_csv(path: Union[str, os.PathLike], capacity: Optional[int] = None) -> P
     path : the file.  Columns may come in any order; all four are required and
         no other column is accepted (an ``alignment`` or ``gaps`` column would
         be a constraint this planner does not model).
-    capacity : bytes the plan must fit in.  When None and the file is named
+    capacity : bytes the plan must fit in (an int or a string such as
+        ``"64MiB"``).  When None and the file is named
         ``<name>.<number>.csv`` (as the MiniMalloc problems are), the number
         is the capacity; otherwise there is none.
 
@@ -186,6 +187,10 @@ def read_csv(path: Union[str, os.PathLike], capacity: Optional[int] = None) -> P
         non-integer value, a negative size, an empty or reversed interval or a
         duplicate id; the message names the file and the row (1 = header).
     """
+    if capacity is not None:
+        from .arguments import as_bytes
+
+        capacity = as_bytes(capacity, "capacity", allow_zero=True)
     path = os.fspath(path)
     stem = os.path.basename(path)
     if stem.lower().endswith(".csv"):

@@ -162,3 +162,19 @@ def test_gc_off_budget_at_the_unchanged_peak_holds_when_measured(paddle):
                 exe.run(m.main, feed=feed, fetch_list=[m.loss])
                 peaks.append(core.host_memory_stat_peak_value("Allocated", 0) - base)
     assert an.total_peak() * 0.9 < max(peaks) <= budget, (peaks, budget)
+
+
+def test_arena_and_problem_capacities_take_strings(tmp_path):
+    import memopt
+    from memopt.arena import plan_arena
+    from memopt.problems import Buffer, read_csv, write_csv
+
+    buffers = [Buffer(0, 0, 2, 1024), Buffer(1, 1, 3, 1024), Buffer(2, 3, 4, 2048)]
+    assert plan_arena(buffers, capacity="2KiB").height == plan_arena(buffers, capacity=2048).height
+    with pytest.raises(memopt.PlanError):
+        plan_arena(buffers, capacity="1KiB")
+    with pytest.raises(memopt.ArgumentTypeError, match="capacity must be bytes"):
+        plan_arena(buffers, capacity=[2048])
+    path = tmp_path / "p.csv"
+    write_csv(memopt.Problem(buffers), path)
+    assert read_csv(path, capacity="4KiB").capacity == 4096
