@@ -159,6 +159,7 @@ def analyze_step(step, input_spec: Sequence, optimizer=None, *, mode: str = "eag
     from .. import runtime as paddle_runtime
 
     read = paddle_runtime.read_program(cap.program, [], runtime)
+    cap = cap.in_flat_positions(read.graph)
     inplace = list(read.inplace)
     kernels = None
     if mode == "eager":
