@@ -174,8 +174,8 @@ def _pir_ops(program):
 
 
 def _pir_plan(before, after):
-    if len(before) != len(after):
-        raise SystemExit(f"PIR: {len(before)} ops before, {len(after)} after")
+    if len(before) != len(after):  # ops added or removed: the whole new op list
+        return {"inplace": [], "ops": after}
     return {"inplace": [(k, a, b) for k, (a, b) in enumerate(zip(before, after)) if a != b]}
 
 
@@ -205,7 +205,8 @@ def run(models, irs, levels, out) -> None:
                     model = build(name, ir)
                     if ir == "legacy":
                         ops0 = _legacy_ops(model.main)
-                        report = memopt.release_memory(model.main)
+                        with model.guard():  # the legacy executor it runs under
+                            report = memopt.release_memory(model.main)
                         from memopt.paddle.legacy import merged_record
 
                         rel = _legacy_releases(ops0, _legacy_ops(model.main),
@@ -221,8 +222,9 @@ def run(models, irs, levels, out) -> None:
                             model = build(name, ir)
                             if ir == "legacy":
                                 ops0 = _legacy_ops(model.main)
-                                report = memopt.memory_optimize(
-                                    model.main, skip_grads=skip_grads, level=level)
+                                with model.guard():
+                                    report = memopt.memory_optimize(
+                                        model.main, skip_grads=skip_grads, level=level)
                                 plan = _legacy_plan(ops0, _legacy_ops(model.main))
                                 counts = _counts(plan)
                             else:
