@@ -194,7 +194,7 @@ def run(models, irs, levels, out) -> None:
     import paddle
 
     import memopt
-    from memopt.models import build, flags
+    from memopt.testing.models import build, flags
 
     paddle.enable_static()
     for name in models:
@@ -207,7 +207,7 @@ def run(models, irs, levels, out) -> None:
                         ops0 = _legacy_ops(model.main)
                         with model.guard():  # the legacy executor it runs under
                             report = memopt.release_memory(model.main)
-                        from memopt.paddle.legacy import merged_record
+                        from memopt.paddle.legacy.program import merged_record
 
                         rel = _legacy_releases(ops0, _legacy_ops(model.main),
                                                merged_record(model.main))
@@ -240,7 +240,7 @@ def run(models, irs, levels, out) -> None:
 
 
 def main(argv=None) -> int:
-    from memopt.models import IRS, MODEL_NAMES
+    from memopt.testing.models import IRS, MODEL_NAMES
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODEL_NAMES))
