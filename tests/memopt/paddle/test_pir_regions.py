@@ -45,7 +45,8 @@ def _region_external_ids(program) -> set:
 def test_budget_recomputes_around_regions_bit_identically(paddle, name):
     import memopt
     from memopt import recompute as rc
-    from memopt.paddle.pir import program as pir, recompute as pir_recompute
+    from memopt.paddle.pir import program as pir
+    from memopt.paddle.pir import recompute as pir_recompute
 
     reference = models.run_steps(models.build(name, "pir"), steps=3)
     model = models.build(name, "pir")
@@ -150,7 +151,9 @@ def test_every_order_the_region_rule_allows_is_bit_identical(paddle, name):
     orders that keep them move the region op across other ops and train
     exactly as the program does; none is predicted under any_order_bound."""
     import memopt
-    from memopt.paddle.pir import program as pir, regions as pir_regions, schedule as pir_schedule
+    from memopt.paddle.pir import program as pir
+    from memopt.paddle.pir import regions as pir_regions
+    from memopt.paddle.pir import schedule as pir_schedule
     from memopt.schedule import check_topological
 
     reference = models.run_steps(models.build(name, "pir"), steps=3)
@@ -276,9 +279,10 @@ def test_a_value_a_branch_writes_over_is_never_recomputed_nor_crossed(paddle):
     of the cond (with that rule left out, one random order in six differed);
     budget= and random orders train bit-identically."""
     import memopt
-    from memopt.paddle.pir import program as pir, recompute as pir_recompute
-    from memopt.paddle.pir import regions as pir_regions, schedule as pir_schedule
-    from memopt.schedule import check_topological
+    from memopt.paddle.pir import program as pir
+    from memopt.paddle.pir import recompute as pir_recompute
+    from memopt.paddle.pir import regions as pir_regions
+    from memopt.paddle.pir import schedule as pir_schedule
 
     build, run = _branch_writes_outer(paddle)
     main, startup, loss, buf = build()
@@ -313,7 +317,8 @@ def test_grid_predicts_region_programs_to_the_byte(paddle, name):
     region blocks kept, the executor's in-place options keyed by flat
     position) predicts its applied program, read back, to the byte."""
     from memopt.paddle import flags
-    from memopt.paddle.pir import program as pir, budget as pir_budget
+    from memopt.paddle.pir import program as pir
+    from memopt.paddle.pir import budget as pir_budget
     from memopt.paddle.pir.loops import runtime_for
 
     model = models.build(name, "pir")
