@@ -209,7 +209,7 @@ def test_a_bert12_step_page_stays_small(paddle, tmp_path):
     import os
 
     import memopt
-    from memopt.models import build
+    from memopt.testing.models import build
 
     model = build("bert", "pir", 8, layers=12)
     with model.guard():
