@@ -229,7 +229,7 @@ def test_estimate_page_has_a_lane_per_rank(paddle, tmp_path):
     that rank's estimated peak.  Without sharding every rank runs one step:
     one lane."""
     from memopt.api import estimate
-    from memopt.models import build
+    from memopt.testing.models import build
     from memopt.report import format_bytes
 
     model = build("mlp", "legacy", 16)
