@@ -126,7 +126,7 @@ def browser():
 def rewritten_page(tmp_path_factory, paddle):
     """The page of a PIR CNN before and after memory_optimize (level 1)."""
     import memopt
-    from memopt.models import build
+    from memopt.testing.models import build
 
     m = build("cnn", "pir", 32)
     with m.guard():
@@ -209,7 +209,7 @@ def test_a_bert12_step_page_stays_small(paddle, tmp_path):
     import os
 
     import memopt
-    from memopt.models import build
+    from memopt.testing.models import build
 
     model = build("bert", "pir", 8, layers=12)
     with model.guard():
@@ -221,3 +221,30 @@ def test_a_bert12_step_page_stays_small(paddle, tmp_path):
     lane = _page_data(_read(path))["lanes"][0]
     assert len(lane["ops"]) == len(report.analyses[0].op_types)
     assert [s["peak"] for s in lane["series"]] == [a.peak(8) for a in report.analyses]
+
+
+def test_estimate_page_has_a_lane_per_rank(paddle, tmp_path):
+    """memopt.estimate under fleet's static sharding (legacy, dp=2): each
+    rank runs its own program; the page draws one lane per rank, headed by
+    that rank's estimated peak.  Without sharding every rank runs one step:
+    one lane."""
+    from memopt.api import estimate
+    from memopt.testing.models import build
+    from memopt.report import format_bytes
+
+    model = build("mlp", "legacy", 16)
+    with model.guard():
+        sharded = estimate(model.main, dp=2, sharding_stage=1, batch_size=32)
+        plain = estimate(model.main, dp=2, batch_size=32)
+    lanes = _page_data(_read(sharded.to_html(str(tmp_path / "s.html"))))["lanes"]
+    assert len(sharded.per_rank) == 2
+    assert [lane["title"] for lane in lanes] == [
+        f"rank {r}: estimated peak {format_bytes(t)} (all components)"
+        for r, t in enumerate(sharded.per_rank)]
+    for lane, (_, an) in zip(lanes, sharded.rank_analyses, strict=True):
+        (series,) = lane["series"]
+        assert series["peak"] == an.peak(sharded.micro_batch_size)
+    # the ranks' programs differ (each broadcasts the parameters it does not own)
+    assert sharded.rank_analyses[0][1] is not sharded.rank_analyses[1][1]
+    (lane,) = _page_data(_read(plain.to_html(str(tmp_path / "p.html"))))["lanes"]
+    assert lane["title"].startswith("every rank: estimated peak ")
