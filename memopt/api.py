@@ -1090,7 +1090,7 @@ def program_facts(program, *, fetch_list: Iterable = (), runtime=None,
                         step_peak=step_peak, boundary=boundary,
                         distributed=bool(comm), communication_ops=comm,
                         param_order=tuple((n, size_of[n]) for n in order),
-                        state_of=state_of, rank_view=rank_view)
+                        state_of=state_of, rank_view=rank_view, analysis=analysis)
 
 
 def estimate(program=None, strategy: Optional[Strategy] = None, batch_size: int = 1, *,

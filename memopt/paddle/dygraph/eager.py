@@ -21,8 +21,10 @@ A steady training step is::
      counted with the persistable bytes;
    - gradients as ``clear_grad`` leaves them: with ``set_to_zero=True``
      (Paddle's default) each parameter keeps a zeroed gradient between steps,
-     held until backward makes the new one, which takes its place; with
-     ``set_to_zero=False`` none between steps;
+     held until backward makes the new one, which takes its place (eager); a
+     to_static step's backward program hands every parameter gradient over
+     when it ends, so the zeroed ones are held to the end of the program;
+     with ``set_to_zero=False`` none between steps;
    - each new parameter gradient is held to the end of the step (the
      optimizer reads it), and so are the loss and the inputs;
    - ``opt.step()`` runs eagerly after the program: one more position in the
@@ -273,7 +275,7 @@ def _compose(base: Analysis, cap: CapturedStep, opt, mode: str,
             holders.append(Holder(
                 name=f"{pname}@GRAD(zeroed)", names=(f"{pname}@GRAD(zeroed)",),
                 size=Size(grad_bytes[pname], 0), category="gradient", op="clear_grad",
-                position=0, start=0, end=new_grad_start[pname],
+                position=0, start=0, end=new_grad_start[pname] if mode == "eager" else last,
                 label=f"zeroed gradient of {cap.param_paths.get(pname, pname)} ({pname}), "
                       "kept by clear_grad(set_to_zero=True)"))
     extras = step_extras(opt, trained) if opt is not None else []

@@ -65,9 +65,11 @@ class _Master:
     """What the recorder hands back for a master weight: name, shape, dtype."""
 
     def __init__(self, param) -> None:
+        import paddle
+
         self.name = param.name + "_fp32_master"
         self.shape = list(param.shape)
-        self.dtype = "float32"
+        self.dtype = paddle.float32
         self.param = param.name
 
     def __getattr__(self, item):  # anything else an optimizer reads: not modelled
