@@ -91,7 +91,7 @@ def worker(model_name: str, config: str, steps: int, repeat: int, out_npz: str) 
     from paddle.base import core
 
     import memopt
-    from memopt import models
+    from memopt.testing import models
 
     batch, opts = BENCH_MODELS[model_name]
     ir = "pir" if config == "pir-inplace" else "legacy"

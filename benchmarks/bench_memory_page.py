@@ -46,7 +46,7 @@ def main() -> None:
 
     import memopt
     from browser import chromium
-    from memopt.models import build
+    from memopt.testing.models import build
 
     table = Table(["program", "ops", "write page (s)", "size (MB)", "load median (s)",
                    "load max (s)", "< 2 s and < 10 MB"], align="lrrrrrl")

@@ -81,8 +81,8 @@ def minimalloc_problems(data: Path, names):
 
 def model_problems(batch_size: int):
     """Live intervals of real Paddle programs (needs paddle)."""
-    from memopt.models import build
-    from memopt.paddle.legacy import program_to_graph
+    from memopt.testing.models import build
+    from memopt.paddle.legacy.program import program_to_graph
 
     problems = []
     for label, name, train, options in MODELS:

@@ -154,7 +154,7 @@ def _note_dynamic_dims(loaded) -> None:
 
 def _guard(loaded):
     """The IR guard the program was built in (so Paddle treats it right)."""
-    from .models import ir_guard
+    from .testing.models import ir_guard
 
     return ir_guard(loaded.ir)
 
@@ -405,11 +405,11 @@ def cmd_optimize(args, progress: Progress) -> int:
             copied = copy_parameters(loaded.path, written)
         note = None
         if loaded.ir == "pir":
-            from .paddle.pir_deploy import predictor_note
+            from .paddle.pir.deploy import predictor_note
 
             note = predictor_note(loaded.program)
         else:
-            from .paddle.legacy_deploy import predictor_note
+            from .paddle.legacy.deploy import predictor_note
 
             note = predictor_note(loaded.program)
     if os.path.basename(loaded.path) == FLUID_PROGRAM:

@@ -13,7 +13,7 @@ a :class:`Size` ``coefficient * B**power``.  Nothing here ever silently
 replaces ``B`` by 1.
 
 The model imports neither Paddle nor TensorFlow: adapters
-(:mod:`memopt.paddle.legacy`, :mod:`memopt.paddle.pir`) build it.
+(:mod:`memopt.paddle.legacy.program`, :mod:`memopt.paddle.pir.program`) build it.
 """
 from __future__ import annotations
 

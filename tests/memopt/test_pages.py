@@ -126,7 +126,7 @@ def browser():
 def rewritten_page(tmp_path_factory, paddle):
     """The page of a PIR CNN before and after memory_optimize (level 1)."""
     import memopt
-    from memopt.models import build
+    from memopt.testing.models import build
 
     m = build("cnn", "pir", 32)
     with m.guard():
@@ -209,7 +209,7 @@ def test_a_bert12_step_page_stays_small(paddle, tmp_path):
     import os
 
     import memopt
-    from memopt.models import build
+    from memopt.testing.models import build
 
     model = build("bert", "pir", 8, layers=12)
     with model.guard():
@@ -229,7 +229,7 @@ def test_estimate_page_has_a_lane_per_rank(paddle, tmp_path):
     that rank's estimated peak.  Without sharding every rank runs one step:
     one lane."""
     from memopt.api import estimate
-    from memopt.models import build
+    from memopt.testing.models import build
     from memopt.report import format_bytes
 
     model = build("mlp", "legacy", 16)

@@ -384,7 +384,7 @@ def _closure_layer(fn):
 
 
 def _captured(runnable, specs, root, recorder: _OpRecorder) -> CapturedStep:
-    from ..pir import value_name
+    from ..pir.program import value_name
 
     program = runnable.program
     outs = runnable.out_values

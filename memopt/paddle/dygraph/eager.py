@@ -341,7 +341,7 @@ def _other_model_bytes(cap: CapturedStep) -> int:
 
 
 def _program_param_names(cap: CapturedStep) -> list:
-    from ..pir import PARAMETER_OP
+    from ..pir.program import PARAMETER_OP
 
     return [str(op.attrs().get("parameter_name")) for op in cap.program.global_block().ops
             if op.name() == PARAMETER_OP]
