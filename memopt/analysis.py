@@ -16,7 +16,7 @@ while it runs one step:
   scope);
 - for PIR, the executor's in-place pass (``FLAGS_pir_apply_inplace_pass``, on
   by default) writes some outputs over their dying input
-  (:func:`memopt.paddle.pir_inplace.executor_inplace`): the two share one
+  (:func:`memopt.paddle.pir.inplace.executor_inplace`): the two share one
   buffer, as do an in-place op's (``sgd_``, ``batch_norm_``) input and output;
 - ops run in the order the executor picks, not in program order
   (:func:`executor_order`): Paddle's multi-thread executor runs an op as soon
