@@ -1,6 +1,6 @@
 """Held-out PIR training programs: written as a user would, kept out of the unit tests.
 
-``budget=`` and the step-peak model are calibrated on :mod:`memopt.models`;
+``budget=`` and the step-peak model are calibrated on :mod:`memopt.testing.models`;
 these programs check the promise on code the model was not tuned on
 (``scripts/bench_recompute.py --heldout``).  Each builds with ``paddle.nn``
 layers and a stock optimizer the way its kind of model is usually written:
@@ -21,7 +21,7 @@ layers and a stock optimizer the way its kind of model is usually written:
 - ``"cnn"``: a small CNN of the first hour (two conv-BN-ReLU-pool blocks on
   1x28x28 images, a linear classifier); Adam.
 
-:func:`build` returns a :class:`memopt.models.BuiltModel` (seeded feed, loss
+:func:`build` returns a :class:`memopt.testing.models.BuiltModel` (seeded feed, loss
 first in the fetch list); :data:`HELDOUT` lists the configurations the bench
 runs (small and large batches).  Paddle is imported when a program is built.
 """
@@ -209,7 +209,7 @@ def build(kind: str, batch_size: int, *, seed: int = 1, **options: Any):
                          f"{sorted(_BUILDERS)}")
     import paddle
 
-    from ..models import BuiltModel, ir_guard
+    from .models import BuiltModel, ir_guard
 
     paddle.enable_static()
     opts = dict(options)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memopt import models
+from memopt.testing import models
 
 SMALL = {"mlp": {"hidden": 256}, "cnn": {"image_size": 16}, "bert": {"seq_len": 16},
          "gpt": {"seq_len": 16}}
