@@ -30,6 +30,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from ...arguments import as_batch, as_bytes
 from ...errors import BudgetError
 from .eager import StepAnalysis, analyze_step
 
@@ -232,8 +233,7 @@ def suggest_recompute(step, input_spec: Sequence, optimizer=None, *, budget, bat
     if not isinstance(step, paddle.nn.Layer):
         raise TypeError("suggest_recompute names sublayers: pass the step as an nn.Layer whose "
                         f"forward returns the loss, got {type(step).__name__}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    batch_size = as_batch(batch_size)  # ArgumentTypeError for 64.0, ValueError below 1
     limit = _budget_bytes(budget)
     cap = capture(step, input_spec, amp=amp)
     an = analyze_step(step, input_spec, optimizer, mode="eager", batch_size=batch_size,
@@ -275,19 +275,8 @@ def suggest_recompute(step, input_spec: Sequence, optimizer=None, *, budget, bat
 
 
 def _budget_bytes(budget) -> int:
-    if isinstance(budget, bool):
-        raise TypeError(f"budget must be bytes (int) or a string like '512MiB', got {budget!r}")
-    if isinstance(budget, int):
-        if budget < 1:
-            raise ValueError(f"budget must be positive, got {budget}")
-        return budget
-    if isinstance(budget, str):
-        import re
-
-        m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?i?B?)\s*", budget, re.I)
-        if m:
-            unit = m.group(2).upper().rstrip("B").rstrip("I")
-            scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
-            return int(float(m.group(1)) * scale)
-    raise ValueError(f"budget must be bytes (int) or a string like '512MiB', got {budget!r}")
+    """``budget`` in bytes as every memopt entry point reads it
+    (:func:`memopt.arguments.as_bytes`: an int, a float, or a string such as
+    ``"512MiB"`` / ``"2GB"``)."""
+    return as_bytes(budget, "budget")
 
