@@ -687,10 +687,8 @@ def _rewrite_fits(program, options: Options, batch: int, model, limit: int) -> b
     """Whether ``program`` after the in-place rewrite at ``options.level``
     (tried on a clone) has a step peak
     (:meth:`memopt.analysis.Analysis.step_peak`) within ``limit`` bytes: a
-    budget that rewrite meets is met without recomputing.  False at level 0
-    or when the rewrite changes nothing."""
-    if options.level < 1:
-        return False
+    budget that rewrite meets is met without recomputing.  False when the
+    rewrite changes nothing."""
     clone = program.clone()
     report = _pir_optimize(clone, options, batch)
     if not report.reuses:
