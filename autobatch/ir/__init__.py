@@ -9,11 +9,11 @@ circle.  One module per job:
 - :mod:`~autobatch.ir.types`: TensorType, Type, VariableAllocation;
 - :mod:`~autobatch.ir.ops`: instructions and terminators;
 - :mod:`~autobatch.ir.graph`: Block, Function, ControlFlowGraph;
-- :mod:`~autobatch.ir.program`: Program and TFP's Module;
+- :mod:`~autobatch.ir.program`: Program, TFP's Module, the call graph;
 - :mod:`~autobatch.ir.lowered_by_hand`: programs written with TFP's explicit stacks;
 - :mod:`~autobatch.ir.text`, :mod:`~autobatch.ir.tfp_text`: how they print
   (autobatch's text; TFP's text);
-- :mod:`~autobatch.ir.flow`: flow facts (liveness, call graph) the passes share.
+- :mod:`~autobatch.ir.flow`: flow facts (liveness) the passes share.
 
 A :class:`Program` is a set of :class:`Function` s, one of them the entry
 point (``main``).  A function has parameters (variable names) and a list of
@@ -61,11 +61,9 @@ from __future__ import annotations
 
 from autobatch.ir.flow import (
     FunctionFlow,
-    call_graph,
     check_defined,
     drop_repushes,
     function_flow,
-    reachable,
 )
 from autobatch.ir.graph import (
     Block,
@@ -116,7 +114,7 @@ from autobatch.ir.patterns import (
     rebuild,
     tuple_expr,
 )
-from autobatch.ir.program import Module, Program
+from autobatch.ir.program import Module, Program, call_graph, reachable
 from autobatch.ir.tfp_text import tfp_op_text, tfp_program_text
 from autobatch.ir.types import (
     TensorType,

@@ -15,7 +15,6 @@ from memopt.liveness import FlowNode, Liveness, analyze
 
 if TYPE_CHECKING:
     from autobatch.ir.graph import Block, Function
-    from autobatch.ir.program import Program
 
 @dataclass
 class FunctionFlow:
@@ -79,23 +78,6 @@ def drop_repushes(block: Block) -> None:
             intact.difference_update(op.writes)
         kept.append(op)
     block.instructions = kept
-
-
-def call_graph(program: Program) -> Dict[str, List[str]]:
-    """``{function: sorted callees}`` for every function of ``program``."""
-    return {fn.name: fn.callees() for fn in program.functions}
-
-
-def reachable(graph: Dict[str, List[str]], start: str) -> Set[str]:
-    """Functions reachable from ``start`` by calls, ``start`` included."""
-    seen = {start}
-    todo = [start]
-    while todo:
-        for callee in graph.get(todo.pop(), ()):
-            if callee not in seen:
-                seen.add(callee)
-                todo.append(callee)
-    return seen
 
 
 def check_defined(flow: FunctionFlow) -> None:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from autobatch.errors import ProgramError
-from autobatch.ir.flow import call_graph, reachable
 from autobatch.ir.graph import Block, ControlFlowGraph, Function
 from autobatch.ir.lowered_by_hand import HandLowered, is_hand_lowered
 from autobatch.ir.ops import BranchOp, FunctionCallOp, GotoOp, PopOp, ReturnOp, pc_var
@@ -414,3 +413,20 @@ class Module:
 
     def __str__(self) -> str:
         return "\n\n".join(fn.format() for fn in self.functions)
+
+
+def call_graph(program: Program) -> Dict[str, List[str]]:
+    """``{function: sorted callees}`` for every function of ``program``."""
+    return {fn.name: fn.callees() for fn in program.functions}
+
+
+def reachable(graph: Dict[str, List[str]], start: str) -> Set[str]:
+    """Functions reachable from ``start`` by calls, ``start`` included."""
+    seen = {start}
+    todo = [start]
+    while todo:
+        for callee in graph.get(todo.pop(), ()):
+            if callee not in seen:
+                seen.add(callee)
+                todo.append(callee)
+    return seen

@@ -13,7 +13,7 @@ after its open paren, the rest wrapped two further in.
 from __future__ import annotations
 
 import textwrap
-from typing import TYPE_CHECKING, Any, Callable, List, Sequence
+from typing import Any, Callable, List, Sequence
 
 from autobatch.ir.graph import Block, Function
 from autobatch.ir.ops import (
@@ -28,9 +28,6 @@ from autobatch.ir.ops import (
 )
 from autobatch.ir.patterns import pattern_map
 from autobatch.ir.types import TensorType, Type, VariableAllocation
-
-if TYPE_CHECKING:
-    from autobatch.ir.program import Program
 
 def _tfp_comma_list(prefix: str, items: Sequence[str], suffix: str, indent: int,
                     width: int) -> List[str]:
@@ -91,7 +88,7 @@ def _tfp_type_repr(typ: Any) -> str:
 
 
 def tfp_op_text(op: Any, indent: int = 0, width: int = 80) -> str:
-    """One instruction or terminator as TFP prints it (see above);
+    """One instruction or terminator as TFP prints it (see the module doc);
     autobatch's own lowered instructions (push, copy) in autobatch's text."""
     if isinstance(op, PrimOp):
         if op.vars_out or op.vars_out == 0:
@@ -141,9 +138,9 @@ def _tfp_function_text(fn: Function, name: str, indent: int, width: int) -> str:
     return "\n".join(header + [returns] + blocks)
 
 
-def tfp_program_text(program: "Program", indent: int = 0, width: int = 80) -> str:
+def tfp_program_text(program: Any, indent: int = 0, width: int = 80) -> str:
     """``program`` (built TFP's way) as TFP 0.25's ``str(program)`` prints
-    it (see above).  Blocks TFP would print as ``block-<hash>`` (unnamed)
+    it (see the module doc).  Blocks TFP would print as ``block-<hash>`` (unnamed)
     print under the names the Program gave them (``block_<k>``), and
     function bodies print without the "done with" pops the Program dropped."""
     var_defs = program.given_var_defs or {}

@@ -60,10 +60,11 @@ def imports_of(name: str, path: str, modules) -> set:
         if parts[0] not in PACKAGES:
             out.add(parts[0])
             return
-        # importing a.b.c runs a/__init__ and a/b/__init__ first
+        # importing a.b.c runs a/__init__ and a/b/__init__ first, except the
+        # packages holding the importer itself: they ran before it did
         for k in range(1, len(parts) + 1):
             prefix = ".".join(parts[:k])
-            if prefix in modules:
+            if prefix in modules and (k == len(parts) or not name.startswith(prefix + ".")):
                 out.add(prefix)
 
     for node in ast.walk(tree):

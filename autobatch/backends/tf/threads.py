@@ -72,10 +72,13 @@ class Threads:
 
     @staticmethod
     def _fill_shape(value: tf.Tensor, count: tf.Tensor, row_shape: Sequence[int]) -> tf.Tensor:
-        """``value`` as ``count`` rows of ``row_shape`` (no-op when it has them)."""
-        if value.shape.rank == 1 + len(row_shape):
+        """``value`` as ``count`` rows of ``row_shape`` (no-op when it has
+        them): a constant (no batch dimension) or one row (a leading
+        dimension of 1, as TFP's primops return ``tf.constant([0])``) is
+        broadcast."""
+        if value.shape.rank == 1 + len(row_shape) and value.shape[0] != 1:
             return value
-        if not row_shape:
+        if not row_shape and value.shape.rank == 0:
             return tf.fill(count, value)
         row = tf.constant(tuple(row_shape), tf.int64)
         return tf.broadcast_to(value, tf.concat([count, row], 0))
@@ -198,7 +201,7 @@ class Threads:
         positions, parts = [], []
         for at, value in ((split[1], if_true), (split[2], if_false)):
             index = tf.cast(at, tf.int32)
-            if value.shape.rank != rank:
+            if value.shape.rank != rank or value.shape[0] == 1:
                 value = tf.broadcast_to(value, tf.concat([tf.shape(index), tensor_type.shape],
                                                          axis=0))
             positions.append(index)
