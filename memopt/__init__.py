@@ -24,6 +24,7 @@ _EXPORTS = {
     "Report": "memopt.report",
     "analyze": "memopt.api",
     "estimate": "memopt.api",
+    "suggest_recompute": "memopt.paddle.dygraph",
     "Strategy": "memopt.parallel",
     "RankEstimate": "memopt.parallel",
     "Analysis": "memopt.analysis",
@@ -50,7 +51,7 @@ _EXPORTS = {
     "ProblemFormatError": "memopt.errors",
     "ModelFileError": "memopt.errors",
     "MergedVariableError": "memopt.errors",
-    "install_fetch_guard": "memopt.paddle.guards",
+    "install_fetch_guard": "memopt.paddle.guards.install",
     "BudgetError": "memopt.errors",
 }
 
