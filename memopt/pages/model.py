@@ -171,7 +171,7 @@ class _Names:
 
 def _series(reference, analysis, b: int, label: str, ref_ops: list) -> dict:
     """One analysis drawn on the reference's x axis (see the module docstring)."""
-    n_ref = len(reference.op_types)
+    n_ref = max(len(reference.op_types), 1)  # a program without ops: one position
     ops = run_ops(analysis)
     n = len(analysis.op_types)
     line = analysis.timeline(b)
@@ -263,9 +263,9 @@ def lane(analyses: Sequence, labels: Sequence[str] = (), batch_size: int | None 
     reference = analyses[0]
     b = reference.batch_for(batch_size)
     ref_ops = run_ops(reference)
-    ops = []
-    for j, op in enumerate(ref_ops):
-        ops.append([op.type, reference.place(j), _source(op)])
+    ops = [[op.type, reference.place(j), _source(op)] for j, op in enumerate(ref_ops)]
+    if not ops:  # the step only holds what is fed
+        ops = [["(no op)", "the step holding its feeds", ""]]
     series = [_series(reference, a, b, labels[k] if k < len(labels) else f"program {k + 1}",
                       ref_ops)
               for k, a in enumerate(analyses)]

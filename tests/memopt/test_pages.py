@@ -188,6 +188,25 @@ def test_hovering_the_peak_shows_its_op(browser, rewritten_page):
     assert module.console_problems(driver) == []
 
 
+def test_programs_without_ops_or_with_one_draw_cleanly(browser, tmp_path):
+    from memopt.graph import Graph, Op, Var
+
+    driver, module = browser
+    empty = Graph()
+    empty.global_block.add_var(Var("x", (4,), is_data=True))
+    one = Graph()
+    one.global_block.add_var(Var("x", (4,), is_data=True))
+    one.global_block.add_var(Var("y", (4,)))
+    one.global_block.add_op(Op("relu", ("x",), ("y",)))
+    one.fetch_names = ("y",)
+    for k, g in enumerate((empty, one)):
+        an = analyze(g, 1)
+        module.open_page(driver, an.to_html(str(tmp_path / f"{k}.html")))
+        assert module.console_problems(driver) == []
+        text = driver.find_element("tag name", "body").text
+        assert f"program: peak {an.peak(1)} B at x 0" in text and an.peak(1) == 32 * k
+
+
 def test_page_needs_no_network(browser, rewritten_page):
     """The browser runs with every request sent to a dead proxy: the page
     still draws, and nothing in it points elsewhere."""
