@@ -159,6 +159,7 @@ def analyze_step(step, input_spec: Sequence, optimizer=None, *, mode: str = "eag
     from .. import runtime as paddle_runtime
 
     read = paddle_runtime.read_program(cap.program, [], runtime)
+    cap = cap.in_flat_positions(read.graph)
     inplace = list(read.inplace)
     kernels = None
     if mode == "eager":
@@ -358,7 +359,36 @@ def _named(h: Holder, base: Analysis, cap: CapturedStep, grad_of: dict) -> Holde
                 label=f"gradient of {cap.param_paths.get(pname, pname)} ({pname})")
     if 0 <= h.position < len(base.order):
         index = base.order[h.position]
-        path = cap.op_layers.get(index)
+        path = cap.op_layers.get(index) or _backward_layers(base, cap).get(index)
         if path:
             return dataclasses.replace(h, label=f"{path}: {h.label}")
     return h
+
+
+def _backward_layers(base: Analysis, cap: CapturedStep) -> dict:
+    """``{backward op position: Layer path}``: the sublayer of the first
+    parameter the backward op reads, else the sublayer whose forward made the
+    first forward value it reads (the op computes that sublayer's
+    gradients).  Cached on ``cap``."""
+    cached = getattr(cap, "_backward_layers", None)
+    if cached is not None:
+        return cached
+    made_by: dict = {}
+    layer_of_param = {p: path.rpartition(".")[0] for p, path in cap.param_paths.items()
+                      if "." in path}
+    out: dict = {}
+    for pos, (_, op) in enumerate(base.graph.walk_ops()):
+        if pos < cap.forward_range[1]:
+            path = cap.op_layers.get(pos)
+            if path:
+                for name in op.writes:
+                    made_by.setdefault(name, path)
+            continue
+        # a parameter read names the layer (matmul_grad reads the input, made
+        # by the layer before, and the weight); else the first forward value
+        paths = [layer_of_param[n] for n in op.reads if n in layer_of_param] or \
+            [made_by[n] for n in op.reads if n in made_by]
+        if paths:
+            out[pos] = paths[0]
+    object.__setattr__(cap, "_backward_layers", out)
+    return out
