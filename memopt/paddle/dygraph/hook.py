@@ -135,12 +135,12 @@ def _check_static_functions():
 
 
 def _check_sot_builds_through_program_cache():
-    from paddle.jit.sot.symbolic import compile_cache
+    from paddle.jit.sot.symbolic.compile_cache import CompileSIRCache
 
-    source = inspect.getsource(compile_cache)
+    source = inspect.getsource(CompileSIRCache.value_fn)
     if "paddle.jit.to_static(" not in source or "full_graph=True" not in source:
-        return ("paddle.jit.sot no longer compiles each subgraph with "
-                "paddle.jit.to_static(..., full_graph=True)")
+        return ("paddle.jit.sot's CompileSIRCache.value_fn no longer compiles each subgraph "
+                "with paddle.jit.to_static(..., full_graph=True)")
     return None
 
 

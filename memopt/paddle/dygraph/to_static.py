@@ -35,12 +35,15 @@ changes.  The parameters and the inputs are in the program.
 """
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import weakref
 from typing import Callable, List, Optional
 
 from ...errors import BudgetError, StepAlreadyRunError, UnsupportedProgramError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["is_static_step", "static_function_of", "optimize_step", "StepOptimization",
            "ProgramRecord"]
@@ -175,8 +178,11 @@ class StepOptimization:
             try:
                 budget = self._program_budget()
                 holder["budget"] = budget
-                return self._rewrite(whole, fetch_list=outputs, budget=budget,
-                                     batch_size=self.batch_size, level=self.level)
+                try:
+                    return self._rewrite(whole, fetch_list=outputs, budget=budget,
+                                         batch_size=self.batch_size, level=self.level)
+                except BudgetError as exc:
+                    raise self._step_budget_error(exc, budget) from None
             except Exception as exc:
                 self._error = exc
                 raise
@@ -192,6 +198,23 @@ class StepOptimization:
         hooker = make_hooker(rewrite, on_report, self.batch_size)
         partial_program.add_hooker(hooker)
         self._partials.append((weakref.ref(partial_program), hooker))
+
+    def _step_budget_error(self, exc: BudgetError, program_budget: int) -> BudgetError:
+        """``exc`` (a program's BudgetError) in the step's terms: its
+        smallest budget plus what lives outside the program."""
+        from ...report import format_bytes
+
+        around = self.budget - program_budget
+        smallest = exc.smallest_budget + around if exc.smallest_budget else 0
+        return BudgetError(
+            f"to_static program {len(self.records) + 1} of the step: no plan fits the step's "
+            f"budget {format_bytes(self.budget)} at batch size {self.batch_size}: the smallest "
+            f"step budget memopt can fit is {format_bytes(smallest)} (the program's "
+            f"{format_bytes(exc.smallest_budget)} with Paddle's garbage collector up to 4 ops "
+            f"behind, and {format_bytes(around)} outside it: optimizer state, kept gradients, "
+            "earlier subgraphs). Raise the budget or lower the batch; the program is "
+            "unchanged and the step raised before running it.",
+            self.budget, self.batch_size, smallest, 0)
 
     def _program_budget(self) -> Optional[int]:
         """The budget of the next program: the step's, less what lives
@@ -396,7 +419,12 @@ def optimize_step(step, rewrite: Callable, *, level: int = 2, budget: Optional[i
             handle._call += 1
             handle._error = None
             try:
-                return original(*args, **kwargs)
+                out = original(*args, **kwargs)
+                if handle._call == 1 and not handle.records:
+                    log.warning("memopt: the first call of %s built no training program "
+                                "(SOT ran it eagerly, or it has no trainable parameters): "
+                                "nothing was rewritten", name)
+                return out
             except Exception as exc:
                 error, handle._error = handle._error, None
                 if error is not None and error is not exc:
