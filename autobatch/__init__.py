@@ -8,8 +8,12 @@ control flow: :mod:`autobatch.native`).  Names are re-exported lazily so
 that ``import autobatch`` needs NumPy at most.
 """
 from importlib import import_module
+from importlib import metadata as _metadata
 
-__version__ = "0.1.0"
+try:  # the one version: the installed distribution's metadata (pyproject.toml)
+    __version__ = _metadata.version("memopt")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+    __version__ = "0+unknown"
 
 _EXPORTS = {
     "Context": "autobatch.frontend",

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Dict, List, Set, Tuple
+from typing import Dict, Set
 
-from autobatch.errors import ProgramError
 from autobatch.ir import (  # the flow helpers live in instructions
     FunctionCallOp, Function, FunctionFlow, Program, VariableAllocation, call_graph,
     check_defined, function_flow, reachable,

@@ -1,6 +1,6 @@
 """Example programs written with the DSL, each with its plain-Python twin.
 
-Used by the tests and by ``scripts/bench_autobatch.py``; also a tour of
+Used by the tests and by ``benchmarks/bench_autobatch.py``; also a tour of
 :class:`~autobatch.dsl.ProgramBuilder`.
 
 - :func:`fibonacci`: doubly recursive ``fib`` (fib(0) = fib(1) = 1).

@@ -10,7 +10,7 @@ A user writes plain Python for one example and decorates it::
             return fib(n - 1) + fib(n - 2)
         return 1
 
-    fib(np.arange(20))            # one batched run over 20 threads
+    fib(np.arange(20), max_stack_depth=20)   # one batched run over 20 threads
 
 The decorated function takes batched arguments: each with a leading batch
 dimension, all of one size; an argument of batch size 1, or without the

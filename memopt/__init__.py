@@ -10,8 +10,12 @@ program is handed in.
 - :mod:`memopt.liveness`, :mod:`memopt.graph`: the shared core.
 """
 from importlib import import_module
+from importlib import metadata as _metadata
 
-__version__ = "0.1.0"
+try:  # the one version: the installed distribution's metadata (pyproject.toml)
+    __version__ = _metadata.version("memopt")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+    __version__ = "0+unknown"
 
 #: public name -> module that defines it
 _EXPORTS = {

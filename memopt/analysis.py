@@ -39,7 +39,7 @@ while it runs one step:
   ``layer_norm_grad``, ``add_grad``, convolutions' im2col buffer).
 
 Not modelled: other kernels' temporary workspaces, and which branch of an
-``if`` runs (values saved in either branch are counted: an upper bound).  ``scripts/bench_analysis.py`` measures the error against
+``if`` runs (values saved in either branch are counted: an upper bound).  ``benchmarks/bench_analysis.py`` measures the error against
 Paddle's allocator (within 10% on the benchmark models).
 
 Sizes are symbolic in the batch (a ``-1`` dimension is ``B``), so the live
@@ -527,6 +527,32 @@ class Analysis:
 
     def __str__(self) -> str:
         return self.report()
+
+    def to_html(self, path: str, batch_size: Optional[int] = None, *, compare: Sequence = (),
+                labels: Sequence[str] = (), title: str = "") -> str:
+        """Write the interactive memory page of this analysis to ``path``.
+
+        One self-contained HTML file (no network at view time): the live
+        bytes over the op sequence stacked by kind, the peak marked;
+        hovering shows the op there and its largest holders (names, sizes,
+        the op that made each and its last reader); a sortable table of the
+        largest holders at the peak (:mod:`memopt.pages`).
+
+        ``compare``: analyses of the same program after rewrites
+        (memory_optimize, release_memory...), drawn on this one's x axis
+        (its run positions, :mod:`memopt.alignment`).  ``labels`` names this
+        analysis and each of ``compare`` (default ``"before"``, ``"after"``
+        with one to compare, else ``program 1``, ``program 2``...).
+        Sizes are at ``batch_size`` (default: this analysis's).  Returns
+        ``path``.
+        """
+        from .pages.writer import write_page
+
+        if not labels:
+            labels = (["before", "after"] if len(compare) == 1
+                      else ["program"] if not compare else [])
+        return write_page(path, [self, *compare], labels=labels, batch_size=batch_size,
+                          title=title)
 
     def dumps(self, batch_size: Optional[int] = None) -> str:
         return json.dumps(self.to_json(batch_size), indent=2, sort_keys=True)

@@ -6,7 +6,7 @@ its inputs are ready and frees a variable when the last op using it has run
 dependencies it picks depends on timing and on program order as a
 tie-break, so a plan judged in program order only can raise the peak in the
 order the executor really takes.  Measured on Paddle 3.3.1 (legacy
-programs, GC on, ``scripts/bench_memopt.py``): moving optimizer ops up to
+programs, GC on, ``benchmarks/bench_memopt.py``): moving optimizer ops up to
 their gradients (which program order favours, the executor does not have
 to) raised it by up to 28%.
 

@@ -267,6 +267,7 @@ def _analysed_peaks(report: Report, program, options: Options,
     report.peak_before, report.peak_after = before.total_peak(b), after.total_peak(b)
     report.top_holders = [Holder(h.name, h.bytes(b), tuple(h.names))
                           for h in after.held_at(None, b)[:5]]
+    report.analyses = [before, after]
 
 
 def _homes(plan) -> dict:
@@ -394,6 +395,7 @@ def _pir_optimize(program, options: Options, batch_size: Optional[int] = None,
         after = before
     report = pir_report(pg.graph, before, after, reuses, reasons, len(rewrites), options,
                         runtime.gc, runtime.pir_text, batch, time.perf_counter() - start)
+    report.analyses = [before, after]
     log.debug("PIR memory_optimize: %d ops in place in %.3f s", len(rewrites), report.seconds)
     return report
 
@@ -437,8 +439,10 @@ def _pir_release(program, options: Options) -> Report:
     pir_rewrite.check_user_names(pg, options)
     an = _pir_analysis(pg, REFERENCE_BATCH, model)
     kept = sorted(set(options.skip_opt_set) & set(pg.values))
-    return pir_release_report(pg.graph, an, kept, runtime.gc, runtime.pir_text,
-                              time.perf_counter() - start)
+    report = pir_release_report(pg.graph, an, kept, runtime.gc, runtime.pir_text,
+                                time.perf_counter() - start)
+    report.analyses = [an, an]  # the program is not changed
+    return report
 
 
 def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
@@ -675,7 +679,8 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         pir_rewrite.check_user_names(pg, options)
         pg.kept = frozenset(options.skip_opt_set)  # never dropped by a recomputation
         model = pir_loops.runtime_for(program, model, budget=limit is not None)
-        before = _pir_analysis(pg, batch, model).total_peak(batch)
+        before_analysis = _pir_analysis(pg, batch, model)
+        before = before_analysis.total_peak(batch)
         recomputed, added, applied = [], 0.0, None
         if limit is not None:
             named = {n: pg.values[n] for n in options.fetch_list | options.skip_opt_set
@@ -705,8 +710,9 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
         if options.level == 2:
             notes += _slices_and_order(program, batch, model, options.fetch_list, fetched,
                                        slices=applied is None)
-        report.peak_after = _pir_analysis(pir.convert(program, fetched), batch,
-                                          model).total_peak(batch)
+        after_analysis = _pir_analysis(pir.convert(program, fetched), batch, model)
+        report.peak_after = after_analysis.total_peak(batch)
+        report.analyses = [before_analysis, after_analysis]
     report.peak_before = before
     report.level = options.level
     report.notes = list(report.notes) + notes

@@ -44,7 +44,7 @@ exhausted every plan one size quantum lower.
 
 Real program traces are easy (greedy by size is on the bound or within a few
 hundredths of a percent); interval problems built to be hard (the MiniMalloc
-"challenging" set) are not: see ``scripts/bench_planner.py``.
+"challenging" set) are not: see ``benchmarks/bench_planner.py``.
 
 Every plan is checked by the independent :func:`memopt.simulate.check_offsets`
 before it is returned.  Deterministic: same input, same plan (the search has

@@ -11,7 +11,7 @@ rank's peak with ``memopt.estimate`` before running anything, runs the startup
 program and ``steps`` training steps, and writes a ``.npz`` per rank: the
 losses, every persistable variable after the run, the allocator's peak
 (``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)``) and the
-estimate.  Used by ``scripts/bench_distributed.py`` and the tests.
+estimate.  Used by ``benchmarks/bench_distributed.py`` and the tests.
 
 :func:`launch_auto_parallel` / :func:`run_auto_parallel_rank` do the same
 for auto-parallel PIR programs (``paddle.distributed.to_static``,

@@ -29,7 +29,7 @@ Implementation: nodes are grouped into basic blocks (maximal runs ``i, i+1,
 blocks with bitsets (Python ints), and per-node facts are derived on demand by
 a backward scan of one block.  Live intervals come from one backward scan of
 every block, so a straight-line program of 100,000 nodes is analysed in well
-under a second (scripts/bench_liveness.py).
+under a second (benchmarks/bench_liveness.py).
 """
 from __future__ import annotations
 

@@ -86,18 +86,25 @@ def fleet_sharding_owners(sizes, ranks: int) -> List[int]:
 class Strategy:
     """A parallel strategy.
 
-    dp, tp, pp : data, tensor and pipeline parallel degrees (>= 1); the
-        number of ranks is ``dp * tp * pp``.
-    sharding_stage : 0 (none), 1 (optimizer state), 2 (+ gradients),
-        3 (+ parameters), across the ``dp`` ranks.
-    micro_batch_size : samples one rank runs at once; None: ``batch_size /
-        (dp * gradient_merge_steps)``.
-    recompute : recompute activations in the backward pass;
+    Attributes
+    ----------
+    dp, tp, pp : int
+        Data, tensor and pipeline parallel degrees (>= 1); the number of
+        ranks is ``dp * tp * pp``.
+    sharding_stage : int
+        0 (none), 1 (optimizer state), 2 (+ gradients), 3 (+ parameters),
+        across the ``dp`` ranks.
+    micro_batch_size : int or None
+        Samples one rank runs at once; None: ``batch_size / (dp *
+        gradient_merge_steps)``.
+    recompute : bool
+        Recompute activations in the backward pass, in
         ``recompute_segments`` segments (>= 1).
-    gradient_merge_steps : micro-steps whose gradients are summed before
-        one update (>= 1).
-    fused_gradients : gradients live in one fused buffer for the step
-        (fleet's ``fuse_all_reduce_ops``).
+    gradient_merge_steps : int
+        Micro-steps whose gradients are summed before one update (>= 1).
+    fused_gradients : bool
+        Gradients live in one fused buffer for the step (fleet's
+        ``fuse_all_reduce_ops``).
     """
 
     dp: int = 1

@@ -12,6 +12,7 @@ Agg backend; nothing else in memopt needs it.
 """
 from __future__ import annotations
 
+import re
 from typing import Optional, Sequence
 
 __all__ = ["plot_timeline", "plot_arena"]
@@ -42,10 +43,16 @@ def plot_timeline(analyses: Sequence, path: str, *, labels: Sequence[str] = (),
                   batch_size: Optional[int] = None, title: str = "", top: int = 5) -> str:
     """Draw live bytes per op for each analysis into ``path`` (PNG, SVG...).
 
-    The x axis is the op position in run order (the positions of
-    :meth:`Analysis.timeline`, ``held_at`` and ``peak_position``).  It starts
+    The x axis is the op position in the first analysis's run order (the
+    positions of its :meth:`Analysis.timeline`, ``held_at`` and
+    ``peak_position``); the others (the program after rewrites) are drawn
+    on it, each op at the position of the same op in the first
+    (:mod:`memopt.alignment`: the ops a rewrite adds, release, record and
+    recomputed ops, fold into the position of the op before them, the
+    highest of their live bytes drawn), so before and after read against
+    each other and a peak on one op is at one x.  It starts
     at the first op that is an instruction of the executor
-    (:meth:`Analysis.setup_ops`, the smallest over ``analyses``): the
+    (:meth:`Analysis.setup_ops` of the first analysis): the
     declarations before it (parameters, feeds) hold no step memory, and a
     training program has hundreds of them.  The axis label says how many
     were left out.  Each curve's peak is marked with a triangle and named in
@@ -63,31 +70,37 @@ def plot_timeline(analyses: Sequence, path: str, *, labels: Sequence[str] = (),
 
     Returns the path written.
     """
+    from .alignment import align
+
     plt = _pyplot()
     lines = [a.timeline(batch_size) for a in analyses]
     peak_all = max((max(line) for line in lines if line), default=0)
     unit, scale = _unit(peak_all)
-    first = min((a.setup_ops() for a in analyses), default=0)
+    first = analyses[0].setup_ops() if analyses else 0
     fig, (ax, side) = plt.subplots(1, 2, figsize=(12, 5.2),
                                    gridspec_kw={"width_ratios": [3.2, 1]})
     for k, (analysis, line) in enumerate(zip(analyses, lines)):
         color = _COLORS[k % len(_COLORS)]
         label = labels[k] if k < len(labels) else f"program {k + 1}"
-        ys = [v / scale for v in line]
-        if not ys:
+        if not line:
             continue
-        pos = analysis.peak_position(batch_size)
+        peak_j = analysis.peak_position(batch_size)
+        if k == 0:
+            ys, pos = [v / scale for v in line], peak_j
+        else:  # drawn on the first analysis's op positions (memopt.alignment)
+            aligned = align(analyses[0], analysis, batch_size)
+            ys, pos = [line[j] / scale for j in aligned.shown], aligned.xs[peak_j]
         if k == 0:  # the reference: a filled area the others are drawn over
             ax.fill_between(range(len(ys)), ys, step="post", color=color, alpha=0.18)
         ax.step(range(len(ys)), ys, where="post", color=color, linewidth=1.5,
                 linestyle="-" if k == 0 else "--",
-                label=f"{label}: peak {ys[pos]:.1f} {unit} at op {pos} "
-                      f"({analysis.op_types[pos]})")
+                label=f"{label}: peak {line[peak_j] / scale:.1f} {unit} at op {pos} "
+                      f"({analysis.op_types[peak_j]})")
         ax.plot([pos], [ys[pos]], marker="v", color=color, markersize=9,
                 markeredgecolor="white", linestyle="none", clip_on=False)
     persistable = analyses[0].persistable_bytes(batch_size) if analyses else 0
     b = analyses[0].batch_for(batch_size) if analyses else 1
-    horizon = max((len(line) for line in lines), default=1)
+    horizon = len(lines[0]) if lines and lines[0] else 1
     margin = max(1.0, 0.015 * (horizon - first))  # room for a peak marker at the last op
     ax.set_xlim(first - margin, horizon - 1 + margin)
     ax.set_xlabel("op position (run order)" + (
@@ -126,13 +139,32 @@ def plot_timeline(analyses: Sequence, path: str, *, labels: Sequence[str] = (),
 BAR_NAME_CHARS = 24
 
 
+#: A PIR value's label (:func:`memopt.paddle.pir.label_values`):
+#: ``pd_op.matmul_grad(...).y_grad at op 59, model.py:12 (%66)``.
+_MADE_AT = re.compile(r"^(?P<op>[\w.]+)(?:\(\.\.\.\)\.(?P<slot>\w+))? at [^,(]+(?:\([^)]*\))?"
+                      r"(?:, (?P<source>[^,]+:\d+))? \((?P<value>%\w+)\)$")
+#: A label from a ``name=`` given in Python: ``'my_sum' (%7)``.
+_USER_NAMED = re.compile(r"^'(?P<name>[^']+)' \(%\w+\)$")
+
+
 def _bar_name(holder) -> str:
-    """A holder's name short enough for the bar list: a kernel's scratch
-    memory as ``workspace`` (its op is on the next line), others cut to
-    :data:`BAR_NAME_CHARS`."""
+    """A holder's name short enough for the bar list, as the user knows it:
+    the ``name=`` given in Python (``'my_sum'``), else the line of Python
+    that made it (``model.py:12``, with the op's output slot when it has
+    several: ``model.py:12 .y_grad``), else the op and its ``%N``; a
+    kernel's scratch memory as ``workspace`` (its op is on the next line).
+    Cut to :data:`BAR_NAME_CHARS`."""
     if holder.category == "workspace" and holder.name.startswith("workspace of "):
         return "workspace"
-    name = holder.name
+    name = holder.label or holder.name
+    user = _USER_NAMED.match(name)
+    made = _MADE_AT.match(name)
+    if user:
+        name = f"'{user.group('name')}'"
+    elif made:
+        slot = f" .{made.group('slot')}" if made.group("slot") else ""
+        where = made.group("source") or f"{made.group('op').split('.')[-1]} {made.group('value')}"
+        name = where + slot
     return name if len(name) <= BAR_NAME_CHARS else name[:BAR_NAME_CHARS - 3] + "..."
 
 

@@ -34,6 +34,9 @@ release : how temporaries' memory is released at run time.
 not_merged : why candidates were left alone: reason -> number of variables.
 seconds : wall time memory_optimize took.
 notes : anything else worth saying (empty usually).
+analyses : the :class:`memopt.analysis.Analysis` of the program before and
+    after, where memopt made them (for :meth:`Report.to_html`; not in
+    :meth:`Report.to_dict`).
 released : the variables release_memory frees right after their last use
     (empty for memory_optimize, and with the garbage collector on).
 labels : name -> how the user knows it, where the name is not that (PIR
@@ -209,6 +212,7 @@ class Report:
     added_compute_percent: float = 0.0
     budget: Optional[int] = None
     labels: Dict[str, str] = field(default_factory=dict)
+    analyses: List = field(default_factory=list, repr=False, compare=False)
 
     def label(self, name: str) -> str:
         """How the text names variable ``name`` (see :attr:`labels`)."""
@@ -321,6 +325,40 @@ class Report:
             "budget": self.budget,
             "labels": dict(sorted(self.labels.items())),
         }
+
+    def what(self) -> str:
+        """What was done, as the page labels the program after it:
+        ``"memory_optimize(level=2, budget=8.0 MiB)"``, ``"release_memory"``."""
+        if self.released or (self.release and not self.reuses and not self.level
+                             and not self.budget and not self.recomputed):
+            return "release_memory"
+        extra = f", budget={format_bytes(self.budget)}" if self.budget is not None else ""
+        return f"memory_optimize(level={self.level}{extra})"
+
+    def to_html(self, path: str, title: str = "") -> str:
+        """Write the memory page of the program before and after this
+        rewrite to ``path`` (see :meth:`memopt.analysis.Analysis.to_html`):
+        both on the original program's op positions, at :attr:`batch_size`,
+        what memopt added (recomputed ops, release and bookkeeping ops) and
+        the buffers values now share shown.  Returns ``path``.
+
+        Raises ValueError when the report holds no analyses
+        (:attr:`analyses`: memopt did not analyse the program, e.g.
+        release_memory on a legacy program): then call
+        ``memopt.analyze(program)`` before and after and
+        ``before.to_html(path, compare=[after])``.
+        """
+        if len(self.analyses) < 2:
+            raise ValueError(
+                f"this report of {self.what()} holds no analyses of the program before and "
+                "after: call memopt.analyze(program) before and after the rewrite and "
+                "before.to_html(path, compare=[after])")
+        from .pages.writer import write_page
+
+        return write_page(path, self.analyses, labels=["before", f"after {self.what()}"],
+                          batch_size=self.batch_size, notes=list(self.notes),
+                          title=title or f"memory of one step before and after {self.what()}, "
+                                         f"batch {self.batch_size}")
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """The report as JSON (the fields of :meth:`to_dict`)."""

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import numpy as np
 
-from _bench import Table, mib
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
+from _bench import Table, mib  # noqa: E402
 
 
 def measured_run(model, steps: int):

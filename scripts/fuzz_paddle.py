@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # the shared generators, no tes
 
 from hypothesis import given, seed as hypothesis_seed, strategies as st  # noqa: E402
 
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # the shared bench harness
 from _bench import Table  # noqa: E402
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, settings, strategies as st
 
 CI_EXAMPLES = 30
 BATCH = 3

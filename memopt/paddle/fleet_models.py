@@ -1,6 +1,6 @@
 """Distributed training programs as ``paddle.distributed.fleet`` builds them.
 
-For tests, ``scripts/bench_distributed.py`` and the README.  An MLP regression
+For tests, ``benchmarks/bench_distributed.py`` and the README.  An MLP regression
 model (``layers`` fully connected layers of ``hidden`` units, ReLU, mean
 squared error, Momentum) is built in the legacy IR and handed to
 ``fleet.distributed_optimizer(...).minimize``, which rewrites it for one rank

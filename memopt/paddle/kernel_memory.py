@@ -5,7 +5,7 @@ only inside the kernel, and some kernels allocate scratch memory for the
 length of one op.  Both are real allocations the allocator sees; the facts
 here come from Paddle 3.3.1's CPU kernels and were checked against
 ``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)``
-(``scripts/bench_analysis.py``, the ``lstm`` and ``gru`` rows).
+(``benchmarks/bench_analysis.py``, the ``lstm`` and ``gru`` rows).
 
 ``pd_op.rnn`` (``paddle.nn.LSTM`` / ``GRU`` / ``SimpleRNN``), when training
 (``is_test`` false):

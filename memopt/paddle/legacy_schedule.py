@@ -69,7 +69,7 @@ LEGACY_RANDOM_OPS = frozenset({
 #: The least share of the predicted peak a new order must save to be
 #: applied to a legacy program.  Larger than PIR's 1%
 #: (:data:`memopt.paddle.pir_schedule.MIN_GAIN`): measured on Paddle 3.3.1
-#: (``scripts/bench_legacy_level2.py``, GC on), ResNet-50's optimizer order
+#: (``benchmarks/bench_legacy_level2.py``, GC on), ResNet-50's optimizer order
 #: predicted 2.6% lower (108.5 -> 105.7 MiB) measured 130.5 MB (median
 #: step) where level 1's program measured 119.0-123.4 MB in three fresh
 #: processes, while the branches model's 37% lower measured 17.9 -> 10.6 MB.

@@ -70,6 +70,7 @@ PIR is wired in :mod:`memopt.api`.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
@@ -1007,8 +1008,6 @@ _NAME_ARG = re.compile(r"""\bname\s*=\s*(['"])([^'"]+)\1""")
 
 
 def _paddle_dir() -> str:
-    import os
-
     import paddle
 
     return os.path.dirname(os.path.abspath(paddle.__file__)) + os.sep
@@ -1056,15 +1055,16 @@ def label_values(result: PirGraph) -> None:
       the ops built in a row from the same call; PIR keeps no ``name=``
       itself, but every op keeps the call stack that built it);
     - ``pd_op.add at op 6, model.py:12 (%7)`` otherwise: the op that makes it
-      (and which output, when it has several), its position in the program
+      (and which output slot, when it has several:
+      ``pd_op.matmul_grad(...).y_grad at op 9``), its position in the program
       (``print(program)`` order), and the line of Python that built it when
       Paddle kept one.
 
     Each op of the graph gets ``attrs["place"]``, that position (``"op 6"``,
-    ``"op 2 in pd_op.while at op 40"``): what an analysis report names it by.
+    ``"op 2 in pd_op.while at op 40"``): what an analysis report names it by;
+    and ``attrs["source"]``, the line of Python that built it
+    (``"model.py:12"``), where Paddle kept one.
     """
-    import os
-
     if result.program is None:
         return
     paddle_dir = _paddle_dir()
@@ -1091,6 +1091,9 @@ def label_values(result: PirGraph) -> None:
         place = places.get(graph_op.attrs.get("pir_id"))
         if place is not None:
             graph_op.attrs["place"] = place
+        frame = frames.get(graph_op.attrs.get("pir_id"))
+        if frame is not None:  # the line of Python that built it
+            graph_op.attrs["source"] = f"{os.path.basename(frame[0])}:{frame[1]}"
     for _, var in result.graph.all_vars():
         name = var.name
         value = result.values.get(name)
@@ -1106,12 +1109,15 @@ def label_values(result: PirGraph) -> None:
             if m:
                 var.label = f"{m.group(2)!r} ({name})"
                 continue
-        text = f"{op.name()} at {places.get(op.id(), '?')}"
+        # an op with several results: which one, as ``pd_op.matmul_grad(...).y_grad``
+        # (an op's output slot, never to be read as a variable the user named y_grad)
+        text = op.name()
         if op.num_results() > 1:
             slots = _output_names(op)
             index = next((k for k, r in enumerate(op.results()) if r.id == value.id), None)
             if index is not None:
-                text += f", output {slots[index] if index < len(slots) else index}"
+                text += f"(...).{slots[index] if index < len(slots) else index}"
+        text += f" at {places.get(op.id(), '?')}"
         if frame is not None:
             text += f", {os.path.basename(frame[0])}:{frame[1]}"
         var.label = f"{text} ({name})"
@@ -1199,6 +1205,23 @@ _DECLARATIONS = frozenset({"builtin.parameter", "pd_op.data", "builtin.split",
                            "builtin.slice", "builtin.combine"})
 
 
+def _legacy_source(op, paddle_dir: str) -> str:
+    """``"model.py:12"``: the line of Python outside Paddle that built the
+    legacy ``op`` (its ``op_callstack`` attribute), or ''."""
+    try:
+        stack = list(op.desc.attr("op_callstack")) if op.desc.has_attr("op_callstack") else []
+    except Exception:  # pragma: no cover - an op without a readable call stack
+        return ""
+    for entry in reversed(stack):
+        entry = str(entry).strip()
+        if entry.startswith('File "'):
+            path = entry.split('"', 2)[1]
+            if not path.startswith(paddle_dir):
+                m = _FRAME_LINE.search(entry)
+                return f"{os.path.basename(path)}:{m.group(1) if m else 0}"
+    return ""
+
+
 def legacy_places(program, result: PirGraph) -> None:
     """Name the top-level ops of a translated legacy program by the legacy op
     they come from, the numbering the user's program has: ``attrs["place"]``
@@ -1210,8 +1233,12 @@ def legacy_places(program, result: PirGraph) -> None:
     writing the legacy op's outputs last or among them; an op writing no
     legacy variable (a reshape around ``mul_grad``'s ``matmul_grad``)
     belongs to the next one that does.  Ops after the last such op keep no
-    place."""
+    place.  Each placed op also gets ``attrs["origin"]``, the legacy op's
+    ``original_id`` (which memopt's rewrites keep: :mod:`memopt.alignment`
+    finds the op again after them), and ``attrs["source"]``, the line of
+    Python that built it where Paddle kept one."""
     legacy_ops = list(program.global_block().ops)
+    paddle_dir = _paddle_dir()
     writers: dict = {}
     for i, op in enumerate(legacy_ops):
         for nm in op.output_arg_names:
@@ -1226,8 +1253,13 @@ def legacy_places(program, result: PirGraph) -> None:
             continue
         cursor = min(hits)
         place = f"op {cursor} ({legacy_ops[cursor].type})"
+        origin = f"legacy op {legacy_ops[cursor].desc.original_id()}"
+        source = _legacy_source(legacy_ops[cursor], paddle_dir)
         for member in pending:
             member.attrs["place"] = place
+            member.attrs["origin"] = origin  # which op it is, through memopt's rewrites
+            if source:
+                member.attrs["source"] = source
             for nm in member.writes:
                 var = result.graph.find_var(nm)
                 if nm.startswith("%") and var is not None and not var.label:

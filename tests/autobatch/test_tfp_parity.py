@@ -7,7 +7,6 @@ errors of the new entry points."""
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest

@@ -122,7 +122,7 @@ def test_pattern_assignment_locals_and_multi_value_calls():
 def test_an_instruction_bound_twice_is_refused():
     ab = dsl.ProgramBuilder()
     with pytest.raises(ValueError, match="either"):     # ProgramError is a ValueError
-        with ab.function("f") as f:
+        with ab.function("f"):
             ab.param("n")
             ab.var.m = ab.primop(lambda n: n + 1, vars_out="m")
     ab = dsl.ProgramBuilder()

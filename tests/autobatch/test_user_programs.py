@@ -3,7 +3,7 @@ each against a plain Python loop over its members: on NumPy, on TensorFlow
 in the regimes where running them found bugs, with their storage checked
 against what liveness implies (``allocation_check.py``), and where TFP's
 venv is there, against TFP 0.25 running the same user code.
-``scripts/sweep_autobatch_user.py`` runs every program in every regime."""
+``tests/sweeps/test_sweep_autobatch_user.py`` runs every program in every regime."""
 import json
 import os
 import subprocess

@@ -226,7 +226,7 @@ def _measured_peak(paddle, model, steps=6):
 
     The multi-thread executor's schedule makes single steps vary, more so on
     a busy machine; the lowest is its least-overlapped schedule.  (The
-    bench, scripts/bench_analysis.py, reports the median in fresh
+    bench, benchmarks/bench_analysis.py, reports the median in fresh
     processes.)"""
     from memopt import models
 

@@ -11,7 +11,7 @@ the garbage collector off (PIR), and the kernel facts behind it.
   later reads for its shape.  With GC off that is most of the gap.
 
 Each prediction must be within 10% of the allocator's peak (minus what is
-allocated after the startup program); ``scripts/bench_analysis.py`` has the
+allocated after the startup program); ``benchmarks/bench_analysis.py`` has the
 full table.
 """
 import pytest
@@ -30,7 +30,7 @@ def _measured(paddle, model, steps=6):
     """The lowest allocator peak over steps 2.. minus memory after startup:
     the multi-thread executor's schedule makes single steps vary, more so on
     a busy machine, and the lowest is its least-overlapped schedule, the one
-    the analysis models (scripts/bench_analysis.py reports the median in
+    the analysis models (benchmarks/bench_analysis.py reports the median in
     fresh processes)."""
     from memopt import models
 

@@ -1,5 +1,4 @@
 """memopt.arena: heuristics, chooser and search, all checked independently."""
-import itertools
 import os
 
 import numpy as np

@@ -1,6 +1,6 @@
 """``memopt`` on models saved the ways users save them
 (``save_inference_model``, fluid ``__model__`` directories) and the output
-paths a user gets wrong.  What ``scripts/sweep_cli.py`` found, kept fixed:
+paths a user gets wrong.  What ``tests/sweeps/test_sweep_cli.py`` found, kept fixed:
 ``optimize -o`` of the input (or its prefix) overwrote the input model; the
 written model had no parameters beside it (``load_inference_model`` of it
 failed; ``paddle.inference`` ran it on uninitialised weights: NaN); ``-o``
@@ -208,7 +208,7 @@ def test_legacy_inference_model_at_level_1_warns_about_the_predictor(tmp_path, c
     """``optimize --level 1`` of legacy ``jit.save`` ResNet-18 / MobileNetV3
     models wrote files ``paddle.inference``'s default predictor cannot load
     (oneDNN: 'could not create a primitive descriptor for a reorder
-    primitive'; scripts/sweep_cli.py) without a word; Executor runs them
+    primitive'; tests/sweeps/test_sweep_cli.py) without a word; Executor runs them
     bit-identically.  Now a warning says so; level 0 ran and says nothing."""
     import json
 

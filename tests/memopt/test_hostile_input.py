@@ -714,7 +714,7 @@ def _matmul_chain(n: int) -> Graph:
 def test_checking_a_plan_is_linear_in_the_group_size():
     """The compatibility check of a plan grows with the group, not its square
     (it once called compatible() for every pair: 87 of the 100 s
-    memory_optimize took on scripts/bench_scale.py's 100,000 ops)."""
+    memory_optimize took on benchmarks/bench_scale.py's 100,000 ops)."""
     from memopt import planner
 
     calls = [0]

@@ -71,6 +71,41 @@ def test_bar_names_fit_the_figure(plot):
 
     assert plot._bar_name(holder("workspace of pd_op.rnn_grad at op 28 (rnn_grad)",
                                  "workspace")) == "workspace"
-    long = "pd_op.matmul_grad at op 59, output y_grad (%66)"
+    long = "a_very_long_variable_name_of_a_legacy_program.tmp_0"
     assert plot._bar_name(holder(long, "gradient")) == long[:plot.BAR_NAME_CHARS - 3] + "..."
     assert plot._bar_name(holder("fc_0.w_0@GRAD", "gradient")) == "fc_0.w_0@GRAD"
+
+
+def test_bars_name_values_by_user_name_or_source_line(plot):
+    """A PIR value's bar said ``%64``: it says the ``name=`` given in Python,
+    else the line that built it (and which output of the op), else the op."""
+    from memopt.analysis import Holder
+    from memopt.graph import Size
+
+    def bar(label):
+        return plot._bar_name(Holder("%66", ("%66",), Size(8, 1), "gradient",
+                                     "pd_op.matmul_grad", 3, 3, 3, label=label))
+
+    assert bar("'my_sum' (%7)") == "'my_sum'"
+    assert bar("pd_op.matmul_grad(...).y_grad at op 59, model.py:12 (%66)") == "model.py:12 .y_grad"
+    assert bar("pd_op.conv2d at op 27, models.py:273 (%27)") == "models.py:273"
+    assert bar("pd_op.pool2d_grad at op 59 (%72)") == "pool2d_grad %72"
+    assert bar("pd_op.relu at op 23 (relu) (%107)") == "relu %107"
+
+
+def test_after_curve_is_drawn_on_the_original_positions(plot, tmp_path):
+    """Two ops memopt adds (its record of the rewrite) moved the after
+    curve on: its peak said "op 85" for the op that is op 83 before.  Drawn
+    on the original positions, both peaks name the same op."""
+    from test_alignment import _bookkeeping, _with_ids
+
+    model = RuntimeModel(inplace=False, schedule="program")
+    before = analyze(_with_ids(chain_graph()), 2, runtime=model)
+    after = analyze(_bookkeeping(_bookkeeping(_with_ids(chain_graph()), 0, "r0"), 2, "r1"), 2,
+                    runtime=model)
+    assert after.peak_position() == before.peak_position() + 2
+    text = open(plot.plot_timeline([before, after], str(tmp_path / "t.svg"),
+                                   labels=["before", "after"]), encoding="utf-8").read()
+    pos = before.peak_position()
+    assert f"before: peak " in text and f"after: peak " in text
+    assert text.count(f" at op {pos} (scale)") == 2

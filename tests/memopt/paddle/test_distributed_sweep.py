@@ -1,5 +1,5 @@
 """memopt on distributed programs the other tests do not build
-(``memopt/paddle/fleet_strategies.py``, ``scripts/sweep_distributed.py``).
+(``memopt/paddle/fleet_strategies.py``, ``tests/sweeps/test_sweep_distributed.py``).
 
 A legacy rank program runs translated to PIR (``FLAGS_enable_pir_in_executor
 =1``: its collectives have no other CPU path), so level 1's buffers shared

@@ -1,4 +1,4 @@
-"""Values whose ``-1`` dims are not the batch (scripts/sweep_dynamic_shapes.py):
+"""Values whose ``-1`` dims are not the batch (tests/sweeps/test_sweep_dynamic_shapes.py):
 ``masked_select`` / ``unique`` outputs whose length the data decides, and a
 batch folded into another dim by ``reshape`` / ``flatten``
 (:mod:`memopt.paddle.dim_extents`).

@@ -1,5 +1,5 @@
 """Legacy programs written the way Fluid-era users wrote them, which
-scripts/sweep_legacy_user.py found memopt mishandling: each rewritten and
+tests/sweeps/test_sweep_legacy_user.py found memopt mishandling: each rewritten and
 run on the legacy executor, bit-identical to the unchanged program."""
 import numpy as np
 import pytest

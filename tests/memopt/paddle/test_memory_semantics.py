@@ -1,4 +1,4 @@
-"""memory_optimize on ops with unusual memory semantics (scripts/sweep_memory_semantics.py).
+"""memory_optimize on ops with unusual memory semantics (tests/sweeps/test_sweep_memory_semantics.py).
 
 Each test builds a small real program the sweep found a bug in, rewrites
 it, trains it 3 steps with Paddle's executor and demands every fetch and

@@ -1,4 +1,4 @@
-"""Optimizer set-ups of scripts/sweep_optimizers.py that found bugs.
+"""Optimizer set-ups of tests/sweeps/test_sweep_optimizers.py that found bugs.
 
 - PIR, ``paddle.incubate.optimizer.LarsMomentumOptimizer``: its
   ``pd_op.lars_momentum_`` updates every parameter and velocity through one
@@ -13,7 +13,7 @@
   do not show (``rprop_``'s four of the parameter's shape; ``index_put`` /
   ``set_value_with_tensor_`` writing ASGD's history) were left out of the
   analysis: at BudgetError's smallest budget the steps measured 1.47x and
-  1.27x the budget (``scripts/bench_optimizer_peaks.py``).
+  1.27x the budget (``benchmarks/bench_optimizer_peaks.py``).
 """
 import numpy as np
 import pytest

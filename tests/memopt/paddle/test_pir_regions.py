@@ -277,7 +277,6 @@ def test_a_value_a_branch_writes_over_is_never_recomputed_nor_crossed(paddle):
     budget= and random orders train bit-identically."""
     import memopt
     from memopt.paddle import pir, pir_recompute, pir_regions, pir_schedule
-    from memopt.schedule import check_topological
 
     build, run = _branch_writes_outer(paddle)
     main, startup, loss, buf = build()

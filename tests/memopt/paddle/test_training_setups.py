@@ -1,4 +1,4 @@
-"""Training set-ups of scripts/sweep_training_setups.py that found bugs.
+"""Training set-ups of tests/sweeps/test_sweep_training_setups.py that found bugs.
 
 - Legacy, memory_optimize on the forward program before minimize, then
   Paddle's RecomputeOptimizer with its checkpoint named (what fleet's

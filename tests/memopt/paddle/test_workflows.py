@@ -8,7 +8,7 @@ round trips (``serialize_program`` / ``deserialize_program``,
 and a fetch of every name ``program.list_vars()`` shows: each gives the
 unchanged program's bytes, or a memopt error naming what was asked for.
 The whole matrix (8 programs x both IRs x levels 0/1/2 and budget= x GC on
-and off) is scripts/sweep_workflows.py.
+and off) is tests/sweeps/test_sweep_workflows.py.
 """
 import json
 import os
