@@ -100,12 +100,14 @@ def _digest(tensor) -> str:
 
 
 def train(kind: str, *, batch: int, mode: str = "sot", steps: int = 3, warmup: int = 2,
-          memopt: Optional[dict] = None, digests: bool = True, seed: int = 0,
-          **size) -> StepRun:
+          memopt: Optional[dict] = None, recompute: Optional[dict] = None,
+          digests: bool = True, seed: int = 0, **size) -> StepRun:
     """Train ``kind`` (:func:`memopt.testing.dygraph_models.build`) at
     ``batch`` for ``warmup + steps`` steps in ``mode`` (:data:`MODES`),
     with ``memory_optimize(step, **memopt)`` installed first when
-    ``memopt`` is given.  ``digests``: record gradient and parameter digests
+    ``memopt`` is given, or (eager) the sublayers
+    ``memopt.suggest_recompute(step, **recompute)`` names wrapped in
+    recompute (its ``apply``) when ``recompute`` is given.  ``digests``: record gradient and parameter digests
     (they are read between ``backward`` and ``opt.step``, outside nothing the
     peak counts: NumPy copies).  ``size``: the model's size keywords."""
     import paddle
@@ -120,6 +122,12 @@ def train(kind: str, *, batch: int, mode: str = "sot", steps: int = 3, warmup: i
     baseline = allocated()
     step, inputs, opt = dygraph_models.build(kind, batch=batch, seed=seed, **size)
     params = [p for p in step.parameters() if not p.stop_gradient]
+    if recompute is not None:
+        options = dict(recompute)
+        options.setdefault("batch_size", batch)
+        options.setdefault("optimizer", opt)
+        options.setdefault("input_spec", dygraph_models.spec(kind, **size))
+        memopt_lib.suggest_recompute(step, **options).apply(step)
     if mode != "eager":
         step = paddle.jit.to_static(step, full_graph=(mode == "full_graph"))
     handle = None

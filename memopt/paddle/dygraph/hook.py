@@ -242,9 +242,10 @@ def regather_seeds(whole_program, seeds: list) -> int:
 
 def held_bytes(whole_program, forward_end_idx: int, batch: int) -> int:
     """Bytes the forward program of ``whole_program`` leaves allocated for
-    later: the forward values (not parameters or data) that the seeding or
-    backward ops read or that the program outputs (``shadow_output``), at
-    ``batch`` for a ``-1`` dimension."""
+    its backward: the forward values (not parameters or data) that the
+    seeding or backward ops read, at ``batch`` for a ``-1`` dimension.  The
+    program's outputs (``shadow_output``) are left out: the program or eager
+    code that reads them next counts them as its input."""
     from ...graph import size_of
     from ..pir import _dtype_name
 
@@ -257,8 +258,10 @@ def held_bytes(whole_program, forward_end_idx: int, batch: int) -> int:
         for r in op.results():
             if not _is_tensor(r):
                 continue
-            if any(u.id() in later or u.name() == "builtin.shadow_output"
-                   for u in r.all_used_ops()):
+            users = list(r.all_used_ops())
+            if any(u.name() == "builtin.shadow_output" for u in users):
+                continue
+            if any(u.id() in later for u in users):
                 total += size_of(list(r.shape), _dtype_name(r)).at(batch)
     return total
 
