@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 __all__ = ["plot_timeline", "plot_arena"]
 
 _MIB = float(1 << 20)
-_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
 
 def _pyplot():
