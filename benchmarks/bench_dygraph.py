@@ -78,6 +78,8 @@ def worker(spec: dict) -> dict:
     except Exception as exc:  # a refusal is a result: BudgetError names the smallest budget
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[-1][:300]}",
                 "smallest": getattr(exc, "smallest_budget", 0)}
+    if run.error:
+        return {"error": run.error, "smallest": run.smallest_budget}
     out = {"peaks": run.peaks, "seconds": run.seconds, "losses": run.losses,
            "grads": run.grads, "params": run.params, "programs": run.programs}
     return out

@@ -56,6 +56,8 @@ class StepRun:
     params : digest of every parameter after the last step.
     reports : the text of each program report memopt made (empty without memopt).
     programs : how many training programs memopt rewrote.
+    error : the BudgetError memopt raised (no step ran to its end), else "".
+    smallest_budget : that error's smallest budget (bytes), else 0.
     """
 
     peaks: List[int]
@@ -67,6 +69,8 @@ class StepRun:
     params: List[str] = field(default_factory=list)
     reports: List[str] = field(default_factory=list)
     programs: int = 0
+    error: str = ""
+    smallest_budget: int = 0
 
     @property
     def median(self) -> float:
@@ -107,14 +111,16 @@ def train(kind: str, *, batch: int, mode: str = "sot", steps: int = 3, warmup: i
     with ``memory_optimize(step, **memopt)`` installed first when
     ``memopt`` is given, or (eager) the sublayers
     ``memopt.suggest_recompute(step, **recompute)`` names wrapped in
-    recompute (its ``apply``) when ``recompute`` is given.  ``digests``: record gradient and parameter digests
-    (they are read between ``backward`` and ``opt.step``, outside nothing the
-    peak counts: NumPy copies).  ``size``: the model's size keywords."""
+    recompute (its ``apply``) when ``recompute`` is given.  ``digests``:
+    record gradient and parameter digests (read between ``backward`` and
+    ``opt.step`` into NumPy copies, which the allocator peak does not
+    count).  ``size``: the model's size keywords.  A BudgetError of memopt
+    ends the run early: :attr:`StepRun.error` says it."""
     import paddle
 
     import memopt as memopt_lib
     from . import dygraph_models
-    from .dygraph_runs import allocated, peak, reset_peak
+    from .dygraph_runs import allocated
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -135,9 +141,35 @@ def train(kind: str, *, batch: int, mode: str = "sot", steps: int = 3, warmup: i
         options = dict(memopt)
         options.setdefault("batch_size", batch)
         options.setdefault("optimizer", opt)
-        handle = memopt_lib.memory_optimize(step, **options)
+        try:
+            handle = memopt_lib.memory_optimize(step, **options)
+        except memopt_lib.BudgetError as exc:
+            return StepRun([], [], baseline, error=str(exc).splitlines()[-1],
+                           smallest_budget=exc.smallest_budget)
     run = StepRun([], [], baseline)
-    for k in range(warmup + steps):
+    try:
+        _steps(run, step, inputs, opt, params, warmup + steps, warmup, digests)
+    except memopt_lib.BudgetError as exc:
+        run.error, run.smallest_budget = str(exc).splitlines()[-1], exc.smallest_budget
+        if handle is not None:
+            handle.remove()
+        return run
+    if digests:
+        run.params = [_digest(p) for p in params]
+    if handle is not None:
+        run.reports = [str(r) for r in handle.records]
+        run.programs = len(handle.records)
+        handle.remove()
+    return run
+
+
+def _steps(run: StepRun, step, inputs, opt, params, total: int, warmup: int,
+           digests: bool) -> None:
+    """Train ``total`` steps, recording into ``run``."""
+    from .dygraph_runs import peak, reset_peak
+
+    baseline = run.baseline
+    for k in range(total):
         reset_peak()
         start = time.perf_counter()
         loss = step(*inputs)
@@ -153,13 +185,6 @@ def train(kind: str, *, batch: int, mode: str = "sot", steps: int = 3, warmup: i
             run.seconds.append(seconds)
         run.losses.append(float(loss.astype("float32").numpy().reshape(-1)[0]).hex())
         del loss
-    if digests:
-        run.params = [_digest(p) for p in params]
-    if handle is not None:
-        run.reports = [str(r) for r in handle.records]
-        run.programs = len(handle.records)
-        handle.remove()
-    return run
 
 
 def train_fresh(kind: str, *, env: Optional[dict] = None, timeout: float = 1800,
