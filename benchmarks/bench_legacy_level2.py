@@ -41,13 +41,13 @@ import numpy as np
 import paddle
 paddle.enable_static()
 import memopt
-from memopt import models
+from memopt.testing import models
 name, batch, gc, level, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 paddle.set_flags({"FLAGS_eager_delete_tensor_gb": 0.0 if gc == "on" else -1.0})
 def build():
     if name not in models.PIR_ONLY:
         return models.build(name, "legacy", batch_size=batch, optimizer="sgd")
-    # U-Net / DenseNet are built in PIR by memopt.models; their layers build in legacy too
+    # U-Net / DenseNet are built in PIR by memopt.testing.models; their layers build in legacy too
     from paddle.pir_utils import OldIrGuard
     with OldIrGuard():
         main, startup = paddle.static.Program(), paddle.static.Program()

@@ -5,7 +5,7 @@
     memopt analyze  MODEL [--batch-size N] [--budget 16GiB] [--top K] [--json] [--html OUT.html]
     memopt optimize MODEL [--level 0|1|2] [--budget 512MiB -b N] [--skip NAME ...] [--fetch NAME ...] [--keep-grads]
                     [--release] -o OUT [--json] [--html OUT.html]
-    memopt estimate MODEL -b N [--dp D] [--tp T] [--pp P] [--sharding-stage S] [--json]
+    memopt estimate MODEL -b N [--dp D] [--tp T] [--pp P] [--sharding-stage S] [--json] [--html OUT.html]
     memopt plan     PROBLEM.csv [--exact] [--time-limit S] [-o OUT.csv] [--json]
     memopt plot     MODEL -o timeline.png [--batch-size N] [--level 0|1] [--top K]
     memopt plot     PROBLEM.csv -o arena.png [--exact] [--time-limit S]
@@ -154,7 +154,7 @@ def _note_dynamic_dims(loaded) -> None:
 
 def _guard(loaded):
     """The IR guard the program was built in (so Paddle treats it right)."""
-    from .models import ir_guard
+    from .testing.models import ir_guard
 
     return ir_guard(loaded.ir)
 
@@ -285,6 +285,7 @@ def cmd_estimate(args, progress: Progress) -> int:
         strategy.micro_batch(args.batch_size)
     except ValueError as exc:
         raise ValueError(_as_flags(str(exc))) from None
+    _check_html_output(args)
     loaded = _load(args.model, progress)
     _note_dynamic_dims(loaded)
     with _guard(loaded), progress.step("estimating"):
@@ -297,6 +298,10 @@ def cmd_estimate(args, progress: Progress) -> int:
     else:
         print(f"{loaded.path} ({loaded.ir} program)")
         print(result)
+    if args.html:
+        with progress.step(f"writing {args.html}"):
+            result.to_html(args.html)
+        print(f"wrote {args.html}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -400,11 +405,11 @@ def cmd_optimize(args, progress: Progress) -> int:
             copied = copy_parameters(loaded.path, written)
         note = None
         if loaded.ir == "pir":
-            from .paddle.pir_deploy import predictor_note
+            from .paddle.pir.deploy import predictor_note
 
             note = predictor_note(loaded.program)
         else:
-            from .paddle.legacy_deploy import predictor_note
+            from .paddle.legacy.deploy import predictor_note
 
             note = predictor_note(loaded.program)
     if os.path.basename(loaded.path) == FLUID_PROGRAM:
@@ -652,6 +657,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fused-gradients", action="store_true",
                    help="gradients in one fused buffer (fuse_all_reduce_ops)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--html", metavar="OUT.html", default=None,
+                   help="also write the memory page: one lane per rank (the step it runs)")
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser(

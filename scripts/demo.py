@@ -145,7 +145,7 @@ def measured_run(model, steps: int):
     import paddle
     from paddle.base import core
 
-    from memopt.models import parameter_names
+    from memopt.testing.models import parameter_names
 
     scope = paddle.static.Scope()
     rng = np.random.default_rng(1)
@@ -177,7 +177,7 @@ def main() -> None:
     import paddle
 
     import memopt
-    from memopt.models import build, flags
+    from memopt.testing.models import build, flags
     from memopt.report import format_bytes
 
     dygraph_ok = dygraph_part(args.steps + 2)

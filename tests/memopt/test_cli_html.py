@@ -60,3 +60,13 @@ def test_html_output_errors(saved, tmp_path):  # noqa: F811
                            "--quiet"), "--html", "saved program")
     one_line_error(run_cli("analyze", saved / "mlp_pir.json", "--html",
                            tmp_path / "missing" / "p.html", "--quiet"), "--html")
+
+
+def test_estimate_html(saved, tmp_path):  # noqa: F811
+    out = tmp_path / "ranks.html"
+    result = run_cli("estimate", saved / "mlp_legacy.pdmodel", "-b", "32", "--dp", "2",
+                     "--sharding-stage", "1", "--quiet", "--html", out)
+    assert result.returncode == 0, result.stderr
+    titles = [lane["title"] for lane in page_data(out)["lanes"]]
+    assert [t.split(":")[0] for t in titles] == ["rank 0", "rank 1"]
+    assert f"wrote {out}" in result.stdout

@@ -28,7 +28,7 @@ must be rewritten there, before its first run.
 
 While ``rewrite`` runs, :func:`is_step_program` is true of the program: a
 budget check counts no buffers of fetched values carried into the next step
-(a static Executor's fetch copies, :data:`memopt.paddle.pir_budget.FETCH_CARRIED`):
+(a static Executor's fetch copies, :data:`memopt.paddle.pir.budget.FETCH_CARRIED`):
 to_static hands the outputs over as eager tensors.
 
 :func:`check_internals` checks every internal of Paddle this relies on and
@@ -247,7 +247,7 @@ def held_bytes(whole_program, forward_end_idx: int, batch: int) -> int:
     program's outputs (``shadow_output``) are left out: the program or eager
     code that reads them next counts them as its input."""
     from ...graph import size_of
-    from ..pir import _dtype_name
+    from ..pir.program import _dtype_name
 
     ops = list(whole_program.global_block().ops)
     later = {op.id() for op in ops[forward_end_idx:]}
