@@ -777,7 +777,8 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
     fetch = sorted(options.fetch_list)
     target = legacy_recompute.LegacyTarget(program, fetch, kept=options.skip_opt_set)
     with _without_cycle_collection():
-        before = target.analysis(fetch, batch, model).total_peak(batch)
+        before_analysis = target.analysis(fetch, batch, model)
+        before = before_analysis.total_peak(batch)
         chosen, applied = pir_budget.choose_plan(target, fetch, batch, limit, model)
         recomputed, added, note = _recompute_note(chosen, limit, target.gc_lag_ops)
         notes = [note]
@@ -805,7 +806,9 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
             if applied is not None:
                 applied.undo()
             raise
-        report.peak_after = target.analysis(fetch, batch, model).total_peak(batch)
+        after_analysis = target.analysis(fetch, batch, model)
+        report.peak_after = after_analysis.total_peak(batch)
+        report.analyses = [before_analysis, after_analysis]  # (not the inner call's)
     report.peak_before = before
     report.batch_size = batch
     report.level = options.level
