@@ -34,7 +34,7 @@ right before), which the executor runs only once that value exists.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from ...errors import PlanError, UnsupportedProgramError
 from ...graph import Graph

@@ -105,18 +105,11 @@ def vouched(choices, runtime) -> list:
     Paddle's default) the plans that clone per group of readers
     (``plan.readers``: :data:`memopt.recompute.READER_GAPS`) are left out.
     Such a plan makes every dropped value again once per group, thousands
-    of tiny ops (bert-8L at 30%: 2270 ops added to 981), and its measured
-    step peaks departed from the model on that executor while the
-    one-thread executors held them as modelled.  Measured 2026-11-26,
-    bert-8L batch 16, plan "segments 2, clones per reader 8" (model: 7.8 MB
-    steady, 11.3 MB with frees 4 ops late, 13.2 MB with 12), budget
-    14.1 MB, per-step allocator peaks in fresh processes (load 2-3):
-    multi-thread 10.9-15.7 MB and 11.2-53.8 MB (3.8x the budget; the model
-    needs frees ~200 ops late to reach that),
-    ``FLAGS_new_executor_serial_run`` 9.9-13.8 MB,
-    ``FLAGS_new_executor_sequential_run`` 10.6-13.0 MB; the plan with
-    shared clones at 40% (1365 ops in all) 11.3-13.6 MB against 14.8 MB
-    modelled.  The model already runs ready clones early (the clones wait
+    of tiny ops (on an 8-layer BERT, more than twice the program's own),
+    and on that executor their measured step peaks depart from the model
+    (up to several times the budget), while the one-thread executors
+    (``FLAGS_new_executor_serial_run``, ``FLAGS_new_executor_sequential_run``)
+    hold them as modelled.  The model already runs ready clones early (the clones wait
     for a backward value through their ordering ops, and its multi-worker
     schedules let them run as soon as that exists), so what departs is not
     captured by it; until it is, those plans are not offered there.  The
