@@ -190,7 +190,7 @@ def test_report_at_the_given_batch_size(paddle, ir):
     (they were at 32 whatever was passed); the unchanged program's peak at
     that batch is the report's "before"."""
     model = models.build("mlp", ir)
-    before = memopt.analyze(model.main, 8, fetch_list=model.fetch_list).total_peak(8)
+    before = memopt.analyze(model.main, 8, fetch_list=model.fetch_list).step_peak(8)
     report = memopt.memory_optimize(model.main, level=1, batch_size=8,
                                     fetch_list=model.fetch_list)
     assert report.batch_size == 8 and report.peak_before == before
@@ -220,9 +220,15 @@ def test_legacy_report_figures_never_fail_the_rewrite(paddle, monkeypatch, caplo
 
 @pytest.mark.parametrize("bad", [0, -2, True, "8", 2.0])
 def test_bad_batch_size(paddle, bad):
+    """A batch below 1 is a ValueError; one that is no int (a bool, a
+    string, 2.0) an ArgumentTypeError (a TypeError) saying it must be an
+    int; the program unchanged either way."""
     model = models.build("mlp", "legacy")
     before = model.main.desc.serialize_to_string()
-    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+    wrong_type = not isinstance(bad, int) or isinstance(bad, bool)
+    with pytest.raises(memopt.ArgumentTypeError if wrong_type else ValueError,
+                       match="batch_size must be an int" if wrong_type
+                       else "batch_size must be a positive int"):
         memopt.memory_optimize(model.main, level=1, batch_size=bad)
     assert model.main.desc.serialize_to_string() == before
 
