@@ -353,7 +353,11 @@ def test_gc_on_runs_the_conv_bias_add_in_place(paddle):
             and any(n.startswith("conv2d") for n in held.get(op.input("X")[0], ()))}
     assert adds and all(out == x for out, x in adds.items()), adds
     assert {r.op for r in report.reuses if r.how == "in-place"} >= {"elementwise_add", "relu"}
-    assert report.peak_after < report.peak_before
+    # the peak with every free on time falls; the step's peak (frees a little
+    # late, 1-4 threads: the report's one figure) never rises
+    before, after = report.analyses
+    assert after.total_peak() < before.total_peak()
+    assert report.peak_after <= report.peak_before
 
 
 def test_optimizing_twice_is_safe(paddle):
