@@ -267,3 +267,54 @@ def test_estimate_page_has_a_lane_per_rank(paddle, tmp_path):
     assert sharded.rank_analyses[0][1] is not sharded.rank_analyses[1][1]
     (lane,) = _page_data(_read(plain.to_html(str(tmp_path / "p.html"))))["lanes"]
     assert lane["title"].startswith("every rank: estimated peak ")
+
+
+def test_holder_labels_of_the_adapter_name_values_before_and_after():
+    """An adapter may label a buffer beyond its variable (the dygraph path
+    names a Layer's output by its path): the page shows that label, for the
+    program before and for the same value after the rewrite."""
+    import dataclasses
+
+    from test_alignment import _bookkeeping, _with_ids
+
+    before = analyze(_with_ids(chain_graph()), 2, runtime=PROGRAM_ORDER)
+    after = analyze(_bookkeeping(_with_ids(chain_graph()), 1), 2, runtime=PROGRAM_ORDER)
+    before.holders = [dataclasses.replace(h, label="model.fc1: output") if h.name == "c" else h
+                      for h in before.holders]
+    series = lane([before, after], ["before", "after"], 2)["series"]
+    for s in series:
+        names = [s["holders"][i][0] for i in s["at_peak"]]
+        assert names[0] == "model.fc1: output"
+
+
+def test_a_dygraph_step_page(tmp_path):
+    """A dygraph training step's analysis has a position beyond its graph's
+    ops (the eager ``opt.step()``): the page draws every position, named
+    as the analysis names it."""
+    from conftest import need
+
+    paddle = need("paddle")
+    import memopt
+    from paddle.static import InputSpec
+
+    paddle.disable_static()
+    try:
+        paddle.seed(1)
+        model = paddle.nn.Sequential(paddle.nn.Linear(16, 32), paddle.nn.ReLU(),
+                                     paddle.nn.Linear(32, 4))
+
+        def step(x, y):
+            return paddle.nn.functional.mse_loss(model(x), y)
+
+        opt = paddle.optimizer.Adam(parameters=model.parameters())
+        an = memopt.analyze(step, 8, input_spec=[InputSpec([None, 16], "float32"),
+                                                  InputSpec([None, 4], "float32")],
+                            optimizer=opt)
+    finally:
+        paddle.enable_static()
+    assert len(an.op_types) > sum(1 for _ in an.graph.walk_ops())  # the eager update
+    (series,) = _page_data(_read(an.to_html(str(tmp_path / "step.html"))))["lanes"][0]["series"]
+    totals = [sum(k[x] for k in series["stack"]) for x in range(len(an.op_types))]
+    assert totals == [v + an.persistable_bytes(8) for v in an.timeline(8)]
+    top = [series["holders"][i][0] for i in series["at_peak"]]
+    assert top == [h.label for h in an.held_at(None, 8)][:len(top)]
