@@ -50,7 +50,7 @@ REAL = {
 }
 #: the same models, smaller
 QUICK = {
-    "resnet50": ("resnet", 8, dict(depth=50, image=64, classes=100)),
+    "resnet50": ("resnet", 16, dict(depth=50, image=128, classes=100)),
     "mobilenetv2": ("mobilenet", 16, dict(scale=1.0, image=64, classes=100)),
     "bert-8L": ("bert", 16, dict(layers=8, width=128, heads=4, ffn=512, seq=64, vocab=2000)),
     "gpt-8L": ("gpt", 8, dict(layers=8, width=128, heads=4, seq=64, vocab=2000)),
@@ -121,6 +121,8 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated")
     parser.add_argument("--steps", type=int, default=3, help="steady steps per cell")
     parser.add_argument("--fractions", default="1.0,0.7,0.5")
+    parser.add_argument("--budget-modes", default=None,
+                        help="modes of the budget table (default: --modes)")
     parser.add_argument("--batch-factors", default="1.5,2,3",
                         help="batch multiples tried for the largest batch")
     parser.add_argument("--no-predict", action="store_true",
@@ -165,9 +167,10 @@ def main(argv=None) -> int:
         print("\n### Budgets: memory_optimize on the to_static step (and suggest_recompute, eager)\n")
         t = _bench.Table(["model", "mode", "budget", "budget MiB", "measured max / budget",
                           "step time / default", "bit-identical", "programs"], "llrrrrll")
+    budget_modes = args.budget_modes.split(",") if args.budget_modes else modes
     for model in models:
         kind, batch, size = table_of[model]
-        for mode in modes:
+        for mode in budget_modes:
             base = defaults.get((model, mode))
             if not base or "error" in base:
                 continue
