@@ -517,6 +517,8 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         function given either returns a plan; see
         :class:`memopt.errors.BudgetError`); the program is unchanged.
 
+    Notes
+    -----
     A ``paddle.jit.to_static`` step (what ``to_static`` returned for a
     function or a Layer, SOT or ``full_graph=True``) as ``program``: every
     training program Paddle builds for it from then on is rewritten as above
