@@ -777,7 +777,8 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
     fetch = sorted(options.fetch_list)
     target = legacy_recompute.LegacyTarget(program, fetch, kept=options.skip_opt_set)
     with _without_cycle_collection():
-        before = target.analysis(fetch, batch, model).total_peak(batch)
+        before_analysis = target.analysis(fetch, batch, model)
+        before = before_analysis.total_peak(batch)
         chosen, applied = pir_budget.choose_plan(target, fetch, batch, limit, model)
         recomputed, added, note = _recompute_note(chosen, limit, target.gc_lag_ops)
         notes = [note]
@@ -805,7 +806,9 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
             if applied is not None:
                 applied.undo()
             raise
-        report.peak_after = target.analysis(fetch, batch, model).total_peak(batch)
+        after_analysis = target.analysis(fetch, batch, model)
+        report.peak_after = after_analysis.total_peak(batch)
+        report.analyses = [before_analysis, after_analysis]  # (not the inner call's)
     report.peak_before = before
     report.batch_size = batch
     report.level = options.level
@@ -963,6 +966,14 @@ def release_memory(program=None, skip_opt_set=None, *, fetch_list=None) -> Repor
 
 # -- analyze ---------------------------------------------------------------------------
 
+def _is_step(obj) -> bool:
+    """Whether ``obj`` is a dygraph step (a Layer, a to_static function, a
+    Python function) rather than a program."""
+    from .paddle.dygraph.capture import is_step
+
+    return is_step(obj)
+
+
 def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
             fetch_list: Iterable = (), runtime: Optional[RuntimeModel] = None,
             input_spec=None, optimizer=None, mode: Optional[str] = None,
@@ -1005,7 +1016,8 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     if batch_size is not None and (not isinstance(batch_size, (int, np.integer))
                                    or isinstance(batch_size, bool) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    if input_spec is not None or optimizer is not None or mode is not None:
+    if input_spec is not None or optimizer is not None or mode is not None or (
+            not isinstance(program_or_graph, Graph) and _is_step(program_or_graph)):
         from .paddle.dygraph import analyze_step
 
         if input_spec is None:

@@ -229,6 +229,10 @@ def test_bad_arguments():
         memopt.analyze(step, 4, input_spec=[], optimizer=opt)
     with pytest.raises(ValueError, match="input_spec"):
         memopt.analyze(step, 4, optimizer=opt)
+    with pytest.raises(ValueError, match="input_spec"):
+        memopt.analyze(step)
+    with pytest.raises(UnsupportedProgramError, match="scalar loss"):
+        memopt.analyze(step.model, 4, input_spec=dm.spec("mlp")[:1])
 
 
 def test_grad_scaler_step():
