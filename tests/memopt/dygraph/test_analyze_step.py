@@ -270,3 +270,14 @@ def test_master_weights_counted_as_the_optimizer_makes_them():
     assert sum(i.bytes for i in an.state) == made
     assert any(i.name.startswith("master weight of ") for i in an.state)
     assert dict(an.terms)["optimizer state"] == made
+
+
+def test_fresh_process_measures_what_this_process_does():
+    """Eager peaks (above the allocator's level before the model) do not depend
+    on the process: measure_fresh and measure agree to the byte."""
+    from memopt.testing.dygraph_runs import measure_fresh
+
+    fresh = measure_fresh("memopt.testing.dygraph_models:build",
+                          build_kwargs={"kind": "mlp", "batch": 16}, steps=2, warmup=2)
+    here = measure(lambda: dm.build("mlp", 16), steps=2, warmup=2)
+    assert fresh.peaks == here.peaks and fresh.losses == here.losses
