@@ -138,12 +138,10 @@ def _without_cycle_collection():
     """Pause Python's cyclic garbage collector for the duration.
 
     Planning allocates many small objects while Paddle programs (large
-    object graphs) are alive, so the collector's passes land inside
-    memory_optimize: on ResNet-50 with a dozen programs alive, median CPU
-    time 0.127 s -> 0.116 s paused, and no more 0.25 s outliers when a full
-    pass falls inside; on bench_scale's 100,000-op program (level 0, GC
-    off) 22.6-24.8 s -> 13.8-14.4 s CPU.  Nothing planned here needs a
-    cycle collected mid-way.
+    object graphs) are alive, so the collector's full passes would land
+    inside memory_optimize and cost it time that grows with everything the
+    process holds (``benchmarks/bench_scale.py`` shows it on a 100,000-op
+    program).  Nothing planned here needs a cycle collected mid-way.
     """
     was_enabled = python_gc.isenabled()
     python_gc.disable()
@@ -271,8 +269,8 @@ def _analysed_peaks(report: Report, program, options: Options,
     """Set ``report``'s peaks and largest holders to :func:`analyze`'s of
     the legacy program before (``before``) and as it is now, so the report
     and ``memopt.analyze`` give one figure for one program (the plan's own
-    estimate left out the executor's in-place pass and kernel workspaces:
-    537,472 B against analyze's 482,392 B on the bundled MLP at batch 32)."""
+    estimate leaves out the executor's in-place pass and kernel
+    workspaces)."""
     after = _legacy_analysis(program, options, report.batch_size) if before else None
     if after is None:
         return
@@ -527,6 +525,8 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         function given either returns a plan; see
         :class:`memopt.errors.BudgetError`); the program is unchanged.
 
+    Notes
+    -----
     A ``paddle.jit.to_static`` step (what ``to_static`` returned for a
     function or a Layer, SOT or ``full_graph=True``) as ``program``: every
     training program Paddle builds for it from then on is rewritten as above
@@ -1196,8 +1196,8 @@ def estimate(program=None, strategy: Optional[Strategy] = None, batch_size: int 
     RankEstimate
         ``.total`` bytes per rank, ``.components``, ``str()`` and ``.to_json()``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> est = memopt.estimate(main, dp=2, sharding_stage=1, batch_size=64)  # doctest: +SKIP
     >>> print(est)                                                           # doctest: +SKIP
     """
