@@ -1,5 +1,5 @@
 """The memory page on large programs: a 12-layer BERT training step (PIR)
-before and after memory_optimize.  Targets (issue 32): the page loads in a
+before and after memory_optimize.  Targets: the page loads in a
 browser in under 2 s and the file stays under 10 MB.
 
     python benchmarks/bench_memory_page.py [--layers 12] [--batch-size 8] [--loads 5]

@@ -1,6 +1,6 @@
 """memory_optimize at scale: a synthetic legacy program of 100,000 ops.
 
-Targets (issue 8): ``memopt.memory_optimize`` finishes in under 20 s and under
+Targets: ``memopt.memory_optimize`` finishes in under 20 s and under
 2 GiB of memory on a 100,000-op legacy program.
 
     python benchmarks/bench_scale.py [--ops 100000] [--repeat 3]

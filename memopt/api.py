@@ -39,7 +39,8 @@ __all__ = ["memory_optimize", "release_memory", "analyze", "estimate", "program_
 
 def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
                     level: int = 0, print_log: bool = False, *, fetch_list=None,
-                    budget=None, batch_size: Optional[int] = None) -> Report:
+                    budget=None, batch_size: Optional[int] = None, optimizer=None,
+                    set_to_zero: bool = True):
     """Rewrite a Paddle static program so that variables share memory.
 
     Parameters
@@ -104,6 +105,20 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         function given either returns a plan; see
         :class:`memopt.errors.BudgetError`); the program is unchanged.
 
+    A ``paddle.jit.to_static`` step (what ``to_static`` returned for a
+    function or a Layer, SOT or ``full_graph=True``) as ``program``: every
+    training program Paddle builds for it from then on is rewritten as above
+    before its first run, with ``skip_grads``, ``level``, ``budget`` and
+    ``batch_size``; ``budget`` is then the allocator peak of one whole
+    steady training step (``loss = step(*inputs); loss.backward();
+    opt.step(); opt.clear_grad(set_to_zero)``), the state of ``optimizer``
+    and the gradients ``clear_grad`` keeps (``set_to_zero``) counted outside
+    the programs.  Call it before the step's first call
+    (:class:`memopt.errors.StepAlreadyRunError` otherwise).  Returns a
+    :class:`memopt.paddle.dygraph.to_static.StepOptimization`: ``.reports``
+    (one per program built), ``.remove()`` to take memopt off; see
+    :mod:`memopt.paddle.dygraph.to_static`.
+
     Merged variables' memory lives under fresh names (``memopt@buf_<k>``);
     the merged-away names leave the program, so fetching one fails by name
     -- from the program, its clones and anything saved from it -- and never
@@ -112,6 +127,11 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     ``fetch_list`` fix.  (PIR: fetching a Value an in-place op memopt made
     writes over raises it too.)
     """
+    from .paddle.dygraph import to_static as static_steps  # Paddle imported only if loaded
+
+    if static_steps.is_static_step(program):
+        return _optimize_step(program, skip_opt_set, skip_grads, level, print_log,
+                              fetch_list, budget, batch_size, optimizer, set_to_zero)
     program = default_program(program)
     if budget is None and batch_size is not None and bad_batch(batch_size):
         raise ValueError(f"batch_size must be a positive integer, the batch the report's "
@@ -133,6 +153,31 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     if options.print_log:
         print(report)
     return report
+
+
+def _optimize_step(step, skip_opt_set, skip_grads, level, print_log, fetch_list, budget,
+                   batch_size, optimizer, set_to_zero):
+    """memory_optimize on a to_static step: the arguments checked, then
+    :func:`memopt.paddle.dygraph.to_static.optimize_step` with this
+    module's program path as the rewrite of each program."""
+    from .paddle.dygraph import to_static as static_steps
+
+    if skip_opt_set or fetch_list:
+        raise ValueError("skip_opt_set and fetch_list name values of a static program; a "
+                         "to_static step's programs are built later: pass neither")
+    resolve_options(None, skip_grads, level, print_log)
+    limit = parse_budget(budget) if budget is not None else None
+    if (limit is not None or batch_size is not None) and bad_batch(batch_size):
+        raise ValueError(f"budget= needs batch_size=, the positive batch size the budget is "
+                         f"for (got batch_size={batch_size!r}); nothing was changed")
+
+    def rewrite(program, *, fetch_list, budget, batch_size, level):
+        return memory_optimize(program, skip_grads=skip_grads, level=level,
+                               fetch_list=fetch_list, budget=budget, batch_size=batch_size)
+
+    return static_steps.optimize_step(step, rewrite, level=level, budget=limit,
+                                      batch_size=batch_size, optimizer=optimizer,
+                                      print_log=print_log, set_to_zero=set_to_zero)
 
 
 

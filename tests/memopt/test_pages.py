@@ -91,8 +91,14 @@ def external_references(text: str) -> list:
 
 def test_report_without_analyses_says_what_to_do(tmp_path):
     with pytest.raises(ValueError, match=r"before.to_html\(path, compare=\[after\]\)"):
-        Report(released=["x"]).to_html(str(tmp_path / "r.html"))
+        Report(released=["x"], operation="release_memory").to_html(str(tmp_path / "r.html"))
     assert not (tmp_path / "r.html").exists()
+
+
+def test_what_a_report_did():
+    assert Report().what() == "memory_optimize(level=0)"
+    assert Report(level=2, budget=8 << 20).what() == "memory_optimize(level=2, budget=8.0 MiB)"
+    assert Report(operation="release_memory").what() == "release_memory"
 
 
 def test_page_header(tmp_path):
@@ -171,6 +177,7 @@ def test_page_loads_shows_the_peak_and_its_holders(browser, rewritten_page):
 
 def test_hovering_the_peak_shows_its_op(browser, rewritten_page):
     from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
 
     driver, module = browser
     path, report = rewritten_page
@@ -185,7 +192,30 @@ def test_hovering_the_peak_shows_its_op(browser, rewritten_page):
         assert f"x {x} (run position of before)" in details
         assert f"op: {before.op_types[x]} at {before.place(x)}" in details
         assert "(its peak)" in details
+    # the arrow keys step one op on
+    ActionChains(driver).send_keys(Keys.ARROW_RIGHT).perform()
+    x = before.peak_position(32) + 1
+    assert f"x {x} (run position of before)" in driver.find_element("id", "details-0").text
     assert module.console_problems(driver) == []
+
+
+def test_programs_without_ops_or_with_one_draw_cleanly(browser, tmp_path):
+    from memopt.graph import Graph, Op, Var
+
+    driver, module = browser
+    empty = Graph()
+    empty.global_block.add_var(Var("x", (4,), is_data=True))
+    one = Graph()
+    one.global_block.add_var(Var("x", (4,), is_data=True))
+    one.global_block.add_var(Var("y", (4,)))
+    one.global_block.add_op(Op("relu", ("x",), ("y",)))
+    one.fetch_names = ("y",)
+    for k, g in enumerate((empty, one)):
+        an = analyze(g, 1)
+        module.open_page(driver, an.to_html(str(tmp_path / f"{k}.html")))
+        assert module.console_problems(driver) == []
+        text = driver.find_element("tag name", "body").text
+        assert f"program: peak {an.peak(1)} B at x 0" in text and an.peak(1) == 32 * k
 
 
 def test_page_needs_no_network(browser, rewritten_page):
@@ -248,3 +278,54 @@ def test_estimate_page_has_a_lane_per_rank(paddle, tmp_path):
     assert sharded.rank_analyses[0][1] is not sharded.rank_analyses[1][1]
     (lane,) = _page_data(_read(plain.to_html(str(tmp_path / "p.html"))))["lanes"]
     assert lane["title"].startswith("every rank: estimated peak ")
+
+
+def test_holder_labels_of_the_adapter_name_values_before_and_after():
+    """An adapter may label a buffer beyond its variable (the dygraph path
+    names a Layer's output by its path): the page shows that label, for the
+    program before and for the same value after the rewrite."""
+    import dataclasses
+
+    from test_alignment import _bookkeeping, _with_ids
+
+    before = analyze(_with_ids(chain_graph()), 2, runtime=PROGRAM_ORDER)
+    after = analyze(_bookkeeping(_with_ids(chain_graph()), 1), 2, runtime=PROGRAM_ORDER)
+    before.holders = [dataclasses.replace(h, label="model.fc1: output") if h.name == "c" else h
+                      for h in before.holders]
+    series = lane([before, after], ["before", "after"], 2)["series"]
+    for s in series:
+        names = [s["holders"][i][0] for i in s["at_peak"]]
+        assert names[0] == "model.fc1: output"
+
+
+def test_a_dygraph_step_page(tmp_path):
+    """A dygraph training step's analysis has a position beyond its graph's
+    ops (the eager ``opt.step()``): the page draws every position, named
+    as the analysis names it."""
+    from conftest import need
+
+    paddle = need("paddle")
+    import memopt
+    from paddle.static import InputSpec
+
+    paddle.disable_static()
+    try:
+        paddle.seed(1)
+        model = paddle.nn.Sequential(paddle.nn.Linear(16, 32), paddle.nn.ReLU(),
+                                     paddle.nn.Linear(32, 4))
+
+        def step(x, y):
+            return paddle.nn.functional.mse_loss(model(x), y)
+
+        opt = paddle.optimizer.Adam(parameters=model.parameters())
+        an = memopt.analyze(step, 8, input_spec=[InputSpec([None, 16], "float32"),
+                                                  InputSpec([None, 4], "float32")],
+                            optimizer=opt)
+    finally:
+        paddle.enable_static()
+    assert len(an.op_types) > sum(1 for _ in an.graph.walk_ops())  # the eager update
+    (series,) = _page_data(_read(an.to_html(str(tmp_path / "step.html"))))["lanes"][0]["series"]
+    totals = [sum(k[x] for k in series["stack"]) for x in range(len(an.op_types))]
+    assert totals == [v + an.persistable_bytes(8) for v in an.timeline(8)]
+    top = [series["holders"][i][0] for i in series["at_peak"]]
+    assert top == [h.label for h in an.held_at(None, 8)][:len(top)]

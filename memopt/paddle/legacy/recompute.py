@@ -34,7 +34,7 @@ right before), which the executor runs only once that value exists.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from ...errors import PlanError, UnsupportedProgramError
 from ...graph import Graph
@@ -46,20 +46,12 @@ __all__ = ["LEGACY_GC_LAG_OPS", "LEGACY_OUT_OF_PLACE", "draws_random", "op_flops
 
 #: How many ops late the legacy executor's frees are taken to happen when a
 #: plan is checked (:func:`memopt.paddle.pir.budget.gc_lag`; PIR: 4).
-#: Measured 2026-11-26 (``scripts/sweep_legacy_budget.py --steps 6``, 2
-#: shared cores, fresh processes; CNN with batch_norm at batch 32 64x64, the
-#: ``ffn_dropout`` stack at batch 1024 width 256, VGG at batch 32 64x64).
-#: Frees at their op (0) gave plans whose lowest step peak was 0.77-0.94 of
-#: the budget at 100% and 80% of the default peak, but single steps went
-#: over it: the largest of 6 steps 1.08x in one run, 1.44x in another (CNN
-#: at 80%), 1.17x (VGG at 80%): the collector's lag on loaded cores, which a
-#: budget must cover.  With frees 1 op late the model gives what those
-#: spikes reach (the unchanged CNN 22.3 MiB modelled, 18.99-23.0 MiB
-#: measured as its largest step in different runs; VGG 46.6 against
-#: 43.1-44.1), so the budget is kept; the price: the CNN and VGG at these
-#: sizes get no plan under their default peak (BudgetError, smallest budget
-#: 22.33 and 46.58 MiB), the feed-forward stack one at 100% (measured 0.79
-#: of the budget, +11.2%) and none at 80% (smallest 39.39 MiB of 39.64).
+#: With frees at their op the plans' lowest steps fit, but single steps go
+#: over the budget (the collector's lag on loaded cores); one op late is
+#: what the unchanged programs' own largest steps reach, so a budget checked
+#: that way is kept.  The price: small CNNs get no plan under their default
+#: peak (``BudgetError`` names the smallest budget);
+#: ``scripts/sweep_legacy_budget.py`` measures it.
 LEGACY_GC_LAG_OPS = 1
 
 

@@ -38,27 +38,20 @@ __all__ = ["GC_LAG_OPS", "WORKERS_CHECKED", "FETCH_CARRIED", "gc_lag", "fetch_ca
 
 #: How many ops late a free may be taken to happen when a plan is checked
 #: against a budget (:meth:`memopt.analysis.Analysis.total_peak_pending`).
-#: Paddle 3.3.1's CPU garbage collector queues every free on its own thread,
-#: so a buffer stays allocated until that thread gets a core.  Measured here
-#: (2 shared cores, load 4-5, recompute plans whose steady peak the model
-#: predicts to the byte): over 8 steps x 3-9 fresh processes the allocator's
-#: step peak exceeded the steady one in 15-50% of steps, by up to 1.21x on
-#: U-Net (covered by a 4-op lag: 1.25x), 1.07x on DenseNet (2 ops) and
-#: 1.38x on BERT (4 ops: 1.28x; 12 ops: 1.45x), with rare outliers beyond any
-#: lag (BERT, sequential executor: 2.8x once in 56 steps); right after a
-#: step, the allocator's count still fell by 0.2-2.0 MiB within 50 ms with
-#: nothing running (frees still queued).  No rewrite of the program changes
-#: that thread; 4 ops covers the CNNs' observed lag.
+#: Paddle 3.3.1's CPU garbage collector queues every free on its own thread
+#: (``InterpreterCoreEventGarbageCollector::Free``), so a buffer stays
+#: allocated until that thread gets a core, and no rewrite of the program
+#: changes that thread.  4 ops covers the lag of the U-Net and DenseNet
+#: steps measured by ``benchmarks/bench_recompute.py``; steps of a few
+#: milliseconds on busy cores can lag further (docs/guide/level2.rst, "Where
+#: the promise is weakest").
 GC_LAG_OPS = 4
 
 
 #: Worker counts the multi-thread schedule is also modelled with when a
 #: plan is checked.  Paddle's executor runs 4 threads, but on a machine
 #: whose cores are busy fewer of them run at once, and its interleaving
-#: then lies between one thread's and four's (measured: a BERT plan modelled
-#: at 7.8 MB with 4 workers ran at 8.5-10.7 MB in 3 processes on 2 loaded
-#: cores; with 1 and 2 workers the model gives 8.1 and 7.8 MB, and with
-#: frees 4 ops late 11.8 and 10.9 MB).
+#: then lies between one thread's and four's: a plan is checked under each.
 WORKERS_CHECKED = (1, 2)
 
 #: With Paddle's garbage collector on, how many buffers the size of each
@@ -69,13 +62,9 @@ WORKERS_CHECKED = (1, 2)
 #: counts two buffers of each fetched value, three while the caller holds
 #: the arrays it returned), and ``out = exe.run(...)`` holds the previous
 #: step's arrays while the next step runs; during a step, the fetch copy
-#: the executor makes adds up to one more.  Measured (2026-11-26,
-#: ``scripts/sweep_budget_unknown.py``, GC on, fetch_list [loss, logits]):
-#: step 1 / steps 2-4 / predicted, MB: tied LSTM LM (logits 8.19 MB)
-#: 36.39 / 52.78 / 29.74; GRU seq2seq (2.56 MB) 20.77 / 25.89 / 23.33;
-#: GPT-6 (2.05 MB) 55.75 / 59.84 / 54.47: every later step is the first
-#: plus two of each fetched value, the first at most one above the
-#: prediction.  A budget is checked with these three buffers counted
+#: the executor makes adds up to one more: every later step holds the
+#: first's bytes plus two buffers of each fetched value.  A budget is
+#: checked with these three buffers counted
 #: (:func:`guarded_peak`'s ``carried``); fetch only the loss to leave them
 #: out.
 FETCH_CARRIED = 3
@@ -93,7 +82,13 @@ def fetch_carry(pg) -> int:
     """How many buffers the size of each fetched value a step of ``pg``
     holds beyond the analysis (:data:`FETCH_CARRIED`): a target's own
     ``fetch_carried`` (a legacy program's: none measured, 0), else
-    :data:`FETCH_CARRIED` for a PIR program."""
+    :data:`FETCH_CARRIED` for a PIR program; 0 for a to_static training
+    program (:func:`memopt.paddle.dygraph.hook.is_step_program`: its outputs
+    become eager tensors, no Executor fetch copies them)."""
+    from ..dygraph.hook import is_step_program
+
+    if is_step_program(getattr(pg, "program", None)):
+        return 0
     return getattr(pg, "fetch_carried", 0 if _is_target(pg) else FETCH_CARRIED)
 
 
@@ -217,18 +212,11 @@ def vouched(choices, runtime) -> list:
     Paddle's default) the plans that clone per group of readers
     (``plan.readers``: :data:`memopt.recompute.READER_GAPS`) are left out.
     Such a plan makes every dropped value again once per group, thousands
-    of tiny ops (bert-8L at 30%: 2270 ops added to 981), and its measured
-    step peaks departed from the model on that executor while the
-    one-thread executors held them as modelled.  Measured 2026-11-26,
-    bert-8L batch 16, plan "segments 2, clones per reader 8" (model: 7.8 MB
-    steady, 11.3 MB with frees 4 ops late, 13.2 MB with 12), budget
-    14.1 MB, per-step allocator peaks in fresh processes (load 2-3):
-    multi-thread 10.9-15.7 MB and 11.2-53.8 MB (3.8x the budget; the model
-    needs frees ~200 ops late to reach that),
-    ``FLAGS_new_executor_serial_run`` 9.9-13.8 MB,
-    ``FLAGS_new_executor_sequential_run`` 10.6-13.0 MB; the plan with
-    shared clones at 40% (1365 ops in all) 11.3-13.6 MB against 14.8 MB
-    modelled.  The model already runs ready clones early (the clones wait
+    of tiny ops (on an 8-layer BERT, more than twice the program's own),
+    and on that executor their measured step peaks depart from the model
+    (up to several times the budget), while the one-thread executors
+    (``FLAGS_new_executor_serial_run``, ``FLAGS_new_executor_sequential_run``)
+    hold them as modelled.  The model already runs ready clones early (the clones wait
     for a backward value through their ordering ops, and its multi-worker
     schedules let them run as soon as that exists), so what departs is not
     captured by it; until it is, those plans are not offered there.  The

@@ -1142,7 +1142,6 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
     ``name#1``, ``name#2``...).  ``fetch_list`` holds legacy Variables or
     names; the last value of each is fetched.
     """
-    import paddle
 
     from ..legacy.depend import translatable_desc
     from ..guards.translate import unguarded
