@@ -139,12 +139,10 @@ def _without_cycle_collection():
     """Pause Python's cyclic garbage collector for the duration.
 
     Planning allocates many small objects while Paddle programs (large
-    object graphs) are alive, so the collector's passes land inside
-    memory_optimize: on ResNet-50 with a dozen programs alive, median CPU
-    time 0.127 s -> 0.116 s paused, and no more 0.25 s outliers when a full
-    pass falls inside; on bench_scale's 100,000-op program (level 0, GC
-    off) 22.6-24.8 s -> 13.8-14.4 s CPU.  Nothing planned here needs a
-    cycle collected mid-way.
+    object graphs) are alive, so the collector's full passes would land
+    inside memory_optimize and cost it time that grows with everything the
+    process holds (``benchmarks/bench_scale.py`` shows it on a 100,000-op
+    program).  Nothing planned here needs a cycle collected mid-way.
     """
     was_enabled = python_gc.isenabled()
     python_gc.disable()
@@ -263,8 +261,8 @@ def _analysed_peaks(report: Report, program, options: Options,
     """Set ``report``'s peaks and largest holders to :func:`analyze`'s of
     the legacy program before (``before``) and as it is now, so the report
     and ``memopt.analyze`` give one figure for one program (the plan's own
-    estimate left out the executor's in-place pass and kernel workspaces:
-    537,472 B against analyze's 482,392 B on the bundled MLP at batch 32)."""
+    estimate leaves out the executor's in-place pass and kernel
+    workspaces)."""
     after = _legacy_analysis(program, options, report.batch_size) if before else None
     if after is None:
         return
@@ -519,6 +517,8 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         function given either returns a plan; see
         :class:`memopt.errors.BudgetError`); the program is unchanged.
 
+    Notes
+    -----
     A ``paddle.jit.to_static`` step (what ``to_static`` returned for a
     function or a Layer, SOT or ``full_graph=True``) as ``program``: every
     training program Paddle builds for it from then on is rewritten as above
@@ -777,7 +777,8 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
     fetch = sorted(options.fetch_list)
     target = legacy_recompute.LegacyTarget(program, fetch, kept=options.skip_opt_set)
     with _without_cycle_collection():
-        before = target.analysis(fetch, batch, model).total_peak(batch)
+        before_analysis = target.analysis(fetch, batch, model)
+        before = before_analysis.total_peak(batch)
         chosen, applied = pir_budget.choose_plan(target, fetch, batch, limit, model)
         recomputed, added, note = _recompute_note(chosen, limit, target.gc_lag_ops)
         notes = [note]
@@ -805,7 +806,9 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
             if applied is not None:
                 applied.undo()
             raise
-        report.peak_after = target.analysis(fetch, batch, model).total_peak(batch)
+        after_analysis = target.analysis(fetch, batch, model)
+        report.peak_after = after_analysis.total_peak(batch)
+        report.analyses = [before_analysis, after_analysis]  # (not the inner call's)
     report.peak_before = before
     report.batch_size = batch
     report.level = options.level
@@ -963,6 +966,14 @@ def release_memory(program=None, skip_opt_set=None, *, fetch_list=None) -> Repor
 
 # -- analyze ---------------------------------------------------------------------------
 
+def _is_step(obj) -> bool:
+    """Whether ``obj`` is a dygraph step (a Layer, a to_static function, a
+    Python function) rather than a program."""
+    from .paddle.dygraph.capture import is_step
+
+    return is_step(obj)
+
+
 def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
             fetch_list: Iterable = (), runtime: Optional[RuntimeModel] = None,
             input_spec=None, optimizer=None, mode: Optional[str] = None,
@@ -1005,7 +1016,8 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     if batch_size is not None and (not isinstance(batch_size, (int, np.integer))
                                    or isinstance(batch_size, bool) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    if input_spec is not None or optimizer is not None or mode is not None:
+    if input_spec is not None or optimizer is not None or mode is not None or (
+            not isinstance(program_or_graph, Graph) and _is_step(program_or_graph)):
         from .paddle.dygraph import analyze_step
 
         if input_spec is None:
@@ -1167,8 +1179,8 @@ def estimate(program=None, strategy: Optional[Strategy] = None, batch_size: int 
     RankEstimate
         ``.total`` bytes per rank, ``.components``, ``str()`` and ``.to_json()``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> est = memopt.estimate(main, dp=2, sharding_stage=1, batch_size=64)  # doctest: +SKIP
     >>> print(est)                                                           # doctest: +SKIP
     """

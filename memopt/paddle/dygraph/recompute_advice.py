@@ -268,7 +268,7 @@ def suggest_recompute(step, input_spec: Sequence, optimizer=None, *, budget, bat
         raise BudgetError(
             f"no choice of sublayers to recompute fits the step at batch {batch_size} in "
             f"{limit} bytes: the least predicted peak found is {peak} bytes (recomputing "
-            f"{', '.join(chosen) or 'nothing'}); parameters, gradients and optimizer state "
+            f"{', '.join(chosen) or 'nothing'}); parameters and optimizer state "
             f"alone take {an.persistable_bytes(batch_size)} bytes. Raise the budget or lower "
             "the batch size", budget=limit, batch_size=batch_size, smallest_budget=peak)
     return RecomputeAdvice(chosen, batch_size, limit, before, peak, added, forward_ops, current)
