@@ -130,17 +130,17 @@ def truthy(x: Any) -> Any:
 
 
 def _is_array(value: Any) -> bool:
-    """An array or tensor with at least one dimension (or an unknown rank)."""
+    """A TensorFlow tensor (symbolic ones cannot become NumPy arrays), or an
+    array with at least one dimension."""
+    if type(value).__module__.startswith("tensorflow"):
+        return True
     shape = getattr(value, "shape", None)
-    if shape is None or not hasattr(value, "dtype"):
-        return False
-    rank = getattr(shape, "rank", len(shape))
-    return rank is None or rank >= 1
+    return shape is not None and hasattr(value, "dtype") and len(shape) >= 1
 
 
 def _holds_arrays(value: Any) -> bool:
-    """Whether ``value`` (a list or tuple) holds an array or tensor of at
-    least one dimension anywhere."""
+    """Whether ``value`` (a list or tuple) holds a tensor, or an array of at
+    least one dimension, anywhere."""
     return any(_holds_arrays(v) if isinstance(v, (list, tuple)) else _is_array(v)
                for v in value)
 

@@ -23,12 +23,10 @@ def without_cycle_collection():
     """Pause Python's cyclic garbage collector for the duration.
 
     Planning allocates many small objects while Paddle programs (large
-    object graphs) are alive, so the collector's passes land inside
-    memory_optimize: on ResNet-50 with a dozen programs alive, median CPU
-    time 0.127 s -> 0.116 s paused, and no more 0.25 s outliers when a full
-    pass falls inside; on bench_scale's 100,000-op program (level 0, GC
-    off) 22.6-24.8 s -> 13.8-14.4 s CPU.  Nothing planned here needs a
-    cycle collected mid-way.
+    object graphs) are alive, so the collector's full passes would land
+    inside memory_optimize and cost it time that grows with everything the
+    process holds (``benchmarks/bench_scale.py`` shows it on a 100,000-op
+    program).  Nothing planned here needs a cycle collected mid-way.
     """
     was_enabled = python_gc.isenabled()
     python_gc.disable()

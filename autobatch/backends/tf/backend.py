@@ -25,20 +25,27 @@ class TensorFlowBackend(Storage, TensorFlowTfpMethods, Values, Threads, Control,
 
     Parameters
     ----------
-    mode : ``"eager"``, ``"graph"`` (default) or ``"xla"``.
-    selection : ``"gather"``, ``"mask"``, or for XLA ``"bucket"`` or
+    safety_checks : TFP's switch (default True): False drops the
+        stack-overflow checks; an overflowing thread's result is then wrong
+        and nothing says so.
+    while_parallel_iterations : TFP's; accepted, not used (each iteration of
+        autobatch's loop depends on the one before).
+    while_maximum_iterations, basic_block_xla_device : TFP's; must be None
+        (ValueError otherwise: autobatch bounds a run by ``max_stack_depth``
+        and compiles with ``mode="xla"``).
+    mode : keyword: ``"eager"``, ``"graph"`` (default) or ``"xla"``.  A
+        string as the first positional argument is the mode too
+        (``TensorFlowBackend("xla")``, autobatch's own spelling).
+    selection : keyword: ``"gather"``, ``"mask"``, or for XLA ``"bucket"`` or
         ``"auto"``; default ``"auto"`` for XLA (buckets for the blocks that
         compute on or move per-thread vectors or matrices, masks for the
         others), else ``"gather"``.
-    compile_blocks : eager mode only: run each block as one traced graph
-        (default True) instead of op by op.
-    safety_checks : TFP's switch (default True): False drops the
-        stack-overflow checks; an overflowing thread's result is then wrong
-        and nothing says so.  A bool as the first argument is this (TFP's
-        order: ``TensorFlowBackend(safety_checks, ...)``).
+    compile_blocks : keyword; eager mode only: run each block as one traced
+        graph (default True) instead of op by op.
+
+    The positional order is TFP's: ``TensorFlowBackend(safety_checks,
     while_parallel_iterations, while_maximum_iterations,
-    basic_block_xla_device : TFP's, by keyword: the first is accepted and
-        not used; the others must be None (ValueError otherwise).
+    basic_block_xla_device)``.
 
     Two backends with the same settings are equal (and hash alike), so
     compiled code cached for one is reused by the other.
@@ -52,19 +59,28 @@ class TensorFlowBackend(Storage, TensorFlowTfpMethods, Values, Threads, Control,
     #: TensorFlow refuses ``int64 < int32``: constants-only variables take
     #: their partner's dtype (see :class:`~autobatch.backends.base.Backend`).
     mixes_dtypes = False
+    #: Type inference runs primops as TFP's does: on TensorFlow values (graph
+    #: tensors in a graph) of a batch no per-thread dimension can be mistaken
+    #: for (:func:`autobatch.type_inference.inference_batch`).
+    inference_sees_a_batch = True
     #: XLA runs of programs of per-thread scalars over at least this many
     #: threads pack the running threads into a PHASE_DIVISOR-th of the batch
     #: once few enough run (:meth:`phase_sizes`).
     phase_min_batch = PHASE_MIN_BATCH
 
-    def __init__(self, mode: str = "graph", selection: Optional[str] = None,
-                 compile_blocks: bool = True, safety_checks: bool = True, *,
-                 while_parallel_iterations: int = 10,
+    def __init__(self, safety_checks: Any = True, while_parallel_iterations: int = 10,
                  while_maximum_iterations: Optional[int] = None,
-                 basic_block_xla_device: Optional[str] = None) -> None:
-        if isinstance(mode, bool):
-            # TFP's TensorFlowBackend(safety_checks, ...): its first argument.
-            mode, safety_checks = "graph", mode
+                 basic_block_xla_device: Optional[str] = None, *, mode: str = "graph",
+                 selection: Optional[str] = None, compile_blocks: bool = True) -> None:
+        if isinstance(safety_checks, str):
+            # autobatch's own spelling: TensorFlowBackend("xla") names the mode
+            mode, safety_checks = safety_checks, True
+        if not isinstance(while_parallel_iterations, int) or isinstance(
+                while_parallel_iterations, bool):
+            raise TypeError(
+                f"TensorFlowBackend's second argument is TFP's while_parallel_iterations "
+                f"(an int), got {while_parallel_iterations!r}; pass autobatch's settings by "
+                f"keyword: TensorFlowBackend(mode=..., selection=..., compile_blocks=...)")
         if while_maximum_iterations is not None or basic_block_xla_device is not None:
             raise ValueError(
                 "TensorFlowBackend: TFP's while_maximum_iterations and "

@@ -33,6 +33,9 @@ class Values:
             shape, dtype = array.shape, array.dtype
         if len(shape) == 0:  # a constant: takes its variable's dtype (see numpy_type_of)
             return TensorType(dtype, (), weak=True)
+        if shape[0] == 1 and batch_size != 1 and None not in shape[1:]:
+            # One row, broadcast to every thread (TFP's ``tf.constant([0])``).
+            return TensorType(dtype, shape[1:])
         if shape[0] != batch_size or None in shape[1:]:
             raise TypeError(f"a primop returned a value of shape {shape} for {batch_size} "
                             f"thread(s); outputs must have the batch dimension first, or "
