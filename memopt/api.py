@@ -105,6 +105,8 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         function given either returns a plan; see
         :class:`memopt.errors.BudgetError`); the program is unchanged.
 
+    Notes
+    -----
     A ``paddle.jit.to_static`` step (what ``to_static`` returned for a
     function or a Layer, SOT or ``full_graph=True``) as ``program``: every
     training program Paddle builds for it from then on is rewritten as above
@@ -210,6 +212,14 @@ def release_memory(program=None, skip_opt_set=None, *, fetch_list=None) -> Repor
 
 
 
+def _is_step(obj) -> bool:
+    """Whether ``obj`` is a dygraph step (a Layer, a to_static function, a
+    Python function) rather than a program."""
+    from .paddle.dygraph.capture import is_step
+
+    return is_step(obj)
+
+
 def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
             fetch_list: Iterable = (), runtime: Optional[RuntimeModel] = None,
             input_spec=None, optimizer=None, mode: Optional[str] = None,
@@ -252,7 +262,8 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     if batch_size is not None and (not isinstance(batch_size, (int, np.integer))
                                    or isinstance(batch_size, bool) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    if input_spec is not None or optimizer is not None or mode is not None:
+    if input_spec is not None or optimizer is not None or mode is not None or (
+            not isinstance(program_or_graph, Graph) and _is_step(program_or_graph)):
         from .paddle.dygraph import analyze_step
 
         if input_spec is None:
@@ -294,8 +305,8 @@ def estimate(program=None, strategy: Optional[Strategy] = None, batch_size: int 
     RankEstimate
         ``.total`` bytes per rank, ``.components``, ``str()`` and ``.to_json()``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> est = memopt.estimate(main, dp=2, sharding_stage=1, batch_size=64)  # doctest: +SKIP
     >>> print(est)                                                           # doctest: +SKIP
     """

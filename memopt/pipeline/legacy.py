@@ -109,8 +109,8 @@ def _analysed_peaks(report: Report, program, options: Options,
     """Set ``report``'s peaks and largest holders to :func:`analyze_program`'s of
     the legacy program before (``before``) and as it is now, so the report
     and ``memopt.analyze`` give one figure for one program (the plan's own
-    estimate left out the executor's in-place pass and kernel workspaces:
-    537,472 B against analyze_program's 482,392 B on the bundled MLP at batch 32)."""
+    estimate leaves out the executor's in-place pass and kernel
+    workspaces)."""
     after = analysed(program, options, report.batch_size) if before else None
     if after is None:
         return
@@ -218,7 +218,8 @@ def within_budget(program, options: Options, limit: int, batch: int) -> Report:
     fetch = sorted(options.fetch_list)
     target = legacy_recompute.LegacyTarget(program, fetch, kept=options.skip_opt_set)
     with without_cycle_collection():
-        before = target.analysis(fetch, batch, model).total_peak(batch)
+        before_analysis = target.analysis(fetch, batch, model)
+        before = before_analysis.total_peak(batch)
         chosen, applied = pir_budget.choose_plan(target, fetch, batch, limit, model)
         recomputed, added, note = recompute_note(chosen, limit, target.gc_lag_ops)
         notes = [note]
@@ -246,7 +247,9 @@ def within_budget(program, options: Options, limit: int, batch: int) -> Report:
             if applied is not None:
                 applied.undo()
             raise
-        report.peak_after = target.analysis(fetch, batch, model).total_peak(batch)
+        after_analysis = target.analysis(fetch, batch, model)
+        report.peak_after = after_analysis.total_peak(batch)
+        report.analyses = [before_analysis, after_analysis]  # (not the inner call's)
     report.peak_before = before
     report.batch_size = batch
     report.level = options.level
