@@ -402,8 +402,8 @@ def same(x, y):
     (fa, pa), (fb, pb) = x, y
     if len(fa) != len(fb) or len(pa) != len(pb):
         return False
-    return all(bits_equal(a, c) for s, t in zip(fa, fb) for a, c in zip(s, t)) and \
-        all(bits_equal(a, c) for a, c in zip(pa, pb))
+    return all(bits_equal(a, c) for s, t in zip(fa, fb, strict=True) for a, c in zip(s, t, strict=True)) and \
+        all(bits_equal(a, c) for a, c in zip(pa, pb, strict=True))
 
 
 def force_order(name):
@@ -631,7 +631,7 @@ for tag, names in {pairs!r}:
     outs[tag] = [np.array(a) for a in exe.run(prog, feed={{n: feed[n] for n in feeds}},
                                               fetch_list=fetches)]
 ref = outs.pop("ref")
-print(json.dumps({{t: all(s.bits_equal(a, c) for a, c in zip(ref, o)) for t, o in outs.items()}}))
+print(json.dumps({{t: all(s.bits_equal(a, c) for a, c in zip(ref, o, strict=True)) for t, o in outs.items()}}))
 """
 
 
