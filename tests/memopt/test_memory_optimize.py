@@ -137,7 +137,7 @@ def test_print_log(paddle, capsys):
     assert capsys.readouterr().out.strip() == str(loud)
     quiet = optimize(models.build("mlp", "legacy"))
     assert capsys.readouterr().out == ""
-    assert str(quiet) == str(loud) and quiet.merged_count == loud.merged_count
+    assert quiet.reuses == loud.reuses and quiet.merged_count == loud.merged_count > 0
 
 
 def test_default_program(paddle):
