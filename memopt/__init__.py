@@ -24,6 +24,7 @@ _EXPORTS = {
     "Report": "memopt.report",
     "analyze": "memopt.api",
     "estimate": "memopt.api",
+    "suggest_recompute": "memopt.paddle.dygraph",
     "Strategy": "memopt.parallel",
     "RankEstimate": "memopt.parallel",
     "Analysis": "memopt.analysis",

@@ -910,13 +910,25 @@ def release_memory(program=None, skip_opt_set=None, *, fetch_list=None) -> Repor
 # -- analyze ---------------------------------------------------------------------------
 
 def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
-            fetch_list: Iterable = (), runtime: Optional[RuntimeModel] = None) -> Analysis:
-    """Memory analysis of one step of a program.
+            fetch_list: Iterable = (), runtime: Optional[RuntimeModel] = None,
+            input_spec=None, optimizer=None, mode: Optional[str] = None,
+            set_to_zero: bool = True, amp: Optional[dict] = None) -> Analysis:
+    """Memory analysis of one step of a program, or of a dygraph training step.
 
     Parameters
     ----------
     program_or_graph : a ``paddle.pir.Program``, a legacy
-        ``paddle.base.framework.Program`` or a memopt :class:`Graph`.
+        ``paddle.base.framework.Program`` or a memopt :class:`Graph`; or a
+        dygraph *step* -- an ``nn.Layer`` whose forward returns the loss, a
+        function of the inputs returning the loss, or what
+        ``paddle.jit.to_static`` made of either -- given with ``input_spec``:
+        the whole training step ``loss = step(*inputs); loss.backward();
+        opt.step(); opt.clear_grad()`` is predicted without running it
+        (parameters, gradients as ``clear_grad(set_to_zero=...)`` leaves them,
+        ``optimizer``'s state and what its eager update allocates), ``mode``
+        ``"eager"`` (default) or ``"to_static"``; ``amp``: the
+        ``paddle.amp.auto_cast`` keywords the step runs under.  See
+        :func:`memopt.paddle.dygraph.analyze_step`.
     batch_size : the batch size the figures default to (``-1`` dimensions);
         every method also takes its own.
     fetch_list : what the step fetches (Values/Variables or names): live to
@@ -939,6 +951,15 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     if batch_size is not None and (not isinstance(batch_size, (int, np.integer))
                                    or isinstance(batch_size, bool) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    if input_spec is not None or optimizer is not None or mode is not None:
+        from .paddle.dygraph import analyze_step
+
+        if input_spec is None:
+            raise ValueError("analyze(step, ...) needs input_spec=[InputSpec(...), ...]: one "
+                             "per input of the step, the batch dimension None")
+        return analyze_step(program_or_graph, input_spec, optimizer, mode=mode or "eager",
+                            batch_size=None if batch_size is None else int(batch_size),
+                            set_to_zero=set_to_zero, amp=amp)
     fetch_list = list(fetch_list or ())
     if isinstance(program_or_graph, Graph):
         graph = program_or_graph

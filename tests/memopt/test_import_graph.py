@@ -24,6 +24,9 @@ PACKAGES = ("memopt", "autobatch")
 #: memopt's API and faces: they may import anything of memopt.
 API = {"memopt.api"}
 FACES = {"memopt.cli", "memopt.plot", "memopt.models", "memopt.dist_runs", "memopt.dist_sweep"}
+#: Test and bench fixtures (as ``numpy.testing``): faces too -- they may import
+#: anything of memopt, and nothing below the faces imports them.
+TESTING_PREFIX = "memopt.testing"
 #: Adapters: Paddle imported inside; may import the core.
 ADAPTER_PREFIX = "memopt.paddle"
 PLANNER = {"memopt.planner"}
@@ -93,7 +96,7 @@ def import_graph():
 def _layer(name: str) -> str:
     if name in API:
         return "api"
-    if name in FACES:
+    if name in FACES or name == TESTING_PREFIX or name.startswith(TESTING_PREFIX + "."):
         return "face"
     if name == ADAPTER_PREFIX or name.startswith(ADAPTER_PREFIX + "."):
         return "adapter"
