@@ -76,7 +76,7 @@ FLAG_SETS = {
 
 def _run_steps(model):
     """Median allocator peak over steps 2.. minus memory after startup."""
-    from memopt import models
+    from memopt.testing import models
 
     peaks, base = models.step_peaks(model, STEPS)
     return float(_bench.median(peaks[1:])), min(peaks[1:]), max(peaks[1:]), base
@@ -85,9 +85,10 @@ def _run_steps(model):
 def measure_optimize(name: str, optimize: bool) -> dict:
     """PIR model ``name``, optimized or not, run under the process's flags."""
     import memopt
-    from memopt import api, models
+    from memopt import api
+    from memopt.testing import models
     from memopt.paddle.flags import runtime_model
-    from memopt.paddle.pir import value_name
+    from memopt.paddle.pir.program import value_name
 
     options, batch = OPTIMIZE[name]
     model = models.build(name, ir="pir", batch_size=batch, **options)
@@ -116,7 +117,8 @@ def measure_legacy(name: str, mode: str) -> dict:
     """Legacy model ``name`` with GC off (set by the parent), rewritten per
     ``mode`` (see :data:`LEGACY_MODES`): predicted and measured peak."""
     import memopt
-    from memopt import api, models
+    from memopt import api
+    from memopt.testing import models
     from memopt.paddle.flags import runtime_model
 
     options, batch = OPTIMIZE[name]
@@ -153,7 +155,8 @@ def legacy_table(names) -> None:
 
 def measure(name: str, ir: str, batch: int) -> dict:
     """One configuration, in this process (run by the parent in a fresh one)."""
-    from memopt import api, models
+    from memopt import api
+    from memopt.testing import models
 
     options, _ = CONFIGS[name]
     model = models.build(name, ir=ir, batch_size=batch, **options)

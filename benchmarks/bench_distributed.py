@@ -3,7 +3,7 @@
 Each configuration is one ``paddle.distributed.spawn(nprocs=2,
 backend="gloo")``: both ranks build their program with
 ``paddle.distributed.fleet`` (data parallel, sharding, gradient merge; see
-``memopt/paddle/fleet_models.py`` for what Paddle 3.3.1 runs on a CPU and the
+``memopt/testing/fleet_models.py`` for what Paddle 3.3.1 runs on a CPU and the
 errors of what it does not), optionally rewrite it with
 ``memopt.memory_optimize`` (levels 0 and 1; ``release_memory`` too with the GC
 off), train a few steps and record their losses, every persistable variable
@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import _bench  # noqa: E402
-from memopt.dist_runs import (AutoParallelConfig, RunConfig, launch,  # noqa: E402
+from memopt.testing.dist_runs import (AutoParallelConfig, RunConfig, launch,  # noqa: E402
                               launch_auto_parallel, same_results)
 
 
@@ -87,7 +87,7 @@ NOT_RUNNABLE = [
      "initialisation's barrier: (Unavailable) NCCLCommContext is nullptr "
      "(barrier_kernel.cc:32); shard_dataloader under numpy 2: TypeError: only 0-dimensional "
      "arrays can be converted to Python scalars (all three patched for the auto-parallel "
-     "rows: memopt/paddle/auto_parallel_models.py)"),
+     "rows: memopt/testing/auto_parallel_models.py)"),
     ("auto-parallel across meshes (pipeline cut: send_v2 / recv_v2)", "SIGSEGV in "
      "paddle.reshard while DistModel.train() initialises the parameters "
      "(phi::distributed::GetDefaultPlace -> DeviceManager::GetDeviceCount); the programs "

@@ -39,11 +39,11 @@ DEFAULT = "branches:256,densenet:8,cnn:16,transformer:8,resnet50:4"
 def _build(name, batch):
     import paddle
 
-    from memopt import models
+    from memopt.testing import models
 
     if name not in models.PIR_ONLY:
         return models.build(name, "legacy", batch_size=batch, optimizer="sgd")
-    # U-Net / DenseNet are built in PIR by memopt.models; their layers build in legacy too
+    # U-Net / DenseNet are built in PIR by memopt.testing.models; their layers build in legacy too
     from paddle.pir_utils import OldIrGuard
     with OldIrGuard():
         main, startup = paddle.static.Program(), paddle.static.Program()
@@ -63,7 +63,7 @@ def worker(name: str, batch: int, gc: str, level: int, steps: int) -> dict:
 
     paddle.enable_static()
     import memopt
-    from memopt import models
+    from memopt.testing import models
 
     paddle.set_flags({"FLAGS_eager_delete_tensor_gb": 0.0 if gc == "on" else -1.0})
     model = _build(name, batch)

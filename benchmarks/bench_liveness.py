@@ -1,5 +1,5 @@
 """Liveness speed on a straight-line program of 100,000 ops, 200,000 variables,
-and on a loop-heavy one.  Target (issue 2): the straight-line case under 5 s.
+and on a loop-heavy one.  Target: the straight-line case under 5 s.
 
     python benchmarks/bench_liveness.py [--ops 100000] [--repeat 3]
 

@@ -32,7 +32,7 @@ Configurations (GC = Paddle's eager-deletion garbage collector,
                   so bit-identity is not asked of it)
 
 memory_optimize runs with ``skip_grads=False`` (gradients take part) and the
-fetched logits in ``skip_opt_set``.  Targets (from the issue): GC off, level
+fetched logits in ``skip_opt_set``.  Targets: GC off, level
 1 peak <= 1.10x base-gc-on (memory_optimize alone, and with release_memory);
 GC on never above base-gc-on -- neither the median nor the largest peak
 over the fresh processes -- and at or below pir-inplace; memory_optimize on
@@ -91,7 +91,7 @@ def worker(model_name: str, config: str, steps: int, repeat: int, out_npz: str) 
     from paddle.base import core
 
     import memopt
-    from memopt import models
+    from memopt.testing import models
 
     batch, opts = BENCH_MODELS[model_name]
     ir = "pir" if config == "pir-inplace" else "legacy"
@@ -242,7 +242,7 @@ def table(results: list) -> str:
 
 #: Bytes below which two peaks are not told apart: identical processes of
 #: the unoptimized GPT-style program differ by up to 4,004 bytes in their
-#: lowest peaks (scalar tensors freed in another order), measured 2026-11-24.
+#: lowest peaks (scalar tensors freed in another order).
 RESOLUTION = 4096
 
 

@@ -68,7 +68,7 @@ def build(name: str):
     """``(main program, fetch list)`` of program ``name``, built fresh."""
     import paddle
 
-    from memopt import models
+    from memopt.testing import models
 
     ir, model, opts = PROGRAMS[name]
     if model == "resnet152":

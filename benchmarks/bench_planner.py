@@ -50,10 +50,10 @@ from memopt.simulate import check_groups, check_offsets  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "benchmarks" / "minimalloc"
 
-#: Best known heights where they are not the peak-live bound, as the issue's
-#: targets state them (the data's README: MiniMalloc fits D and J in their
-#: capacity).  Since then the exact mode has fitted D in 986,112 bytes, its
-#: peak-live bound (so that is its optimum), and J in 1,026,048.
+#: Best known heights where they are not the peak-live bound (the data's
+#: README: MiniMalloc fits D and J in their capacity).  The exact mode fits
+#: D in 986,112 bytes, its peak-live bound (so that is its optimum), and J
+#: in 1,026,048.
 BEST_KNOWN = {"D": 1048576, "J": 1048576}
 
 #: (label, model name, train, build options)
@@ -81,8 +81,8 @@ def minimalloc_problems(data: Path, names):
 
 def model_problems(batch_size: int):
     """Live intervals of real Paddle programs (needs paddle)."""
-    from memopt.models import build
-    from memopt.paddle.legacy import program_to_graph
+    from memopt.testing.models import build
+    from memopt.paddle.legacy.program import program_to_graph
 
     problems = []
     for label, name, train, options in MODELS:

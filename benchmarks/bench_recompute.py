@@ -14,7 +14,7 @@ Columns (one markdown table):
   over it (target <= 1.0; <= 0.91 on U-Net, DenseNet, BERT); with
   ``--l2-only`` also the steady and worst step peaks over ``--repeat``
   processes, level 2's predicted peak and the any-order bound
-  (:func:`memopt.paddle.pir_schedule.any_order_bound`: no order of the
+  (:func:`memopt.paddle.pir.schedule.any_order_bound`: no order of the
   ops level 2 leaves is predicted under it) over the default's floor;
 - ``b=X%``: ``memory_optimize(budget=X% of the default peak,
   batch_size=B)``: measured peak / budget (target <= 1.0; the largest over
@@ -76,7 +76,7 @@ FRACTIONS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3)
 
 
 def model_of(row: str) -> str:
-    """The :func:`memopt.models.build` name of a bench row."""
+    """The :func:`memopt.testing.models.build` name of a bench row."""
     return row.split("-")[0]
 
 
@@ -85,7 +85,7 @@ def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict
 
     paddle.enable_static()
     import memopt
-    from memopt import models
+    from memopt.testing import models
 
     opts = dict(BENCH_MODELS[model][1])
     m = models.build(model_of(model), "pir", batch_size=batch, **opts)
@@ -96,7 +96,7 @@ def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict
             report = memopt.memory_optimize(m.main, level=int(config[1]), batch_size=batch)
             out["predicted"] = report.peak_after
             if config == "L2":  # no order of the ops level 2 leaves is predicted lower
-                from memopt.paddle.pir_schedule import any_order_bound
+                from memopt.paddle.pir.schedule import any_order_bound
 
                 out["bound"] = any_order_bound(m.main, batch)[0]
         elif config == "budget":
@@ -127,7 +127,7 @@ def _auto_recompute(m) -> None:
     ops up to the loss, backward from the first gradient op."""
     from paddle.decomposition.recompute import auto_recompute
 
-    from memopt.paddle.pir import convert
+    from memopt.paddle.pir.program import convert
 
     pg = convert(m.main)
     ops = m.main.global_block().ops
@@ -197,7 +197,7 @@ def measured_steps(m, steps: int) -> tuple:
     import paddle
     from paddle.base import core
 
-    from memopt import models
+    from memopt.testing import models
 
     rng = np.random.default_rng(1)
     scope = paddle.static.Scope()
@@ -223,13 +223,14 @@ def budget_choices(row: str) -> tuple:
     """``(batch, model, runtime, pir graph, default peak, choices)`` of
     ``row`` built as a PIR training program at its batch: the model's
     default peak and the plans ``budget=`` may choose there
-    (:func:`memopt.paddle.pir_budget.vouched`), in the model only."""
+    (:func:`memopt.paddle.pir.budget.vouched`), in the model only."""
     import paddle
 
     paddle.enable_static()
-    from memopt import models
+    from memopt.testing import models
     from memopt.api import _pir_analysis
-    from memopt.paddle import flags, pir, pir_budget
+    from memopt.paddle import flags
+    from memopt.paddle.pir import program as pir, budget as pir_budget
 
     batch, opts = BENCH_MODELS[row]
     m = models.build(model_of(row), "pir", batch_size=batch, **dict(opts))
@@ -242,7 +243,7 @@ def budget_choices(row: str) -> tuple:
 
 def floor_row(row: str) -> str:
     """One markdown row: what the leanest plan of ``row`` (the lowest
-    checked peak: :func:`memopt.paddle.pir_budget.guarded_peak`) still
+    checked peak: :func:`memopt.paddle.pir.budget.guarded_peak`) still
     holds at its steady peak, in the model at the row's batch (MiB)."""
     batch, _, _, _, default, choices = budget_choices(row)
     lean = min(choices, key=lambda c: (c.peak, c.plan.flops))

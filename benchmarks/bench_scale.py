@@ -1,6 +1,6 @@
 """memory_optimize at scale: a synthetic legacy program of 100,000 ops.
 
-Targets (issue 8): ``memopt.memory_optimize`` finishes in under 20 s and under
+Targets: ``memopt.memory_optimize`` finishes in under 20 s and under
 2 GiB of memory on a 100,000-op legacy program.
 
     python benchmarks/bench_scale.py [--ops 100000] [--repeat 3]
@@ -185,7 +185,7 @@ def prepare(step: str, data: bytes, ops: int):
         return neutral_graph(ops)
     program = load(data)
     if step.startswith("plan"):
-        from memopt.paddle.legacy import program_to_graph
+        from memopt.paddle.legacy.program import program_to_graph
 
         return program_to_graph(program)
     return program
@@ -193,7 +193,7 @@ def prepare(step: str, data: bytes, ops: int):
 
 def run_step(step: str, subject) -> dict:
     """Run ``step`` once on ``subject``; returns facts about the result."""
-    from memopt import models
+    from memopt.testing import models
 
     _, level, gc = STEPS[step]
     with models.flags(eager_delete_tensor_gb=0.0 if gc else -1.0):
@@ -204,7 +204,7 @@ def run_step(step: str, subject) -> dict:
                 report = memopt.memory_optimize(subject, level=level)
             return {"merged": report.merged_count}
         if step == "to-graph":
-            from memopt.paddle.legacy import program_to_graph
+            from memopt.paddle.legacy.program import program_to_graph
 
             return {"ops": program_to_graph(subject).num_ops()}
         from memopt.plan import Options

@@ -51,8 +51,8 @@ WINDOW = 8
 def handoff_pairs(program, window: int = WINDOW) -> list:
     """``[(V, P, W)]``: dead value ``V`` whose buffer ``P``'s result ``W``
     takes (see the module docstring)."""
-    from memopt.paddle.pir import DATA_OPS, PARAMETER_OP
-    from memopt.paddle.pir_regions import VIEW_OPS
+    from memopt.paddle.pir.program import DATA_OPS, PARAMETER_OP
+    from memopt.paddle.pir.regions import VIEW_OPS
 
     from paddle.base import core
 
@@ -125,7 +125,7 @@ def kept_pairs(program, window: int, runtime) -> list:
     """:func:`handoff_pairs` without a ``V`` whose last reader the executor's
     in-place pass writes over (a later ``share_var`` read would keep that
     reader from running in place, so it would allocate)."""
-    from memopt.paddle import pir
+    from memopt.paddle.pir import program as pir
     from memopt.paddle.runtime import executed
 
     read = executed(pir.convert(program), runtime)
@@ -157,8 +157,8 @@ def worker(row: str, mode: str, steps: int, window: int = WINDOW) -> dict:
     import paddle
 
     paddle.enable_static()
-    from memopt import models
-    from memopt.paddle import pir_recompute
+    from memopt.testing import models
+    from memopt.paddle.pir import recompute as pir_recompute
 
     out: dict = {"row": row, "mode": mode}
     if mode == "default":
@@ -255,7 +255,7 @@ def model_row(row: str, windows=(2, 8), lowest: int = 3) -> list:
     from dataclasses import replace
 
     from memopt.analysis import from_graph_modes
-    from memopt.paddle import pir, pir_budget, pir_recompute
+    from memopt.paddle.pir import program as pir, budget as pir_budget, recompute as pir_recompute
     from memopt.paddle.runtime import executed
 
     batch, m, runtime, pg, default, vouched = budget_choices(row)

@@ -51,7 +51,7 @@ _EXPORTS = {
     "ProblemFormatError": "memopt.errors",
     "ModelFileError": "memopt.errors",
     "MergedVariableError": "memopt.errors",
-    "install_fetch_guard": "memopt.paddle.guards",
+    "install_fetch_guard": "memopt.paddle.guards.install",
     "BudgetError": "memopt.errors",
 }
 

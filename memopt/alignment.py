@@ -34,22 +34,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
+from .graph import Op
+
 __all__ = ["Aligned", "align", "match", "op_kind", "run_ops"]
 
 
+def _run_positions(analysis) -> list:
+    """For each run position of ``analysis`` (each of its ``op_types``), the
+    flat position of its op in ``analysis.graph``, or None for a position
+    the analysis adds beyond the graph's ops (a dygraph step's eager
+    ``opt.step()``)."""
+    n_flat = sum(1 for _ in analysis.graph.walk_ops())
+    order = analysis.order or list(range(n_flat))
+    return [order[j] if j < len(order) and 0 <= order[j] < n_flat else None
+            for j in range(len(analysis.op_types))]
+
+
 def run_ops(analysis) -> list:
-    """The :class:`~memopt.graph.Op` at every run position of ``analysis``."""
+    """The :class:`~memopt.graph.Op` at every run position of ``analysis``
+    (an op of that type reading and writing nothing where the analysis has
+    a position of its own, beyond the graph's ops)."""
     flat = [op for _, op in analysis.graph.walk_ops()]
-    order = analysis.order or list(range(len(flat)))
-    return [flat[i] for i in order]
+    return [flat[i] if i is not None else Op(analysis.op_types[j])
+            for j, i in enumerate(_run_positions(analysis))]
 
 
 def _keys(analysis) -> list:
     """The identity of the op at each run position (None: it has none)."""
-    flat = [op for _, op in analysis.graph.walk_ops()]
     seen: dict = {}
     keys = []
-    for op in flat:
+    for _, op in analysis.graph.walk_ops():
         origin = op.attrs.get("origin", op.attrs.get("pir_id")) if op.attrs else None
         if origin is None:
             keys.append(None)
@@ -57,8 +71,7 @@ def _keys(analysis) -> list:
         k = seen.get(origin, 0)
         seen[origin] = k + 1
         keys.append((origin, k))
-    order = analysis.order or list(range(len(flat)))
-    return [keys[i] for i in order]
+    return [keys[i] if i is not None else None for i in _run_positions(analysis)]
 
 
 def op_kind(op_type: str) -> str:

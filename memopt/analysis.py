@@ -16,7 +16,7 @@ while it runs one step:
   scope);
 - for PIR, the executor's in-place pass (``FLAGS_pir_apply_inplace_pass``, on
   by default) writes some outputs over their dying input
-  (:func:`memopt.paddle.pir_inplace.executor_inplace`): the two share one
+  (:func:`memopt.paddle.pir.inplace.executor_inplace`): the two share one
   buffer, as do an in-place op's (``sgd_``, ``batch_norm_``) input and output;
 - ops run in the order the executor picks, not in program order
   (:func:`executor_order`): Paddle's multi-thread executor runs an op as soon
@@ -404,7 +404,7 @@ class Analysis:
         figure as :class:`memopt.errors.BudgetError`'s ``largest_batch``):
         the largest batch ``n`` found at which planning, exactly as
         memory_optimize plans under this analysis' runtime (the plans it
-        vouches for, frees up to ``memopt.paddle.pir_budget.GC_LAG_OPS``
+        vouches for, frees up to ``memopt.paddle.pir.budget.GC_LAG_OPS``
         ops late, the rewritten program checked), returns a plan, with
         ``n + 1`` refused (or ``n == limit``); 0 if batch 1 is refused.
         Searched from the estimate the plans at this analysis' batch give,

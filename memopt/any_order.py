@@ -54,7 +54,7 @@ def single_reader_rule(graph: Graph) -> Callable[[str, str, object], bool]:
         for name in set(op.writes):
             writers[name] = writers.get(name, 0) + 1
 
-    def allowed(src: str, dst: str, op) -> bool:
+    def allowed(src: str, dst: str, op: object) -> bool:
         return readers.get(src) == {id(op)} and writers.get(src, 0) == 1
 
     return allowed

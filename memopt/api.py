@@ -2,8 +2,8 @@
 
 This module checks the arguments, reads the runtime's memory model
 (:mod:`memopt.paddle.flags`), dispatches on the program type and wires the
-adapters (:mod:`memopt.paddle.legacy`, :mod:`memopt.paddle.pir`,
-:mod:`memopt.paddle.pir_rewrite`, :mod:`memopt.paddle.runtime`) to the core
+adapters (:mod:`memopt.paddle.legacy.program`, :mod:`memopt.paddle.pir.program`,
+:mod:`memopt.paddle.pir.rewrite`, :mod:`memopt.paddle.runtime`) to the core
 (:mod:`memopt.planner`, :mod:`memopt.verify`, :mod:`memopt.release`,
 :mod:`memopt.analysis`, :mod:`memopt.reporting`).  The work flows one way::
 
@@ -30,9 +30,15 @@ from .any_order import single_reader_rule
 from .candidates import variant_inplace
 from .errors import UnsupportedProgramError
 from .graph import Graph, unversioned
-from .paddle import (distributed, flags, legacy, legacy_translation, merge_record,
-                     pending_backward, pir, pir_inplace, pir_owner, pir_retired, pir_rewrite,
-                     sharding)
+from .paddle import distributed, flags, pending_backward, sharding
+from .paddle.legacy import merge_record
+from .paddle.legacy import program as legacy
+from .paddle.legacy import translation as legacy_translation
+from .paddle.pir import inplace as pir_inplace
+from .paddle.pir import owner as pir_owner
+from .paddle.pir import program as pir
+from .paddle.pir import retired as pir_retired
+from .paddle.pir import rewrite as pir_rewrite
 from .paddle import runtime as paddle_runtime
 from .parallel import ProgramFacts, RankEstimate, Strategy, estimate_rank
 from .plan import Options
@@ -52,7 +58,7 @@ log = logging.getLogger(__name__)
 
 def _name_of(item, index: int, argument: str = "skip_opt_set") -> str:
     """The variable name of a skip_opt_set / fetch_list item: a str, a legacy
-    Variable, or a PIR Value (named as :func:`memopt.paddle.pir.value_name`
+    Variable, or a PIR Value (named as :func:`memopt.paddle.pir.program.value_name`
     does)."""
     if isinstance(item, str):
         return item
@@ -304,7 +310,7 @@ def _legacy_release(program, options: Options) -> Report:
     the program is left as it is.  With it off,
     :func:`memopt.release.plan_releases` picks the points,
     :func:`memopt.release.verify_releases` checks them and
-    :func:`memopt.paddle.legacy.insert_releases` puts them in; fetching a
+    :func:`memopt.paddle.legacy.program.insert_releases` puts them in; fetching a
     released variable afterwards raises :class:`MergedVariableError`.
     """
     start = time.perf_counter()
@@ -353,9 +359,9 @@ def _legacy_release(program, options: Options) -> Report:
 def _pir_optimize(program, options: Options, batch_size: Optional[int] = None,
                   any_order: bool = False, variants: bool = True) -> Report:
     """Plan (the adapter states its ops' in-place variants,
-    :func:`memopt.paddle.pir_rewrite.state_inplace_facts`; the core decides,
+    :func:`memopt.paddle.pir.rewrite.state_inplace_facts`; the core decides,
     :func:`memopt.candidates.variant_inplace`), apply
-    (:func:`memopt.paddle.pir_rewrite.apply_inplace`) and report.
+    (:func:`memopt.paddle.pir.rewrite.apply_inplace`) and report.
 
     The Report's peaks (persistable bytes included) are :mod:`memopt.analysis`
     estimates at ``batch_size`` (default :data:`memopt.report.REFERENCE_BATCH`)
@@ -409,8 +415,8 @@ def _variants_pay(program, options: Options, batch: int, model: RuntimeModel) ->
     """Whether level 1's in-place variants (those level 2 may apply), tried
     on a clone of ``program``, lower its predicted peak under the runtime's
     own executor mode and raise it under none of
-    :func:`memopt.paddle.pir_schedule.executor_modes`."""
-    from .paddle.pir_schedule import executor_modes, mode_peaks
+    :func:`memopt.paddle.pir.schedule.executor_modes`."""
+    from .paddle.pir.schedule import executor_modes, mode_peaks
 
     clone = program.clone()
     _pir_optimize(clone, options, batch, any_order=True)
@@ -466,7 +472,7 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         variants whose input no other op reads) plus, on PIR, saved values a
         saved concat holds again sliced out of it in the backward part and a
         memory-aware order of the ops (legacy programs: the order, kept by
-        ``depend`` ops, :mod:`memopt.paddle.legacy_schedule`); each kept
+        ``depend`` ops, :mod:`memopt.paddle.legacy.schedule`); each kept
         only where it lowers the predicted peak and raises it under no
         executor mode modelled.
     print_log : print the report (one line per reuse and a summary).
@@ -588,13 +594,13 @@ def parse_budget(budget) -> int:
 
 def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     """level=2 / budget= (PIR): recompute for the budget
-    (:mod:`memopt.paddle.pir_budget`, :mod:`memopt.paddle.pir_recompute`),
+    (:mod:`memopt.paddle.pir.budget`, :mod:`memopt.paddle.pir.recompute`),
     then the in-place rewrite at ``min(level, 1)``, then at level 2 the
-    concat slices (:mod:`memopt.paddle.pir_concat_slices`; not after a
+    concat slices (:mod:`memopt.paddle.pir.concat_slices`; not after a
     recomputation, whose clones may read the same values) and the
-    memory-aware order (:mod:`memopt.paddle.pir_schedule`).  A legacy
+    memory-aware order (:mod:`memopt.paddle.pir.schedule`).  A legacy
     program gets level 1 and the memory-aware order
-    (:mod:`memopt.paddle.legacy_schedule`) at level 2, and a budget as
+    (:mod:`memopt.paddle.legacy.schedule`) at level 2, and a budget as
     :func:`_legacy_within_budget` plans it."""
     from dataclasses import replace
 
@@ -623,7 +629,7 @@ def _level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             report = _dispatch(program, lower, release=False)  # names what it takes
         report.level = options.level
         return report
-    from .paddle import pir_convert_cache, pir_loops
+    from .paddle.pir import convert_cache as pir_convert_cache, loops as pir_loops
 
     start = time.perf_counter()
     batch = int(batch_size or REFERENCE_BATCH)
@@ -682,8 +688,8 @@ def _recompute_note(chosen, limit: int, lag: Optional[int] = None) -> tuple:
     """``(recomputed names, added compute %, the report's note)`` for the
     recomputation plan ``chosen`` (a :class:`memopt.recompute.Choice`) made
     for the budget ``limit``, checked with frees ``lag`` ops late (default
-    :data:`memopt.paddle.pir_budget.GC_LAG_OPS`)."""
-    from .paddle.pir_budget import GC_LAG_OPS
+    :data:`memopt.paddle.pir.budget.GC_LAG_OPS`)."""
+    from .paddle.pir.budget import GC_LAG_OPS
     from .report import format_bytes
 
     lag = GC_LAG_OPS if lag is None else lag
@@ -703,13 +709,14 @@ def _recompute_note(chosen, limit: int, lag: Optional[int] = None) -> tuple:
 
 def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> Report:
     """budget= on a legacy program: the recomputation plan of
-    :func:`memopt.paddle.pir_budget.choose_plan` on its
-    :class:`memopt.paddle.legacy_recompute.LegacyTarget`, then the legacy
+    :func:`memopt.paddle.pir.budget.choose_plan` on its
+    :class:`memopt.paddle.legacy.recompute.LegacyTarget`, then the legacy
     rewrite at ``min(level, 1)``; if that fails the plan is undone, so the
     call changes nothing.  The report's peaks are :func:`analyze`'s."""
     from dataclasses import replace
 
-    from .paddle import legacy_recompute, pir_budget
+    from .paddle.legacy import recompute as legacy_recompute
+    from .paddle.pir import budget as pir_budget
     from .report import format_bytes
 
     if flags.read_flags().pir_executor:
@@ -770,9 +777,9 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
 
 def _legacy_order(program, options: Options, batch_size) -> List[str]:
     """Level 2's memory-aware order of a legacy program, after level 1's
-    rewrite (:func:`memopt.paddle.legacy_schedule.level2_order`: all or
+    rewrite (:func:`memopt.paddle.legacy.schedule.level2_order`: all or
     nothing); returns the report's notes."""
-    from .paddle import legacy_schedule
+    from .paddle.legacy import schedule as legacy_schedule
 
     with _without_cycle_collection():
         return legacy_schedule.level2_order(program, int(batch_size or REFERENCE_BATCH),
@@ -787,7 +794,9 @@ def _slices_and_order(program, batch: int, model, fetch_names, fetched, slices: 
     if either fails the program goes back to what the in-place rewrite left
     (its slices undone, the ops in their order) and a note says what was
     left out and why: the call never returns a half-applied step."""
-    from .paddle import pir_concat_slices, pir_recompute, pir_schedule
+    from .paddle.pir import concat_slices as pir_concat_slices
+    from .paddle.pir import recompute as pir_recompute
+    from .paddle.pir import schedule as pir_schedule
     from .report import format_bytes
 
     notes: List[str] = []
@@ -846,10 +855,10 @@ def _fetched_values(program, names) -> list:
 def _recompute_within(program, pg, options: Options, batch: int, limit: int, model):
     """Apply the best recomputation plan for ``limit`` whose rewritten
     program, read back and analysed by the same model, still fits
-    (:func:`memopt.paddle.pir_budget.choose_plan`).  Returns ``(choice,
+    (:func:`memopt.paddle.pir.budget.choose_plan`).  Returns ``(choice,
     AppliedRecompute or None)``; BudgetError when none fits (the program
     unchanged)."""
-    from .paddle import pir_budget
+    from .paddle.pir import budget as pir_budget
 
     return pir_budget.choose_plan(pg, sorted(options.fetch_list), batch, limit, model)
 
@@ -859,11 +868,11 @@ def _batch_planner(program, fetch_list: list, runtime: RuntimeModel):
     :meth:`Analysis.max_batch_size` (``recompute=True``): the largest batch
     found at which ``memory_optimize(program, budget=budget, batch_size=n)``
     returns a plan under ``runtime``
-    (:func:`memopt.paddle.pir_budget.largest_planned_batch`, planning the
+    (:func:`memopt.paddle.pir.budget.largest_planned_batch`, planning the
     program as it is when called, searched from the estimate of the grid
     at ``start_batch``); the program is left as it was."""
     def planner(budget: int, start_batch: int, limit: int) -> int:
-        from .paddle import pir_budget, pir_loops
+        from .paddle.pir import budget as pir_budget, loops as pir_loops
 
         fetch_names = sorted(_names(fetch_list, "fetch_list"))  # as memory_optimize reads them
         with pir_inplace.static_mode(), _without_cycle_collection():
@@ -1090,7 +1099,7 @@ def program_facts(program, *, fetch_list: Iterable = (), runtime=None,
                         step_peak=step_peak, boundary=boundary,
                         distributed=bool(comm), communication_ops=comm,
                         param_order=tuple((n, size_of[n]) for n in order),
-                        state_of=state_of, rank_view=rank_view)
+                        state_of=state_of, rank_view=rank_view, analysis=analysis)
 
 
 def estimate(program=None, strategy: Optional[Strategy] = None, batch_size: int = 1, *,

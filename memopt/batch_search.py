@@ -5,7 +5,7 @@ memopt states: :meth:`memopt.analysis.Analysis.max_batch_size` (the check:
 the step's peak at that batch fits) and, for ``budget=``,
 :class:`memopt.errors.BudgetError`'s ``largest_batch`` and
 ``max_batch_size(recompute=True)`` (the check: planning at that batch, as
-``memory_optimize`` does, returns a plan: :mod:`memopt.paddle.pir_budget`).
+``memory_optimize`` does, returns a plan: :mod:`memopt.paddle.pir.budget`).
 A check may be expensive (a planning takes seconds), so the search starts
 from a guess, gallops away from it and bisects, and remembers every answer.
 """

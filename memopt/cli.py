@@ -2,10 +2,10 @@
 
 ::
 
-    memopt analyze  MODEL [--batch-size N] [--budget 16GiB] [--top K] [--json]
+    memopt analyze  MODEL [--batch-size N] [--budget 16GiB] [--top K] [--json] [--html OUT.html]
     memopt optimize MODEL [--level 0|1|2] [--budget 512MiB -b N] [--skip NAME ...] [--fetch NAME ...] [--keep-grads]
-                    [--release] -o OUT [--json]
-    memopt estimate MODEL -b N [--dp D] [--tp T] [--pp P] [--sharding-stage S] [--json]
+                    [--release] -o OUT [--json] [--html OUT.html]
+    memopt estimate MODEL -b N [--dp D] [--tp T] [--pp P] [--sharding-stage S] [--json] [--html OUT.html]
     memopt plan     PROBLEM.csv [--exact] [--time-limit S] [-o OUT.csv] [--json]
     memopt plot     MODEL -o timeline.png [--batch-size N] [--level 0|1] [--top K]
     memopt plot     PROBLEM.csv -o arena.png [--exact] [--time-limit S]
@@ -154,7 +154,7 @@ def _note_dynamic_dims(loaded) -> None:
 
 def _guard(loaded):
     """The IR guard the program was built in (so Paddle treats it right)."""
-    from .models import ir_guard
+    from .testing.models import ir_guard
 
     return ir_guard(loaded.ir)
 
@@ -202,10 +202,16 @@ def _plan_problem(problem, exact: bool, time_limit: Optional[float], progress: P
 
 def cmd_analyze(args, progress: Progress) -> int:
     if _is_problem(args.model):
+        if args.html:
+            from .errors import ModelFileError
+
+            raise ModelFileError(f"--html: the memory page is drawn for a saved program, "
+                                 f"not for an interval problem ({args.model})")
         return _analyze_problem(args)
     from .api import analyze
     from .paddle.flags import runtime_model
 
+    _check_html_output(args)
     loaded = _load(args.model, progress)   # (the report notes several -1 dims itself)
     with _guard(loaded), progress.step("analysing"):
         runtime = runtime_model(loaded.ir)
@@ -223,7 +229,47 @@ def cmd_analyze(args, progress: Progress) -> int:
     else:
         print(f"{loaded.path} ({loaded.ir} program)")
         print(result.report(b, top=args.top, budget_bytes=args.budget))
+    if args.html:
+        with progress.step(f"writing {args.html}"):
+            result.to_html(args.html, b, title=f"{os.path.basename(loaded.path)}: memory of "
+                                               f"one step, batch {b}")
+        print(f"wrote {args.html}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _check_html_output(args) -> None:
+    """``--html PATH``: an .html file that can be written and is no input."""
+    if not getattr(args, "html", None):
+        return
+    from .cli_paths import check_output
+    from .errors import ModelFileError
+
+    if os.path.splitext(args.html)[1].lower() not in (".html", ".htm"):
+        raise ModelFileError(f"--html {args.html}: the memory page is an HTML file; give "
+                             "a path ending in .html")
+    check_output(args.html, [args.model], flag="--html")
+
+
+def _write_rewrite_page(args, loaded, report, released, progress: Progress) -> None:
+    """``optimize --html``: the program before and after memory_optimize (and
+    release_memory with --release) on one x axis."""
+    if released is None:
+        with progress.step(f"writing {args.html}"):
+            report.to_html(args.html, title=f"{os.path.basename(loaded.path)}: memory of one "
+                                            f"step before and after {report.what()}")
+        return
+    from .api import analyze
+
+    if len(report.analyses) < 2:
+        report.to_html(args.html)  # says why there is no page
+    before, after = report.analyses
+    with _guard(loaded), progress.step("analysing the released program"):
+        freed = analyze(loaded.program, report.batch_size, fetch_list=list(args.fetch or []))
+    with progress.step(f"writing {args.html}"):
+        before.to_html(args.html, report.batch_size, compare=[after, freed],
+                       labels=["before", f"after {report.what()}", "and release_memory"],
+                       title=f"{os.path.basename(loaded.path)}: memory of one step before and "
+                             f"after {report.what()} and release_memory")
 
 
 def cmd_estimate(args, progress: Progress) -> int:
@@ -239,6 +285,7 @@ def cmd_estimate(args, progress: Progress) -> int:
         strategy.micro_batch(args.batch_size)
     except ValueError as exc:
         raise ValueError(_as_flags(str(exc))) from None
+    _check_html_output(args)
     loaded = _load(args.model, progress)
     _note_dynamic_dims(loaded)
     with _guard(loaded), progress.step("estimating"):
@@ -251,6 +298,10 @@ def cmd_estimate(args, progress: Progress) -> int:
     else:
         print(f"{loaded.path} ({loaded.ir} program)")
         print(result)
+    if args.html:
+        with progress.step(f"writing {args.html}"):
+            result.to_html(args.html)
+        print(f"wrote {args.html}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -333,6 +384,7 @@ def cmd_optimize(args, progress: Progress) -> int:
     from .cli_paths import check_output, copy_parameters, parameter_files
     from .paddle.modelio import FLUID_PROGRAM, output_path, save_program
 
+    _check_html_output(args)
     loaded = _load(args.model, progress)
     output = output_path(loaded.ir, args.output)
     check_output(output, [loaded.path] + [p for _, p in parameter_files(loaded.path)])
@@ -353,11 +405,11 @@ def cmd_optimize(args, progress: Progress) -> int:
             copied = copy_parameters(loaded.path, written)
         note = None
         if loaded.ir == "pir":
-            from .paddle.pir_deploy import predictor_note
+            from .paddle.pir.deploy import predictor_note
 
             note = predictor_note(loaded.program)
         else:
-            from .paddle.legacy_deploy import predictor_note
+            from .paddle.legacy.deploy import predictor_note
 
             note = predictor_note(loaded.program)
     if os.path.basename(loaded.path) == FLUID_PROGRAM:
@@ -380,6 +432,9 @@ def cmd_optimize(args, progress: Progress) -> int:
             print(released)
         print(f"wrote {written}" + (f" (parameters copied: {', '.join(copied)})"
                                     if copied else ""))
+    if args.html:
+        _write_rewrite_page(args, loaded, report, released, progress)
+        print(f"wrote {args.html}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -537,6 +592,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="iterations of while loops, for what a training loop saves for its "
                         "backward pass (default 1)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--html", metavar="OUT.html", default=None,
+                   help="also write the interactive memory page (one self-contained HTML "
+                        "file: live bytes by kind over the op sequence, hover for the op and "
+                        "its largest holders, a sortable table of the holders at the peak)")
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser(
@@ -569,6 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "a prefix); the parameter files beside MODEL (.pdiparams, .pdparams, "
                         ".pdopt) are copied beside it.  Never MODEL itself")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--html", metavar="OUT.html", default=None,
+                   help="also write the memory page of the program before and after (one "
+                        "x axis: the original program's op positions)")
     p.set_defaults(func=cmd_optimize)
 
     p = sub.add_parser(
@@ -595,6 +657,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fused-gradients", action="store_true",
                    help="gradients in one fused buffer (fuse_all_reduce_ops)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--html", metavar="OUT.html", default=None,
+                   help="also write the memory page: one lane per rank (the step it runs)")
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser(

@@ -13,7 +13,7 @@ a :class:`Size` ``coefficient * B**power``.  Nothing here ever silently
 replaces ``B`` by 1.
 
 The model imports neither Paddle nor TensorFlow: adapters
-(:mod:`memopt.paddle.legacy`, :mod:`memopt.paddle.pir`) build it.
+(:mod:`memopt.paddle.legacy.program`, :mod:`memopt.paddle.pir.program`) build it.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Size:
 
     def at(self, batch_size: int) -> int:
         """Bytes for a concrete batch size (``batch_size >= 1``)."""
-        return self.coefficient * batch_size ** self.power
+        return int(self.coefficient * batch_size ** self.power)
 
     def provably_le(self, other: "Size") -> bool:
         """True when ``self <= other`` for every batch size ``B >= 1``.
@@ -64,7 +64,7 @@ class Size:
     def symbolic(self) -> bool:
         return self.power > 0
 
-    def plain(self):
+    def plain(self) -> "int | Size":
         """The size as the interval planners take it: an int when it does not
         grow with the batch, else the Size itself."""
         return self.coefficient if self.power == 0 else self
@@ -84,7 +84,7 @@ class Size:
         return f"{self.coefficient}*batch^{self.power} B"
 
 
-def as_size(size) -> Size:
+def as_size(size: "Size | int") -> Size:
     """``size`` as a :class:`Size`: a Size as it is, an int ``n`` as ``Size(n)``
     (a byte count that does not grow with the batch).  The one normaliser:
     everything that takes "an int or a Size" goes through it or
@@ -92,7 +92,7 @@ def as_size(size) -> Size:
     return size if isinstance(size, Size) else Size(int(size), 0)
 
 
-def size_at(size, batch_size: Optional[int] = None) -> int:
+def size_at(size: "Size | int", batch_size: Optional[int] = None) -> int:
     """Bytes of ``size`` (an int or a :class:`Size`) at ``batch_size``.
 
     A symbolic size (``power > 0``) needs a ``batch_size``; a fixed one
@@ -326,8 +326,8 @@ class Block:
 
     idx: int
     parent: int = -1
-    ops: list = field(default_factory=list)
-    vars: dict = field(default_factory=dict)
+    ops: list[Op] = field(default_factory=list)
+    vars: dict[str, Var] = field(default_factory=dict)
 
     def add_var(self, var: Var) -> Var:
         self.vars[var.name] = var
@@ -346,7 +346,7 @@ class Graph:
     variables the caller reads after the run: they are live at the exit.
     """
 
-    blocks: list = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
     fetch_names: tuple = ()
 
     def __post_init__(self) -> None:

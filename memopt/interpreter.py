@@ -201,7 +201,7 @@ class _Machine:
     def run_plain(self, block_idx: int, index: int, op: Op) -> None:
         read_slots = [self.slot(block_idx, n) for n in op.reads]
         values = [self.memory.get(s, UNDEF) for s in read_slots]
-        written = {}
+        written: Dict[Slot, str] = {}
         for name in op.writes:
             written.setdefault(self.slot(block_idx, name), name)
         pair = op.facts.inplace
@@ -294,7 +294,7 @@ def _op_of(graph: Graph, block_idx: int, ident: int) -> Op:
     raise KeyError(ident)  # pragma: no cover - identities come from the graph
 
 
-def _by_op(trace) -> Dict[Tuple[int, int], List[Tuple[int, ...]]]:
+def _by_op(trace: List[Tuple[int, int, Tuple[int, ...]]]) -> Dict[Tuple[int, int], List[Tuple[int, ...]]]:
     out: Dict[Tuple[int, int], List[Tuple[int, ...]]] = {}
     for block_idx, ident, values in trace:
         out.setdefault((block_idx, ident), []).append(values)

@@ -34,7 +34,11 @@ under a second (benchmarks/bench_liveness.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Hashable, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (TYPE_CHECKING, Dict, Hashable, Iterable, List, NamedTuple, Optional, Sequence,
+                    Tuple, cast)
+
+if TYPE_CHECKING:
+    from .graph import Graph
 
 __all__ = [
     "FlowNode",
@@ -336,7 +340,8 @@ class GraphLiveness:
     liveness: Liveness
 
     def intervals(self) -> Dict[str, Interval]:
-        return self.liveness.intervals()
+        # the keys are the graph's variable names
+        return cast(Dict[str, Interval], self.liveness.intervals())
 
     def live_in(self, position: int) -> frozenset:
         return self.liveness.live_in(position)
@@ -345,7 +350,7 @@ class GraphLiveness:
         return self.liveness.live_out(position)
 
 
-def analyze_graph(graph) -> GraphLiveness:
+def analyze_graph(graph: Graph) -> GraphLiveness:
     """Liveness of a memopt :class:`~memopt.graph.Graph`.
 
     Ops are numbered in :meth:`Graph.walk_ops` order: an op that runs
@@ -419,7 +424,7 @@ class StraightLine:
     :func:`program_liveness`).  ``positions`` as in :class:`GraphLiveness`;
     ``live_out`` is not available (straight-line code has no loop)."""
 
-    def __init__(self, graph) -> None:
+    def __init__(self, graph: Graph) -> None:
         ops = graph.blocks[0].ops
         self.positions = [(0, i, op) for i, op in enumerate(ops)]
         first: Dict[str, int] = {}
@@ -439,14 +444,14 @@ class StraightLine:
                 last[name] = end
         self._intervals = {n: _Span(first[n], last[n]) for n in first}
 
-    def intervals(self) -> Dict[str, "Interval"]:
+    def intervals(self) -> Dict[str, _Span]:
         return self._intervals
 
     def live_out(self, position: int) -> frozenset:  # pragma: no cover - loops only
         raise NotImplementedError("straight-line code has no loop")
 
 
-def program_liveness(graph) -> "GraphLiveness | StraightLine":
+def program_liveness(graph: Graph) -> "GraphLiveness | StraightLine":
     """Liveness of a memopt :class:`~memopt.graph.Graph`, with a fast path:
     a graph of one block without sub-blocks gets :class:`StraightLine` (the
     same intervals as :func:`analyze_graph`, in one pass), any other graph

@@ -20,6 +20,8 @@ the executor's own in-place pass) bars nothing.  Imports no Paddle.
 """
 from __future__ import annotations
 
+from typing import Dict, Set
+
 from .graph import Graph, unversioned
 
 __all__ = ["read_after_overwrite"]
@@ -38,7 +40,8 @@ def read_after_overwrite(graph: Graph) -> frozenset:
       (``name#k``) of such a variable is named.
     """
     ops = graph.blocks[0].ops
-    last_read, first_read = {}, {}
+    last_read: Dict[str, int] = {}
+    first_read: Dict[str, int] = {}
     for i, op in enumerate(ops):
         shape_only = set(op.facts.no_need_buffer)
         for name in op.reads:
@@ -46,7 +49,7 @@ def read_after_overwrite(graph: Graph) -> frozenset:
                 last_read[name] = i
                 first_read.setdefault(unversioned(name), i)
     out = set()
-    rewritten = set()
+    rewritten: Set[str] = set()
     for i, op in enumerate(ops):
         for src, _dst in op.facts.overwrites:
             if last_read.get(src, -1) > i:

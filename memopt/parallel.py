@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .report import format_bytes
 
@@ -180,6 +180,9 @@ class ProgramFacts:
     #: it for the rank owning ``owned`` (the other parameters become
     #: temporaries broadcast each step); None when the adapter cannot build it.
     rank_view: Optional[Callable[[frozenset], "ProgramFacts"]] = None
+    #: the :class:`memopt.analysis.Analysis` these facts were read from (the
+    #: memory page draws it); None when made by hand.
+    analysis: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -195,6 +198,10 @@ class RankEstimate:
     #: each rank's total when ranks differ (sharding: owners of whole
     #: parameters); empty when every rank is the same.
     per_rank: List[int] = field(default_factory=list)
+    #: ``[(label, Analysis)]``: the step each rank runs (its own program under
+    #: fleet's static sharding, else the one-device program), for
+    #: :meth:`to_html`; one entry when every rank runs the same.
+    rank_analyses: List = field(default_factory=list, repr=False, compare=False)
 
     @property
     def total(self) -> int:
@@ -209,6 +216,33 @@ class RankEstimate:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=True)
+
+    def to_html(self, path: str, title: str = "") -> str:
+        """Write the memory page of the estimate to ``path``: one lane per
+        rank (one for all when every rank runs the same step), each the live
+        bytes of the step that rank runs, at the micro-batch, by kind over
+        its op sequence; the estimate's components (what the strategy
+        divides, the communication buffers) head the page.  The lanes draw
+        the program's own analysis: tensor and pipeline parallel division
+        is arithmetic on it (:attr:`formula`), not drawn.  Returns ``path``.
+
+        Raises ValueError when the estimate holds no analysis (made from
+        :class:`ProgramFacts` built by hand)."""
+        if not self.rank_analyses or any(a is None for _, a in self.rank_analyses):
+            raise ValueError("this estimate holds no analysis of the program (its "
+                             "ProgramFacts carry none): make it with memopt.estimate(program, ...)")
+        from .pages.writer import write_lanes
+
+        totals = self.per_rank or [self.total] * len(self.rank_analyses)
+        lanes = [(f"{label}: estimated peak {format_bytes(total)} (all components)",
+                  [analysis], [f"{label}, micro-batch {self.micro_batch_size}"])
+                 for (label, analysis), total in zip(self.rank_analyses, totals, strict=True)]
+        s = self.strategy
+        return write_lanes(path, lanes, batch_size=self.micro_batch_size,
+                           title=title or f"memory per rank: dp={s.dp}, tp={s.tp}, pp={s.pp}, "
+                                          f"sharding stage {s.sharding_stage}, batch "
+                                          f"{self.batch_size}",
+                           notes=str(self).splitlines()[1:])
 
     def __str__(self) -> str:
         s = self.strategy
@@ -238,6 +272,7 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
     micro = s.micro_batch(batch_size)
     grads_at_peak, rest_at_peak = facts.step_peak(micro)
     if facts.distributed:
+        every = [("this rank", facts.analysis)]
         comps = {"parameters": facts.parameters, "optimizer state": facts.optimizer_state,
                  "other persistable": facts.other_persistable,
                  "gradients": grads_at_peak, "activations": rest_at_peak,
@@ -248,7 +283,7 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
                    "gradients": "Ag(b) (analyze, this rank's program)",
                    "activations": "Aa(b) (analyze, this rank's program)",
                    "communication buffers": "0 (in-place collectives)"}
-        return RankEstimate(s, batch_size, micro, comps, formula, True)
+        return RankEstimate(s, batch_size, micro, comps, formula, True, rank_analyses=every)
     model = s.tp * s.pp
     micro_batches = max(1, batch_size // (s.dp * micro))
     in_flight = min(s.pp, micro_batches)
@@ -301,7 +336,9 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
     }
     if not (s.sharding_stage >= 1 and s.dp > 1 and facts.param_order):
         comps = components(facts.optimizer_state / div_o, grads_at_peak, rest_at_peak)
-        return RankEstimate(s, batch_size, micro, comps, formula, False)
+        label = "every rank" if s.ranks > 1 else "the rank"
+        return RankEstimate(s, batch_size, micro, comps, formula, False,
+                            rank_analyses=[(label, facts.analysis)])
     # Sharding as fleet does it: whole parameters to owners
     # (fleet_sharding_owners); a rank keeps the optimizer state of the
     # parameters it owns (state no parameter claims: on every rank), and
@@ -313,18 +350,21 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
     names = [name for name, _ in facts.param_order]
     owners = fleet_sharding_owners([size for _, size in facts.param_order], s.dp)
     unclaimed = facts.optimizer_state - sum(facts.state_of.get(n, 0) for n in names)
-    per_rank, best = [], None
+    per_rank, best, analyses = [], None, []
     for rank in range(s.dp):
         owned = frozenset(n for n, o in zip(names, owners) if o == rank)
         state = unclaimed + sum(facts.state_of.get(n, 0) for n in owned)
         grads, rest, params = grads_at_peak, rest_at_peak, None
+        analysis = facts.analysis
         if fleet_static:
             view = facts.rank_view(owned)
             grads, rest = view.step_peak(micro)
+            analysis = view.analysis
             # the parameters it owns persist; the others are temporaries
             # there, in ``rest`` while they are live (with the GC on, not
             # after their last use)
             params = sum(size for n, size in facts.param_order if n in owned) / model
+        analyses.append((f"rank {rank}", analysis))
         comps = components(state / model, grads, rest, params)
         total = sum(comps.values())
         per_rank.append(total)
@@ -339,4 +379,5 @@ def estimate_rank(facts: ProgramFacts, strategy: Strategy, batch_size: int) -> R
                                     f"{s.sharding_stage}, it builds stage 1")
         formula["activations"] += (" (rank r's program: with the parameters others own, "
                                    "broadcast into temporaries, while live)")
-    return RankEstimate(s, batch_size, micro, best, formula, False, per_rank)
+    return RankEstimate(s, batch_size, micro, best, formula, False, per_rank,
+                        rank_analyses=analyses)

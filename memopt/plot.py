@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 __all__ = ["plot_timeline", "plot_arena"]
 
 _MIB = float(1 << 20)
-_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
 
 def _pyplot():
@@ -139,7 +139,7 @@ def plot_timeline(analyses: Sequence, path: str, *, labels: Sequence[str] = (),
 BAR_NAME_CHARS = 24
 
 
-#: A PIR value's label (:func:`memopt.paddle.pir.label_values`):
+#: A PIR value's label (:func:`memopt.paddle.pir.program.label_values`):
 #: ``pd_op.matmul_grad(...).y_grad at op 59, model.py:12 (%66)``.
 _MADE_AT = re.compile(r"^(?P<op>[\w.]+)(?:\(\.\.\.\)\.(?P<slot>\w+))? at [^,(]+(?:\([^)]*\))?"
                       r"(?:, (?P<source>[^,]+:\d+))? \((?P<value>%\w+)\)$")

@@ -35,7 +35,7 @@ from typing import Dict, Iterable, List, Mapping, Tuple
 
 from .candidates import classify, persistable_sizes, reason_counts, temporaries
 from .errors import PlanError
-from .graph import RELEASED_VAR, Graph, Size
+from .graph import RELEASED_VAR, Graph, Op, Size
 from .plan import Options
 from .problems import Buffer
 from .scopes import scoped_liveness
@@ -99,7 +99,7 @@ def plan_releases(graph: Graph, skip_opt_set: Iterable[str] = ()) -> ReleasePlan
     return plan
 
 
-def _names_used(graph: Graph, op) -> set:
+def _names_used(graph: Graph, op: Op) -> set:
     """Names ``op`` reads or writes, with those of the sub-blocks it runs (any depth)."""
     used = set(op.reads) | set(op.writes)
     stack = list(op.sub_blocks)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import PlanError
 from .graph import Block, Graph
@@ -306,7 +306,7 @@ def candidate_orders(problem: OrderProblem) -> List[Tuple[str, List[int]]]:
     return out
 
 
-def best_order(problem: OrderProblem, peak_of) -> Tuple[str, List[int], Dict[str, int]]:
+def best_order(problem: OrderProblem, peak_of: Callable[[str, List[int]], int]) -> Tuple[str, List[int], Dict[str, int]]:
     """The candidate order with the lowest ``peak_of(name, order)`` (the
     program's own order on ties); returns ``(name, order, {name: peak})``."""
     peaks: Dict[str, int] = {}

@@ -15,7 +15,7 @@ next loop iteration is live across the whole loop.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 from .graph import Block, Graph
 from .liveness import Interval, program_liveness
@@ -86,7 +86,7 @@ def split_shadowed(graph: Graph) -> Tuple[Graph, set]:
     return Graph(blocks=blocks, fetch_names=graph.fetch_names), split
 
 
-def scoped_liveness(graph: Graph):
+def scoped_liveness(graph: Graph) -> Tuple[Any, ...]:
     """``(split graph, liveness, intervals, free outputs, excluded names)``:
     :func:`split_shadowed`, then the liveness of the split graph and
     :func:`_with_control_outputs` on it -- what every candidate rule reads."""
@@ -95,7 +95,7 @@ def scoped_liveness(graph: Graph):
     return (split, live, *_with_control_outputs(split, live))
 
 
-def _with_control_outputs(graph: Graph, live):
+def _with_control_outputs(graph: Graph, live: Any) -> Tuple[Dict[str, Any], frozenset, set]:
     """``(intervals, free outputs, excluded names)`` of a split graph: the
     liveness's intervals with those of :func:`_control_outputs` put in;
     excluded: the split locals and the values control ops read back."""
@@ -108,7 +108,7 @@ def _with_control_outputs(graph: Graph, live):
     return intervals, frozenset(free), sub_outputs | split
 
 
-def _control_outputs(graph: Graph, live, intervals) -> Tuple[Dict[str, "Interval"], set]:
+def _control_outputs(graph: Graph, live: Any, intervals: Dict[str, Any]) -> Tuple[Dict[str, "Interval"], set]:
     """Outputs of control ops that may share memory in the op's block.
 
     A control op's ``facts.full_writes`` (from the adapter) are outputs

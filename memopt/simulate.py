@@ -27,7 +27,7 @@ Time is in op positions; a buffer with ``[lower, upper)`` is live at the steps
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping, Optional, Sequence
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -93,7 +93,7 @@ class Timeline:
         return int(self.bytes[i])
 
 
-def _sweep(lowers, uppers, sizes) -> Timeline:
+def _sweep(lowers: np.ndarray, uppers: np.ndarray, sizes: np.ndarray) -> Timeline:
     """Bytes live over time for intervals ``[lowers[i], uppers[i])`` of ``sizes[i]``."""
     if len(lowers) == 0:
         empty = np.zeros(0, dtype=np.int64)
@@ -125,7 +125,7 @@ def peak_live(buffers: Sequence, batch_size: Optional[int] = None) -> int:
     return live_bytes(buffers, batch_size).peak
 
 
-def _offsets_of(plan) -> Mapping[Hashable, int]:
+def _offsets_of(plan: Any) -> Mapping[Hashable, int]:
     offsets = getattr(plan, "offsets", plan)
     if not isinstance(offsets, Mapping):
         raise TypeError("expected a mapping buffer id -> offset, or a plan with "
@@ -133,13 +133,13 @@ def _offsets_of(plan) -> Mapping[Hashable, int]:
     return offsets
 
 
-def arena_height(buffers: Sequence, plan, batch_size: Optional[int] = None) -> int:
+def arena_height(buffers: Sequence, plan: Any, batch_size: Optional[int] = None) -> int:
     """``max(offset + size)`` over the buffers (0 when there are none)."""
     offsets = _offsets_of(plan)
     return max((offsets[b.id] + int(size_at(b.size, batch_size)) for b in buffers), default=0)
 
 
-def check_offsets(buffers: Sequence, plan, capacity: Optional[int] = None,
+def check_offsets(buffers: Sequence, plan: Any, capacity: Optional[int] = None,
                   batch_size: Optional[int] = None) -> int:
     """Verify an offset plan; return its height in bytes.
 
@@ -203,7 +203,7 @@ def check_offsets(buffers: Sequence, plan, capacity: Optional[int] = None,
     return height
 
 
-def check_groups(buffers: Sequence, plan,
+def check_groups(buffers: Sequence, plan: Any,
                  compatible: Optional[Callable] = None,
                  fits: Optional[Callable] = None,
                  equivalence: bool = False) -> None:
@@ -264,7 +264,7 @@ def check_groups(buffers: Sequence, plan,
                                     "the memory")
 
 
-def group_timeline(plan, gc: bool = True, batch_size: Optional[int] = None) -> Timeline:
+def group_timeline(plan: Any, gc: bool = True, batch_size: Optional[int] = None) -> Timeline:
     """Memory a group plan holds over time.
 
     Each group holds the bytes of its largest member.  With ``gc=True`` it

@@ -11,7 +11,8 @@ naming what is at fault.  Imports no Paddle.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .candidates import substitute
 from .errors import PlanError
@@ -78,7 +79,7 @@ def verify_order(graph: Graph, order: Optional[List[int]]) -> None:
             barrier = i
 
 
-def verify_substitutions(graph: Graph, substitutions) -> None:
+def verify_substitutions(graph: Graph, substitutions: Iterable[Tuple[int, int, str, str, str]]) -> None:
     """Each substitute is another operand the op already reads, of the same
     static shape and dtype as the variable it stands in for."""
     for block_idx, index, slot, var, sub in substitutions:
@@ -92,14 +93,19 @@ def verify_substitutions(graph: Graph, substitutions) -> None:
                             f"cannot stand in for {var!r}: different shape or dtype")
 
 
-def check_grouping(buffers, groups, compatible, fits) -> None:
-    """The independent checker of :mod:`memopt.simulate` on the grouping."""
-    class _Grouping:
-        pass
+@dataclass
+class _Grouping:
+    """The plan shape :func:`memopt.simulate.check_groups` reads."""
 
-    grouping = _Grouping()
-    grouping.groups = groups
-    grouping.group_of = {b.id: k for k, group in enumerate(groups) for b in group}
+    groups: List[List[Any]]
+    group_of: Dict[Any, int]
+
+
+def check_grouping(buffers: Sequence[Any], groups: List[List[Any]],
+                   compatible: Optional[Callable[..., bool]],
+                   fits: Optional[Callable[..., bool]]) -> None:
+    """The independent checker of :mod:`memopt.simulate` on the grouping."""
+    grouping = _Grouping(groups, {b.id: k for k, group in enumerate(groups) for b in group})
     # compatible() compares block, dtype and (level 0) shape for equality:
     # an equivalence, so each member is checked against its group's first
     check_groups(buffers, grouping, compatible=compatible, fits=fits, equivalence=True)

@@ -7,8 +7,10 @@ a few training steps of both, checks that losses and every parameter are
 bit-identical, and prints the peak of Paddle's allocator before and after;
 with GC off also for a copy rewritten by ``memory_optimize`` and then
 ``memopt.release_memory`` (each temporary freed after its last use).
-Finally it writes the memory timeline (live bytes per op, before and after)
-to ``out/timeline.png``.
+Finally it writes the memory timeline (live bytes per op, before and after,
+GC off, beside Paddle's default mode) to ``out/timeline.png`` and the
+interactive memory page (hover an op for who holds the memory) to
+``out/memory.html``.
 
     python scripts/demo.py [--batch-size 8] [--image-size 96] [--steps 2]
 """
@@ -33,7 +35,7 @@ def measured_run(model, steps: int):
     import paddle
     from paddle.base import core
 
-    from memopt.models import parameter_names
+    from memopt.testing.models import parameter_names
 
     scope = paddle.static.Scope()
     rng = np.random.default_rng(1)
@@ -65,7 +67,7 @@ def main() -> None:
     import paddle
 
     import memopt
-    from memopt.models import build, flags
+    from memopt.testing.models import build, flags
     from memopt.report import format_bytes
 
     paddle.enable_static()
@@ -120,10 +122,17 @@ def main() -> None:
                   "yes" if identical else "NO", f"{float(loss):.6f}")
 
     from memopt.api import analyze
+    from memopt.pages.writer import write_lanes
     from memopt.plot import plot_timeline
 
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "timeline.png")
+    path, page = os.path.join(args.out, "timeline.png"), os.path.join(args.out, "memory.html")
+    with flags(eager_delete_tensor_gb=0.0):  # Paddle's default: the collector frees early
+        model = resnet()
+        with model.guard():
+            default = analyze(model.main, args.batch_size, fetch_list=[model.loss])
+            memopt.memory_optimize(model.main, level=args.level)
+            default_after = analyze(model.main, args.batch_size, fetch_list=[model.loss])
     with flags(eager_delete_tensor_gb=-1.0):
         model = resnet()
         with model.guard():
@@ -132,15 +141,23 @@ def main() -> None:
             after = analyze(model.main, args.batch_size, fetch_list=[model.loss])
             memopt.release_memory(model.main)
             freed = analyze(model.main, args.batch_size, fetch_list=[model.loss])
-    plot_timeline([before, after, freed], path, batch_size=args.batch_size,
-                  labels=["before", f"after memory_optimize (level {args.level})",
-                          "and release_memory"],
-                  title=f"ResNet-50 training step, batch {args.batch_size}, GC off")
+    done = f"after memory_optimize (level {args.level})"
+    plot_timeline([before, after, freed, default], path, batch_size=args.batch_size,
+                  labels=["GC off: before", f"GC off: {done}", "GC off: and release_memory",
+                          "Paddle's default (GC on), unchanged"],
+                  title=f"ResNet-50 training step, batch {args.batch_size}")
+    write_lanes(page, [("Paddle's default: garbage collector on", [default, default_after],
+                        ["before", done]),
+                       ("garbage collector off (FLAGS_eager_delete_tensor_gb=-1)",
+                        [before, after, freed], ["before", done, "and release_memory"])],
+                batch_size=args.batch_size,
+                title=f"ResNet-50 training step, batch {args.batch_size}: where the memory goes")
     print(f"\npredicted peak (GC off, step + parameters and optimizer state, as measured "
           f"above): {format_bytes(before.total_peak(args.batch_size))} before, "
           f"{format_bytes(after.total_peak(args.batch_size))} after memory_optimize, "
-          f"{format_bytes(freed.total_peak(args.batch_size))} with release_memory too; timeline "
-          f"written to {path}")
+          f"{format_bytes(freed.total_peak(args.batch_size))} with release_memory too; "
+          f"Paddle's default (GC on): {format_bytes(default.total_peak(args.batch_size))}; "
+          f"timeline written to {path}, the interactive page to {page}")
     if not all(row[5] for row in rows):
         raise SystemExit("results differ after memory_optimize: this is a bug, please report it")
 

@@ -174,8 +174,8 @@ def _pir_ops(program):
 
 
 def _pir_plan(before, after):
-    if len(before) != len(after):
-        raise SystemExit(f"PIR: {len(before)} ops before, {len(after)} after")
+    if len(before) != len(after):  # ops added or removed: the whole new op list
+        return {"inplace": [], "ops": after}
     return {"inplace": [(k, a, b) for k, (a, b) in enumerate(zip(before, after)) if a != b]}
 
 
@@ -194,7 +194,7 @@ def run(models, irs, levels, out) -> None:
     import paddle
 
     import memopt
-    from memopt.models import build, flags
+    from memopt.testing.models import build, flags
 
     paddle.enable_static()
     for name in models:
@@ -205,8 +205,9 @@ def run(models, irs, levels, out) -> None:
                     model = build(name, ir)
                     if ir == "legacy":
                         ops0 = _legacy_ops(model.main)
-                        report = memopt.release_memory(model.main)
-                        from memopt.paddle.legacy import merged_record
+                        with model.guard():  # the legacy executor it runs under
+                            report = memopt.release_memory(model.main)
+                        from memopt.paddle.legacy.program import merged_record
 
                         rel = _legacy_releases(ops0, _legacy_ops(model.main),
                                                merged_record(model.main))
@@ -221,8 +222,9 @@ def run(models, irs, levels, out) -> None:
                             model = build(name, ir)
                             if ir == "legacy":
                                 ops0 = _legacy_ops(model.main)
-                                report = memopt.memory_optimize(
-                                    model.main, skip_grads=skip_grads, level=level)
+                                with model.guard():
+                                    report = memopt.memory_optimize(
+                                        model.main, skip_grads=skip_grads, level=level)
                                 plan = _legacy_plan(ops0, _legacy_ops(model.main))
                                 counts = _counts(plan)
                             else:
@@ -238,7 +240,7 @@ def run(models, irs, levels, out) -> None:
 
 
 def main(argv=None) -> int:
-    from memopt.models import IRS, MODEL_NAMES
+    from memopt.testing.models import IRS, MODEL_NAMES
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODEL_NAMES))

@@ -211,7 +211,7 @@ class _Builder:
         self.values.append((h, w))
 
     def cond(self, ins) -> None:
-        from memopt.models import _legacy_cond
+        from memopt.testing.models import _legacy_cond
 
         p = self.paddle
         _, i, threshold, true_body, false_body = ins
@@ -297,7 +297,7 @@ def execute(paddle, built: Built, seed: int):
 
 
 def _flags(gc: bool):
-    from memopt.models import flags
+    from memopt.testing.models import flags
 
     return flags(eager_delete_tensor_gb=0.0 if gc else -1.0)
 

@@ -1,7 +1,7 @@
 """Reference training runs, bit-identity checks and a small saved model
 the Paddle tests share.
 
-:func:`reference` runs a model of :mod:`memopt.models` unoptimized for
+:func:`reference` runs a model of :mod:`memopt.testing.models` unoptimized for
 :data:`STEPS` steps, once per test session (the GC mode does not change the
 numbers); :func:`assert_same` demands every fetched array of every step and
 every parameter afterwards to be bit-identical (``np.array_equal``).
@@ -13,7 +13,7 @@ import contextlib
 
 import numpy as np
 
-from memopt import models
+from memopt.testing import models
 
 STEPS = 3
 

@@ -221,7 +221,7 @@ def load_model(path: str) -> LoadedModel:
                              "use 'memopt plan' or 'memopt plot' with it")
     loaded = LoadedModel(path, LEGACY, _load_legacy(path)) if kind == LEGACY \
         else LoadedModel(path, PIR, _load_pir(path))
-    from .guards import install_fetch_guard
+    from .guards.install import install_fetch_guard
 
     install_fetch_guard()  # a fetch of a name a rewrite took away names it (MergedVariableError)
     return loaded
@@ -273,7 +273,7 @@ def output_path(ir: str, path: str) -> str:
 def save_program(program: Any, path: str, overwrite: bool = True) -> str:
     """Write ``program``: a legacy program as ``.pdmodel`` bytes, a PIR
     program as ``.json``, at :func:`output_path`.  Returns the path written."""
-    from .pir import is_pir_program
+    from .pir.program import is_pir_program
 
     ext = ".json" if is_pir_program(program) else ".pdmodel"
     out = output_path(PIR if ext == ".json" else LEGACY, path)

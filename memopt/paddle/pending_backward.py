@@ -40,10 +40,10 @@ and no backward op yet -- is handled per IR:
   gradient name -- and lose what a forward program run for inference gains
   (MobileNetV2 x0.25 at batch 32, GC off: 18.8 -> 5.2 MiB predicted).  So
   the rewrite is made as for inference and the program records it
-  (:data:`memopt.paddle.merge_record.BEFORE_BACKWARD_VAR`, declared in its
+  (:data:`memopt.paddle.legacy.merge_record.BEFORE_BACKWARD_VAR`, declared in its
   desc); a backward part appended afterwards makes ``Executor.run`` (where
   memopt is imported) and memopt's own calls refuse the program, naming the
-  fix, instead of training wrongly (:func:`memopt.paddle.legacy.check_backward_order`).
+  fix, instead of training wrongly (:func:`memopt.paddle.legacy.program.check_backward_order`).
 
 A program with a backward part, or without trainable parameters (a legacy
 inference model read by ``load_inference_model``), is optimized as before;
@@ -56,15 +56,15 @@ but nothing differentiates it (MobileNetV2 at batch 32 read back by
 place, before this rule).  Should a backward part be appended to one
 anyway, an op of it that reads what an in-place op wrote over makes
 ``Executor.run`` raise :class:`memopt.MergedVariableError`
-(:mod:`memopt.paddle.pir_later_ops`).
+(:mod:`memopt.paddle.pir.later_ops`).
 """
 from __future__ import annotations
 
 import logging
 from typing import FrozenSet
 
-from .pir import PARAMETER_OP, _is_grad_op, all_ops, is_pir_program, value_names
-from .pir_inplace import reads_shape_only
+from .pir.program import PARAMETER_OP, _is_grad_op, all_ops, is_pir_program, value_names
+from .pir.inplace import reads_shape_only
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@
 (a legacy program through Paddle's translation to PIR, which is how Paddle 3
 runs it, values named after the legacy variables), the ops the PIR
 executor's in-place pass will run in place
-(:func:`memopt.paddle.pir_inplace.executor_inplace`, when the runtime model
+(:func:`memopt.paddle.pir.inplace.executor_inplace`, when the runtime model
 has it on), and the versions of a legacy variable (``name#k``: one buffer, as
 the legacy executor keeps one per variable).
 
@@ -19,8 +19,8 @@ from typing import Any, Iterable
 from ..analysis import RuntimeModel, versions
 from ..errors import UnsupportedProgramError
 from ..graph import Graph, unversioned
-from . import pir as pir_adapter
-from . import pir_inplace
+from .pir import program as pir_adapter
+from .pir import inplace as pir_inplace
 
 __all__ = ["ExecutedProgram", "read_program", "executed", "is_program"]
 
@@ -31,7 +31,7 @@ class ExecutedProgram:
     ``(position, input, output)`` the executor runs in place;
     ``same_variable`` the ``(name, name#k)`` pairs that are one buffer;
     ``ir`` ``"pir"`` or ``"legacy"``; ``pir_graph`` the
-    :class:`memopt.paddle.pir.PirGraph` read."""
+    :class:`memopt.paddle.pir.program.PirGraph` read."""
 
     graph: Graph
     ir: str
@@ -70,7 +70,7 @@ def taken_buffers(graph: Graph, inplace: Iterable) -> frozenset:
 
 
 def executed(pg, runtime: RuntimeModel, fetch_list: Iterable = ()) -> ExecutedProgram:
-    """A PIR program already read (a :class:`memopt.paddle.pir.PirGraph`) as
+    """A PIR program already read (a :class:`memopt.paddle.pir.program.PirGraph`) as
     its executor runs it under ``runtime``."""
     inplace = pir_inplace.executor_inplace(pg, list(fetch_list), runtime.device) \
         if runtime.inplace else []

@@ -34,7 +34,9 @@ svg text { font-size: 11px; fill: #333; }
 .axis line, .axis path { stroke: #999; }
 .cross { stroke: #000; stroke-width: 1; stroke-dasharray: 3 3; pointer-events: none; }
 .peak-marker { stroke: #fff; stroke-width: 1; }
-table.holders { border-collapse: collapse; margin: 6px 0 20px; font-size: 12px; }
+.table-box { max-height: 360px; overflow: auto; margin: 6px 0 20px; border: 1px solid #eee; }
+table.holders { border-collapse: collapse; font-size: 12px; }
+table.holders thead th { position: sticky; top: 0; }
 table.holders th { cursor: pointer; background: #eee; text-align: left; padding: 3px 6px;
                    user-select: none; }
 table.holders th.sorted-asc::after { content: " \\25B2"; }
@@ -89,8 +91,8 @@ JS = r"""
     return op[0] + " at " + op[1] + (op[2] ? " (" + op[2] + ")" : "");
   }
   function peakLabel(s) {
-    return s.label + ": peak " + fmt(s.peak) + " at " + s.peak_op + ", x " + s.peak_x +
-      " (+ " + fmt(s.persistable) + " persistable)";
+    return s.label + ": peak " + fmt(s.peak) + " at x " + s.peak_x + " (" + s.peak_op +
+      "), + " + fmt(s.persistable) + " persistable";
   }
 
   // a tick step of 1, 2, 2.5 or 5 times a power of ten in the unit fmt picks
@@ -213,7 +215,7 @@ JS = r"""
 
   // -- a lane: one program (or one rank) ---------------------------------------------
   function drawLane(root, lane, li) {
-    var div = el("div", {"class": "lane"}, root);
+    var div = el("div", {"class": "lane", id: "lane-" + li}, root);
     if (lane.title) { el("h2", {}, div, lane.title); }
     var sum = el("div", {"class": "summary"}, div);
     lane.series.forEach(function (s, k) {
@@ -283,7 +285,7 @@ JS = r"""
     var sel = el("select", {id: "table-series-" + li}, pick);
     lane.series.forEach(function (s, k) { el("option", {value: k}, sel, s.label + " (peak " + fmt(s.peak) + ")"); });
     sel.value = lane.series.length - 1;
-    var holder = el("div", {}, pick);
+    var holder = el("div", {"class": "table-box"}, pick);
     function show() { holder.textContent = ""; holderTable(holder, lane.series[+sel.value]); }
     sel.addEventListener("change", show);
     show();
@@ -294,6 +296,7 @@ JS = r"""
   if (data.subtitle) { el("div", {"class": "sub"}, root, data.subtitle); }
   data.notes.forEach(function (n) { el("div", {"class": "note"}, root, n); });
   data.lanes.forEach(function (lane, li) { drawLane(root, lane, li); });
+  window.memoptReadyAt = performance.now();  // (benchmarks read the load time here)
   document.body.setAttribute("data-ready", "1");
 })();
 """

@@ -137,21 +137,30 @@ def _last_reads(ops: list) -> dict:
 
 
 class _Names:
-    """How a holder of ``other`` is named on the page: the name the
-    reference program gives the same value (the output in the same slot of
-    the matched op), so before and after name one value alike and memopt's
-    own names (``memopt@buf_3``, renumbered ``%N``) never show."""
+    """How a holder of ``other`` is named on the page: as the reference
+    names the same value (the output in the same slot of the matched op;
+    the reference's holder labels, e.g. a dygraph Layer path, first), so
+    before and after name one value alike and memopt's own names
+    (``memopt@buf_3``, renumbered ``%N``) never show; a value an op memopt
+    added makes is marked (``[recomputed] ...``)."""
 
     def __init__(self, reference, ref_ops: list, other, ops: list, matched: list,
                  role) -> None:
-        self.labels: dict = {}
-        ref_vars = {}
+        ref_names: dict = {}
         for _, var in reference.graph.all_vars():
-            ref_vars.setdefault(var.name, var)
+            ref_names.setdefault(var.name, var.display)
+        for h in reference.holders:  # an adapter's label for the buffer wins
+            if h.names:
+                ref_names[h.name] = h.label
+        self.labels: dict = {}  # name in ``other`` -> its name on the page
+        if other is reference:
+            self.labels = ref_names
+            return
         for _, var in other.graph.all_vars():
             self.labels.setdefault(var.name, var.display)
-        if other is reference:
-            return
+        for h in other.holders:
+            if h.names:
+                self.labels[h.name] = h.label
         for j, op in enumerate(ops):
             i = matched[j]
             if i is None:
@@ -160,8 +169,8 @@ class _Names:
                 continue
             ref_writes = ref_ops[i].writes
             for w, name in enumerate(op.writes):
-                if w < len(ref_writes) and ref_writes[w] in ref_vars:
-                    self.labels[name] = ref_vars[ref_writes[w]].display
+                if w < len(ref_writes) and ref_writes[w] in ref_names:
+                    self.labels[name] = ref_names[ref_writes[w]]
 
     def __call__(self, holder) -> str:
         if not holder.names:  # a kernel's workspace, fetch copies: described already
@@ -171,7 +180,7 @@ class _Names:
 
 def _series(reference, analysis, b: int, label: str, ref_ops: list) -> dict:
     """One analysis drawn on the reference's x axis (see the module docstring)."""
-    n_ref = len(reference.op_types)
+    n_ref = max(len(reference.op_types), 1)  # a program without ops: one position
     ops = run_ops(analysis)
     n = len(analysis.op_types)
     line = analysis.timeline(b)
@@ -263,9 +272,9 @@ def lane(analyses: Sequence, labels: Sequence[str] = (), batch_size: int | None 
     reference = analyses[0]
     b = reference.batch_for(batch_size)
     ref_ops = run_ops(reference)
-    ops = []
-    for j, op in enumerate(ref_ops):
-        ops.append([op.type, reference.place(j), _source(op)])
+    ops = [[op.type, reference.place(j), _source(op)] for j, op in enumerate(ref_ops)]
+    if not ops:  # the step only holds what is fed
+        ops = [["(no op)", "the step holding its feeds", ""]]
     series = [_series(reference, a, b, labels[k] if k < len(labels) else f"program {k + 1}",
                       ref_ops)
               for k, a in enumerate(analyses)]

@@ -107,7 +107,7 @@ def test_paddle_rewrites_keep_the_peak_on_its_op(paddle):
     release op per freed variable (the curve ran to op 132 of 87): on the
     original positions the peak stays on its op and every x is drawn."""
     import memopt
-    from memopt.models import build, flags
+    from memopt.testing.models import build, flags
 
     m = build("cnn", "pir", 32)
     with m.guard():

@@ -228,7 +228,7 @@ def _measured_peak(paddle, model, steps=6):
     a busy machine; the lowest is its least-overlapped schedule.  (The
     bench, benchmarks/bench_analysis.py, reports the median in fresh
     processes.)"""
-    from memopt import models
+    from memopt.testing import models
 
     peaks, _ = models.step_peaks(model, steps)
     return float(min(peaks[1:]))
@@ -236,7 +236,7 @@ def _measured_peak(paddle, model, steps=6):
 
 @pytest.mark.parametrize("ir", ["pir", "legacy"])
 def test_prediction_within_ten_percent_of_paddles_allocator(paddle, ir):
-    from memopt import models
+    from memopt.testing import models
 
     model = models.build("mlp", ir=ir, batch_size=512, hidden=256, in_features=256)
     with models.ir_guard(ir):
@@ -246,7 +246,7 @@ def test_prediction_within_ten_percent_of_paddles_allocator(paddle, ir):
 
 
 def test_legacy_program_keeps_legacy_names(paddle):
-    from memopt import models
+    from memopt.testing import models
 
     model = models.build("mlp", ir="legacy", batch_size=16)
     with models.ir_guard("legacy"):
@@ -260,7 +260,7 @@ def test_legacy_program_keeps_legacy_names(paddle):
 
 
 def test_pir_training_categories(paddle):
-    from memopt import models
+    from memopt.testing import models
 
     model = models.build("mlp", ir="pir", batch_size=16)
     an = analyze(model.main, 16, fetch_list=model.fetch_list)
@@ -275,7 +275,7 @@ def test_while_loop_stack_memory_scales_with_iterations(paddle):
     """A training while loop pushes its values on a stack every iteration
     for the backward pass; with the right trip count the prediction meets
     Paddle's allocator."""
-    from memopt import models
+    from memopt.testing import models
 
     model = models.build("while_loop", ir="pir", batch_size=512, hidden=1024, steps=3)
     one = analyze(model.main, 512, fetch_list=model.fetch_list)
@@ -291,7 +291,7 @@ def test_untranslatable_legacy_program_is_a_clear_error(paddle):
     """Legacy while/conditional training programs do not translate to PIR
     (Paddle's translator has no while_grad): analyze says so and how to get
     an analysis, instead of passing Paddle's error through."""
-    from memopt import models
+    from memopt.testing import models
     from memopt.errors import UnsupportedProgramError
 
     model = models.build("while_loop", "legacy")
@@ -308,7 +308,7 @@ def test_gc_off_prediction_counts_what_fetching_holds(paddle, ir):
     (without them it was 0.38 MB low, 6%; with 3 on legacy 0.19 MB high)."""
     from paddle.base import core
 
-    from memopt import models
+    from memopt.testing import models
     from memopt.paddle.flags import runtime_model
 
     with models.flags(eager_delete_tensor_gb=-1.0):

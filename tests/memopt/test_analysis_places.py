@@ -11,7 +11,8 @@ are named by the legacy op they come from (``op 23 (mul_grad)``).
 """
 import re
 
-from memopt import analyze, models
+from memopt import analyze
+from memopt.testing import models
 
 
 def _holder_lines(text):

@@ -16,12 +16,12 @@ full table.
 """
 import pytest
 
-from memopt import models
+from memopt.testing import models
 from memopt import analyze
 from memopt.analysis import RuntimeModel
 from memopt.graph import Size
 from memopt.paddle import kernel_memory
-from memopt.paddle.pir import convert
+from memopt.paddle.pir.program import convert
 
 RNN = {"seq_len": 16, "features": 32, "hidden": 128}
 
@@ -32,7 +32,7 @@ def _measured(paddle, model, steps=6):
     a busy machine, and the lowest is its least-overlapped schedule, the one
     the analysis models (benchmarks/bench_analysis.py reports the median in
     fresh processes)."""
-    from memopt import models
+    from memopt.testing import models
 
     peaks, _ = models.step_peaks(model, steps)
     return float(min(peaks[1:]))

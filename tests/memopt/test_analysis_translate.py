@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from memopt import models
+from memopt.testing import models
 from memopt import analyze
 from memopt.errors import UnsupportedProgramError
 
@@ -43,7 +43,7 @@ _FRESH = textwrap.dedent("""
     paddle.enable_static()
     assert not paddle.framework.in_pir_mode()
     import memopt
-    from memopt import models
+    from memopt.testing import models
     out = {}
     for name, ir in (("lstm", "legacy"), ("mlp", "legacy"), ("mlp", "pir")):
         m = models.build(name, ir)

@@ -70,7 +70,7 @@ def test_real_programs_gc_on(paddle, name, level):
     import numpy as np
 
     import memopt
-    from memopt import models
+    from memopt.testing import models
 
     model = models.build(name, "legacy")
     before = [(op.type, {s: list(op.input(s)) for s in op.input_names},

@@ -4,7 +4,7 @@ infeasible budget, the untouched program after an error."""
 import numpy as np
 import pytest
 
-from memopt import models
+from memopt.testing import models
 from runs import assert_same
 
 
@@ -12,7 +12,7 @@ def _predicted_default(model):
     """The unchanged program's predicted peak as budgets are checked (frees
     up to GC_LAG_OPS ops late)."""
     import memopt
-    from memopt.paddle.pir_budget import guarded_peak
+    from memopt.paddle.pir.budget import guarded_peak
 
     return guarded_peak(memopt.analyze(model.main, model.batch_size), model.batch_size)
 
@@ -54,7 +54,7 @@ def test_dropout_is_never_recomputed(paddle):
                    for op in model.main.global_block().ops)
     assert dropouts > 0
     from memopt import recompute as rc
-    from memopt.paddle import pir, pir_recompute
+    from memopt.paddle.pir import program as pir, recompute as pir_recompute
     problem = pir_recompute.problem_of(pir.convert(model.main), model.batch_size)
     makers = rc._makers(problem)
     recomputable = {problem.ops[makers[n]].type for n in rc.candidates(problem)}
@@ -131,7 +131,8 @@ def test_budget_error_figures_are_kept_by_memory_optimize(paddle):
     "cuts" plans now fit batch 20 there, so the test asks for 24.
     ``max_batch_size(recompute=True)`` gives the same figure."""
     import memopt
-    from memopt.paddle import flags, pir, pir_budget
+    from memopt.paddle import flags
+    from memopt.paddle.pir import program as pir, budget as pir_budget
 
     def build(batch):
         return models.build("unet", "pir", batch_size=batch)
@@ -172,7 +173,7 @@ def test_a_later_failure_takes_the_recomputation_back(paddle, monkeypatch):
     the recomputation is undone too and the program is exactly as it was."""
     import memopt
     from memopt.errors import PlanError
-    from memopt.paddle import pir_rewrite
+    from memopt.paddle.pir import rewrite as pir_rewrite
 
     model = models.build("unet", "pir")
     before = str(model.main)
@@ -218,7 +219,8 @@ def test_clones_per_reader_and_fed_inputs_are_bit_identical(paddle):
     part: the rewritten program's predicted peak is the plan's."""
     import memopt
     from memopt import recompute as rc
-    from memopt.paddle import flags, pir, pir_budget, pir_recompute
+    from memopt.paddle import flags
+    from memopt.paddle.pir import program as pir, budget as pir_budget, recompute as pir_recompute
 
     reference = models.run_steps(models.build("unet", "pir"), steps=2)
     model = models.build("unet", "pir")
@@ -240,7 +242,8 @@ def test_multi_thread_executor_is_offered_no_per_reader_plans(paddle):
     executor's program schedule those plans stay in the grid."""
     from dataclasses import replace
 
-    from memopt.paddle import flags, pir, pir_budget
+    from memopt.paddle import flags
+    from memopt.paddle.pir import program as pir, budget as pir_budget
 
     model = models.build("unet", "pir")
     pg = pir.convert(model.main)
@@ -264,7 +267,8 @@ def test_cut_checkpoints_hold_features_and_are_bit_identical(paddle):
     within it (frees late, fewer workers) and trains exactly as the
     unchanged program."""
     import memopt
-    from memopt.paddle import flags, pir, pir_budget
+    from memopt.paddle import flags
+    from memopt.paddle.pir import program as pir, budget as pir_budget
 
     opts = {"image_size": 16, "blocks": 2, "batch_size": 16}
     reference = models.run_steps(models.build("densenet", "pir", **opts), steps=2)
@@ -291,7 +295,8 @@ def test_grid_predicts_the_applied_program_to_the_byte(paddle):
     program gets (ordering ops, batch_norm's fresh statistics, vectors)
     and the executor's in-place pass is run again on it.  DenseNet: batch
     norms, concats of vectors, cut plans."""
-    from memopt.paddle import flags, pir, pir_budget
+    from memopt.paddle import flags
+    from memopt.paddle.pir import program as pir, budget as pir_budget
 
     model = models.build("densenet", "pir", image_size=16, blocks=2, batch_size=16)
     runtime = flags.runtime_model("pir")

@@ -21,7 +21,7 @@ def run_cli(*args, timeout=300, env=None):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, paddle):
     """An MLP training program saved in both IRs, and an interval problem."""
-    from memopt import models
+    from memopt.testing import models
 
     root = tmp_path_factory.mktemp("saved")
     for ir in ("pir", "legacy"):

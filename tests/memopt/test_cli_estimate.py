@@ -18,7 +18,7 @@ def run_cli(*args, timeout=300):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, paddle):
-    from memopt import models
+    from memopt.testing import models
 
     root = tmp_path_factory.mktemp("saved_estimate")
     model = models.build("mlp", ir="legacy", batch_size=8)

@@ -63,7 +63,7 @@ def run_fresh(paddle, main, startup, feed, fetch, steps=2):
 
 
 def gc_off():
-    from memopt.models import flags
+    from memopt.testing.models import flags
 
     return flags(eager_delete_tensor_gb=-1.0)
 
@@ -122,7 +122,7 @@ def _with_unknown_op(paddle, sub_block=False):
 
 
 def test_unknown_op_is_read_conservatively(paddle):
-    from memopt.paddle.legacy import program_to_graph
+    from memopt.paddle.legacy.program import program_to_graph
 
     main, _, _ = _with_unknown_op(paddle)
     graph = program_to_graph(main)
@@ -137,7 +137,7 @@ def test_unknown_op_is_read_conservatively(paddle):
     op = main.global_block().ops[types.index("my_unknown_op")]
     # it writes what it wrote: its own variable, or the fresh name that
     # variable's memory (shared with later ones) now lives under
-    from memopt.paddle.legacy import merged_record
+    from memopt.paddle.legacy.program import merged_record
 
     out = op.output("Out")
     assert out == ["unknown_out"] or merged_record(main).get("unknown_out") == out[0], out
@@ -226,7 +226,7 @@ def test_empty_programs(paddle, level):
 # -- programs already optimized ---------------------------------------------------------------
 
 def _optimize_twice(paddle, name, level):
-    from memopt import models
+    from memopt.testing import models
 
     model = models.build(name, "legacy")
     keep = [model.fetch_list[1]]
@@ -252,7 +252,7 @@ def test_second_pass_changes_nothing(paddle, name, level):
 
 @pytest.mark.parametrize("name", ["while_loop", "nested_cond"])
 def test_twice_optimized_is_still_bit_identical(paddle, name):
-    from memopt import models
+    from memopt.testing import models
 
     want = models.run_steps(models.build(name, "legacy"), 3)
     model, _, _, _ = _optimize_twice(paddle, name, 1)
@@ -414,7 +414,7 @@ def test_plan_memory_on_a_graph_with_a_bad_sub_block():
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, paddle):
     """A small training program saved by paddle.static.save in both IRs."""
-    from memopt import models
+    from memopt.testing import models
 
     root = tmp_path_factory.mktemp("hostile_saved")
     for ir in ("legacy", "pir"):
@@ -689,7 +689,7 @@ def test_program_read_back_from_bytes(paddle, gc):
     flags: its input must still keep its memory (once a PlanError)."""
     from paddle.pir_utils import OldIrGuard
 
-    from memopt.models import flags
+    from memopt.testing.models import flags
 
     main, startup, fetch = legacy_program(paddle, _input_into_relu)
     feed = {"x": np.random.default_rng(0).standard_normal((3, 8)).astype("float32")}

@@ -3,7 +3,7 @@ kept, never a higher predicted peak, bit-identical runs."""
 import numpy as np
 import pytest
 
-from memopt import models
+from memopt.testing import models
 from memopt.errors import PlanError
 from memopt.schedule import (OrderOp, OrderProblem, candidate_orders, check_topological,
                              greedy_order, simulated_peak)
@@ -147,7 +147,7 @@ def test_level2_order_raises_no_executor_mode(paddle):
     import paddle as pd
 
     import memopt
-    from memopt.paddle import pir_schedule
+    from memopt.paddle.pir import schedule as pir_schedule
     from memopt.paddle.flags import runtime_model
 
     model = models.build("mlp", "pir")
@@ -173,8 +173,8 @@ def test_concat_slices_found_and_undone(paddle):
     """plan_slices finds the DenseNet concats held again in the next one
     (each sliced from the smallest saved container, at zero offset along the
     channels); apply + undo gives back the very program."""
-    from memopt.paddle import pir
-    from memopt.paddle.pir_concat_slices import apply_slices, plan_slices
+    from memopt.paddle.pir import program as pir
+    from memopt.paddle.pir.concat_slices import apply_slices, plan_slices
 
     model = models.build("densenet", "pir")
     text = str(model.main)
@@ -197,9 +197,9 @@ def test_unet_skip_sliced_out_right_after_its_concat_is_done(paddle):
     dies there and the predicted peak falls below the late placement's under
     every executor mode; level 2 takes the early slices and trains
     bit-identical (test_level2_bit_identical_and_never_worse)."""
-    from memopt.paddle import pir, pir_schedule
+    from memopt.paddle.pir import program as pir, schedule as pir_schedule
     from memopt.paddle.flags import runtime_model
-    from memopt.paddle.pir_concat_slices import apply_slices, plan_slices
+    from memopt.paddle.pir.concat_slices import apply_slices, plan_slices
 
     model = models.build("unet", "pir", batch_size=16)  # the bench's batch
     batch = model.batch_size
@@ -248,7 +248,7 @@ def test_level2_changes_nothing_the_model_does_not_predict_lower(paddle):
 def test_any_order_bound_holds_for_every_candidate_order(paddle, name):
     """No candidate order is predicted under the any-order bound, and the
     program's own order of the BERT-like encoder sits on it."""
-    from memopt.paddle import pir, pir_schedule
+    from memopt.paddle.pir import program as pir, schedule as pir_schedule
     from memopt.paddle.flags import runtime_model
     from memopt.schedule import candidate_orders
 
@@ -273,7 +273,7 @@ def test_random_ops_keep_their_order(paddle):
     keeps them in program order."""
     from paddle.utils import unique_name
 
-    from memopt.paddle import pir, pir_schedule
+    from memopt.paddle.pir import program as pir, schedule as pir_schedule
 
     main, startup = paddle.static.Program(), paddle.static.Program()
     with unique_name.guard(), paddle.static.program_guard(main, startup):
@@ -303,7 +303,7 @@ def test_level2_counts_fetched_values_to_the_end_of_the_step(paddle):
     from paddle.utils import unique_name
 
     import memopt
-    from memopt.paddle import pir, pir_schedule
+    from memopt.paddle.pir import program as pir, schedule as pir_schedule
     from memopt.paddle.flags import runtime_model
 
     main, startup = paddle.static.Program(), paddle.static.Program()
@@ -332,7 +332,7 @@ def test_level2_steps_that_fail_leave_no_half_rewrite(paddle, monkeypatch):
     is exactly what level 2 makes without slices or a new order (level 1's
     in-place rewrite), and the report says what was left out and why."""
     import memopt
-    from memopt.paddle import pir_concat_slices, pir_schedule
+    from memopt.paddle.pir import concat_slices as pir_concat_slices, schedule as pir_schedule
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected failure")

@@ -1,6 +1,6 @@
 """memory_optimize on real legacy Paddle training programs: same numbers, less memory.
 
-Every model of memopt.models is trained for three steps unoptimized and
+Every model of memopt.testing.models is trained for three steps unoptimized and
 optimized; losses, fetched outputs and every parameter must be bit-identical
 (np.array_equal), at level 0 and 1, with Paddle's garbage collector on and
 off.  The fetched logits are kept with skip_opt_set (fetching a merged
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt import models
+from memopt.testing import models
 from memopt.errors import MergedVariableError
 from runs import STEPS, after_one_step, assert_same, reference
 
@@ -266,7 +266,7 @@ def serialized(program):
 
 
 def test_program_unchanged_when_rewrite_fails_midway(paddle, monkeypatch):
-    from memopt.paddle import legacy
+    from memopt.paddle.legacy import program as legacy
 
     model = models.build("resnet50", "legacy")
     before = serialized(model.main)
@@ -308,7 +308,7 @@ def test_program_unchanged_when_plan_fails_check(paddle, monkeypatch):
 
 
 def test_dispatches_pir_programs(paddle):
-    """A PIR program goes to memopt.paddle.pir (its own helper's tests check
+    """A PIR program goes to memopt.paddle.pir.program (its own helper's tests check
     the rewrite); the arguments are validated here first."""
     model = models.build("mlp", "pir")
     with pytest.raises(TypeError, match="not a tuple"):
@@ -339,7 +339,7 @@ def test_gc_on_runs_the_conv_bias_add_in_place(paddle):
         report = optimize(model, level=0, skip_grads=False)
         actual = models.run_steps(model, STEPS)
     assert_same(expected, actual)
-    from memopt.paddle import legacy
+    from memopt.paddle.legacy import program as legacy
 
     # the conv output and the add's output now live under one fresh name
     held = {}
@@ -472,7 +472,7 @@ def einsum_on_a_dead_operand():
 
 
 def test_einsum_cache_that_may_alias_keeps_its_operand(paddle):
-    from memopt.paddle.legacy import einsum_cache_copies
+    from memopt.paddle.legacy.program import einsum_cache_copies
 
     assert einsum_cache_copies("bij,jk->bik", [(-1, 8, 16), (16, 16)]) == [False, False]
     assert einsum_cache_copies("bqhd,bkhd->bhqk", [(-1, 8, 2, 4)] * 2) == [True, True]

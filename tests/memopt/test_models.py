@@ -1,8 +1,8 @@
-"""memopt.models builds real Paddle training programs that run."""
+"""memopt.testing.models builds real Paddle training programs that run."""
 import numpy as np
 import pytest
 
-from memopt import models
+from memopt.testing import models
 
 
 @pytest.mark.parametrize("ir", models.IRS)

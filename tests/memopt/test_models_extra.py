@@ -1,9 +1,9 @@
-"""The further real-world models of memopt.models (EXTRA_MODEL_NAMES) build
+"""The further real-world models of memopt.testing.models (EXTRA_MODEL_NAMES) build
 and train in both IRs (amp_bf16: legacy only), deterministically."""
 import numpy as np
 import pytest
 
-from memopt import models
+from memopt.testing import models
 
 
 @pytest.mark.parametrize("name", models.EXTRA_MODEL_NAMES)

@@ -126,7 +126,7 @@ def browser():
 def rewritten_page(tmp_path_factory, paddle):
     """The page of a PIR CNN before and after memory_optimize (level 1)."""
     import memopt
-    from memopt.models import build
+    from memopt.testing.models import build
 
     m = build("cnn", "pir", 32)
     with m.guard():
@@ -150,9 +150,12 @@ def test_page_loads_shows_the_peak_and_its_holders(browser, rewritten_page):
     assert module.console_problems(driver) == []
     text = driver.find_element("tag name", "body").text
     before, after = report.analyses
+    from memopt.alignment import align
+
     for label, an in (("before", before), (f"after {report.what()}", after)):
-        pos = an.peak_position(32)
-        peak = f"{label}: peak {_format_bytes(an.peak(32))} at {an.op_types[pos]} at "
+        pos = align(before, an, 32).xs[an.peak_position(32)]  # on before's positions
+        peak = (f"{label}: peak {_format_bytes(an.peak(32))} at x {pos} ({before.op_types[pos]} "
+                f"at {before.place(pos)})")
         assert peak in text
     largest = after.held_at(None, 32)[0]
     table = driver.find_element("css selector", "table.holders").text
@@ -185,6 +188,25 @@ def test_hovering_the_peak_shows_its_op(browser, rewritten_page):
     assert module.console_problems(driver) == []
 
 
+def test_programs_without_ops_or_with_one_draw_cleanly(browser, tmp_path):
+    from memopt.graph import Graph, Op, Var
+
+    driver, module = browser
+    empty = Graph()
+    empty.global_block.add_var(Var("x", (4,), is_data=True))
+    one = Graph()
+    one.global_block.add_var(Var("x", (4,), is_data=True))
+    one.global_block.add_var(Var("y", (4,)))
+    one.global_block.add_op(Op("relu", ("x",), ("y",)))
+    one.fetch_names = ("y",)
+    for k, g in enumerate((empty, one)):
+        an = analyze(g, 1)
+        module.open_page(driver, an.to_html(str(tmp_path / f"{k}.html")))
+        assert module.console_problems(driver) == []
+        text = driver.find_element("tag name", "body").text
+        assert f"program: peak {an.peak(1)} B at x 0" in text and an.peak(1) == 32 * k
+
+
 def test_page_needs_no_network(browser, rewritten_page):
     """The browser runs with every request sent to a dead proxy: the page
     still draws, and nothing in it points elsewhere."""
@@ -197,3 +219,102 @@ def test_page_needs_no_network(browser, rewritten_page):
         "return performance.getEntriesByType('resource').map(function (e) { return e.name; })")
     assert entries == []
     assert module.console_problems(driver) == []
+
+
+def test_a_bert12_step_page_stays_small(paddle, tmp_path):
+    """A 12-layer BERT training step (about 1,450 PIR ops) before and after
+    memory_optimize: the file stays under 10 MB (its load time is
+    benchmarks/bench_memory_page.py's: target under 2 s)."""
+    import os
+
+    import memopt
+    from memopt.testing.models import build
+
+    model = build("bert", "pir", 8, layers=12)
+    with model.guard():
+        report = memopt.memory_optimize(model.main, level=1, batch_size=8,
+                                        fetch_list=model.fetch_list[:1])
+    assert len(report.analyses[0].op_types) > 1400
+    path = report.to_html(str(tmp_path / "bert12.html"))
+    assert os.path.getsize(path) < 10 * 1000 * 1000
+    lane = _page_data(_read(path))["lanes"][0]
+    assert len(lane["ops"]) == len(report.analyses[0].op_types)
+    assert [s["peak"] for s in lane["series"]] == [a.peak(8) for a in report.analyses]
+
+
+def test_estimate_page_has_a_lane_per_rank(paddle, tmp_path):
+    """memopt.estimate under fleet's static sharding (legacy, dp=2): each
+    rank runs its own program; the page draws one lane per rank, headed by
+    that rank's estimated peak.  Without sharding every rank runs one step:
+    one lane."""
+    from memopt.api import estimate
+    from memopt.testing.models import build
+    from memopt.report import format_bytes
+
+    model = build("mlp", "legacy", 16)
+    with model.guard():
+        sharded = estimate(model.main, dp=2, sharding_stage=1, batch_size=32)
+        plain = estimate(model.main, dp=2, batch_size=32)
+    lanes = _page_data(_read(sharded.to_html(str(tmp_path / "s.html"))))["lanes"]
+    assert len(sharded.per_rank) == 2
+    assert [lane["title"] for lane in lanes] == [
+        f"rank {r}: estimated peak {format_bytes(t)} (all components)"
+        for r, t in enumerate(sharded.per_rank)]
+    for lane, (_, an) in zip(lanes, sharded.rank_analyses, strict=True):
+        (series,) = lane["series"]
+        assert series["peak"] == an.peak(sharded.micro_batch_size)
+    # the ranks' programs differ (each broadcasts the parameters it does not own)
+    assert sharded.rank_analyses[0][1] is not sharded.rank_analyses[1][1]
+    (lane,) = _page_data(_read(plain.to_html(str(tmp_path / "p.html"))))["lanes"]
+    assert lane["title"].startswith("every rank: estimated peak ")
+
+
+def test_holder_labels_of_the_adapter_name_values_before_and_after():
+    """An adapter may label a buffer beyond its variable (the dygraph path
+    names a Layer's output by its path): the page shows that label, for the
+    program before and for the same value after the rewrite."""
+    import dataclasses
+
+    from test_alignment import _bookkeeping, _with_ids
+
+    before = analyze(_with_ids(chain_graph()), 2, runtime=PROGRAM_ORDER)
+    after = analyze(_bookkeeping(_with_ids(chain_graph()), 1), 2, runtime=PROGRAM_ORDER)
+    before.holders = [dataclasses.replace(h, label="model.fc1: output") if h.name == "c" else h
+                      for h in before.holders]
+    series = lane([before, after], ["before", "after"], 2)["series"]
+    for s in series:
+        names = [s["holders"][i][0] for i in s["at_peak"]]
+        assert names[0] == "model.fc1: output"
+
+
+def test_a_dygraph_step_page(tmp_path):
+    """A dygraph training step's analysis has a position beyond its graph's
+    ops (the eager ``opt.step()``): the page draws every position, named
+    as the analysis names it."""
+    from conftest import need
+
+    paddle = need("paddle")
+    import memopt
+    from paddle.static import InputSpec
+
+    paddle.disable_static()
+    try:
+        paddle.seed(1)
+        model = paddle.nn.Sequential(paddle.nn.Linear(16, 32), paddle.nn.ReLU(),
+                                     paddle.nn.Linear(32, 4))
+
+        def step(x, y):
+            return paddle.nn.functional.mse_loss(model(x), y)
+
+        opt = paddle.optimizer.Adam(parameters=model.parameters())
+        an = memopt.analyze(step, 8, input_spec=[InputSpec([None, 16], "float32"),
+                                                  InputSpec([None, 4], "float32")],
+                            optimizer=opt)
+    finally:
+        paddle.enable_static()
+    assert len(an.op_types) > sum(1 for _ in an.graph.walk_ops())  # the eager update
+    (series,) = _page_data(_read(an.to_html(str(tmp_path / "step.html"))))["lanes"][0]["series"]
+    totals = [sum(k[x] for k in series["stack"]) for x in range(len(an.op_types))]
+    assert totals == [v + an.persistable_bytes(8) for v in an.timeline(8)]
+    top = [series["holders"][i][0] for i in series["at_peak"]]
+    assert top == [h.label for h in an.held_at(None, 8)][:len(top)]

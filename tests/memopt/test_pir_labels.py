@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt.paddle import pir
+from memopt.paddle.pir import program as pir
 
 HERE = "test_pir_labels.py"
 
@@ -98,7 +98,7 @@ def test_analysis_holders_use_labels(paddle):
 
 def test_labels_in_nested_regions(paddle):
     """A value made inside a while body says where the loop is."""
-    from memopt import models
+    from memopt.testing import models
 
     model = models.build("while_loop", "pir")
     pg = pir.convert(model.main)

@@ -107,5 +107,5 @@ def test_after_curve_is_drawn_on_the_original_positions(plot, tmp_path):
     text = open(plot.plot_timeline([before, after], str(tmp_path / "t.svg"),
                                    labels=["before", "after"]), encoding="utf-8").read()
     pos = before.peak_position()
-    assert f"before: peak " in text and f"after: peak " in text
+    assert "before: peak " in text and "after: peak " in text
     assert text.count(f" at op {pos} (scale)") == 2

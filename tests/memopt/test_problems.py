@@ -125,8 +125,8 @@ def test_problem_from_a_real_paddle_program(paddle):
     """Live intervals of a real legacy program: plans on them pass the checker."""
     from memopt.arena import plan_arena
     from memopt.bounds import peak_live_bytes, whole_buffer_lower_bound
-    from memopt.models import build
-    from memopt.paddle.legacy import program_to_graph
+    from memopt.testing.models import build
+    from memopt.paddle.legacy.program import program_to_graph
     from memopt.reuse import assign_groups
     from memopt.simulate import check_groups, check_offsets
 

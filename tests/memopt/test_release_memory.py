@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt import models
+from memopt.testing import models
 from memopt.errors import MergedVariableError, PlanError
 from memopt.graph import Graph, Op, OpFacts, Var
 from memopt.release import plan_releases, verify_releases

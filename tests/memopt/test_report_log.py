@@ -56,7 +56,7 @@ def test_print_log_on_a_real_program(paddle, capsys):
     """memory_optimize(print_log=True) prints the summary before any reuse
     line, and no more lines than the cap."""
     import memopt
-    from memopt import models
+    from memopt.testing import models
 
     model = models.build("resnet50", "legacy", 8, image_size=32)
     with models.flags(eager_delete_tensor_gb=-1.0), model.guard():

@@ -1,5 +1,5 @@
 """Sweep ``memory_optimize(budget=..., batch_size=...)`` over PIR training
-programs that ``memopt.models`` does not build (CPU, Paddle's defaults).
+programs that ``memopt.testing.models`` does not build (CPU, Paddle's defaults).
 
 For each model a fresh process measures the unchanged program's peak ``P``
 (``paddle.base.core.host_memory_stat_peak_value('Allocated', 0)`` over

@@ -112,7 +112,7 @@ def build_models(ir, root, quick):
         if ir == "pir":
             out = paddle.static.nn.cond(s > 0, lambda: h * 2.0, lambda: h - 1.0)
         else:  # 3.3.1's legacy static.nn.cond calls a broken logical_not
-            from memopt.models import _legacy_cond
+            from memopt.testing.models import _legacy_cond
             out = _legacy_cond(s > 0, s <= 0, lambda: h * 2.0, lambda: h - 1.0)
         return [x], [out]
 

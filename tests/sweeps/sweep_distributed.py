@@ -1,14 +1,14 @@
 """memopt on distributed programs the bench and the tests do not run: two CPU ranks.
 
 One ``paddle.distributed.spawn`` (2 ranks, gloo) per strategy of
-``memopt/paddle/fleet_strategies.py`` (fleet gradient merge k=4 / k=3
+``memopt/testing/fleet_strategies.py`` (fleet gradient merge k=4 / k=3
 without averaging, recompute with checkpoints, lars, lamb, fused all-reduce,
 graph optimization, sharding with Adam and with gradient merge, amp O1/O2,
 pipeline, data parallel by hand with ``c_allreduce_sum`` or ``all_reduce``,
 ``paddle.distributed.split`` tensor parallel, fleet under PIR, a PIR
 data-parallel program with Adam; auto-parallel ``to_static`` with gradient
 merge, sharding stage 1, amp bf16), each killed after a timeout.
-In each rank every option (``memopt.dist_sweep.Option``: unoptimized,
+In each rank every option (``memopt.testing.dist_sweep.Option``: unoptimized,
 levels 0/1/2, ``budget=``, GC on and off, ``memory_optimize`` before
 ``minimize``) builds the program afresh, runs 4 optimizer steps
 and is compared with the unoptimized run of the same rank: losses and every
@@ -19,7 +19,7 @@ ok / clean refusal / BUG / Paddle fails unchanged (:func:`option_cell`).
 """
 from __future__ import annotations
 
-from memopt.dist_sweep import Option, verdict
+from memopt.testing.dist_sweep import Option, verdict
 
 OPTIONS = (Option(), Option(level=0), Option(level=1), Option(level=2),
            Option(budget=0.5), Option(budget=0.0), Option(level=1, before=True),

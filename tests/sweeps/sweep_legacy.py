@@ -222,7 +222,7 @@ def _control():
     s = paddle.mean(h)
     # paddle.static.nn.cond fails in the legacy IR (Paddle 3.3.1: logical_not()
     # takes PIR Values only): two conditional_blocks and a select_input instead
-    from memopt.models import _cond
+    from memopt.testing.models import _cond
 
     h = _cond("legacy", s, 0.5, lambda: h * 2.0, lambda: h - 1.0)
     logits = paddle.static.nn.fc(h, 4)
@@ -234,7 +234,7 @@ def _cond_dropout():
     two dropouts of block 0: sub-block readers and writers, three random
     ops."""
     import paddle
-    from memopt.models import _cond
+    from memopt.testing.models import _cond
 
     x, y = _data("x", [-1, 16]), _data("label", [-1, 1], "int64")
     h = paddle.nn.Dropout(0.3)(paddle.nn.functional.relu(paddle.nn.Linear(16, 32)(x)))
@@ -412,8 +412,8 @@ def force_order(name):
     depend ops; the first other candidate if it is not made) whatever its
     predicted gain: every order level 2 may choose must run bit-identically
     and keep every workflow."""
-    from memopt.paddle import legacy_schedule
-    from memopt.paddle.pir_schedule import OrderChoice
+    from memopt.paddle.legacy import schedule as legacy_schedule
+    from memopt.paddle.pir.schedule import OrderChoice
 
     def forced(table, orders, min_gain):
         peaks = {k: row["own"] for k, row in table.items()}

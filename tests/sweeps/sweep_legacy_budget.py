@@ -26,7 +26,7 @@ import sys
 
 import cells
 
-#: name -> memopt.models.build arguments
+#: name -> memopt.testing.models.build arguments
 MODELS = {
     "cnn": dict(name="cnn", batch_size=32, image_size=64),
     "ffn_dropout": dict(name="ffn_dropout", batch_size=1024, width=256),
@@ -45,8 +45,8 @@ def worker(model: str, budget: float, steps: int, pause: float, lag: int) -> dic
     from paddle.base import core
 
     import memopt
-    from memopt import models
-    from memopt.paddle import legacy_recompute
+    from memopt.testing import models
+    from memopt.paddle.legacy import recompute as legacy_recompute
 
     if lag >= 0:  # what-if: the frees' lateness plans are checked with
         legacy_recompute.LEGACY_GC_LAG_OPS = lag

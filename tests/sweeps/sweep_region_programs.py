@@ -166,8 +166,8 @@ def worker(name: str, config: str, fraction: float, steps: int) -> dict:
 
     import memopt
     from memopt.paddle.flags import runtime_model
-    from memopt.paddle.pir_budget import guarded_peak
-    from memopt.paddle.pir_loops import runtime_for
+    from memopt.paddle.pir.budget import guarded_peak
+    from memopt.paddle.pir.loops import runtime_for
 
     paddle.enable_static()
     main, startup, feed, fetch, sched = build(paddle, name)

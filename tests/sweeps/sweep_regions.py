@@ -1,5 +1,5 @@
 """``budget=`` and ``level=2`` on PIR training programs whose top-level block
-runs an ``if`` / ``while`` (``memopt.models.REGION_MODEL_NAMES``), CPU.
+runs an ``if`` / ``while`` (``memopt.testing.models.REGION_MODEL_NAMES``), CPU.
 
 Each configuration runs in a fresh process: ``default`` (the unchanged
 program), ``level2`` and ``budget`` at a fraction ``f`` of the unchanged
@@ -34,10 +34,10 @@ def worker(name: str, config: str, fraction: float, steps: int) -> dict:
     from paddle.base import core
 
     import memopt
-    from memopt import models
+    from memopt.testing import models
     from memopt.paddle.flags import runtime_model
-    from memopt.paddle.pir_budget import guarded_peak
-    from memopt.paddle.pir_loops import runtime_for
+    from memopt.paddle.pir.budget import guarded_peak
+    from memopt.paddle.pir.loops import runtime_for
 
     model = models.build(name, "pir")
     batch = model.batch_size

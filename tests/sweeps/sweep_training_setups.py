@@ -546,7 +546,7 @@ def _kwargs(memopt, label, step):
 
 def _text_of(program):
     """The program as text (PIR) or its serialized desc (legacy)."""
-    from memopt.paddle.pir import is_pir_program
+    from memopt.paddle.pir.program import is_pir_program
 
     return str(program) if is_pir_program(program) else program.desc.serialize_to_string()
 

@@ -86,8 +86,8 @@ def _resnet_small(paddle, ir):
 
 def _transformer(paddle, ir):
     if ir == "legacy":  # nn.TransformerEncoderLayer cannot build legacy programs (matmul():
-        # "must be Value, but got Variable", unchanged): memopt.models' einsum encoder
-        from memopt import models
+        # "must be Value, but got Variable", unchanged): memopt.testing.models' einsum encoder
+        from memopt.testing import models
 
         feed, fetch = models._transformer(ir, BATCH, {})
         paddle.optimizer.Adam(1e-3).minimize(fetch[0])
@@ -150,8 +150,8 @@ def _amp_o1(paddle, ir):
 
 def _while_cond(paddle, ir):
     if ir == "legacy":  # paddle.tanh cannot build legacy programs (unchanged): the
-        # while loop of memopt.models (ReLU layer + residual)
-        from memopt import models
+        # while loop of memopt.testing.models (ReLU layer + residual)
+        from memopt.testing import models
 
         feed, fetch = models._while_loop(ir, BATCH, {})
         paddle.optimizer.Momentum(0.01, momentum=0.9).minimize(fetch[0])
@@ -202,7 +202,7 @@ class Built:
     """One build of a program: main, startup, feed, fetch (loss, logits), ir."""
 
     def __init__(self, paddle, name, ir):
-        from memopt import models
+        from memopt.testing import models
 
         self.ir, self.name = ir, name
         with models.ir_guard(ir):
@@ -214,7 +214,7 @@ class Built:
         self.infer_feed = [n for n in self.feed_names if n not in ("label", "click")]
 
     def guard(self):
-        from memopt import models
+        from memopt.testing import models
 
         return models.ir_guard(self.ir)
 
@@ -367,7 +367,7 @@ def visible(b, program, look=None):
     computation (:func:`pir_where_map`).  Returns
     (fetchable, expected refusals, keys): a name the rewrite merged away /
     a value it writes over must be refused (at most 3 are tried)."""
-    from memopt.paddle import pir_rewrite
+    from memopt.paddle.pir import rewrite as pir_rewrite
 
     if b.ir == "legacy":
         names = [n for n in legacy_names(b.ref_main) if n not in getattr(b, "exclude", ())]
@@ -645,7 +645,7 @@ def wf_to_pir(b, p, tmp):
     with paddle.static.scope_guard(scope), b.guard():
         exe = paddle.static.Executor(paddle.CPUPlace())
         b.init(exe)
-    from memopt import models
+    from memopt.testing import models
 
     with models.ir_guard("pir"):
         q, mapping = paddle.pir.translate_to_pir_with_param_map(p.desc)
@@ -869,7 +869,7 @@ def worker(name, ir, gc):
     import paddle
 
     import memopt
-    from memopt import models
+    from memopt.testing import models
 
     paddle.enable_static()
     flows = LEGACY_FLOWS if ir == "legacy" else PIR_FLOWS

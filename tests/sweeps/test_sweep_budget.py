@@ -1,5 +1,5 @@
 """Sweep: ``memory_optimize(budget=..., batch_size=...)`` on PIR training
-programs ``memopt.models`` does not build (paddle.vision CNNs,
+programs ``memopt.testing.models`` does not build (paddle.vision CNNs,
 TransformerEncoder, LSTM/GRU, embedding + global-norm clipping + AdamW;
 ``sweep_budget.py`` runs each configuration in a fresh process).  A cell is
 model x budget (a fraction of the unchanged program's measured peak):

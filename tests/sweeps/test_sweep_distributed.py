@@ -1,6 +1,6 @@
 """Sweep: memopt on distributed programs, two CPU ranks (gloo), one launch
-per strategy of ``memopt.paddle.fleet_strategies.STRATEGIES``
-(``memopt.dist_sweep`` spawns and collects; ``sweep_distributed.py`` reads
+per strategy of ``memopt.testing.fleet_strategies.STRATEGIES``
+(``memopt.testing.dist_sweep`` spawns and collects; ``sweep_distributed.py`` reads
 a launch).  A cell is strategy x option (unoptimized, levels 0/1/2,
 ``budget=``, GC on and off, memory_optimize before minimize): both ranks'
 losses and persistables bit-identical to their unoptimized run with the
@@ -13,8 +13,8 @@ import pytest
 
 import cells
 import sweep_distributed as sw
-from memopt.dist_sweep import SweepConfig, launch
-from memopt.paddle.fleet_strategies import STRATEGIES
+from memopt.testing.dist_sweep import SweepConfig, launch
+from memopt.testing.fleet_strategies import STRATEGIES
 
 pytestmark = pytest.mark.sweep
 

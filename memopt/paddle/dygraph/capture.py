@@ -29,6 +29,7 @@ dimension is taken as the batch).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 import re
@@ -81,6 +82,36 @@ class CapturedStep:
     layer_inputs_need_grad: Dict[str, bool] = field(default_factory=dict)
     layers: Dict[str, Any] = field(default_factory=dict)
     root: Any = None
+    flat: bool = False
+
+    def in_flat_positions(self, graph) -> "CapturedStep":
+        """This step with every op index (``forward_range``, ``backward_range``,
+        ``op_layers``, ``layer_ranges``) turned from an index into the
+        program's global block into the flat position memopt's analysis
+        numbers ops by (:meth:`memopt.graph.Graph.walk_ops`: an if/while op's
+        inner ops right after it; a global range takes its ops' inner ops
+        along).  The same step when already converted."""
+        if self.flat:
+            return self
+        starts = [pos for pos, (block, _) in enumerate(graph.walk_ops()) if block == 0]
+        total = sum(1 for _ in graph.walk_ops())
+        at = starts + [total]
+
+        def pos(i: int) -> int:
+            return at[min(i, len(at) - 1)]
+
+        def span(r) -> tuple:
+            return (pos(r[0]), pos(r[1]))
+
+        op_layers = {}
+        for index, path in self.op_layers.items():
+            for p in range(pos(index), pos(index + 1)):
+                op_layers[p] = path
+        return dataclasses.replace(
+            self, forward_range=span(self.forward_range), backward_range=span(self.backward_range),
+            op_layers=op_layers,
+            layer_ranges={k: [span(r) for r in v] for k, v in self.layer_ranges.items()},
+            flat=True)
 
 
 def input_specs(input_spec: Sequence) -> list:
@@ -384,7 +415,7 @@ def _closure_layer(fn):
 
 
 def _captured(runnable, specs, root, recorder: _OpRecorder) -> CapturedStep:
-    from ..pir import value_name
+    from ..pir.program import value_name
 
     program = runnable.program
     outs = runnable.out_values

@@ -21,8 +21,10 @@ A steady training step is::
      counted with the persistable bytes;
    - gradients as ``clear_grad`` leaves them: with ``set_to_zero=True``
      (Paddle's default) each parameter keeps a zeroed gradient between steps,
-     held until backward makes the new one, which takes its place; with
-     ``set_to_zero=False`` none between steps;
+     held until backward makes the new one, which takes its place (eager); a
+     to_static step's backward program hands every parameter gradient over
+     when it ends, so the zeroed ones are held to the end of the program;
+     with ``set_to_zero=False`` none between steps;
    - each new parameter gradient is held to the end of the step (the
      optimizer reads it), and so are the loss and the inputs;
    - ``opt.step()`` runs eagerly after the program: one more position in the
@@ -157,6 +159,7 @@ def analyze_step(step, input_spec: Sequence, optimizer=None, *, mode: str = "eag
     from .. import runtime as paddle_runtime
 
     read = paddle_runtime.read_program(cap.program, [], runtime)
+    cap = cap.in_flat_positions(read.graph)
     inplace = list(read.inplace)
     kernels = None
     if mode == "eager":
@@ -273,7 +276,7 @@ def _compose(base: Analysis, cap: CapturedStep, opt, mode: str,
             holders.append(Holder(
                 name=f"{pname}@GRAD(zeroed)", names=(f"{pname}@GRAD(zeroed)",),
                 size=Size(grad_bytes[pname], 0), category="gradient", op="clear_grad",
-                position=0, start=0, end=new_grad_start[pname],
+                position=0, start=0, end=new_grad_start[pname] if mode == "eager" else last,
                 label=f"zeroed gradient of {cap.param_paths.get(pname, pname)} ({pname}), "
                       "kept by clear_grad(set_to_zero=True)"))
     extras = step_extras(opt, trained) if opt is not None else []
@@ -339,7 +342,7 @@ def _other_model_bytes(cap: CapturedStep) -> int:
 
 
 def _program_param_names(cap: CapturedStep) -> list:
-    from ..pir import PARAMETER_OP
+    from ..pir.program import PARAMETER_OP
 
     return [str(op.attrs().get("parameter_name")) for op in cap.program.global_block().ops
             if op.name() == PARAMETER_OP]
@@ -356,7 +359,36 @@ def _named(h: Holder, base: Analysis, cap: CapturedStep, grad_of: dict) -> Holde
                 label=f"gradient of {cap.param_paths.get(pname, pname)} ({pname})")
     if 0 <= h.position < len(base.order):
         index = base.order[h.position]
-        path = cap.op_layers.get(index)
+        path = cap.op_layers.get(index) or _backward_layers(base, cap).get(index)
         if path:
             return dataclasses.replace(h, label=f"{path}: {h.label}")
     return h
+
+
+def _backward_layers(base: Analysis, cap: CapturedStep) -> dict:
+    """``{backward op position: Layer path}``: the sublayer of the first
+    parameter the backward op reads, else the sublayer whose forward made the
+    first forward value it reads (the op computes that sublayer's
+    gradients).  Cached on ``cap``."""
+    cached = getattr(cap, "_backward_layers", None)
+    if cached is not None:
+        return cached
+    made_by: dict = {}
+    layer_of_param = {p: path.rpartition(".")[0] for p, path in cap.param_paths.items()
+                      if "." in path}
+    out: dict = {}
+    for pos, (_, op) in enumerate(base.graph.walk_ops()):
+        if pos < cap.forward_range[1]:
+            path = cap.op_layers.get(pos)
+            if path:
+                for name in op.writes:
+                    made_by.setdefault(name, path)
+            continue
+        # a parameter read names the layer (matmul_grad reads the input, made
+        # by the layer before, and the weight); else the first forward value
+        paths = [layer_of_param[n] for n in op.reads if n in layer_of_param] or \
+            [made_by[n] for n in op.reads if n in made_by]
+        if paths:
+            out[pos] = paths[0]
+    object.__setattr__(cap, "_backward_layers", out)
+    return out

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List
+from typing import Dict, Iterable, List
 
 from ...graph import DTYPE_BYTES
 
@@ -65,9 +65,11 @@ class _Master:
     """What the recorder hands back for a master weight: name, shape, dtype."""
 
     def __init__(self, param) -> None:
+        import paddle
+
         self.name = param.name + "_fp32_master"
         self.shape = list(param.shape)
-        self.dtype = "float32"
+        self.dtype = paddle.float32
         self.param = param.name
 
     def __getattr__(self, item):  # anything else an optimizer reads: not modelled

@@ -238,6 +238,7 @@ def suggest_recompute(step, input_spec: Sequence, optimizer=None, *, budget, bat
     cap = capture(step, input_spec, amp=amp)
     an = analyze_step(step, input_spec, optimizer, mode="eager", batch_size=batch_size,
                       set_to_zero=set_to_zero, captured=cap)
+    cap = an.captured    # op positions as the analysis numbers them
     forward_ops = cap.forward_range[1] - cap.forward_range[0]
     before = an.total_peak(batch_size)
     readers = _readers(an.graph)

@@ -26,8 +26,8 @@ def rank0_env(monkeypatch, tmp_path):
 
 
 def build(paddle, mode):
-    from memopt.models import ir_guard
-    from memopt.paddle import fleet_models
+    from memopt.testing.models import ir_guard
+    from memopt.testing import fleet_models
 
     with ir_guard("legacy"):
         return fleet_models.build(mode, features=16, hidden=32, layers=2)
@@ -81,7 +81,7 @@ def test_memory_optimize_leaves_communication_buffers_alone(paddle, rank0_env, m
 def test_release_memory_never_releases_a_communication_buffer(paddle, rank0_env):
     main, _, _ = build(paddle, "dp")
     before = comm_names(main)
-    from memopt.models import ir_guard
+    from memopt.testing.models import ir_guard
 
     paddle.set_flags({"FLAGS_eager_delete_tensor_gb": -1.0})
     try:
@@ -162,7 +162,7 @@ def test_two_ranks_bit_identical_after_memory_optimize():
     from conftest import need
 
     need("paddle")
-    from memopt.dist_runs import RunConfig, launch, same_results
+    from memopt.testing.dist_runs import RunConfig, launch, same_results
 
     small = dict(batch=16, steps=2, features=16, hidden=32, layers=2, gc=False)
     base = launch(RunConfig(mode="dp", **small), tempfile.mkdtemp())
@@ -195,7 +195,7 @@ def test_sequential_run_flag_selects_program_order(paddle):
 def test_auto_parallel_two_ranks_bit_identical_after_memory_optimize(mode):
     """Real run: paddle.distributed.to_static (auto-parallel PIR) on two
     spawned CPU ranks (gloo; Paddle patched where it wants a GPU, see
-    memopt.paddle.auto_parallel_models).  The rank's program after the
+    memopt.testing.auto_parallel_models).  The rank's program after the
     parallel passes holds pd_op.all_reduce (and all_gather), the one before
     the reshard pass dist_op.reshard: memopt reads both, leaves every buffer
     of a communication op alone, and the rewritten program trains
@@ -206,7 +206,7 @@ def test_auto_parallel_two_ranks_bit_identical_after_memory_optimize(mode):
     from conftest import need
 
     need("paddle")
-    from memopt.dist_runs import AutoParallelConfig, launch_auto_parallel, same_results
+    from memopt.testing.dist_runs import AutoParallelConfig, launch_auto_parallel, same_results
 
     base = launch_auto_parallel(AutoParallelConfig(mode=mode, gc=False), tempfile.mkdtemp())
     runs = [launch_auto_parallel(AutoParallelConfig(mode=mode, level=level, gc=gc),
@@ -248,7 +248,7 @@ def test_auto_parallel_cross_mesh_program_send_recv():
     from conftest import need
 
     need("paddle")
-    from memopt.dist_runs import AutoParallelConfig, launch_auto_parallel
+    from memopt.testing.dist_runs import AutoParallelConfig, launch_auto_parallel
 
     records = launch_auto_parallel(AutoParallelConfig(mode="pp", level=1, gc=False),
                                    tempfile.mkdtemp())
@@ -283,7 +283,7 @@ def test_budget_never_runs_a_collective_twice(paddle):
     schedule: communication ops may not run twice (the relu / tanh after it
     may, reading the all-reduced value held alive)."""
     from memopt import recompute
-    from memopt.paddle import pir, pir_recompute
+    from memopt.paddle.pir import program as pir, recompute as pir_recompute
 
     main, loss = _program_with_forward_all_reduce(paddle)
     problem = pir_recompute.problem_of(pir.convert(main, [loss]), 16)
@@ -301,7 +301,7 @@ def test_level2_order_keeps_communication_ops_in_their_order(paddle):
     """Each rank runs its collectives in the program's order, which the
     peers' programs match: level 2's order problem chains them (each after
     the one before), as it chains random ops."""
-    from memopt.paddle import pir, pir_schedule
+    from memopt.paddle.pir import program as pir, schedule as pir_schedule
 
     main, loss = _program_with_forward_all_reduce(paddle)
     block = main.global_block()

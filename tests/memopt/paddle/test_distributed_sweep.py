@@ -1,9 +1,9 @@
 """memopt on distributed programs the other tests do not build
-(``memopt/paddle/fleet_strategies.py``, ``tests/sweeps/test_sweep_distributed.py``).
+(``memopt/testing/fleet_strategies.py``, ``tests/sweeps/test_sweep_distributed.py``).
 
 A legacy rank program runs translated to PIR (``FLAGS_enable_pir_in_executor
 =1``: its collectives have no other CPU path), so level 1's buffers shared
-across shapes must translate; two real ranks (``memopt.dist_sweep``, gloo)
+across shapes must translate; two real ranks (``memopt.testing.dist_sweep``, gloo)
 check fleet strategies end to end: bit-identical losses and persistable
 variables on every rank, the communication ops unchanged, no hang.
 """
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt import models
+from memopt.testing import models
 
 
 def _run(paddle, main, startup, loss, steps=3):
-    from memopt.paddle.fleet_models import feed
+    from memopt.testing.fleet_models import feed
 
     exe = paddle.static.Executor(paddle.CPUPlace())
     with paddle.static.scope_guard(paddle.static.Scope()):
@@ -65,7 +65,7 @@ def test_level1_sharing_across_shapes_translates_to_pir(paddle, level):
     (fleet's ``without_graph_optimization=False`` rank program, whose
     gradients no all-reduce holds, met it first).  Now such a plan falls back
     to sharing within one shape, says so, and runs bit-identically."""
-    from memopt.paddle import fleet_models
+    from memopt.testing import fleet_models
 
     with models.ir_guard("legacy"), paddle.utils.unique_name.guard():
         plain = fleet_models.build("single", features=64, hidden=128, layers=2)
@@ -103,7 +103,7 @@ def test_two_ranks_fleet_strategies_bit_identical():
     from conftest import need
 
     need("paddle")
-    from memopt.dist_sweep import Option, SweepConfig, launch, verdict
+    from memopt.testing.dist_sweep import Option, SweepConfig, launch, verdict
 
     cases = {"graph_opt": (Option(gc=False), Option(level=1, gc=False)),
              "gm4": (Option(gc=False), Option(level=1, gc=False), Option(level=2))}

@@ -99,7 +99,7 @@ def _assert_predicted(ir, predicted, measured):
 def _predicted_and_measured(paddle, make, shape):
     """(analyze's step peak, the allocator's lowest step peak) of the net
     ``make`` builds, fed ``shape`` rows, with the garbage collector off."""
-    from memopt import models
+    from memopt.testing import models
 
     with models.flags(eager_delete_tensor_gb=-1.0):
         main, startup, fetch = _build(paddle, make)

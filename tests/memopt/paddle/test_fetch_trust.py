@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt import models
+from memopt.testing import models
 from memopt.errors import MergedVariableError
 
 GC = {"on": {"FLAGS_eager_delete_tensor_gb": 0.0}, "off": {"FLAGS_eager_delete_tensor_gb": -1.0}}
@@ -100,7 +100,7 @@ EXTRA = {"accuracy": _accuracy, "lstm": _rnn("lstm"), "gru": _rnn("gru"), "ctr":
 
 
 def build(name, ir, batch=4, optimizer="sgd"):
-    """A model of :mod:`memopt.models` or of :data:`EXTRA`, built alike every time."""
+    """A model of :mod:`memopt.testing.models` or of :data:`EXTRA`, built alike every time."""
     import paddle
 
     if name not in EXTRA:
@@ -435,7 +435,7 @@ def test_pir_values_of_another_program_raise(paddle):
             call(clone, skip_opt_set={h})
         assert str(clone) == text
     memopt.memory_optimize(clone, level=1, fetch_list=[mapping.look_up(h)])
-    assert not memopt.paddle.pir_rewrite.overwritten_by(mapping.look_up(h))
+    assert not memopt.paddle.pir.rewrite.overwritten_by(mapping.look_up(h))
 
 
 def _forward_then_optimized(paddle, level=1, trainable=False):
@@ -596,7 +596,7 @@ def test_pir_program_and_clone_fetch_right_or_refuse(paddle, name, gc, level):
             refused = []
             for k, r in where:
                 v = _value_at(p_opt, k, r)
-                if memopt.paddle.pir_rewrite.overwritten_by(v) is not None:
+                if memopt.paddle.pir.rewrite.overwritten_by(v) is not None:
                     refused.append((k, r))
             fine = [w for w in where if w not in refused]
             want = run_pir(ref, p_ref, fine, feed)
@@ -614,10 +614,10 @@ def test_pir_fetch_list_keeps_values(paddle):
     report = memopt.memory_optimize(plain.main)
     assert report.reuses
     where = [w for w in pir_values(plain.main)
-             if memopt.paddle.pir_rewrite.overwritten_by(_value_at(plain.main, *w))]
+             if memopt.paddle.pir.rewrite.overwritten_by(_value_at(plain.main, *w))]
     keep = [_value_at(opt.main, *w) for w in where]
     memopt.memory_optimize(opt.main, fetch_list=keep)
-    assert not any(memopt.paddle.pir_rewrite.overwritten_by(_value_at(opt.main, *w))
+    assert not any(memopt.paddle.pir.rewrite.overwritten_by(_value_at(opt.main, *w))
                    for w in where)
 
 
@@ -644,7 +644,7 @@ def test_pir_inference_save_refuses_an_overwritten_target(paddle, tmp_path):
     model = build("mlp", "pir")
     memopt.memory_optimize(model.main)
     where = [w for w in pir_values(model.main)
-             if memopt.paddle.pir_rewrite.overwritten_by(_value_at(model.main, *w))]
+             if memopt.paddle.pir.rewrite.overwritten_by(_value_at(model.main, *w))]
     assert where
     target = _value_at(model.main, *where[0])
     fed = set(model.feed(np.random.default_rng(2)))
@@ -812,7 +812,7 @@ def test_pir_another_process_loads_saved_files_and_cli_output(paddle, tmp_path):
     report = memopt.memory_optimize(opt.main)
     assert report.reuses
     where = [w for w in pir_values(opt.main)
-             if memopt.paddle.pir_rewrite.overwritten_by(_value_at(opt.main, *w)) is None]
+             if memopt.paddle.pir.rewrite.overwritten_by(_value_at(opt.main, *w)) is None]
     feed = ref.feed(np.random.default_rng(13))
     np.savez(tmp_path / "feed.npz", **feed)
     fed = set(feed)
@@ -890,7 +890,7 @@ def test_legacy_optimized_twice_then_released_keeps_every_name_in_the_record(pad
     buffers), then release_memory: every name that left the program is in
     the record of the buffer it lives in, refused by name, and the rest
     fetch the unoptimized values."""
-    from memopt.paddle import legacy
+    from memopt.paddle.legacy import program as legacy
 
     ref, opt = build("transformer", "legacy"), build("transformer", "legacy")
     names = user_names(ref.main)
@@ -932,7 +932,7 @@ def test_pir_op_built_on_a_replaced_value_reads_its_replacement(paddle):
     """An op built after memory_optimize on a Value of an op the rewrite
     replaced by its in-place variant: Paddle's builder crashed the process
     (SIGSEGV: the erased op had freed the Value).  The replaced op is
-    retired instead (memopt.paddle.pir_retired), and before the run the
+    retired instead (memopt.paddle.pir.retired), and before the run the
     new op reads the replacement: the same bytes as without memopt."""
     main, startup, out, metric = _relu_program(paddle, optimize=True)
     ref = _relu_program(paddle, optimize=False)

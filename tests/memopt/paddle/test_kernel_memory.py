@@ -6,7 +6,7 @@ question, predicts it, runs it on the executor (CPU, default flags) and
 compares with ``host_memory_stat_peak_value('Allocated', 0)`` minus what
 was allocated after the startup program: the lowest over a few steps, because
 Paddle's CPU garbage collector frees on its own thread and a busy machine
-leaves some frees late (``memopt.paddle.pir_budget.GC_LAG_OPS``); the
+leaves some frees late (``memopt.paddle.pir.budget.GC_LAG_OPS``); the
 steady step is what the model describes, to a few bytes.
 """
 import numpy as np
@@ -46,7 +46,7 @@ def _lowest_step_peak(paddle, main, startup, feed, fetch, steps=8, *, settle_to=
 
 
 def _op(paddle, main, name):
-    from memopt.paddle.pir import convert
+    from memopt.paddle.pir.program import convert
 
     pg = convert(main)
     return next(op for _, op in pg.graph.walk_ops() if op.type == name)
@@ -107,7 +107,7 @@ def test_eval_dropout_has_no_mask(paddle):
     TransformerEncoder: 4.97 MiB predicted, 4.53 MiB measured).  Three
     dropouts over [16, 32, 64] float32: each mask (32 KiB uint8) is gone."""
     from memopt.analysis import RuntimeModel
-    from memopt.paddle.pir import convert
+    from memopt.paddle.pir.program import convert
 
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup):

@@ -1,14 +1,14 @@
-"""memopt.paddle.legacy: reading legacy Paddle programs, renaming all-or-nothing."""
+"""memopt.paddle.legacy.program: reading legacy Paddle programs, renaming all-or-nothing."""
 import pytest
 
-from memopt import models
+from memopt.testing import models
 from memopt.errors import GraphError, UnsupportedProgramError
 from memopt.graph import DENSE
 
 
 @pytest.fixture(scope="module")
 def legacy(paddle):
-    from memopt.paddle import legacy as module
+    from memopt.paddle.legacy import program as module
 
     return module
 
@@ -161,7 +161,7 @@ def test_failure_midway_is_undone(legacy, monkeypatch):
 
 def test_merged_record_and_fetch_check(legacy):
     from memopt.errors import MergedVariableError
-    from memopt.paddle import merge_record
+    from memopt.paddle.legacy import merge_record
 
     model = models.build("mlp", "legacy")
     assert legacy.merged_record(model.main) == {}

@@ -1,6 +1,6 @@
 """memory_optimize(budget=...) on legacy programs (built under OldIrGuard,
 run on Paddle's legacy executor): copies of forward ops in the backward part
-(:mod:`memopt.paddle.legacy_recompute`), bit-identical training, the step's
+(:mod:`memopt.paddle.legacy.recompute`), bit-identical training, the step's
 allocator peak lowered at run time, random ops never copied, batch_norm's
 running statistics updated once, the program byte-identical after a
 BudgetError or a failure."""
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt import models
+from memopt.testing import models
 
 STEPS = 3
 
 
 def _ffn_dropout():
-    """Linear/ReLU/dropout/layer_norm layers (memopt.models "ffn_dropout")."""
+    """Linear/ReLU/dropout/layer_norm layers (memopt.testing.models "ffn_dropout")."""
     return models.build("ffn_dropout", "legacy")
 
 
@@ -86,7 +86,7 @@ def test_budget_below_the_default_peak(paddle, build, measurably_lower):
         _optimize(model, budget=1)
     assert model.main.desc.serialize_to_string() == desc
     budget = info.value.smallest_budget
-    from memopt.paddle.pir_budget import guarded_peak
+    from memopt.paddle.pir.budget import guarded_peak
     with model.guard():
         unchanged = memopt.analyze(model.main, model.batch_size, fetch_list=model.fetch_list)
     assert budget < guarded_peak(unchanged, model.batch_size)
@@ -110,7 +110,7 @@ def test_batch_norm_copy_leaves_running_statistics(paddle):
     running mean and variance after 3 steps are the unchanged run's to the
     bit; ``undo`` gives back the program byte for byte."""
     from memopt import recompute
-    from memopt.paddle import legacy_recompute
+    from memopt.paddle.legacy import recompute as legacy_recompute
 
     plain = _run(paddle, _cnn())
     model = _cnn()
@@ -171,7 +171,7 @@ def test_plans_undone_to_the_byte(paddle):
     through ``Operator(type=...)`` had run shape inference that wrote a LoD
     level into the declaration of the variable it passes through)."""
     from memopt import recompute
-    from memopt.paddle import legacy_recompute
+    from memopt.paddle.legacy import recompute as legacy_recompute
 
     model = models.build("transformer", "legacy", batch_size=8)
     desc = model.main.desc.serialize_to_string()

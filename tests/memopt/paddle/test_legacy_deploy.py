@@ -1,5 +1,5 @@
 """A legacy inference model read back, rewritten and saved again for
-``paddle.inference``'s predictor (:mod:`memopt.paddle.legacy_deploy`).
+``paddle.inference``'s predictor (:mod:`memopt.paddle.legacy.deploy`).
 
 Level 1 writes the flatten before the classifier over its 4-D input's
 buffer: the program records that buffer as holding variables of different
@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 import memopt
-from memopt.paddle import merge_record
+from memopt.paddle.legacy import merge_record
 from runs import save_legacy_cnn
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt import models
-from memopt.paddle import legacy_schedule
+from memopt.testing import models
+from memopt.paddle.legacy import schedule as legacy_schedule
 
 GC = {"on": 0.0, "off": -1.0}
 
@@ -237,8 +237,8 @@ _COND_CHILD = r"""
 import numpy as np
 import paddle
 import memopt
-from memopt import models
-from memopt.models import _cond
+from memopt.testing import models
+from memopt.testing.models import _cond
 
 paddle.enable_static()
 

@@ -4,7 +4,7 @@ run on the legacy executor, bit-identical to the unchanged program."""
 import numpy as np
 import pytest
 
-from memopt import models
+from memopt.testing import models
 
 
 @pytest.fixture(scope="module")

@@ -167,7 +167,7 @@ def test_legacy_detach_alias_never_merged(paddle):
     silu's backward still read it; every parameter differed after 2 steps.
     Both names of a share_data are now left alone."""
     from paddle.pir_utils import OldIrGuard
-    from memopt import models
+    from memopt.testing import models
 
     with OldIrGuard(), models.flags(eager_delete_tensor_gb=-1.0):
         want = _legacy_train(paddle, *_build(paddle, _legacy_detach))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt import models
+from memopt.testing import models
 from runs import assert_same_steps, train_steps
 
 BATCH = 16
@@ -117,7 +117,7 @@ def test_pir_optimizer_kernel_workspace_is_counted(paddle, make, op_type, worksp
     from test_kernel_memory import _lowest_step_peak
 
     from memopt.graph import Size
-    from memopt.paddle.pir import convert
+    from memopt.paddle.pir.program import convert
 
     width = 256
     main, startup, fetch = _mlp_program(paddle, make, width=width)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt import models
+from memopt.testing import models
 
 GC = {"on": 0.0, "off": -1.0}
 BATCH = 8

@@ -1,4 +1,4 @@
-"""memopt.paddle.pir: PIR programs as graphs, and memory_optimize on PIR.
+"""memopt.paddle.pir.program: PIR programs as graphs, and memory_optimize on PIR.
 
 Real PIR programs, real executor.  memory_optimize must leave every
 result bit-identical: losses, fetched outputs and every parameter after
@@ -18,21 +18,21 @@ from memopt.plan import InplaceRewrite, Options
 
 @pytest.fixture(scope="module")
 def pir(paddle):
-    from memopt.paddle import pir as module
+    from memopt.paddle.pir import program as module
 
     return module
 
 
 @pytest.fixture(scope="module")
 def inplace(paddle):
-    from memopt.paddle import pir_inplace
+    from memopt.paddle.pir import inplace as pir_inplace
 
     return pir_inplace
 
 
 @pytest.fixture(scope="module")
 def rewrite(paddle):
-    from memopt.paddle import pir_rewrite
+    from memopt.paddle.pir import rewrite as pir_rewrite
 
     return pir_rewrite
 
@@ -90,7 +90,7 @@ def test_graph_of_control_flow_program(paddle, pir):
 
 
 def test_training_loop_names_match_the_printed_program(paddle, pir):
-    from memopt import models
+    from memopt.testing import models
 
     model = models.build("while_loop", ir="pir")
     pg = pir.convert(model.main, model.fetch_list)
@@ -227,7 +227,7 @@ MODELS = ["mlp", "cnn", "transformer", "nested_cond", "while_loop"]
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("level", [0, 1])
 def test_models_bit_identical_after_memory_optimize(paddle, pir, name, level):
-    from memopt import models
+    from memopt.testing import models
 
     ref = models.build(name, ir="pir")
     opt = models.build(name, ir="pir")
@@ -245,7 +245,7 @@ def test_sub_block_ops_run_in_place(paddle, pir, rewrite):
     """The executor's own pass never touches if/while regions; memopt does:
     in an inference program's branch, and in training programs' backward
     regions (forward regions push their values for the backward)."""
-    from memopt import models
+    from memopt.testing import models
 
     main, loss = _control_flow_program(paddle)
     pg = pir.convert(main, [loss])
@@ -262,7 +262,7 @@ def test_sub_block_ops_run_in_place(paddle, pir, rewrite):
 def test_gc_off_rewrite_is_bit_identical_and_lowers_the_estimate(paddle, pir):
     """With GC off and the executor's in-place pass off, every in-place op
     saves a buffer for the whole step."""
-    from memopt import models
+    from memopt.testing import models
 
     with models.flags(eager_delete_tensor_gb=-1.0, pir_apply_inplace_pass=False):
         ref = models.build("mlp", ir="pir")
@@ -295,8 +295,8 @@ def test_one_read_per_program_state(pir, paddle):
     """Inside pir_convert_cache.shared() a state read again is a copy of the
     first read (equal to a fresh read, sharing no op or variable with it);
     a moved op is a new state, read afresh; outside, nothing is kept."""
-    from memopt import models
-    from memopt.paddle import pir_convert_cache
+    from memopt.testing import models
+    from memopt.paddle.pir import convert_cache as pir_convert_cache
 
     model = models.build("mlp", "pir")
     program, fetch = model.main, model.fetch_list

@@ -8,7 +8,7 @@ Paddle's ``.json`` writer drops) and records the marks in the program as the
 loaded again -- here or in another process -- refuses, by the value's op and
 position, a fetch of a Value an in-place op writes over, and fetches the rest
 bit-identically; so do ``save_inference_model`` / ``load_inference_model``
-(which write the ops as built: :mod:`memopt.paddle.pir_deploy`).
+(which write the ops as built: :mod:`memopt.paddle.pir.deploy`).
 
 Legacy run with ``FLAGS_enable_pir_in_executor=1`` (the executor translates
 the program to PIR): ``memory_optimize`` with the GC on gives bit-identical
@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt import models
+from memopt.testing import models
 from memopt.errors import MergedVariableError
-from memopt.paddle import pir_rewrite
+from memopt.paddle.pir import rewrite as pir_rewrite
 
 
 def _run(model, program, values, feed, params=None):
@@ -115,7 +115,7 @@ def test_pir_record_survives_save_load_clone_inference(paddle, tmp_path):
             assert re.search(rf"cannot fetch pd_op\.\w+ at op {k}\b.*\(%\d+\)",
                              str(info.value)) and block_ops[at].name() in str(info.value), name
 
-    # the inference model holds the ops as built (memopt.paddle.pir_deploy:
+    # the inference model holds the ops as built (memopt.paddle.pir.deploy:
     # the predictor runs in-place ops with other kernels), so no record
     with paddle.static.scope_guard(paddle.static.Scope()), models.ir_guard("pir"):
         exe = paddle.static.Executor(paddle.CPUPlace())
@@ -232,7 +232,7 @@ def _restored(path):
 CHILD_LEGACY = textwrap.dedent("""
     import json, os, sys
     import numpy as np, paddle, memopt
-    from memopt.paddle import fleet_models
+    from memopt.testing import fleet_models
     paddle.enable_static()
     out = {}
 

@@ -1,7 +1,7 @@
 """budget= and level=2 on PIR training programs whose top-level block runs
-an if / a while (memopt.paddle.pir_regions: region ops opaque).
+an if / a while (memopt.paddle.pir.regions: region ops opaque).
 
-Real programs (memopt.models "cond_mlp": a static.nn.cond on a fed flag
+Real programs (memopt.testing.models "cond_mlp": a static.nn.cond on a fed flag
 between ReLU layers; "while_mlp": a static.nn.while_loop of a shared tanh
 layer; "dense_cond": DenseNet-style concat features, then a cond), real
 executor, three training steps compared bit for bit with the
@@ -10,7 +10,7 @@ unchanged program (losses, logits, every parameter).
 import numpy as np
 import pytest
 
-from memopt import models
+from memopt.testing import models
 from runs import assert_same
 
 REGION_MODELS = ("cond_mlp", "while_mlp", "dense_cond")
@@ -21,8 +21,8 @@ def _guarded(program, batch):
     late), the loops' trip counts read from the program."""
     import memopt
     from memopt.paddle.flags import runtime_model
-    from memopt.paddle.pir_budget import guarded_peak
-    from memopt.paddle.pir_loops import runtime_for
+    from memopt.paddle.pir.budget import guarded_peak
+    from memopt.paddle.pir.loops import runtime_for
 
     runtime = runtime_for(program, runtime_model("pir"), budget=True)
     return guarded_peak(memopt.analyze(program, batch, runtime=runtime), batch)
@@ -45,7 +45,8 @@ def _region_external_ids(program) -> set:
 def test_budget_recomputes_around_regions_bit_identically(paddle, name):
     import memopt
     from memopt import recompute as rc
-    from memopt.paddle import pir, pir_recompute
+    from memopt.paddle.pir import program as pir
+    from memopt.paddle.pir import recompute as pir_recompute
 
     reference = models.run_steps(models.build(name, "pir"), steps=3)
     model = models.build(name, "pir")
@@ -75,9 +76,9 @@ def test_budget_recomputes_around_regions_bit_identically(paddle, name):
     assert budget < default  # recomputation lowers the peak
     # the recomputation alone: the regions still read the very values they
     # read (no clone is read inside a region), and it undoes to the program
-    from memopt.paddle import pir_budget
+    from memopt.paddle.pir import budget as pir_budget
     from memopt.paddle.flags import runtime_model
-    from memopt.paddle.pir_loops import runtime_for
+    from memopt.paddle.pir.loops import runtime_for
 
     runtime = runtime_for(model.main, runtime_model("pir"), budget=True)
     choice, applied = pir_budget.choose_plan(pg, sorted(pg.name(v) for v in model.fetch_list),
@@ -99,7 +100,7 @@ def test_budget_recomputes_around_regions_bit_identically(paddle, name):
     # a clone of the rewritten program trains alike (PIR's static.save aborts
     # on training programs with cond/while in Paddle 3.3.1, rewritten or not)
     import paddle as pd
-    from memopt.paddle.pir_rewrite import resolve_fetch_list
+    from memopt.paddle.pir.rewrite import resolve_fetch_list
 
     mapping = pd.pir.IrMapping()
     twin = models.build(name, "pir")
@@ -150,7 +151,9 @@ def test_every_order_the_region_rule_allows_is_bit_identical(paddle, name):
     orders that keep them move the region op across other ops and train
     exactly as the program does; none is predicted under any_order_bound."""
     import memopt
-    from memopt.paddle import pir, pir_regions, pir_schedule
+    from memopt.paddle.pir import program as pir
+    from memopt.paddle.pir import regions as pir_regions
+    from memopt.paddle.pir import schedule as pir_schedule
     from memopt.schedule import check_topological
 
     reference = models.run_steps(models.build(name, "pir"), steps=3)
@@ -188,7 +191,7 @@ def test_every_order_the_region_rule_allows_is_bit_identical(paddle, name):
 def test_loop_trip_counts_and_unknown_counts(paddle):
     import memopt
     from memopt.errors import UnsupportedProgramError
-    from memopt.paddle import pir_loops
+    from memopt.paddle.pir import loops as pir_loops
 
     assert pir_loops.loop_iterations(models.build("while_mlp", "pir", steps=5).main) == 5
     assert pir_loops.loop_iterations(models.build("cond_mlp", "pir").main) == 1
@@ -276,7 +279,10 @@ def test_a_value_a_branch_writes_over_is_never_recomputed_nor_crossed(paddle):
     of the cond (with that rule left out, one random order in six differed);
     budget= and random orders train bit-identically."""
     import memopt
-    from memopt.paddle import pir, pir_recompute, pir_regions, pir_schedule
+    from memopt.paddle.pir import program as pir
+    from memopt.paddle.pir import recompute as pir_recompute
+    from memopt.paddle.pir import regions as pir_regions
+    from memopt.paddle.pir import schedule as pir_schedule
 
     build, run = _branch_writes_outer(paddle)
     main, startup, loss, buf = build()
@@ -310,8 +316,10 @@ def test_grid_predicts_region_programs_to_the_byte(paddle, name):
     """The rewritten graph of every offered plan (block 0 rewritten, the
     region blocks kept, the executor's in-place options keyed by flat
     position) predicts its applied program, read back, to the byte."""
-    from memopt.paddle import flags, pir, pir_budget
-    from memopt.paddle.pir_loops import runtime_for
+    from memopt.paddle import flags
+    from memopt.paddle.pir import program as pir
+    from memopt.paddle.pir import budget as pir_budget
+    from memopt.paddle.pir.loops import runtime_for
 
     model = models.build(name, "pir")
     runtime = runtime_for(model.main, flags.runtime_model("pir"), budget=True)
@@ -352,7 +360,7 @@ def test_trip_count_read_from_the_program_is_the_count_it_runs(paddle, variant):
     iterations (a carried ``c + 1``), for the counters while_loop builds:
     ``i + 1`` (scale), ``i + full(2)`` (add), ``i <= n``, and
     ``paddle.increment(i, k)`` (the counter not carried: written in place)."""
-    from memopt.paddle import pir_loops
+    from memopt.paddle.pir import loops as pir_loops
 
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
@@ -381,7 +389,7 @@ def test_trip_count_of_a_loop_that_may_stop_early_is_its_bound(paddle, stop_at):
     budget= refused the program), the count it runs is never above it, and
     budget= plans and trains bit-identically."""
     import memopt
-    from memopt.paddle import pir_loops
+    from memopt.paddle.pir import loops as pir_loops
 
     def build():
         main, startup = paddle.static.Program(), paddle.static.Program()

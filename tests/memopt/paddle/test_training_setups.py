@@ -5,7 +5,7 @@
   ``recompute_configs={"checkpoints": [name]}`` passes): ``minimize`` failed
   inside Paddle with ``ValueError: var fc_0.tmp_2 not in this block`` (the
   rewrite had removed the name).  Now memopt's error says why and the fix
-  (:mod:`memopt.paddle.lookup_guard`).
+  (:mod:`memopt.paddle.guards.lookup`).
 - Legacy, an intermediate variable fed by name (``use_prune=True`` feed
   override) after memory_optimize merged it: Paddle fed the value to
   nothing and the step silently computed its own (losses differed from step
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt import models
+from memopt.testing import models
 from memopt.errors import MergedVariableError, UnsupportedProgramError
 
 BATCH = 4
@@ -48,7 +48,7 @@ def test_legacy_recompute_checkpoint_by_name_after_forward_rewrite(level):
     name no rewrite touched fails as Paddle's own ValueError."""
     import paddle
 
-    from memopt.paddle.lookup_guard import RenamedLookupError
+    from memopt.paddle.guards.lookup import RenamedLookupError
 
     paddle.enable_static()
     with models.ir_guard("legacy"), paddle.utils.unique_name.guard():
@@ -154,7 +154,8 @@ def test_print_ops_are_never_recompute_candidates(ir):
     backward phase) as one that may not run twice, in both IRs."""
     import paddle
 
-    from memopt.paddle import legacy_recompute, pir, pir_recompute
+    from memopt.paddle.legacy import recompute as legacy_recompute
+    from memopt.paddle.pir import program as pir, recompute as pir_recompute
 
     paddle.enable_static()
     with models.ir_guard(ir), paddle.utils.unique_name.guard():

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import memopt
-from memopt import models
+from memopt.testing import models
 from memopt.errors import MergedVariableError
 from test_fetch_trust import GC, build, data_names, optimize_legacy, same
 
@@ -72,7 +72,7 @@ def test_legacy_every_listed_name_fetches_right_or_refuses(paddle, gc):
             want = dict(zip(mine, _run(ref, derive(ref.main), mine)))
             got = dict(zip(mine, _run(opt, program, mine)))
             assert all(same(want[n], got[n]) for n in mine)
-            record = memopt.paddle.legacy.merged_record(program)
+            record = memopt.paddle.legacy.program.merged_record(program)
             for buf in buffers:
                 members = sorted(n for n, b in record.items() if b == buf)
                 with pytest.raises(MergedVariableError,
@@ -185,8 +185,8 @@ def test_predictor_in_a_new_process_runs_the_rewritten_model_as_the_unchanged(
     memopt's in-place ops (add_, relu_), which the predictor runs with
     other kernels: softmax outputs differed in the last bits (0.25930578
     vs 0.25930575); the saved model now holds the ops as built
-    (memopt.paddle.pir_deploy) and the user's program keeps its own."""
-    from memopt.paddle import pir_deploy, pir_rewrite
+    (memopt.paddle.pir.deploy) and the user's program keeps its own."""
+    from memopt.paddle.pir import deploy as pir_deploy, rewrite as pir_rewrite
 
     assert pir_deploy.MARK_ATTR == pir_rewrite.MARK_ATTR
     ref, opt = _classifier(paddle, ir), _classifier(paddle, ir)
