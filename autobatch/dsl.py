@@ -118,6 +118,27 @@ def _input_names(function: Callable, where: str) -> Tuple[str, ...]:
     return tuple(names)
 
 
+def _primop_arguments(args: Sequence[Any], kwargs: Dict[str, Any]
+                      ) -> Tuple[Any, Any, Optional[str]]:
+    """``(vars_in, vars_out, name)`` of a :meth:`ProgramBuilder.primop` call
+    written TFP's way (``f, vars_in, vars_out``: a list second) or
+    autobatch's (``f, vars_out, vars_in, name``: a name or tuple second)."""
+    unknown = sorted(set(kwargs) - {"vars_in", "vars_out", "name"})
+    if unknown:
+        raise TypeError(f"primop() got unexpected keyword argument(s) {unknown}")
+    tfp_order = bool(args) and isinstance(args[0], list)
+    names = ("vars_in", "vars_out") if tfp_order else ("vars_out", "vars_in", "name")
+    if len(args) > len(names):
+        raise TypeError(f"primop() takes at most {len(names) + 1} positional arguments "
+                        f"here, got {len(args) + 1}")
+    values = dict(kwargs)
+    for key, value in zip(names, args):
+        if key in values:
+            raise TypeError(f"primop() got {key!r} both by position and by keyword")
+        values[key] = value
+    return values.get("vars_in"), values.get("vars_out"), values.get("name")
+
+
 class ProgramBuilder:
     """Builds a :class:`~autobatch.instructions.Program` one instruction at a time.
 
@@ -224,29 +245,35 @@ class ProgramBuilder:
         return Program(functions=tuple(self._functions), main=main_name).validate()
 
     # -- straight-line code -------------------------------------------------------
-    def primop(self, function: Callable, vars_out: Optional[Pattern] = None,
-               vars_in: Optional[Sequence[str]] = None, name: Optional[str] = None) -> Any:
-        """Emit ``vars_out = function(*vars_in)``.
+    def primop(self, f: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Emit ``vars_out = f(*vars_in)``: TFP's ``primop(f, vars_in=None,
+        vars_out=None)``, or autobatch's ``primop(f, vars_out, vars_in=None,
+        name=None)``.
 
-        ``vars_in`` defaults to the parameter names of ``function``, so
-        ``primop(lambda n: n - 1, "m")`` reads variable ``n`` (or the
-        variable ``ab.var.n`` / ``param("n")`` made).  ``vars_out`` is a name
-        or a nested tuple of names (to take a tuple result apart); returns
-        ``vars_out``.  Without ``vars_out`` (TFP's style) the instruction is
-        returned, to be bound by ``ab.var.x = ...`` or
-        ``ab(pattern).pattern = ...``.  The order of the two optional
-        arguments is autobatch's (TFP's is ``vars_in, vars_out``): pass them
-        by keyword to write code that runs on both.
+        The second positional argument is TFP's ``vars_in`` where it is a
+        list (of variable names), autobatch's ``vars_out`` where it is a name
+        or a tuple (a pattern); by keyword both read the same.  ``vars_in``
+        defaults to the parameter names of ``f``, so ``primop(lambda n: n -
+        1, "m")`` reads variable ``n`` (or the variable ``ab.var.n`` /
+        ``param("n")`` made).  ``vars_out`` is a name or a nested tuple of
+        names (to take a tuple result apart); returns ``vars_out``.  Without
+        ``vars_out`` (TFP's style) the instruction is returned, to be bound
+        by ``ab.var.x = ...`` or ``ab(pattern).pattern = ...``.  ``name``
+        (keyword) describes the primop in printed programs.
         """
+        vars_in, vars_out, name = _primop_arguments(args, kwargs)
         state = self._require("primop")
         if vars_in is None:
             vars_in = tuple(state.locals.get(v, v) for v in
-                            _input_names(function, f"function {state.name!r}"))
+                            _input_names(f, f"function {state.name!r}"))
         op = PrimOp(tuple(vars_in) if not isinstance(vars_in, str) else (vars_in,),
-                    _str_pattern(vars_out) if vars_out is not None else (), function,
+                    _str_pattern(vars_out) if vars_out is not None else (), f,
                     name=name)
         self._emit(op)
         return op if vars_out is None else vars_out
+
+    primop.__tfp_signature__ = inspect.signature(
+        lambda f, vars_in=None, vars_out=None: None)
 
     def const(self, value: Any, vars_out: Optional[Pattern] = None) -> Any:
         """Emit ``vars_out = value`` (a constant; scalars are broadcast to every

@@ -129,10 +129,27 @@ def truthy(x: Any) -> Any:
     return x
 
 
+def _is_array(value: Any) -> bool:
+    """A TensorFlow tensor (symbolic ones cannot become NumPy arrays), or an
+    array with at least one dimension."""
+    if type(value).__module__.startswith("tensorflow"):
+        return True
+    shape = getattr(value, "shape", None)
+    return shape is not None and hasattr(value, "dtype") and len(shape) >= 1
+
+
+def _holds_arrays(value: Any) -> bool:
+    """Whether ``value`` (a list or tuple) holds a tensor, or an array of at
+    least one dimension, anywhere."""
+    return any(_holds_arrays(v) if isinstance(v, (list, tuple)) else _is_array(v)
+               for v in value)
+
+
 def _as_argument(value: Any) -> Any:
-    """Lists become arrays (a batch of values); tuples stay tuples (a
-    tuple-typed argument)."""
-    if isinstance(value, tuple):
+    """A list of Python numbers becomes an array (a batch of values); a list
+    holding arrays or tensors is structure, as in TFP (``[state_part, ...]``
+    of TFP's NUTS: a tuple-typed argument); tuples stay tuples."""
+    if isinstance(value, tuple) or (isinstance(value, list) and _holds_arrays(value)):
         return rebuild(value, (_as_argument(v) for v in value))
     if isinstance(value, list):
         return np.asarray(value)

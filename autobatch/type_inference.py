@@ -1,7 +1,14 @@
 """Infer the type of every variable: :func:`infer_types`.
 
 Given the types of ``main``'s arguments, every primop is run once on
-placeholder inputs (one thread of the backend's ``placeholder_fill``) to learn the type of its outputs;
+placeholder inputs made by the backend (its own values: NumPy arrays, or
+TensorFlow tensors, graph tensors inside a graph, filled with its
+``placeholder_fill``) to learn the type of its outputs.  Backends with
+``inference_sees_a_batch`` (TensorFlow) give the placeholders TFP's batch
+size, one larger than any per-thread dimension (:func:`inference_batch`), so
+that a primop mixing up the batch and a per-thread dimension is caught; the
+others (NumPy, JAX) give one thread, which is as sound for primops that act
+on each thread independently and cheaper for large ones;
 argument types flow into callees, return types flow back to call sites.
 This is iterated to a fixed point, so a recursive function gets its return
 type from its base case (``return 1``) and then types the recursive path.
@@ -135,6 +142,16 @@ def type_of_value(value: Any, backend: Any, batch_size: int) -> Type:
     return Type(pattern_map(leaf, as_pattern(value)))
 
 
+def inference_batch(types: Sequence[Type]) -> int:
+    """TFP's batch size for running a primop on placeholders: one more than
+    every dimension of its inputs' types (at least 2), so that no per-thread
+    dimension can pass for the batch one (a primop that reduces or
+    broadcasts across the batch by mistake then fails, or shows in its
+    output's type, instead of passing on one thread)."""
+    dims = [d for t in types for leaf in t.leaves() for d in leaf.shape]
+    return max([2] + [d + 1 for d in dims])
+
+
 _INFERRING = threading.local()
 
 
@@ -188,6 +205,10 @@ class _Inference:
         #: Whether a constants-only variable takes the dtype of what a primop
         #: combines it with (backends that do not mix dtypes: TensorFlow).
         self.unify_weak = not getattr(backend, "mixes_dtypes", True)
+        #: Whether primops run on placeholders of a batch that cannot be
+        #: mistaken for a per-thread dimension (TFP's way; see
+        #: :func:`inference_batch`), or on one thread (autobatch's own).
+        self.whole_batch = bool(getattr(backend, "inference_sees_a_batch", False))
 
     def adopt_partner_dtype(self, fn: str, reads: Sequence[str]) -> bool:
         """On a backend that does not mix dtypes: a scalar variable of
@@ -238,16 +259,16 @@ class _Inference:
             self.ret[fn] = new
             self.changed = True
 
-    def placeholder(self, tensor_type: TensorType) -> Any:
-        """The backend's placeholder for one thread; a weak type's is a
-        Python scalar, so that the primop meets it as it would meet the
+    def placeholder(self, tensor_type: TensorType, batch: int = 1) -> Any:
+        """The backend's placeholder for ``batch`` threads; a weak type's is
+        a Python scalar, so that the primop meets it as it would meet the
         constant, of the value the backend's placeholders hold
         (``placeholder_fill``: 0 on NumPy, 1 on TensorFlow, where ``n % d``
         raises on a zero ``d``)."""
         if tensor_type.weak:
             fill = getattr(self.backend, "placeholder_fill", 0)
             return np.full((), fill, tensor_type.dtype).item()
-        return self.backend.placeholder(tensor_type, 1)
+        return self.backend.placeholder(tensor_type, batch)
 
     def primop_type(self, fn: Function, op: PrimOp, types: Tuple[Type, ...],
                     where: str) -> Type:
@@ -255,18 +276,20 @@ class _Inference:
         cached = self.primop_cache.get(key)
         if cached is not None:
             return cached
-        inputs = [pattern_map(self.placeholder, t.tensors) for t in types]
+        batch = inference_batch(types) if self.whole_batch else 1
+        inputs = [pattern_map(lambda t: self.placeholder(t, batch), t.tensors) for t in types]
         try:
             with np.errstate(all="ignore"), _inferring():
                 out = self.backend.run_on_dummies(op.function, inputs)
-            typ = type_of_value(out, self.backend, 1)
+            typ = type_of_value(out, self.backend, batch)
         except TypeInferenceError:
             raise
         except Exception as exc:
             shown = ", ".join(f"{v}: {t}" for v, t in zip(op.vars_in, types))
             fill = getattr(self.backend, "placeholder_fill", 0)
+            threads = "one thread" if batch == 1 else f"{batch} threads"
             raise TypeInferenceError(
-                f"{where}: primop `{op}` failed on placeholder inputs (one thread "
+                f"{where}: primop `{op}` failed on placeholder inputs ({threads} "
                 f"of {fill}s; {shown}): {type(exc).__name__}: {exc}") from exc
         self.primop_cache[key] = typ
         return typ

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_autobatch_peers.py [--repeat 5] [--quick] [--no-jax] [--no-tfp]
         [--jax-python .jax-venv/bin/python] [--tfp-python .tfp-venv/bin/python]
+        [--nuts-sampler 100,1000,10000] [--nuts-steps 10]
 
 Workloads (inputs drawn uniformly, seeded; the same arrays go to every
 engine): Collatz step counts (n <= 1,000), gcd by Euclid's loop on a pair
@@ -46,6 +47,20 @@ Peers, side by side:
   ``.tfp-venv`` through ``benchmarks/bench_autobatch_tf.py``'s worker (Collatz,
   NUTS-shaped and fib; TFP's frontend has no loops, so they are written as
   tail recursion there; no gcd).
+
+The NUTS sampler table (``--nuts-sampler CHAINS,...``; ``--only
+nuts-sampler`` runs it alone): TFP 0.25's own ``NoUTurnSampler`` (TFP's
+``nuts_autobatching.py``, unmodified) as a TFP user runs it -- inside
+``tf.function``, ``sample_chain`` of ``--nuts-steps`` steps on a normal(1, 2)
+target (step size 0.2, tree depth 3, 2 unrolled leapfrogs) -- on TFP's own
+``auto_batching`` and on autobatch put in its place (each TensorFlow mode:
+graph, the sampler's default; eager; XLA), in TFP's venv, one fresh process
+per cell (``tests/autobatch/tfp_nuts.py``).  "First call" traces, compiles
+and runs; "steady" is the median of ``--repeat`` further calls.  The samples
+differ from TFP's (other random draws, by design: see
+docs/autobatch/tfp_differences.rst); tests/autobatch/test_tfp_nuts.py checks
+them statistically.  JAX has no peer for this row (it does not run TFP's
+TensorFlow sampler); its NUTS-shaped peer is in the table above.
 
 Every engine's result is checked against plain Python.  Steady times are
 medians of ``--repeat`` runs (plain Python: one run where a run takes over
@@ -412,6 +427,54 @@ def peer_cell(result: Optional[Dict[str, Any]], field: str) -> Tuple[str, Option
     return fmt(result[field]), result[field]
 
 
+NUTS_DRIVER = os.path.join(ROOT, "tests", "autobatch", "tfp_nuts.py")
+#: The sampler rows: label, settings for tfp_nuts.py.
+NUTS_ENGINES = (("TFP auto_batching", {"impl": "tfp"}),
+                ("autobatch TF graph", {"impl": "autobatch"}),
+                ("autobatch TF eager", {"impl": "autobatch", "backend": "eager"}),
+                ("autobatch TF XLA", {"impl": "autobatch", "backend": "xla"}))
+
+
+def nuts_sampler_cell(python: str, chains: int, steps: int, repeat: int, engine: Dict[str, Any],
+                      timeout: float) -> Optional[Tuple[float, float]]:
+    """``(first call, steady median)`` seconds of TFP's NoUTurnSampler on one
+    engine, in a fresh process of TFP's venv; None where it failed (the
+    error is printed to stderr)."""
+    settings = dict(engine, regime="function", chains=chains, steps=steps, calls=1 + repeat)
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    try:
+        done = subprocess.run([python, NUTS_DRIVER, json.dumps(settings)], capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        print(f"NUTS sampler {settings}: over {timeout:.0f} s", file=sys.stderr)
+        return None
+    if done.returncode != 0:
+        print(f"NUTS sampler {settings} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+        return None
+    times = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+    return times[0], statistics.median(times[1:])
+
+
+def nuts_sampler_table(python: str, chain_counts: List[int], steps: int, repeat: int,
+                       timeout: float) -> None:
+    print(f"\nTFP 0.25 NoUTurnSampler, tf.function(sample_chain), {steps} steps "
+          f"(first call | steady, median of {repeat}):\n")
+    names = [label for label, _ in NUTS_ENGINES]
+    print("| chains | " + " | ".join(f"{n} first | {n} steady" for n in names)
+          + " | TFP / best ours steady | TFP / best ours first |")
+    print("|---:|" + "---:|---:|" * len(names) + "---:|---:|")
+    for chains in chain_counts:
+        cells = [nuts_sampler_cell(python, chains, steps, repeat, engine, timeout)
+                 for _, engine in NUTS_ENGINES]
+        tfp, ours = cells[0], [c for c in cells[1:] if c is not None]
+        best_steady = min((c[1] for c in ours), default=None)
+        best_first = min((c[0] for c in ours), default=None)
+        shown = " | ".join(f"{fmt(c[0])} | {fmt(c[1])}" if c else "failed | failed"
+                           for c in cells)
+        print(f"| {chains:,} | {shown} | {ratio(tfp and tfp[1], best_steady)} | "
+              f"{ratio(tfp and tfp[0], best_first)} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -430,6 +493,11 @@ def main() -> None:
                         help="do not run autobatch's native (numba) engine")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds per peer subprocess")
+    parser.add_argument("--nuts-sampler", default=None,
+                        help="chain counts for TFP's NoUTurnSampler table (e.g. "
+                             "100,1000,10000; needs the TFP venv)")
+    parser.add_argument("--nuts-steps", type=int, default=10,
+                        help="sample_chain steps per call in the NUTS sampler table")
     parser.add_argument("--jax-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.jax_worker:
@@ -469,6 +537,14 @@ def main() -> None:
         jnp.zeros(1).block_until_ready()
     only = set(args.only.split(",")) if args.only else None
     start = time.perf_counter()
+    if only == {"nuts-sampler"}:
+        if tfp_python is None:
+            raise SystemExit(f"the NUTS sampler table needs TFP's venv ({args.tfp_python}: "
+                             f"make tfp)")
+        nuts_sampler_table(tfp_python, [int(c) for c in (args.nuts_sampler or
+                                                          "100,1000,10000").split(",")],
+                           args.nuts_steps, args.repeat, args.timeout)
+        return
     for work in workloads(args.quick, args.seed):
         if only and work.key not in only:
             continue
@@ -510,6 +586,9 @@ def main() -> None:
               f"{ratio(py, best['steady'])} | "
               f"{fmt(best['first'])} | {cached_cell} | {jax_first} | "
               f"{ratio(best['first'], jax_f)} |", flush=True)
+    if args.nuts_sampler and tfp_python is not None:
+        nuts_sampler_table(tfp_python, [int(c) for c in args.nuts_sampler.split(",")],
+                           args.nuts_steps, args.repeat, args.timeout)
     print(f"\nours / X below 1: autobatch is faster.  Total bench time "
           f"{time.perf_counter() - start:.0f} s.")
 

@@ -11,16 +11,19 @@ build is not timed; the programs are never run).
 
 Programs (all training programs: forward, backward, momentum):
 
-- ``bert12`` / ``bert24``: PIR BERT-base-like encoders (hidden 768, 12
-  heads, feed-forward 3072, seq 128, vocab 30522), 12 and 24 layers;
-- ``gpt24``: a PIR 24-layer GPT (hidden 768, seq 128, vocab 50257);
+- ``bert12`` / ``bert24`` / ``bert48``: PIR BERT-base-like encoders (hidden
+  768, 12 heads, feed-forward 3072, seq 128, vocab 30522), 12, 24 and 48 layers;
+- ``gpt24`` / ``gpt48``: PIR GPTs (hidden 768, seq 128, vocab 50257), 24 and
+  48 layers;
 - ``resnet152`` / ``resnet50``: PIR ``paddle.vision`` ResNets, 224 px;
 - ``legacy_resnet50``, ``legacy_transformer12``: the legacy IR
   (``FLAGS_enable_pir_api=0``): ResNet-50 at 224 px, a 12-layer einsum
   Transformer encoder (hidden 768, seq 128).
 
 Cells are wall seconds with this process's CPU seconds in brackets (on
-a loaded machine compare the CPU seconds).  ``B`` is 8.  The budget is 0.7 of ``analyze(program).total_peak(B)``.
+a loaded machine compare the CPU seconds); the ``per 1k ops`` column is the
+CPU seconds of each step (level 0 / 1 / 2 / budget / analyze) per 1,000 ops,
+which stays flat from a 24- to a 48-layer model when planning is linear.  ``B`` is 8.  The budget is 0.7 of ``analyze(program).total_peak(B)``.
 
 Each program runs in its own fresh process (``_bench.run_worker``).  With
 ``--versions a,b``, each program is measured under each ``PYTHONPATH`` in
@@ -52,7 +55,11 @@ PROGRAMS = {
                                    vocab=30522)),
     "bert24": ("pir", "bert", dict(layers=24, d_model=768, heads=12, d_ff=3072, seq_len=128,
                                    vocab=30522)),
+    "bert48": ("pir", "bert", dict(layers=48, d_model=768, heads=12, d_ff=3072, seq_len=128,
+                                   vocab=30522)),
     "gpt24": ("pir", "gpt", dict(layers=24, d_model=768, heads=12, d_ff=3072, seq_len=128,
+                                 vocab=50257)),
+    "gpt48": ("pir", "gpt", dict(layers=48, d_model=768, heads=12, d_ff=3072, seq_len=128,
                                  vocab=50257)),
     "resnet152": ("pir", "resnet152", dict(image_size=224)),
     "resnet50": ("pir", "resnet50", dict(image_size=224)),
@@ -164,6 +171,14 @@ def worker(name: str, repeat: int, profile: str, steps=STEPS) -> None:
     print(json.dumps(out))
 
 
+def _per_thousand_ops(r: dict) -> str:
+    """CPU seconds per 1,000 ops of each step measured in ``r`` (a worker's line)."""
+    ops = r.get("ops") or 0
+    if not ops:
+        return "-"
+    return "/".join(f"{1000 * r[s + '_cpu'] / ops:.2f}" if s in r else "-" for s in STEPS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", default=",".join(PROGRAMS))
@@ -180,8 +195,9 @@ def main() -> None:
         return
     versions = [v for v in args.versions.split(",") if v] or [None]
     cols = ["program", "ops"] + (["version"] if versions[0] else []) + [
-        "level 0 s", "level 1 s", "level 2 s", "budget s", "analyze s", "digest (0/1/2/budget)"]
-    table = _bench.Table(cols, "lr" + ("l" if versions[0] else "") + "rrrrrl")
+        "level 0 s", "level 1 s", "level 2 s", "budget s", "analyze s",
+        "per 1k ops (CPU s: 0/1/2/budget/analyze)", "digest (0/1/2/budget)"]
+    table = _bench.Table(cols, "lr" + ("l" if versions[0] else "") + "rrrrrll")
     for name in args.programs.split(","):
         ir = PROGRAMS[name][0]
         for version in versions:
@@ -192,12 +208,12 @@ def main() -> None:
                                              "--steps", args.steps], env=env, timeout=3600)
             if "error" in r:
                 table.row(name, "", *([version] if version else []), r["error"], "", "", "", "",
-                          "")
+                          "", "")
                 continue
             digest = "/".join(r[s + "_digest"][:6] for s in STEPS[:4] if s in r)
             table.row(name, r["ops"], *([version] if version else []),
                       *(f"{r[s]:.2f} ({r[s + '_cpu']:.2f})" if s in r else "-" for s in STEPS),
-                      digest)
+                      _per_thousand_ops(r), digest)
     sys.stdout.flush()
 
 

@@ -51,6 +51,8 @@ _EXPORTS = {
     "ProblemFormatError": "memopt.errors",
     "ModelFileError": "memopt.errors",
     "MergedVariableError": "memopt.errors",
+    "StepAlreadyRunError": "memopt.errors",
+    "PaddleInternalsError": "memopt.errors",
     "install_fetch_guard": "memopt.paddle.guards.install",
     "BudgetError": "memopt.errors",
 }

@@ -139,12 +139,10 @@ def _without_cycle_collection():
     """Pause Python's cyclic garbage collector for the duration.
 
     Planning allocates many small objects while Paddle programs (large
-    object graphs) are alive, so the collector's passes land inside
-    memory_optimize: on ResNet-50 with a dozen programs alive, median CPU
-    time 0.127 s -> 0.116 s paused, and no more 0.25 s outliers when a full
-    pass falls inside; on bench_scale's 100,000-op program (level 0, GC
-    off) 22.6-24.8 s -> 13.8-14.4 s CPU.  Nothing planned here needs a
-    cycle collected mid-way.
+    object graphs) are alive, so the collector's full passes would land
+    inside memory_optimize and cost it time that grows with everything the
+    process holds (``benchmarks/bench_scale.py`` shows it on a 100,000-op
+    program).  Nothing planned here needs a cycle collected mid-way.
     """
     was_enabled = python_gc.isenabled()
     python_gc.disable()
@@ -263,8 +261,8 @@ def _analysed_peaks(report: Report, program, options: Options,
     """Set ``report``'s peaks and largest holders to :func:`analyze`'s of
     the legacy program before (``before``) and as it is now, so the report
     and ``memopt.analyze`` give one figure for one program (the plan's own
-    estimate left out the executor's in-place pass and kernel workspaces:
-    537,472 B against analyze's 482,392 B on the bundled MLP at batch 32)."""
+    estimate leaves out the executor's in-place pass and kernel
+    workspaces)."""
     after = _legacy_analysis(program, options, report.batch_size) if before else None
     if after is None:
         return
@@ -453,7 +451,8 @@ def _pir_release(program, options: Options) -> Report:
 
 def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
                     level: int = 0, print_log: bool = False, *, fetch_list=None,
-                    budget=None, batch_size: Optional[int] = None) -> Report:
+                    budget=None, batch_size: Optional[int] = None, optimizer=None,
+                    set_to_zero: bool = True):
     """Rewrite a Paddle static program so that variables share memory.
 
     Parameters
@@ -518,6 +517,22 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
         function given either returns a plan; see
         :class:`memopt.errors.BudgetError`); the program is unchanged.
 
+    Notes
+    -----
+    A ``paddle.jit.to_static`` step (what ``to_static`` returned for a
+    function or a Layer, SOT or ``full_graph=True``) as ``program``: every
+    training program Paddle builds for it from then on is rewritten as above
+    before its first run, with ``skip_grads``, ``level``, ``budget`` and
+    ``batch_size``; ``budget`` is then the allocator peak of one whole
+    steady training step (``loss = step(*inputs); loss.backward();
+    opt.step(); opt.clear_grad(set_to_zero)``), the state of ``optimizer``
+    and the gradients ``clear_grad`` keeps (``set_to_zero``) counted outside
+    the programs.  Call it before the step's first call
+    (:class:`memopt.errors.StepAlreadyRunError` otherwise).  Returns a
+    :class:`memopt.paddle.dygraph.to_static.StepOptimization`: ``.reports``
+    (one per program built), ``.remove()`` to take memopt off; see
+    :mod:`memopt.paddle.dygraph.to_static`.
+
     Merged variables' memory lives under fresh names (``memopt@buf_<k>``);
     the merged-away names leave the program, so fetching one fails by name
     -- from the program, its clones and anything saved from it -- and never
@@ -526,6 +541,11 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     ``fetch_list`` fix.  (PIR: fetching a Value an in-place op memopt made
     writes over raises it too.)
     """
+    from .paddle.dygraph import to_static as static_steps  # Paddle imported only if loaded
+
+    if static_steps.is_static_step(program):
+        return _optimize_step(program, skip_opt_set, skip_grads, level, print_log,
+                              fetch_list, budget, batch_size, optimizer, set_to_zero)
     program = _default_program(program)
     if budget is None and batch_size is not None and _bad_batch(batch_size):
         raise ValueError(f"batch_size must be a positive integer, the batch the report's "
@@ -556,6 +576,31 @@ def memory_optimize(program=None, skip_opt_set=None, skip_grads: bool = True,
     if options.print_log:
         print(report)
     return report
+
+
+def _optimize_step(step, skip_opt_set, skip_grads, level, print_log, fetch_list, budget,
+                   batch_size, optimizer, set_to_zero):
+    """memory_optimize on a to_static step: the arguments checked, then
+    :func:`memopt.paddle.dygraph.to_static.optimize_step` with this
+    module's program path as the rewrite of each program."""
+    from .paddle.dygraph import to_static as static_steps
+
+    if skip_opt_set or fetch_list:
+        raise ValueError("skip_opt_set and fetch_list name values of a static program; a "
+                         "to_static step's programs are built later: pass neither")
+    resolve_options(None, skip_grads, level, print_log)
+    limit = parse_budget(budget) if budget is not None else None
+    if (limit is not None or batch_size is not None) and _bad_batch(batch_size):
+        raise ValueError(f"budget= needs batch_size=, the positive batch size the budget is "
+                         f"for (got batch_size={batch_size!r}); nothing was changed")
+
+    def rewrite(program, *, fetch_list, budget, batch_size, level):
+        return memory_optimize(program, skip_grads=skip_grads, level=level,
+                               fetch_list=fetch_list, budget=budget, batch_size=batch_size)
+
+    return static_steps.optimize_step(step, rewrite, level=level, budget=limit,
+                                      batch_size=batch_size, optimizer=optimizer,
+                                      print_log=print_log, set_to_zero=set_to_zero)
 
 
 def _keep_for_pending_backward(program, options: Options):
@@ -732,7 +777,8 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
     fetch = sorted(options.fetch_list)
     target = legacy_recompute.LegacyTarget(program, fetch, kept=options.skip_opt_set)
     with _without_cycle_collection():
-        before = target.analysis(fetch, batch, model).total_peak(batch)
+        before_analysis = target.analysis(fetch, batch, model)
+        before = before_analysis.total_peak(batch)
         chosen, applied = pir_budget.choose_plan(target, fetch, batch, limit, model)
         recomputed, added, note = _recompute_note(chosen, limit, target.gc_lag_ops)
         notes = [note]
@@ -760,7 +806,9 @@ def _legacy_within_budget(program, options: Options, limit: int, batch: int) -> 
             if applied is not None:
                 applied.undo()
             raise
-        report.peak_after = target.analysis(fetch, batch, model).total_peak(batch)
+        after_analysis = target.analysis(fetch, batch, model)
+        report.peak_after = after_analysis.total_peak(batch)
+        report.analyses = [before_analysis, after_analysis]  # (not the inner call's)
     report.peak_before = before
     report.batch_size = batch
     report.level = options.level
@@ -918,6 +966,14 @@ def release_memory(program=None, skip_opt_set=None, *, fetch_list=None) -> Repor
 
 # -- analyze ---------------------------------------------------------------------------
 
+def _is_step(obj) -> bool:
+    """Whether ``obj`` is a dygraph step (a Layer, a to_static function, a
+    Python function) rather than a program."""
+    from .paddle.dygraph.capture import is_step
+
+    return is_step(obj)
+
+
 def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
             fetch_list: Iterable = (), runtime: Optional[RuntimeModel] = None,
             input_spec=None, optimizer=None, mode: Optional[str] = None,
@@ -960,7 +1016,8 @@ def analyze(program_or_graph: Any, batch_size: Optional[int] = None, *,
     if batch_size is not None and (not isinstance(batch_size, (int, np.integer))
                                    or isinstance(batch_size, bool) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    if input_spec is not None or optimizer is not None or mode is not None:
+    if input_spec is not None or optimizer is not None or mode is not None or (
+            not isinstance(program_or_graph, Graph) and _is_step(program_or_graph)):
         from .paddle.dygraph import analyze_step
 
         if input_spec is None:
@@ -1122,8 +1179,8 @@ def estimate(program=None, strategy: Optional[Strategy] = None, batch_size: int 
     RankEstimate
         ``.total`` bytes per rank, ``.components``, ``str()`` and ``.to_json()``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> est = memopt.estimate(main, dp=2, sharding_stage=1, batch_size=64)  # doctest: +SKIP
     >>> print(est)                                                           # doctest: +SKIP
     """

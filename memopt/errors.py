@@ -64,3 +64,17 @@ class BudgetError(MemoptError, ValueError):
         self.batch_size = batch_size
         self.smallest_budget = smallest_budget
         self.largest_batch = largest_batch
+
+
+class StepAlreadyRunError(MemoptError, RuntimeError):
+    """``memory_optimize`` on a ``paddle.jit.to_static`` step that has
+    already run (or whose training program Paddle has already built and
+    run): Paddle caches the program it ran and ignores later edits, so memopt
+    must be installed before the step's first call.  The step is left
+    unchanged."""
+
+
+class PaddleInternalsError(MemoptError, RuntimeError):
+    """The installed Paddle's ``paddle.jit.to_static`` internals are not the
+    ones memopt's to_static hook was written against (the message names the
+    Paddle version and what differs).  Raised before anything is changed."""

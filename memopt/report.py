@@ -37,6 +37,7 @@ notes : anything else worth saying (empty usually).
 analyses : the :class:`memopt.analysis.Analysis` of the program before and
     after, where memopt made them (for :meth:`Report.to_html`; not in
     :meth:`Report.to_dict`).
+operation : ``"memory_optimize"`` or ``"release_memory"``: what made the report.
 released : the variables release_memory frees right after their last use
     (empty for memory_optimize, and with the garbage collector on).
 labels : name -> how the user knows it, where the name is not that (PIR
@@ -213,6 +214,7 @@ class Report:
     budget: Optional[int] = None
     labels: Dict[str, str] = field(default_factory=dict)
     analyses: List = field(default_factory=list, repr=False, compare=False)
+    operation: str = "memory_optimize"
 
     def label(self, name: str) -> str:
         """How the text names variable ``name`` (see :attr:`labels`)."""
@@ -324,13 +326,13 @@ class Report:
             "added_compute_percent": self.added_compute_percent,
             "budget": self.budget,
             "labels": dict(sorted(self.labels.items())),
+            "operation": self.operation,
         }
 
     def what(self) -> str:
         """What was done, as the page labels the program after it:
         ``"memory_optimize(level=2, budget=8.0 MiB)"``, ``"release_memory"``."""
-        if self.released or (self.release and not self.reuses and not self.level
-                             and not self.budget and not self.recomputed):
+        if self.operation == "release_memory":
             return "release_memory"
         extra = f", budget={format_bytes(self.budget)}" if self.budget is not None else ""
         return f"memory_optimize(level={self.level}{extra})"

@@ -149,7 +149,8 @@ def release_report(plan, released: List[str], ops: int, options: Options, gc: bo
         temporaries_after=Bytes.total(sizes), batch_size=batch_size,
         persistable_bytes=sum(as_size(s).at(batch_size) for s in plan.persistable),
         peak_before=before[0], peak_after=after[0], top_holders=after[1], release=text,
-        not_merged=dict(plan.reasons), seconds=seconds, notes=notes, released=list(released))
+        not_merged=dict(plan.reasons), seconds=seconds, notes=notes, released=list(released),
+        operation="release_memory")
 
 
 def _pir_release_text(gc: bool) -> str:
@@ -214,4 +215,5 @@ def pir_release_report(graph, analysis, kept: List[str], gc: bool, runtime: str,
                   persistable_bytes=analysis.persistable_bytes(),
                   peak_before=analysis.total_peak(), peak_after=analysis.total_peak(),
                   release=_pir_release_text(gc), seconds=seconds,
-                  notes=[f"kept by skip_opt_set: {', '.join(kept)}"] if kept else [])
+                  notes=[f"kept by skip_opt_set: {', '.join(kept)}"] if kept else [],
+                  operation="release_memory")

@@ -1,16 +1,22 @@
-"""The demo: memory_optimize on a ResNet-50 training program, end to end.
+"""The demo: memopt for a Paddle user training an nn.Layer, then for a static program.
 
-For each of Paddle's two runtime memory modes (garbage collection on, the
-default, and off), it builds the same ResNet-50 training program twice,
-rewrites one copy with ``memopt.memory_optimize(main, print_log=...)``, runs
-a few training steps of both, checks that losses and every parameter are
-bit-identical, and prints the peak of Paddle's allocator before and after;
-with GC off also for a copy rewritten by ``memory_optimize`` and then
-``memopt.release_memory`` (each temporary freed after its last use).
-Finally it writes the memory timeline (live bytes per op, before and after,
-GC off, beside Paddle's default mode) to ``out/timeline.png`` and the
-interactive memory page (hover an op for who holds the memory) to
-``out/memory.html``.
+Part 1 (dygraph, how Paddle 3 users train): a Transformer-encoder classifier
+(an ``nn.Layer``) and an Adam optimizer; ``memopt.analyze`` predicts the
+peak of one training step before any step runs; the step is passed through
+``paddle.jit.to_static`` and ``memopt.memory_optimize(step, level=2,
+budget=..., batch_size=..., optimizer=opt)`` is installed on it, with a
+budget at 80% of the predicted peak; a few steps of the same model with and
+without memopt are trained and their measured step peaks, step times and
+numbers (losses, every parameter: bit-identical) compared.
+
+Part 2 (a static program): for each of Paddle's two runtime memory modes
+(garbage collection on, the default, and off) the same ResNet-50 training
+program is built twice, one copy rewritten by ``memopt.memory_optimize``;
+both run a few steps, losses and parameters must be bit-identical, and the
+allocator peaks are compared.  Finally the memory timeline (live bytes per
+op, before and after, GC off, beside Paddle's default mode) goes to
+``out/timeline.png`` and the interactive memory page (hover an op for who
+holds the memory) to ``out/memory.html``.
 
     python scripts/demo.py [--batch-size 8] [--image-size 96] [--steps 2]
 """
@@ -26,6 +32,110 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))  # the shared bench harness
 from _bench import Table, mib  # noqa: E402
 
+
+# -- part 1: an nn.Layer trained through paddle.jit.to_static -----------------------
+
+def encoder_classifier(paddle, width=128, layers=4, seq=64, vocab=2000):
+    """A BERT-style classifier whose forward returns the loss."""
+    nn = paddle.nn
+
+    class Classifier(nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, width)
+            block = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.1)
+            self.encoder = nn.TransformerEncoder(block, layers)
+            self.head = nn.Linear(width, 2)
+
+        def forward(self, ids, label):
+            h = self.encoder(self.embed(ids))
+            return nn.functional.cross_entropy(self.head(h[:, 0]), label)
+
+    return Classifier()
+
+
+def train_layer(budget=None, batch=16, seq=64, steps=4):
+    """Build the classifier and Adam (seeded), convert it with to_static,
+    install memopt when ``budget`` is given, train ``2 + steps`` steps.
+    Returns (memopt's handle or None, step peaks above the level before the
+    model was built, step seconds, losses, parameters)."""
+    import paddle
+    from paddle.static import InputSpec
+
+    import memopt
+    from memopt.testing.dygraph_runs import allocated, peak, reset_peak
+
+    base = allocated()
+    paddle.seed(0)
+    model = encoder_classifier(paddle, seq=seq)
+    opt = paddle.optimizer.Adam(parameters=model.parameters())
+    rng = np.random.default_rng(0)
+    ids = paddle.to_tensor(rng.integers(0, 2000, (batch, seq)).astype("int64"))
+    label = paddle.to_tensor(rng.integers(0, 2, (batch, 1)).astype("int64"))
+    handle = None
+    if budget == "analyze":   # predict before any step runs: nothing of the model changes
+        spec = [InputSpec([None, seq], "int64", "ids"), InputSpec([None, 1], "int64", "label")]
+        return memopt.analyze(model, input_spec=spec, optimizer=opt, mode="to_static")
+    step = paddle.jit.to_static(model)
+    if budget is not None:
+        handle = memopt.memory_optimize(step, level=2, skip_grads=False, budget=budget,
+                                        batch_size=batch, optimizer=opt)
+    peaks, seconds, losses = [], [], []
+    for k in range(2 + steps):
+        reset_peak()
+        t0 = time.perf_counter()
+        loss = step(ids, label)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        if k >= 2:   # the first step makes the optimizer state; the second settles
+            seconds.append(time.perf_counter() - t0)
+            peaks.append(peak() - base)
+        losses.append(float(loss))
+    params = [p.numpy() for p in model.parameters()]
+    if handle is not None:
+        for record in handle.records:   # one per training program Paddle built
+            r = record.report
+            print(f"memopt rewrote to_static program {record.index} before its first run: "
+                  f"{len(r.recomputed)} values recomputed in the backward part (+"
+                  f"{r.added_compute_percent:.0f}% compute), {r.merged_count} ops in place; "
+                  f"program peak predicted {mib(r.peak_before):.1f} -> {mib(r.peak_after):.1f} "
+                  f"MiB")
+        handle.remove()   # memopt off again: the next call builds Paddle's own program
+    return handle, peaks, seconds, losses, params
+
+
+def dygraph_part(steps: int) -> bool:
+    from memopt.report import format_bytes
+
+    batch = 16
+    print(f"Part 1: a Transformer-encoder classifier (nn.Layer, 4 layers, width 128, "
+          f"sequence 64), Adam, batch {batch}, trained through paddle.jit.to_static\n")
+    analysis = train_layer("analyze", batch=batch)
+    predicted = int(analysis.total_peak(batch))
+    budget = int(0.8 * predicted)
+    print(f"memopt.analyze(model, input_spec=..., optimizer=opt, mode='to_static'): one "
+          f"training step peaks at {format_bytes(predicted)} (parameters, gradients, Adam "
+          f"state, activations); memory_optimize gets a budget of 80% of that: "
+          f"{format_bytes(budget)}\n")
+    _, base_peaks, base_s, base_losses, base_params = train_layer(None, batch, steps=steps)
+    _, peaks, secs, losses, params = train_layer(budget, batch, steps=steps)
+    identical = base_losses == losses and same(base_params, params)
+    print()
+    table = Table(["step", "predicted", "measured peak (median, max)", "step time",
+                   "bit-identical"])
+    table.row("to_static", f"{mib(predicted):.1f} MiB",
+              f"{mib(np.median(base_peaks)):.1f}, {mib(max(base_peaks)):.1f} MiB",
+              f"{np.median(base_s):.2f} s", "")
+    table.row(f"to_static + memopt (budget {mib(budget):.1f} MiB)", "",
+              f"{mib(np.median(peaks)):.1f}, {mib(max(peaks)):.1f} MiB",
+              f"{np.median(secs):.2f} s", "yes" if identical else "NO")
+    print(f"\nmeasured step peak {mib(max(base_peaks)):.1f} -> {mib(max(peaks)):.1f} MiB "
+          f"({max(peaks) / max(base_peaks):.2f}x); step times on a busy machine are noisy\n")
+    return identical and max(peaks) <= budget
+
+
+# -- part 2: a static program -------------------------------------------------------
 
 def measured_run(model, steps: int):
     """Initialize and run ``steps`` training steps; return (losses,
@@ -70,12 +180,13 @@ def main() -> None:
     from memopt.testing.models import build, flags
     from memopt.report import format_bytes
 
+    dygraph_ok = dygraph_part(args.steps + 2)
     paddle.enable_static()
 
     def resnet():
         return build("resnet50", "legacy", args.batch_size, image_size=args.image_size)
 
-    print(f"memopt demo: ResNet-50 training, batch {args.batch_size}, "
+    print(f"Part 2: a static program: ResNet-50 training, batch {args.batch_size}, "
           f"{args.image_size}x{args.image_size} images, {args.steps} steps, level {args.level}\n")
     rows = []
     for gc_label, gc_flag in (("on", 0.0), ("off", -1.0)):
@@ -83,32 +194,23 @@ def main() -> None:
             reference = resnet()
             ref_losses, ref_params, ref_peak = measured_run(reference, args.steps)
 
-            def rewritten_row(label, release):
-                """Build, rewrite (memory_optimize, then release_memory if
-                ``release``), run: the table row and memory_optimize's report."""
+            def rewritten_row(label):
+                """Build, rewrite, run: the table row and memory_optimize's report."""
                 model = resnet()
                 t0 = time.perf_counter()
                 # where the program will run (a legacy program in a Paddle 3
                 # process runs under OldIrGuard, which the model's guard holds)
                 with model.guard():
-                    report = memopt.memory_optimize(
-                        model.main, level=args.level,
-                        print_log=(gc_label == "off" and not release))
-                    if release:
-                        freed = memopt.release_memory(model.main)
-                        print(f"\nGC off, then release_memory: {len(freed.released)} "
-                              "temporaries freed right after their last use")
+                    report = memopt.memory_optimize(model.main, level=args.level,
+                                                    print_log=(gc_label == "off"))
                 seconds = time.perf_counter() - t0
                 losses, params, peak = measured_run(model, args.steps)
                 identical = same(ref_losses, losses) and same(ref_params, params)
                 return (label, ref_peak, peak, report.merged_count, seconds, identical,
                         ref_losses[-1]), report
 
-            row, report = rewritten_row(gc_label, release=False)
+            row, report = rewritten_row(gc_label)
             rows.append(row)
-            if gc_label == "off":
-                # GC off: release_memory frees each temporary after its last use
-                rows.append(rewritten_row("off + release_memory", release=True)[0])
         if gc_label == "on":
             print(f"GC on: {report.merged_count} variables share memory "
                   f"({len(report.reuses)} reuses); memory released by: {report.release}\n")
@@ -158,8 +260,9 @@ def main() -> None:
           f"{format_bytes(freed.total_peak(args.batch_size))} with release_memory too; "
           f"Paddle's default (GC on): {format_bytes(default.total_peak(args.batch_size))}; "
           f"timeline written to {path}, the interactive page to {page}")
-    if not all(row[5] for row in rows):
-        raise SystemExit("results differ after memory_optimize: this is a bug, please report it")
+    if not all(row[5] for row in rows) or not dygraph_ok:
+        raise SystemExit("results differ after memory_optimize, or a step went over its budget: "
+                         "this is a bug, please report it")
 
 
 if __name__ == "__main__":

@@ -60,3 +60,35 @@ def paddle():
 def tf():
     """TensorFlow, real."""
     return need("tensorflow")
+
+
+# Sweeps (tests/sweeps/): every test there is marked ``sweep``; pytest.ini
+# deselects them (``-m "not sweep"``) and ``make sweep`` runs them.  These
+# hooks live here, not in a tests/sweeps/conftest.py: test modules import
+# this file as ``conftest`` (``from conftest import need``), and a second
+# conftest module would take that name over.
+
+@pytest.hookimpl(tryfirst=True)  # before the -m deselection
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "/tests/sweeps/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.sweep)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """At the end of a run, every sweep cell that was not ``ok`` is listed
+    with its outcome (clean refusals, Paddle failures, bugs)."""
+    rows = []
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) != "call":
+                continue
+            for key, value in getattr(report, "user_properties", ()):
+                if key == "sweep_outcome" and not value.startswith("ok"):
+                    rows.append((report.nodeid, value))
+    if rows:
+        terminalreporter.write_sep("-", "sweep cells not ok")
+        terminalreporter.write_line("| cell | outcome |")
+        terminalreporter.write_line("|---|---|")
+        for nodeid, value in sorted(rows):
+            terminalreporter.write_line(f"| {nodeid} | {value.replace('|', '/')} |")

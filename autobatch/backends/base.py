@@ -346,11 +346,10 @@ class Backend(Abilities, TfpMethods):
         tensor_type = TensorType(tensors.dtype, tuple(tensors.shape))
         value = self._var_zeros(tensor_type, (batch_size,))
         if alloc == VariableAllocation.REGISTER:
-            return v.RegisterVariable(self, value)
-        return v.FullVariable(self, value,
-                              self._var_zeros(tensor_type, (max_stack_depth, batch_size)),
-                              self._var_zeros(TensorType(np.int32, ()), (batch_size,)),
-                              str(name))
+            return v.RegisterVariable(value, backend=self)
+        stack = v.Stack(self._var_zeros(tensor_type, (max_stack_depth, batch_size)),
+                        self._var_zeros(TensorType(np.int32, ()), (batch_size,)))
+        return v.FullVariable(value, stack, name=str(name), backend=self)
 
     # The array work of the variable objects, in NumPy (TensorFlow overrides).
     def _var_zeros(self, tensor_type: TensorType, lead: Tuple[int, ...]) -> Any:

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 from autobatch.errors import NullVariableError, ProgramError, StackOverflowError
 
-__all__ = ["NullVariable", "TemporaryVariable", "RegisterVariable", "FullVariable",
+__all__ = ["NullVariable", "TemporaryVariable", "RegisterVariable", "FullVariable", "Stack",
            "VariableStackOverflow", "VariableUnderflow"]
 
 
@@ -108,14 +108,46 @@ class TemporaryVariable(NamedTuple):
         return self.value
 
 
-class RegisterVariable(NamedTuple):
-    """A REGISTER variable: ``value`` has one row per thread."""
+class Stack(NamedTuple):
+    """TFP's ``Stack``: ``stack`` (``[max_stack_depth, batch, ...]``, the
+    saved values) and ``stack_index`` (``[batch]`` int32: each thread's
+    number of saved values)."""
 
-    backend: Any
-    value: Any
+    stack: Any
+    stack_index: Any
+
+
+class _OnBackend:
+    """The array work of a variable goes to its ``backend``; where none was
+    given (TFP's constructors take none), to the class's default (the
+    backend-specific classes of :mod:`autobatch.tf_backend` and
+    :mod:`autobatch.numpy_backend` have one)."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def _default_backend() -> Any:
+        raise ProgramError("this variable has no backend: build it with backend=..., or "
+                           "use the backend's own class (tf_backend.RegisterTensorFlowVariable, "
+                           "numpy_backend.RegisterNumpyVariable...) or create_variable")
+
+    def _b(self) -> Any:
+        backend = self.backend
+        return backend if backend is not None else self._default_backend()
+
+
+class RegisterVariable(_OnBackend, NamedTuple("_Register", [("value", Any), ("backend", Any)])):
+    """A REGISTER variable: ``value`` has one row per thread.  TFP's
+    ``RegisterTensorFlowVariable(value)``; ``backend`` (keyword) does the
+    array work."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: Any, backend: Any = None) -> "RegisterVariable":
+        return super().__new__(cls, value, backend)
 
     def update(self, value: Any, mask: Any) -> "RegisterVariable":
-        return self._replace(value=self.backend._var_where(mask, value, self.value))
+        return self._replace(value=self._b()._var_where(mask, value, self.value))
 
     def push(self, mask: Any) -> "RegisterVariable":
         return self
@@ -127,38 +159,47 @@ class RegisterVariable(NamedTuple):
         return self.value
 
 
-class FullVariable(NamedTuple):
-    """A FULL variable: ``current`` (one row per thread), ``stack``
-    (``[max_stack_depth, batch, ...]``) and ``index`` (each thread's number
-    of saved values); ``name`` appears in a stack overflow's message.  The
-    methods take TFP's optional ``name`` argument (an op name; unused)."""
+class FullVariable(_OnBackend, NamedTuple("_Full", [("current", Any), ("stack", Any),
+                                                    ("name", str), ("backend", Any)])):
+    """A FULL variable: ``current`` (one row per thread) and ``stack``, a
+    :class:`Stack` of ``[max_stack_depth, batch, ...]`` saved values and each
+    thread's count of them: TFP's ``FullTensorFlowVariable(current,
+    stack)``.  ``name`` (keyword) appears in a stack overflow's message,
+    ``backend`` (keyword) does the array work.  The methods take TFP's
+    optional ``name`` argument (an op name; unused)."""
 
-    backend: Any
-    current: Any
-    stack: Any
-    index: Any
-    name: str = "variable"
+    __slots__ = ()
+
+    def __new__(cls, current: Any, stack: Any, name: str = "variable",
+                backend: Any = None) -> "FullVariable":
+        return super().__new__(cls, current, Stack(*stack), name, backend)
+
+    @property
+    def index(self) -> Any:
+        """Each thread's number of saved values (``stack.stack_index``)."""
+        return self.stack.stack_index
 
     def update(self, value: Any, mask: Any, name: Any = None) -> "FullVariable":
-        return self._replace(current=self.backend._var_where(mask, value, self.current))
+        return self._replace(current=self._b()._var_where(mask, value, self.current))
 
     def push(self, mask: Any, name: Any = None) -> "FullVariable":
-        b = self.backend
-        depth = b._var_depth(self.stack)
+        b = self._b()
+        depth = b._var_depth(self.stack.stack)
         index = b._var_step(self.index, mask, 1)
         index, current = b._var_guard(
             (index, self.current), lambda: index >= depth,
             lambda: VariableStackOverflow(self.name, depth))
-        stack = b._var_stack_write(self.stack, self.index, mask, current)
-        return self._replace(stack=stack, index=index, current=current)
+        stack = b._var_stack_write(self.stack.stack, self.index, mask, current)
+        return self._replace(stack=Stack(stack, index), current=current)
 
     def pop(self, mask: Any, name: Any = None) -> "FullVariable":
-        b = self.backend
+        b = self._b()
         index, = b._var_guard((b._var_step(self.index, mask, -1),),
                               lambda: b._var_step(self.index, mask, -1) < 0,
                               lambda: VariableUnderflow(self.name))
-        top = b._var_stack_read(self.stack, index)
-        return self._replace(current=b._var_where(mask, top, self.current), index=index)
+        top = b._var_stack_read(self.stack.stack, index)
+        return self._replace(current=b._var_where(mask, top, self.current),
+                             stack=Stack(self.stack.stack, index))
 
     def read(self, name: Any = None) -> Any:
         return self.current

@@ -5,8 +5,9 @@ type="application/json">``, see :mod:`memopt.pages.model`) as SVG: per lane
 a chart of each program's total live bytes on one x axis, then one chart
 per program stacked by kind, each peak marked; hovering any chart shows the
 op at that x and the largest holders there for every program; a sortable
-table lists the largest holders at a program's peak.  It loads nothing
-from the network.
+table lists the largest holders at a program's peak; once a chart was
+hovered, the arrow keys step its lane one op left or right.  It loads
+nothing from the network.
 """
 
 CSS = """
@@ -267,17 +268,22 @@ JS = r"""
       });
       marker(c, s.peak_x, lower[s.peak_x], LINE[k % LINE.length], "peak-" + li + "-" + k + "-stack", peakLabel(s));
     });
-    function hover(evt) {
-      var c = this.memoptChart, r = c.svg.getBoundingClientRect();
-      var px = (evt.clientX - r.left) / r.width * W;
-      var x = Math.floor(c.x0 + (px - PAD_L) / (W - PAD_L - PAD_R) * (c.x1 - c.x0));
-      x = Math.max(c.x0, Math.min(c.x1 - 1, x));
+    var state = {x: null, x0: top.x0, x1: top.x1};
+    state.show = function (x) {
+      x = Math.max(state.x0, Math.min(state.x1 - 1, x));
+      state.x = x;
       all.forEach(function (o) {
         var sx = o.sx(x + 0.5);
         o.cross.setAttribute("x1", sx); o.cross.setAttribute("x2", sx);
         o.cross.setAttribute("visibility", "visible");
       });
       details(panel, lane, x);
+    };
+    function hover(evt) {
+      var c = this.memoptChart, r = c.svg.getBoundingClientRect();
+      var px = (evt.clientX - r.left) / r.width * W;
+      active = state;
+      state.show(Math.floor(c.x0 + (px - PAD_L) / (W - PAD_L - PAD_R) * (c.x1 - c.x0)));
     }
     all.forEach(function (c) { c.svg.memoptChart = c; c.svg.addEventListener("mousemove", hover); });
     var pick = el("div", {}, div);
@@ -290,6 +296,16 @@ JS = r"""
     sel.addEventListener("change", show);
     show();
   }
+
+  // the arrow keys step the last hovered lane one op left or right
+  var active = null;
+  document.addEventListener("keydown", function (evt) {
+    if (!active || active.x === null) { return; }
+    if (evt.key === "ArrowLeft" || evt.key === "ArrowRight") {
+      active.show(active.x + (evt.key === "ArrowLeft" ? -1 : 1));
+      evt.preventDefault();
+    }
+  });
 
   var root = document.getElementById("memopt-page");
   el("h1", {}, root, data.title);

@@ -103,7 +103,7 @@ def test_auto_buckets_exactly_the_steps_that_touch_vectors(tfb):
 def test_xla_phases_pack_the_running_threads(tfb, monkeypatch):
     """Once at most an eighth of the threads run, XLA packs them into arrays
     of that size; every result lands back in its own row."""
-    monkeypatch.setattr(tfb, "PHASE_MIN_BATCH", 8)
+    monkeypatch.setattr(tfb.TensorFlowBackend, "phase_min_batch", 8)
     n = np.concatenate([np.zeros(30, np.int64), RNG.integers(0, 12, 10)])
     RNG.shuffle(n)
     backend = tfb.TensorFlowBackend("xla")
@@ -115,7 +115,7 @@ def test_xla_phases_pack_the_running_threads(tfb, monkeypatch):
 
 
 def test_xla_overflow_in_a_later_phase_still_raises(tfb, monkeypatch):
-    monkeypatch.setattr(tfb, "PHASE_MIN_BATCH", 8)
+    monkeypatch.setattr(tfb.TensorFlowBackend, "phase_min_batch", 8)
     n = np.zeros(40, np.int64)
     n[17] = 9                      # the one thread left; too deep for 6 frames
     with pytest.raises(StackOverflowError, match="'fib' exceeds max_stack_depth=6"):

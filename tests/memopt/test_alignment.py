@@ -133,3 +133,24 @@ def test_paddle_rewrites_keep_the_peak_on_its_op(paddle):
     assert set(added) == {"pd_op.share_data_", "pd_op.data"} and added.count("pd_op.data") == 1
     line = freed.timeline(32)
     assert max(line[j] for j in a.shown) == freed.peak(32) < before.peak(32)
+
+
+def test_reports_keep_the_analyses_of_before_and_after(paddle):
+    """Report.to_html draws report.analyses: the program before the whole
+    rewrite and after it, whose peaks are the report's own (here legacy
+    budget=, whose inner level-1 rewrite must not leave its own before;
+    this budget needs no recomputation: the small legacy models refuse the
+    budgets that would, issue 34)."""
+    import memopt
+    from memopt.testing.models import build
+
+    m = build("lstm", "legacy", 64)
+    with m.guard():
+        unchanged = analyze(m.main, 64, fetch_list=[m.loss])
+        limit = int(unchanged.total_peak(64) * 1.2)
+        report = memopt.memory_optimize(m.main, level=1, budget=limit, batch_size=64,
+                                        fetch_list=[m.loss])
+    before, after = report.analyses
+    assert before.total_peak(64) == report.peak_before == unchanged.total_peak(64)
+    assert after.total_peak(64) == report.peak_after
+    assert len(before.op_types) == len(unchanged.op_types)

@@ -63,10 +63,11 @@ def imports_of(name: str, path: str, modules) -> set:
         if parts[0] not in PACKAGES:
             out.add(parts[0])
             return
-        # importing a.b.c runs a/__init__ and a/b/__init__ first
+        # importing a.b.c runs a/__init__ and a/b/__init__ first, except the
+        # packages holding the importer itself: they ran before it did
         for k in range(1, len(parts) + 1):
             prefix = ".".join(parts[:k])
-            if prefix in modules:
+            if prefix in modules and (k == len(parts) or not name.startswith(prefix + ".")):
                 out.add(prefix)
 
     for node in ast.walk(tree):
@@ -138,7 +139,7 @@ def test_the_graph_sees_function_level_and_relative_imports():
     """The reader finds what the layering depends on (a check that could
     pass by reading nothing would prove nothing)."""
     graph = import_graph()
-    assert "memopt.liveness" in graph["autobatch.ir"]  # the passes share it there
+    assert "memopt.liveness" in graph["autobatch.ir.flow"]  # the passes share it there
     assert {"memopt.planner", "memopt.paddle.legacy.program",
             "memopt.paddle.flags"} <= graph["memopt.api"]
     # function-level: cli imports the API inside its commands

@@ -91,8 +91,14 @@ def external_references(text: str) -> list:
 
 def test_report_without_analyses_says_what_to_do(tmp_path):
     with pytest.raises(ValueError, match=r"before.to_html\(path, compare=\[after\]\)"):
-        Report(released=["x"]).to_html(str(tmp_path / "r.html"))
+        Report(released=["x"], operation="release_memory").to_html(str(tmp_path / "r.html"))
     assert not (tmp_path / "r.html").exists()
+
+
+def test_what_a_report_did():
+    assert Report().what() == "memory_optimize(level=0)"
+    assert Report(level=2, budget=8 << 20).what() == "memory_optimize(level=2, budget=8.0 MiB)"
+    assert Report(operation="release_memory").what() == "release_memory"
 
 
 def test_page_header(tmp_path):
@@ -171,6 +177,7 @@ def test_page_loads_shows_the_peak_and_its_holders(browser, rewritten_page):
 
 def test_hovering_the_peak_shows_its_op(browser, rewritten_page):
     from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
 
     driver, module = browser
     path, report = rewritten_page
@@ -185,6 +192,10 @@ def test_hovering_the_peak_shows_its_op(browser, rewritten_page):
         assert f"x {x} (run position of before)" in details
         assert f"op: {before.op_types[x]} at {before.place(x)}" in details
         assert "(its peak)" in details
+    # the arrow keys step one op on
+    ActionChains(driver).send_keys(Keys.ARROW_RIGHT).perform()
+    x = before.peak_position(32) + 1
+    assert f"x {x} (run position of before)" in driver.find_element("id", "details-0").text
     assert module.console_problems(driver) == []
 
 

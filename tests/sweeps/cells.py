@@ -17,7 +17,7 @@ is one test id.  A cell ends as one of four :class:`Kind`:
   crash, a changed program after a refusal): the test fails.
 
 :func:`expect` turns an :class:`Outcome` into the test's verdict and records
-it (``user_properties``) so that ``tests/sweeps/conftest.py`` prints every
+it (``user_properties``) so that the sweep hook of ``tests/conftest.py`` prints every
 cell that was not ``OK`` at the end of the run.
 
 :func:`fresh_process` runs a sweep module's worker mode in a new Python

@@ -178,6 +178,9 @@ EAGER_VIEWS = frozenset({
     "pd_op.reshape", "pd_op.transpose", "pd_op.slice", "pd_op.unsqueeze", "pd_op.squeeze",
     "pd_op.flatten", "pd_op.strided_slice", "pd_op.diagonal", "pd_op.unbind",
     "pd_op.view_shape", "pd_op.view_dtype", "pd_op.as_strided",
+    # their gradients: views of the output's gradient
+    "pd_op.reshape_grad", "pd_op.transpose_grad", "pd_op.squeeze_grad",
+    "pd_op.unsqueeze_grad", "pd_op.flatten_grad",
 })
 
 #: Kernels whose static-executor workspace (:mod:`memopt.paddle.kernel_memory`)
@@ -189,7 +192,8 @@ EAGER_NO_WORKSPACE = frozenset({"pd_op.add_grad"})
 #: Views that are not contiguous in general: a kernel that reads one copies
 #: it to a contiguous buffer for the call (held while the op runs).
 STRIDED_VIEWS = frozenset({"pd_op.transpose", "pd_op.slice", "pd_op.strided_slice",
-                           "pd_op.diagonal", "pd_op.unbind", "pd_op.as_strided"})
+                           "pd_op.diagonal", "pd_op.unbind", "pd_op.as_strided",
+                           "pd_op.transpose_grad"})
 
 
 @dataclass
@@ -212,10 +216,11 @@ def eager_kernels(graph) -> EagerKernels:
     strided = set()
     for pos, (_, op) in enumerate(graph.walk_ops()):
         if op.type in EAGER_VIEWS and op.reads and op.writes:
-            shared.append((pos, op.reads[0], op.writes[0]))
+            source = _view_source(op, graph)
+            shared.append((pos, source, op.writes[0]))
             if op.type in STRIDED_VIEWS and not _leading_slice(op):
                 strided.add(op.writes[0])
-            elif op.reads[0] in strided:
+            elif source in strided:
                 strided.add(op.writes[0])     # a view of a strided view
             continue
         for name in dict.fromkeys(op.reads):
@@ -224,6 +229,20 @@ def eager_kernels(graph) -> EagerKernels:
         if op.type in EAGER_NO_WORKSPACE and op.facts.workspace is not None:
             op.facts = dataclasses.replace(op.facts, workspace=None)
     return EagerKernels(shared, copies)
+
+
+def _view_source(op, graph) -> str:
+    """The operand a view op's output is a view of: the first operand of a
+    forward view; of a view's gradient op, its output's gradient (the last
+    operand of the output's size)."""
+    if not op.type.endswith("_grad"):
+        return op.reads[0]
+    out = graph.find_var(op.writes[0])
+    for name in reversed(op.reads):
+        var = graph.find_var(name)
+        if out is not None and var is not None and var.size == out.size:
+            return name
+    return op.reads[-1]
 
 
 def _leading_slice(op) -> bool:

@@ -82,7 +82,13 @@ def fetch_carry(pg) -> int:
     """How many buffers the size of each fetched value a step of ``pg``
     holds beyond the analysis (:data:`FETCH_CARRIED`): a target's own
     ``fetch_carried`` (a legacy program's: none measured, 0), else
-    :data:`FETCH_CARRIED` for a PIR program."""
+    :data:`FETCH_CARRIED` for a PIR program; 0 for a to_static training
+    program (:func:`memopt.paddle.dygraph.hook.is_step_program`: its outputs
+    become eager tensors, no Executor fetch copies them)."""
+    from ..dygraph.hook import is_step_program
+
+    if is_step_program(getattr(pg, "program", None)):
+        return 0
     return getattr(pg, "fetch_carried", 0 if _is_target(pg) else FETCH_CARRIED)
 
 
