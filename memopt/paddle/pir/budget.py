@@ -152,12 +152,11 @@ def _lagged_peak(prediction, batch: int, window: int) -> int:
     if alternates is None or alternates[0] is not prediction:
         from dataclasses import replace
 
-        from ...analysis import from_graph_modes
+        from ...analysis import modes_of
 
-        alternates = (prediction, from_graph_modes(
-            prediction.graph, prediction.batch_size,
-            [replace(runtime, workers=w) for w in WORKERS_CHECKED if w != runtime.workers],
-            prediction.inplace))
+        alternates = (prediction, modes_of(
+            prediction,
+            [replace(runtime, workers=w) for w in WORKERS_CHECKED if w != runtime.workers]))
         if len(_ALTERNATES) > 256:
             _ALTERNATES.clear()
         _ALTERNATES[key] = alternates
