@@ -351,11 +351,10 @@ class Analysis:
         for h in self.holders:
             if h.end < last:
                 freed[h.end + 1] += h.bytes(b)  # its free is queued once op h.end is done
-        pending = np.cumsum(freed)
-        best = 0
-        for t, live in enumerate(line):
-            # frees queued after ops t-window .. t-1, i.e. at slots t-window+1 .. t
-            best = max(best, live + int(pending[t] - pending[max(t - window, 0)]))
+        pending = [int(x) for x in np.cumsum(freed)]
+        # frees queued after ops t-window .. t-1, i.e. at slots t-window+1 .. t
+        best = max(0, max(live + pending[t] - pending[t - window if t > window else 0]
+                          for t, live in enumerate(line)))
         return self.persistable_bytes(b) + best
 
     def peak_formula(self, batch_size: Optional[int] = None) -> str:
@@ -870,6 +869,16 @@ class _Shared:
         self.persistent_roots = persistent_roots
         self.per_iteration = {nm for _, op in flat if op.facts.in_loop
                               for nm in op.facts.stack_push}
+        # the variables that may hold a buffer of their own, whatever the
+        # order: (name, variable, buffer), in declaration order
+        self.candidates = []
+        for name, var in var_of.items():
+            if var.persistable or not var.is_dense or sizes[name].coefficient == 0:
+                continue
+            root = self.root(name)
+            if root in persistent_roots:
+                continue  # written over a parameter: no memory of its own
+            self.candidates.append((name, var, root))
 
     def root(self, name: str) -> str:
         """The buffer ``name`` is in (its alias root)."""
@@ -911,8 +920,6 @@ def _analyses(shared: _Shared, batch_size: Optional[int], runtimes: Sequence) ->
     flat = shared.flat
     var_of = shared.var_of
     sizes = shared.sizes
-    root_of = shared.root
-    persistent_roots = shared.persistent_roots
     per_iteration = shared.per_iteration
     fetched = set(graph.fetch_names)
     out = []
@@ -941,13 +948,9 @@ def _analyses(shared: _Shared, batch_size: Optional[int], runtimes: Sequence) ->
                 released.update((name, pos) for name in op.facts.release)
                 hollow.update(n for n in op.writes if n not in op.facts.release)
         members: dict = {}
-        for name, var in var_of.items():
-            if var.persistable or not var.is_dense or sizes[name].coefficient == 0 \
-                    or name in hollow:
+        for name, var, root in shared.candidates:
+            if name in hollow:
                 continue
-            root = root_of(name)
-            if root in persistent_roots:
-                continue  # written over a parameter: no memory of its own
             if name not in intervals and name not in first_writer and not (
                     (var.is_data or var.is_feed) and (var.is_fetch or name in fetched)):
                 continue  # never written nor read; an input fetched back is held
