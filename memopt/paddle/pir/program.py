@@ -73,7 +73,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional
 
 from ...graph import (DENSE, RELEASED_VAR, Block, Graph, Op, OpFacts, Var, unversioned,
                      versioned)
@@ -237,10 +237,18 @@ def _output_names(pir_op) -> list:
     name = pir_op.name()
     if not name.startswith("pd_op.") or name in NO_YAML_OPS or pir_op.num_regions():
         return []
-    try:
-        return list(pir_op.get_output_names())
-    except Exception:
-        return []
+    known = _OUTPUT_NAMES.get(name)
+    if known is None:
+        try:
+            known = tuple(pir_op.get_output_names())
+        except Exception:
+            known = ()
+        _OUTPUT_NAMES[name] = known
+    return list(known)
+
+
+#: op name -> its result slots' names (the op's yaml info: one per op type)
+_OUTPUT_NAMES: Dict[str, tuple] = {}
 
 
 def _einsum_cache(pir_op) -> list:
