@@ -149,7 +149,7 @@ def lower(program: Program) -> LoweredProgram:
     lowered = LoweredProgram(
         blocks=blocks, entry=entry, var_types=lowering.var_types,
         var_alloc=lowering.var_alloc, inputs=tuple(f"{main.name}/{p}" for p in main.params),
-        output=lowering.ret_reg(main.return_type), pc_alloc=program.pc_alloc,
+        output=lowering.ret_reg(main.return_type), pc_alloc=_pc_alloc(program),
         callee=lowering.callee_of, source=program)
     lowered.live_out = _live_out(lowered, lowering.owner, lowering.continuation_of,
                                  lowering.tail_edges, main.name)
@@ -164,6 +164,22 @@ def lower_function_calls(program: Program) -> LoweredProgram:
 def _qualify(fn_name: str, pattern: Any) -> Any:
     """Program-wide names: ``n`` of ``fib`` is ``fib/n``."""
     return pattern_map(lambda v: f"{fn_name}/{v}", pattern)
+
+
+def terminator_of(block: Block) -> Any:
+    """``block``'s terminator; a block of a lowered program always has one
+    (a missing one is a ProgramError naming the block)."""
+    if block.terminator is None:
+        raise ProgramError(f"block {block.name!r} has no terminator")
+    return block.terminator
+
+
+def _pc_alloc(program: Program) -> VariableAllocation:
+    """The program counter's allocation, which allocation_strategy.optimize sets."""
+    if program.pc_alloc is None:
+        raise ProgramError("the program has no program-counter allocation: run "
+                           "allocation_strategy.optimize before lowering")
+    return program.pc_alloc
 
 
 class _Lowering:
@@ -190,8 +206,11 @@ class _Lowering:
         self.callee_of: Dict[str, str] = {}
         self.tail_edges: Dict[str, Set[str]] = {name: set() for name in reach}
 
-    def ret_reg(self, typ: Type) -> str:
+    def ret_reg(self, typ: Optional[Type]) -> str:
         """The return register for values of ``typ`` (declared on first use)."""
+        if typ is None:
+            raise ProgramError("a function without a return type: run "
+                               "type_inference.infer_types before lowering")
         name = return_register(typ)
         self.var_types[name] = typ
         self.var_alloc[name] = VariableAllocation.REGISTER
@@ -258,7 +277,7 @@ class _Lowering:
         if fn.name not in self.reach[callee.name]:
             return ()
         across = set(flow.liveness.live_out(flow.node(block.name, k))) - set(op.writes)
-        saved = _qualify(fn.name, tuple(sorted(across)))
+        saved: Tuple[str, ...] = tuple(f"{fn.name}/{v}" for v in sorted(across))
         for var in saved:
             if self.var_alloc[var] != VariableAllocation.FULL:
                 raise ProgramError(
@@ -335,7 +354,7 @@ def _skip_empty_blocks(blocks: List[Block], entry: str) -> Tuple[List[Block], st
     entry = final(entry)
     used = {entry}
     for block in blocks:
-        term = block.terminator
+        term = terminator_of(block)
         used.update(term.targets)
         if isinstance(term, PushGotoOp):
             used.add(term.return_target)
@@ -369,7 +388,7 @@ def _live_out(lowered: LoweredProgram, owner: Dict[str, str],
     for block in lowered.blocks:
         for k, op in enumerate(block.instructions):
             nodes.append(FlowNode(op.reads, op.writes, (start[block.name] + k + 1,)))
-        term = block.terminator
+        term = terminator_of(block)
         if isinstance(term, IndirectGotoOp):
             fn = owner[block.name]
             succ = [start[c] for c in returns_to[fn]]

@@ -38,7 +38,7 @@ import itertools
 from typing import Any, Dict, List, Set, Tuple
 
 from autobatch.ir import CopyOp, PrimOp, VariableAllocation, pattern_leaves
-from autobatch.lowering import LoweredProgram
+from autobatch.lowering import LoweredProgram, terminator_of
 from autobatch.projection import apply as apply_projection, projection
 
 __all__ = ["register_names"]
@@ -143,7 +143,7 @@ def _classes(lowered: LoweredProgram) -> Dict[Leaf, Leaf]:
     for block in lowered.blocks:
         # live after each instruction, backwards from the block's end
         live = set(lowered.live_out.get(block.name, frozenset()))
-        live |= set(block.terminator.reads)
+        live |= set(terminator_of(block).reads)
         live_after: List[Set[str]] = []
         for op in reversed(block.instructions):
             live_after.append(set(live))
@@ -171,7 +171,7 @@ def _classes(lowered: LoweredProgram) -> Dict[Leaf, Leaf]:
                         if number.get(other, other) != new[leaf]:
                             interfere(leaf, other)
     entry = next(b for b in lowered.blocks if b.name == lowered.entry)
-    live = set(lowered.live_out.get(entry.name, frozenset())) | set(entry.terminator.reads)
+    live = set(lowered.live_out.get(entry.name, frozenset())) | set(terminator_of(entry).reads)
     for op in reversed(entry.instructions):
         live = (live - set(op.writes)) | set(op.reads)
     inputs = [leaf for var in lowered.inputs for leaf in _leaves(lowered, var)]

@@ -53,12 +53,12 @@ def _fused_block(block: Any) -> List[Any]:
         if isinstance(op, PopOp):
             for var in op.vars:
                 if var in pending:          # popped twice: the first pop happens
-                    out.append(PopOp([var]))
+                    out.append(PopOp((var,)))
                 pending[var] = None
         elif isinstance(op, PrimOp):
             for var in pattern_leaves(tuple(op.vars_in)):
                 if var in pending:
-                    out.append(PopOp([var]))
+                    out.append(PopOp((var,)))
                     del pending[var]
             fused = {v for v in pattern_leaves(op.vars_out) if v in pending}
             for var in fused:
@@ -68,5 +68,5 @@ def _fused_block(block: Any) -> List[Any]:
             raise ProgramError(f"block {block.name!r}: {type(op).__name__} in a program "
                                f"lowered by hand; pop+push fusion takes PrimOp and PopOp")
     if pending:
-        out.append(PopOp(list(pending)))
+        out.append(PopOp(tuple(pending)))
     return out

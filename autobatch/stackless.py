@@ -85,7 +85,9 @@ class _Stackless:
         for param, typ, arg in zip(fn.params, [fn.var_types[p] for p in fn.params], args):
             leaves = pattern_leaves(as_pattern(arg))
             registers[param] = [B.as_batched(a, t, size) for a, t in zip(leaves, typ.leaves())]
-        ret = [B.fill(t, size) for t in fn.return_type.leaves()]
+        rtype = fn.return_type
+        assert rtype is not None  # execute() refuses an untyped function
+        ret = [B.fill(t, size) for t in rtype.leaves()]
         while True:
             b = B.reduce_min(pc)
             if not b < halt:
@@ -127,7 +129,7 @@ class _Stackless:
             else:
                 raise ProgramError(f"{where}: {type(term).__name__} belongs to lowered "
                                    f"programs")
-        return pattern_unflatten(fn.return_type.tensors, ret)
+        return pattern_unflatten(rtype.tensors, ret)
 
 
 def _is_backend(value: Any) -> bool:
@@ -185,13 +187,13 @@ def execute(program: Program, args: Any, backend: Any = None,
         raise ProgramError(f"function {main.name!r} takes {len(main.params)} argument(s) "
                            f"{main.params}, got {len(args)}")
     batch = batch_size(args, [main.var_types[p] for p in main.params])
-    pc = backend.fill(TensorType(np.int32, ()), batch, 0)
+    pc = backend.fill(TensorType(np.dtype(np.int32), ()), batch, 0)
     runner = _Stackless(program, backend, max_stack_depth)
     result = runner.run_function(main, list(args), pc, 0)
     return pattern_map(backend.to_numpy, as_pattern(result))
 
 
-execute.__tfp_signature__ = inspect.Signature([
+setattr(execute, "__tfp_signature__", inspect.Signature([
     inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     for name in ("program", "backend", "block_code_cache")] + [
-    inspect.Parameter("inputs", inspect.Parameter.VAR_POSITIONAL)])
+    inspect.Parameter("inputs", inspect.Parameter.VAR_POSITIONAL)]))

@@ -228,7 +228,7 @@ def budget_choices(row: str) -> tuple:
 
     paddle.enable_static()
     from memopt.testing import models
-    from memopt.api import _pir_analysis
+    from memopt.pipeline.pir import analysed
     from memopt.paddle import flags
     from memopt.paddle.pir import program as pir, budget as pir_budget
 
@@ -236,7 +236,7 @@ def budget_choices(row: str) -> tuple:
     m = models.build(model_of(row), "pir", batch_size=batch, **dict(opts))
     runtime = flags.runtime_model("pir")
     pg = pir.convert(m.main)
-    default = _pir_analysis(pg, batch, runtime).total_peak(batch)
+    default = analysed(pg, batch, runtime).total_peak(batch)
     _, grid = pir_budget.recompute_choices(pg, batch, runtime)
     return batch, m, runtime, pg, default, pir_budget.vouched(grid, runtime)
 

@@ -143,19 +143,24 @@ def measure(build: Callable, *, steps: int = 4, warmup: int = 2, set_to_zero: bo
     return EagerRun(seen[warmup:], seen[:warmup], baseline, losses, params)
 
 
-def measure_fresh(build: str, *, env: Optional[dict] = None, timeout: float = 600,
+def measure_fresh(build: str, *, build_kwargs: Optional[dict] = None,
+                  env: Optional[dict] = None, timeout: float = 600,
                   **options: Any) -> EagerRun:
     """:func:`measure` in a new Python process.
 
     ``build`` is ``"module:function"`` (importable with this process's
-    ``sys.path`` and ``PYTHONPATH``); ``options`` are :func:`measure`'s
-    keywords (JSON-able); ``env`` adds environment variables (Paddle flags).
+    ``sys.path`` and ``PYTHONPATH``), called with ``build_kwargs`` (JSON-able,
+    e.g. ``{"kind": "gpt", "batch": 8}`` for
+    ``"memopt.testing.dygraph_models:build"``); ``options`` are
+    :func:`measure`'s keywords (JSON-able); ``env`` adds environment
+    variables (Paddle flags).
     """
     code = (
-        "import json, sys, importlib\n"
+        "import functools, json, sys, importlib\n"
         "from memopt.testing.dygraph_runs import measure\n"
         "mod, fn = sys.argv[1].split(':')\n"
-        "build = getattr(importlib.import_module(mod), fn)\n"
+        "build = functools.partial(getattr(importlib.import_module(mod), fn), "
+        "**json.loads(sys.argv[3]))\n"
         "run = measure(build, **json.loads(sys.argv[2]))\n"
         "print('@@' + json.dumps({'peaks': run.peaks, 'first': run.first_peaks, "
         "'baseline': run.baseline, 'losses': run.losses}))\n")
@@ -163,7 +168,8 @@ def measure_fresh(build: str, *, env: Optional[dict] = None, timeout: float = 60
     environ["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] +
                                             [environ.get("PYTHONPATH", "")])
     environ.update(env or {})
-    proc = subprocess.run([sys.executable, "-c", code, build, json.dumps(options)],
+    proc = subprocess.run([sys.executable, "-c", code, build, json.dumps(options),
+                           json.dumps(build_kwargs or {})],
                           capture_output=True, text=True, env=environ, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
     if proc.returncode != 0 or not lines:

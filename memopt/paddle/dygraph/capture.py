@@ -415,7 +415,7 @@ def _closure_layer(fn):
 
 
 def _captured(runnable, specs, root, recorder: _OpRecorder) -> CapturedStep:
-    from ..pir.program import value_name
+    from ..pir.program import value_names
 
     program = runnable.program
     outs = runnable.out_values
@@ -438,10 +438,11 @@ def _captured(runnable, specs, root, recorder: _OpRecorder) -> CapturedStep:
         if name in by_name:
             parameters[name] = by_name[name]
     param_grads = {}
+    names = value_names(program)   # once: a lookup per value would read the program each time
     for pname, gvalue in zip(runnable.param_names, runnable.param_grad_values, strict=True):
         if gvalue is None or _is_fake(gvalue):
             continue
-        param_grads[pname] = value_name(gvalue)
+        param_grads[pname] = names[gvalue.id]
     paths = {}
     for path, p in (params or {}).items():
         paths.setdefault(p.name, path)

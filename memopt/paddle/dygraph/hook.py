@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-from typing import Callable, List, Optional
+from typing import Callable
 
 from ...errors import PaddleInternalsError
 

@@ -305,3 +305,41 @@ def test_forward_and_functions_are_steps_too(dy, mode, what):
     for a, b in zip(got_params, want_params, strict=True):
         assert np.array_equal(a, b)
     handle.remove()
+
+
+def test_sot_subgraphs_share_the_step_budget(dy):
+    """Each SOT subgraph is planned for the step's budget less what lives
+    outside the programs and what the subgraphs before it in the same call
+    hold for their backward; the measured steps stay within the budget."""
+    import numpy as np
+
+    import memopt
+    from memopt.testing.dygraph_runs import allocated, peak, reset_peak
+    from memopt.testing.graph_break import GraphBreak
+
+    def run(budget):
+        base = allocated()
+        dy.seed(1)
+        model = GraphBreak(256)
+        opt = dy.optimizer.Adam(parameters=model.parameters())
+        step = dy.jit.to_static(model)
+        handle = memopt.memory_optimize(step, level=2, skip_grads=False, optimizer=opt,
+                                        budget=budget, batch_size=1024) if budget else None
+        x = dy.to_tensor(np.random.default_rng(0).standard_normal((1024, 256))
+                         .astype("float32"))
+        peaks = []
+        for _ in range(4):
+            reset_peak()
+            _one_step(step, [x], opt)
+            peaks.append(peak() - base)
+        return peaks[2:], handle
+
+    default, _ = run(None)
+    budget = int(1.25 * max(default))
+    peaks, handle = run(budget)
+    first, second = handle.records[:2]
+    assert first.held > 0
+    assert first.budget == budget - handle.outside_bytes
+    assert second.budget == budget - handle.outside_bytes - first.held
+    assert max(peaks) <= budget, (peaks, budget)
+    handle.remove()
