@@ -509,6 +509,14 @@ def main() -> None:
         else args.jax_python
     tfp_python = None if args.no_tfp or not os.path.exists(args.tfp_python) \
         else args.tfp_python
+    if args.only == "nuts-sampler":
+        if tfp_python is None:
+            raise SystemExit(f"the NUTS sampler table needs TFP's venv ({args.tfp_python}: "
+                             f"make tfp)")
+        nuts_sampler_table(tfp_python, [int(c) for c in (args.nuts_sampler or
+                                                          "100,1000,10000").split(",")],
+                           args.nuts_steps, args.repeat, args.timeout)
+        return
     print(f"NumPy {np.__version__}, BLAS threads 1; steady: median of {args.repeat}; "
           f"JAX: {jax_python or 'not run'}; TFP 0.25 (XLA): {tfp_python or 'not run'}\n")
     print("| workload | batch | NumPy engine | autobatch NumPy | autobatch JAX | "
@@ -537,14 +545,6 @@ def main() -> None:
         jnp.zeros(1).block_until_ready()
     only = set(args.only.split(",")) if args.only else None
     start = time.perf_counter()
-    if only == {"nuts-sampler"}:
-        if tfp_python is None:
-            raise SystemExit(f"the NUTS sampler table needs TFP's venv ({args.tfp_python}: "
-                             f"make tfp)")
-        nuts_sampler_table(tfp_python, [int(c) for c in (args.nuts_sampler or
-                                                          "100,1000,10000").split(",")],
-                           args.nuts_steps, args.repeat, args.timeout)
-        return
     for work in workloads(args.quick, args.seed):
         if only and work.key not in only:
             continue

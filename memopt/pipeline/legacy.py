@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from ..analysis import Analysis
 from ..errors import UnsupportedProgramError
-from ..paddle import flags, pending_backward
+from ..paddle import flags, guards, pending_backward
 from ..paddle.legacy import merge_record
 from ..paddle.legacy import program as legacy
 from ..paddle.legacy import translation as legacy_translation
@@ -66,7 +66,7 @@ def optimize(program, options: Options, batch_size: Optional[int] = None,
     merge_record.mark_substituted(program, plan.substitutions)
     before_backward = _mark_if_before_backward(program, bool(buffer_of or plan.substitutions))
     if buffer_of or plan.substitutions:
-        legacy.install_fetch_guard()
+        guards.install_legacy()
     if buffer_of:
         plan.reuses = [dataclasses.replace(r, renamed_to=buffer_of.get(r.var, r.renamed_to))
                        for r in plan.reuses]
@@ -183,7 +183,7 @@ def release(program, options: Options) -> Report:
             raise
         finish()
         released = plan.released
-        legacy.install_fetch_guard()
+        guards.install_legacy()
     before_backward = _mark_if_before_backward(program, bool(released))
     seconds = time.perf_counter() - start
     report = release_report(plan, released, ops, options, runtime.gc, runtime.gc_text, "legacy",

@@ -13,7 +13,7 @@ from typing import List, Optional
 from ..analysis import Analysis, RuntimeModel, from_graph
 from ..any_order import single_reader_rule
 from ..candidates import variant_inplace
-from ..paddle import flags
+from ..paddle import flags, guards
 from ..paddle import runtime as paddle_runtime
 from ..paddle.pir import inplace as pir_inplace
 from ..paddle.pir import program as pir
@@ -66,6 +66,7 @@ def optimize(program, options: Options, batch_size: Optional[int] = None,
     replaced = pir_rewrite.apply_inplace(pg, rewrites) if rewrites else {}
     if rewrites:
         pir_rewrite.record_rewrite(program, replaced)
+        guards.install_pir()  # a fetch of a Value written over raises
         # (an in-place variant takes its op's place: the values keep their names)
         after = analysed(pir.convert(program, sorted(options.fetch_list)), batch, model)
     else:

@@ -132,9 +132,12 @@ def test_print_log(paddle, capsys):
     # summary first, then one line per shared memory naming each variable
     assert out.startswith("memopt: ") and f"{first.var} ({first.how}" in out
     assert f"    {first.renamed_to} " in out
+    # print_log only prints: the quiet call plans what the printing one does
+    loud = optimize(models.build("mlp", "legacy"), print_log=True)
+    assert capsys.readouterr().out.strip() == str(loud)
     quiet = optimize(models.build("mlp", "legacy"))
     assert capsys.readouterr().out == ""
-    assert quiet.merged_count >= 0
+    assert quiet.reuses == loud.reuses and quiet.merged_count == loud.merged_count > 0
 
 
 def test_default_program(paddle):
@@ -252,7 +255,7 @@ def test_fetch_kept_intermediate_is_correct(paddle):
     with models.flags(**gc_flag("off")):
         optimize(model, level=1, skip_grads=False)
         actual = models.run_steps(model, STEPS)
-    for want, got in zip(expected.fetches, actual.fetches):
+    for want, got in zip(expected.fetches, actual.fetches, strict=True):
         assert np.array_equal(want[1], got[1])
 
 

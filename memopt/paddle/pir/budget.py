@@ -115,7 +115,7 @@ def fed_again_bytes(prediction, batch: int) -> int:
     (dense, not persistable) at ``batch``; 0 with it on.  Every buffer of
     a step stays allocated into the next (nothing frees it), and the next
     step's feed is copied in while the last one's is still held: measured
-    (``scripts/sweep_optimizers.py``, PIR, LookAhead MLP at batch 64 then
+    (``tests/sweeps/test_sweep_optimizers.py``, PIR, LookAhead MLP at batch 64 then
     16, a plan at its smallest budget to the byte) steps 72-4,165 bytes
     over the budget, the fed ``x`` counted once."""
     from ...graph import size_at

@@ -1144,13 +1144,11 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
     """
 
     from ..legacy.depend import translatable_desc
-    from ..guards.translate import unguarded
-
     _refuse_crashing_ops(program)
     _init_pir_context()
     desc = translatable_desc(program)  # in-place depend ops: a copy the translator takes
     try:
-        translated, by_name = unguarded("translate_to_pir_with_param_map")(
+        translated, by_name = _unguarded("translate_to_pir_with_param_map")(
             program.desc if desc is None else desc)
     except Exception as exc:  # Paddle's translator raises SystemError, ValueError...
         raise untranslatable(program, exc) from None
@@ -1459,3 +1457,13 @@ def value_label(value) -> str:
     pg = convert(owning_program(value))
     return label(pg, pg.name(value))
 
+
+def _unguarded(name: str):
+    """``paddle.pir.<name>`` without memopt's guard
+    (:mod:`memopt.paddle.guards.translate` keeps the function it wraps as
+    ``__memopt_original__``): memopt's own analysis of a rewritten legacy
+    program translates it to read its liveness, not to run it."""
+    import paddle.pir
+
+    fn = getattr(paddle.pir, name)
+    return getattr(fn, "__memopt_original__", fn)
