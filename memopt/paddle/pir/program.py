@@ -237,10 +237,18 @@ def _output_names(pir_op) -> list:
     name = pir_op.name()
     if not name.startswith("pd_op.") or name in NO_YAML_OPS or pir_op.num_regions():
         return []
-    try:
-        return list(pir_op.get_output_names())
-    except Exception:
-        return []
+    known = _OUTPUT_NAMES.get(name)
+    if known is None:
+        try:
+            known = tuple(pir_op.get_output_names())
+        except Exception:
+            known = ()
+        _OUTPUT_NAMES[name] = known
+    return list(known)
+
+
+#: op name -> its result slots' names (the op's yaml info: one per op type)
+_OUTPUT_NAMES: Dict[str, tuple] = {}
 
 
 def _einsum_cache(pir_op) -> list:
@@ -847,28 +855,30 @@ class _Converter:
     def _no_need_buffer(self, pir_op) -> list:
         """Operands whose data the op never reads, only their shape (the
         executor does not keep them alive for it)."""
+        operands = [v for v in pir_op.operands_source() if v.initialized()]
+        shape_only: dict = {}  # Value id -> is_no_need_buffer (asked once per Value)
         out = []
-        for v in pir_op.operands_source():
-            if not v.initialized():
-                continue
+        for v in operands:
             try:
-                if pir_op.is_no_need_buffer(v):
-                    out.extend(self._reads([v]))
+                known = shape_only[v.id] = pir_op.is_no_need_buffer(v)
             except Exception:  # ops without yaml info
                 return []
+            if known:
+                out.extend(self._reads([v]))
+        if not out:
+            return []
         # a name also read as a real operand is needed after all; so is a
         # Value that is two operands (``is_no_need_buffer`` answers per
         # Value, not per slot: an ``add_grad`` reading its ``out_grad`` as
         # ``x`` too, as memopt's dims-only substitution makes it, would
         # otherwise have its gradient freed before it runs)
         uses: dict = {}
-        for v in pir_op.operands_source():
-            if v.initialized():
-                uses[v.id] = uses.get(v.id, 0) + 1
+        for v in operands:
+            uses[v.id] = uses.get(v.id, 0) + 1
         return [nm for nm in dict.fromkeys(out)
-                if sum(1 for v in pir_op.operands_source() if v.initialized()
-                       and nm in self._reads([v])
-                       and (uses[v.id] > 1 or not pir_op.is_no_need_buffer(v))) == 0]
+                if sum(1 for v in operands
+                       if nm in self._reads([v])
+                       and (uses[v.id] > 1 or not shape_only[v.id])) == 0]
 
     def _walk_if(self, pir_op, block: Block) -> None:
         cond = self._reads(pir_op.operands_source())
