@@ -28,6 +28,7 @@ from .pipeline import legacy as legacy_pipeline
 from .pipeline import pir as pir_pipeline
 from .pipeline.common import recompute_note, without_cycle_collection
 from .plan import Options
+from .refusals import Refusal
 from .report import REFERENCE_BATCH, Report, format_bytes
 
 #: The pipeline of each IR (:attr:`memopt.paddle.ir.IR.name`).
@@ -96,6 +97,10 @@ def level2_or_budget(program, options: Options, budget, batch_size) -> Report:
     start = time.perf_counter()
     batch = int(batch_size or REFERENCE_BATCH)
     model = flags.runtime_model("pir")
+    from .paddle.dygraph.hook import is_step_program
+
+    if is_step_program(program):  # its outputs become eager tensors: no fetch copies held
+        model = replace(model, fetch_carried=0)
     notes: List[str] = []
     with without_cycle_collection(), pir_convert_cache.shared():  # one read per state
         pg = pir_program.convert(program, sorted(options.fetch_list))
@@ -127,8 +132,8 @@ def level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             variants = not (level2 and applied is None
                             and not pir_pipeline.variants_pay(program, lower, batch, model))
             report = pir_pipeline.optimize(program, lower, batch, any_order=level2, variants=variants)
-            if not variants and report.not_merged.get(pir_pipeline.R_NO_GAIN):
-                left = report.not_merged[pir_pipeline.R_NO_GAIN]
+            if not variants and report.not_merged.get(Refusal.NO_GAIN):
+                left = report.not_merged[Refusal.NO_GAIN]
                 notes.append(f"level 2: level 1's {left} in-place variants left out: together "
                              "they lower no predicted peak")
         except BaseException:

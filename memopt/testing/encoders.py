@@ -1,5 +1,8 @@
 """A Transformer encoder classifier built from ``paddle.nn`` layers, for the
-sweeps and benchmarks that train one as a Paddle user writes it.
+sweeps and benchmarks that train or save one as a Paddle user writes it:
+:func:`encoder_layer` makes the ``nn.Layer`` (dygraph, ``paddle.jit.save``),
+:func:`encoder_classifier` builds it into a static program with its inputs
+and loss.
 
 ``memopt.testing.models``' ``"transformer"`` writes its attention out of ops
 the legacy IR still accepts (``einsum``); this one uses
@@ -17,6 +20,34 @@ import numpy as np
 MASKED = -1e9
 
 
+def encoder_layer(*, d_model: int, vocab: Optional[int] = None, heads: int = 4, d_ff: int = 64,
+                  layers: int = 2, classes: int = 5, dropout: float = 0.1):
+    """An ``nn.Layer`` whose ``forward(x, mask=None)`` gives ``[batch,
+    classes]`` logits: ``x`` int64 ids ``[batch, seq]`` through an
+    ``nn.Embedding(vocab, d_model)`` (``vocab`` None: ``x`` is already
+    ``[batch, seq, d_model]`` float32 features), ``layers`` copies of
+    ``nn.TransformerEncoderLayer(d_model, heads, d_ff, dropout)`` (``mask``:
+    added to the attention scores), the mean over the sequence, a Linear
+    layer."""
+    import paddle
+
+    nn = paddle.nn
+
+    class EncoderClassifier(nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d_model) if vocab is not None else None
+            self.encoder = nn.TransformerEncoder(
+                nn.TransformerEncoderLayer(d_model, heads, d_ff, dropout=dropout), layers)
+            self.head = nn.Linear(d_model, classes)
+
+        def forward(self, x, mask=None):
+            h = self.embed(x) if self.embed is not None else x
+            return self.head(paddle.mean(self.encoder(h, src_mask=mask), axis=1))
+
+    return EncoderClassifier()
+
+
 def encoder_classifier(*, seq: int, d_model: int, vocab: Optional[int] = None, heads: int = 4,
                        d_ff: int = 64, layers: int = 2, classes: int = 5,
                        dropout: float = 0.1,
@@ -29,8 +60,9 @@ def encoder_classifier(*, seq: int, d_model: int, vocab: Optional[int] = None, h
     ``key_padding_mask`` a ``mask`` ``[-1, 1, 1, seq]`` float32: 0 where a
     position is read, :data:`MASKED` after each row's length (between
     ``seq // 2`` and ``seq``).  The encoder's output is averaged over the
-    sequence and a Linear layer gives the logits; the loss is the mean
-    cross entropy.  No optimizer: the caller minimizes the loss.
+    sequence and a Linear layer gives the logits (:func:`encoder_layer`);
+    the loss is the mean cross entropy.  No optimizer: the caller minimizes
+    the loss.
 
     Returns
     -------
@@ -39,19 +71,16 @@ def encoder_classifier(*, seq: int, d_model: int, vocab: Optional[int] = None, h
     """
     import paddle
 
-    nn = paddle.nn
     if vocab is None:
         x = paddle.static.data("src", [-1, seq, d_model], "float32")
-        h = x
     else:
         x = paddle.static.data("tokens", [-1, seq], "int64")
-        h = nn.Embedding(vocab, d_model)(x)
     label = paddle.static.data("label", [-1, 1], "int64")
     mask = paddle.static.data("mask", [-1, 1, 1, seq], "float32") if key_padding_mask else None
-    layer = nn.TransformerEncoderLayer(d_model, heads, d_ff, dropout=dropout)
-    h = nn.TransformerEncoder(layer, layers)(h, src_mask=mask)
-    logits = nn.Linear(d_model, classes)(paddle.mean(h, axis=1))
-    loss = paddle.mean(nn.functional.cross_entropy(logits, label))
+    model = encoder_layer(d_model=d_model, vocab=vocab, heads=heads, d_ff=d_ff, layers=layers,
+                          classes=classes, dropout=dropout)
+    logits = model(x, mask)
+    loss = paddle.mean(paddle.nn.functional.cross_entropy(logits, label))
 
     def feed(rng: np.random.Generator, batch: int) -> dict:
         if vocab is None:

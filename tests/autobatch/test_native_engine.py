@@ -182,7 +182,10 @@ def test_frontend_runs_recursion_natively_by_default():
     assert np.array_equal(fib(n), [examples.fib_python(int(v)) for v in n])
     backend = ctx._canonical(None)
     compiled = ctx._compiled_for("fib", argument_types([n], backend), backend)
+    # the first call started the kernel's compile in the background
+    assert compiled.wait_for_native(timeout=300)
     assert compiled.engine(backend) == "native"
+    assert np.array_equal(fib(n), [examples.fib_python(int(v)) for v in n])  # natively
     with pytest.raises(StackOverflowError):
         fib(n, max_stack_depth=4)
 
@@ -198,6 +201,8 @@ _CHILD = textwrap.dedent("""
         b = NumpyBackend(native=native)
         c = compile_program(examples.fibonacci(), argument_types([n], b), b)
         try:
+            c.engine(b)          # the automatic choice compiles in the background
+            c.wait_for_native(timeout=300)
             engine = c.engine(b)
         except Exception as exc:
             print(native, type(exc).__name__, str(exc)[:60])

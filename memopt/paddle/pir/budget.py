@@ -66,7 +66,10 @@ def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
 
     problem = _problem(pg, batch)
     keep = (lambda plan: offered(plan, runtime)) if offered_only else None
-    choices = recompute.evaluate_grid(problem, _predictor(pg, batch, runtime), keep=keep)
+    # a per-reader plan (it always has readers) is never offered under dataflow: not made
+    choices = recompute.evaluate_grid(problem, _predictor(pg, batch, runtime), keep=keep,
+                                      per_reader=not (offered_only
+                                                      and runtime.schedule == "dataflow"))
     for c in choices:
         c.peak = guarded_peak(c.prediction, batch)
     return problem, choices
