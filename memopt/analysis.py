@@ -495,9 +495,9 @@ class Analysis:
 
             runtimes = [replace(rt, workers=w, also_workers=())
                         for w in sorted(set(rt.also_workers)) if w != rt.workers]
-            self._schedules = (modes_of(self, runtimes) if not self.same_variable else
-                               from_graph_modes(self.graph, self.batch_size, runtimes,
-                                                self.inplace, self.same_variable))
+            self._schedules = modes_of(self, runtimes) if self._shared is not None else \
+                from_graph_modes(self.graph, self.batch_size, runtimes, self.inplace,
+                                 self.same_variable)
         return self._schedules
 
     def fetch_carried_bytes(self, batch_size: Optional[int] = None) -> int:
@@ -1070,6 +1070,7 @@ class _Shared:
                 aliases.union(src, dst)
         self.graph = graph
         self.inplace = list(inplace)
+        self.same_variable = list(same_variable)
         self.aliases = aliases
         self.flat = flat
         self._dependencies: Optional[tuple] = None
@@ -1250,7 +1251,7 @@ def _analyses(shared: _Shared, batch_size: Optional[int], runtimes: Sequence) ->
                             holders=holders, persistable=dict(shared.persistable),
                             op_types=[op.type for _, op in positions],
                             inplace=list(shared.inplace), order=order,
-                            same_variable=list(same_variable),
+                            same_variable=list(shared.same_variable),
                             places=[op.attrs.get("place", "") for _, op in positions])
         analysis._shared = shared
         out.append(analysis)
