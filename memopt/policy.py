@@ -30,6 +30,7 @@ from .pipeline import legacy as legacy_pipeline
 from .pipeline import pir as pir_pipeline
 from .pipeline.common import bad_batch, recompute_note, without_cycle_collection
 from .plan import Options
+from .refusals import Refusal
 from .report import REFERENCE_BATCH, Report
 
 #: The pipeline of each IR (:attr:`memopt.paddle.ir.IR.name`).
@@ -142,8 +143,8 @@ def level2_or_budget(program, options: Options, budget, batch_size) -> Report:
             variants = not (level2 and applied is None
                             and not pir_pipeline.variants_pay(program, lower, batch, model))
             report = pir_pipeline.optimize(program, lower, batch, any_order=level2, variants=variants)
-            if not variants and report.not_merged.get(pir_pipeline.R_NO_GAIN):
-                left = report.not_merged[pir_pipeline.R_NO_GAIN]
+            if not variants and report.not_merged.get(Refusal.NO_GAIN):
+                left = report.not_merged[Refusal.NO_GAIN]
                 notes.append(f"level 2: level 1's {left} in-place variants left out: together "
                              "they lower no predicted peak")
         except BaseException:

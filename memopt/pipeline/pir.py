@@ -20,6 +20,7 @@ from ..paddle.pir import program as pir
 from ..paddle.pir import rewrite as pir_rewrite
 from ..plan import Options
 from ..report import REFERENCE_BATCH, Report, Reuse
+from ..refusals import Refusal
 from ..reporting import pir_release_report, pir_report
 from .arguments import argument_names
 from .common import without_cycle_collection
@@ -41,7 +42,7 @@ def optimize(program, options: Options, batch_size: Optional[int] = None,
     ``any_order`` (level 2): only the in-place variants whose input no other
     op reads (:func:`memopt.any_order.single_reader_rule`), which no order
     the executor takes can make hold more.  ``variants=False``: none (each
-    counted under :data:`R_NO_GAIN`).
+    counted under :data:`Refusal.NO_GAIN`).
     """
     start = time.perf_counter()
     batch = batch_size or REFERENCE_BATCH
@@ -54,7 +55,7 @@ def optimize(program, options: Options, batch_size: Optional[int] = None,
     rewrites, reasons = variant_inplace(
         pg.graph, options, single_reader_rule(pg.graph) if any_order else None)
     if not variants and rewrites:
-        reasons[R_NO_GAIN] = reasons.get(R_NO_GAIN, 0) + len(rewrites)
+        reasons[Refusal.NO_GAIN] = reasons.get(Refusal.NO_GAIN, 0) + len(rewrites)
         rewrites = []
     reuses = []
     for rw in rewrites:
@@ -76,11 +77,6 @@ def optimize(program, options: Options, batch_size: Optional[int] = None,
     report.analyses = [before, after]
     log.debug("PIR memory_optimize: %d ops in place in %.3f s", len(rewrites), report.seconds)
     return report
-
-
-#: Why level 2 left level 1's in-place variants out (see :func:`variants_pay`).
-R_NO_GAIN = ("level 2: the in-place variants together lower no predicted peak (level 2 "
-             "changes the program only where the model predicts it lower)")
 
 
 def variants_pay(program, options: Options, batch: int, model: RuntimeModel) -> bool:
