@@ -583,14 +583,16 @@ def _runtime_reads(op: Op) -> tuple:
 
 
 def _runtime_graph(graph: Graph) -> Graph:
-    """A copy of ``graph`` whose ops read only what they need in memory."""
+    """A copy of ``graph`` whose ops read only what they need in memory (the
+    ops that read all they name shared with ``graph``)."""
     if not any(op.facts.no_need_buffer for b in graph.blocks for op in b.ops):
         return graph
     blocks = []
     for block in graph.blocks:
         new = type(block)(block.idx, block.parent, vars=block.vars)
         new.ops = [Op(op.type, _runtime_reads(op), op.writes, op.sub_blocks, op.role,
-                      op.loop, op.attrs, op.facts) for op in block.ops]
+                      op.loop, op.attrs, op.facts) if op.facts.no_need_buffer else op
+                   for op in block.ops]
         blocks.append(new)
     return Graph(blocks=blocks, fetch_names=graph.fetch_names)
 
@@ -678,9 +680,10 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
     return _run_tasks(_dependencies(graph, aliases or _Aliases()), workers)
 
 
-def _dependencies(graph: Graph, aliases: _Aliases) -> tuple:
+def _dependencies(graph: Graph, aliases: _Aliases, roots: Optional[dict] = None) -> tuple:
     """``(units, downstream, deps, instruction)`` of :func:`executor_order`:
-    what its schedule runs on, whatever the worker count."""
+    what its schedule runs on, whatever the worker count.  ``roots``: names
+    already looked up in ``aliases`` (name -> its buffer), filled in."""
     ops = _flat_ops(graph)
     units = _units(graph)
     n = len(units)
@@ -688,7 +691,8 @@ def _dependencies(graph: Graph, aliases: _Aliases) -> tuple:
     readers: dict = {}
     upstream: list = [set() for _ in range(n)]
     instruction = []
-    roots: dict = {}  # name -> its buffer (aliases.find, looked up once per name)
+    if roots is None:
+        roots = {}  # name -> its buffer (aliases.find, looked up once per name)
 
     def buffer(name: str) -> str:
         root = roots.get(name)
@@ -701,15 +705,19 @@ def _dependencies(graph: Graph, aliases: _Aliases) -> tuple:
     for u, positions in enumerate(units):
         head = ops[positions[0]]
         instruction.append(head.type not in _NOT_INSTRUCTIONS)
-        written_inside: set = set()
-        reads: set = set()
-        writes: set = set()
-        for pos in positions:
-            op = ops[pos]
-            reads.update(buffer(nm) for nm in op.reads if nm not in written_inside)
-            for nm in op.writes:
-                written_inside.add(nm)
-                writes.add(buffer(nm))
+        if len(positions) == 1:  # most units: one op, its reads before its writes
+            reads = {roots[nm] if nm in roots else buffer(nm) for nm in head.reads}
+            writes = {roots[nm] if nm in roots else buffer(nm) for nm in head.writes}
+        else:
+            written_inside: set = set()
+            reads = set()
+            writes = set()
+            for pos in positions:
+                op = ops[pos]
+                reads.update(buffer(nm) for nm in op.reads if nm not in written_inside)
+                for nm in op.writes:
+                    written_inside.add(nm)
+                    writes.add(buffer(nm))
         for key in reads:
             w = last_writer.get(key)
             if w is not None and w != u:
@@ -890,7 +898,7 @@ class _Shared:
     def dependencies(self) -> tuple:
         """:func:`_dependencies` of the graph, worked out once."""
         if self._dependencies is None:
-            self._dependencies = _dependencies(self.graph, self.aliases)
+            self._dependencies = _dependencies(self.graph, self.aliases, self.roots)
         return self._dependencies
 
 
