@@ -3,9 +3,10 @@
 Python's ``and``, ``or``, ``not``, ``a if c else b``, chained comparisons and
 ``if x:`` ask one value for its truth; on a batch of values they must ask each
 thread.  The frontend (:mod:`autobatch.frontend_ast`) rewrites them into calls
-of the functions below, which work on Python scalars, NumPy arrays and
-TensorFlow tensors alike (TensorFlow is never imported here: a tensor is
-recognised by its type's module).
+of the functions below, which work on Python scalars, NumPy arrays, TensorFlow
+tensors and JAX arrays (traced ones included) alike (neither TensorFlow nor
+JAX is imported here: a tensor or JAX array is recognised by its type's
+module).
 
 Values are batched: a leading batch dimension, one row per thread.  A
 *condition* is one truth value per thread: a boolean array ``[batch]`` (or
@@ -38,6 +39,18 @@ def _tf() -> Any:
     return sys.modules["tensorflow"]
 
 
+def _is_jax(value: Any) -> bool:
+    """A JAX array or tracer (under ``jit``/``vmap``: no NumPy conversion)."""
+    module = type(value).__module__
+    return module.startswith("jax") or module.startswith("jaxlib")
+
+
+def _np(*values: Any) -> Any:
+    """The array module for ``values``: ``jax.numpy`` where one is a JAX
+    array (or tracer), else NumPy."""
+    return sys.modules["jax.numpy"] if any(_is_jax(v) for v in values) else np
+
+
 def _is_python_scalar(value: Any) -> bool:
     return isinstance(value, (bool, numbers.Number)) and not isinstance(value, np.generic)
 
@@ -59,12 +72,13 @@ def truth(value: Any) -> Any:
                             f"shape {value.shape} (batch first); reduce it first, e.g. "
                             f"with tf.reduce_any(x, axis=-1)")
         return value if value.dtype == tf.bool else tf.not_equal(value, 0)
-    array = np.asarray(value)
+    xp = _np(value)
+    array = xp.asarray(value)
     if array.ndim > 1:
         raise TypeError(f"a condition must be one boolean per thread, got an array of "
                         f"shape {array.shape} (batch first); reduce it first, e.g. with "
                         f"np.any(x, axis=-1)")
-    return array if array.dtype == np.bool_ else array != 0
+    return array if array.dtype == np.bool_ else xp.not_equal(array, 0)
 
 
 def logical_not(value: Any) -> Any:
@@ -74,7 +88,7 @@ def logical_not(value: Any) -> Any:
         return not cond
     if _is_tf(cond):
         return _tf().logical_not(cond)
-    return np.logical_not(cond)
+    return _np(cond).logical_not(cond)
 
 
 def _is_bool(value: Any) -> bool:
@@ -95,7 +109,7 @@ def logical_and(a: Any, b: Any) -> Any:
             return a and b
         if _is_tf(a) or _is_tf(b):
             return _tf().logical_and(a, b)
-        return np.logical_and(a, b)
+        return _np(a, b).logical_and(a, b)
     return select(a, b, a)
 
 
@@ -106,7 +120,7 @@ def logical_or(a: Any, b: Any) -> Any:
             return a or b
         if _is_tf(a) or _is_tf(b):
             return _tf().logical_or(a, b)
-        return np.logical_or(a, b)
+        return _np(a, b).logical_or(a, b)
     return select(a, a, b)
 
 
@@ -142,9 +156,10 @@ def select(cond: Any, x: Any, y: Any) -> Any:
         for _ in range(rank - _ndim(cond)):
             cond = cond[..., None]
         return tf.where(cond, x, y)
-    cond = np.asarray(cond)
+    xp = _np(cond, x, y)
+    cond = xp.asarray(cond)
     cond = cond.reshape(cond.shape + (1,) * (rank - cond.ndim))
-    return np.where(cond, x, y)
+    return xp.where(cond, x, y)
 
 
 def range_continues(counter: Any, stop: Any, step: Any) -> Any:

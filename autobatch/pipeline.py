@@ -14,8 +14,12 @@ and the benchmarks (through :func:`prepare` / :func:`compile_program`).
 Engine choice (:meth:`Compiled.engine`): the backend's own compiler where it
 has one (JAX); the native engine (:mod:`autobatch.native`, numba, one thread
 per lane) where the backend allows it (``NumpyBackend(native=None)``, the
-default: where numba imports and the program lowers; ``native=True``:
-always); else the fused loop where the backend declares ``fused_loops``
+default: where numba imports and the program lowers, once its kernel is
+compiled: the first call of a program runs on the fused loop or the VM, the
+second starts the compile in a background thread and runs there too, later
+calls run natively once the kernel is ready, so that a first call costs
+what the fused loop or the VM costs; ``native=True``: always, compiled before the first
+run); else the fused loop where the backend declares ``fused_loops``
 (NumPy) and the program fuses; the VM otherwise (recursion, calls,
 TensorFlow).  All give the reference's results bit for bit; the fused loop
 has no program counter, stacks or per-step selection.
@@ -27,6 +31,7 @@ Also here, because every executor needs them: :func:`batch_size` and
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -68,6 +73,10 @@ class Compiled:
     _fused: Any = field(default=False)  # False: not tried yet; None: does not fuse
     _native: Any = field(default=False)  # False: not tried yet; else NativeProgram or reason
     _compiled_by: Dict[Any, Any] = field(default_factory=dict)
+    #: The background compile of the native kernel (automatic choice).
+    _native_thread: Optional[threading.Thread] = None
+    _native_ready: bool = False
+    _native_asked: bool = False
 
     @property
     def lowered(self) -> LoweredProgram:
@@ -84,13 +93,18 @@ class Compiled:
             self._fused = fuse(self.program)
         return self._fused
 
-    def native(self, backend: Any) -> Any:
+    def native(self, backend: Any, ask: bool = True) -> Any:
         """The :class:`~autobatch.native.NativeProgram` where ``backend``
         allows the native engine and it can run this program, else None.
         Raises :class:`~autobatch.errors.NativeEngineError` where the
         backend demands it (``native=True``) and it cannot.  The kernel is
         generated first (no numba needed), so a program that does not lower
-        never imports numba; then compiled, or loaded from disk."""
+        never imports numba; then compiled, or loaded from disk: before
+        this returns where the backend demands the engine; under the
+        automatic choice (``native=None``) in a background thread started
+        by the second ask (the first call of a program is not slowed by
+        numba), returning None (the fused loop or the VM runs) until the
+        kernel is ready (:meth:`wait_for_native` starts and waits for it)."""
         mode = getattr(backend, "native", False)
         if mode is False:
             return None
@@ -102,18 +116,69 @@ class Compiled:
                 self._native = native.native_program(self.lowered)
             except native.Unlowerable as exc:
                 self._native = str(exc)
-        if not isinstance(self._native, str):
-            if not native.available():
-                return self._refuse(mode, "it needs numba, which does not import; install "
-                                          "it (pip install numba, or memopt[fast])")
-            try:
-                self._native.kernel()  # compiled now, or loaded from disk
-            except native.Unlowerable as exc:
-                self._native = str(exc)
+        if mode is None and not self._native_ready:
+            # Automatic choice: the first call runs on the fused loop or the VM
+            # alone; the second starts compiling (or loading) the kernel in the
+            # background, and they run until it is ready.
+            if ask:
+                if self._native_asked:
+                    self._start_native()
+                self._native_asked = True
+            if not self._native_ready:
+                if isinstance(self._native, str):
+                    return self._refuse(mode, self._why_not())
+                return None
+        if not isinstance(self._native, str) and not self._native_ready:
+            self._compile_native()
         if isinstance(self._native, str):
-            return self._refuse(mode, f"the native engine cannot run this program: "
-                                      f"{self._native}")
+            return self._refuse(mode, self._why_not())
         return self._native
+
+    #: The reason kept when numba does not import.
+    _NO_NUMBA = "it needs numba, which does not import; install it (pip install numba, " \
+                "or memopt[fast])"
+
+    def _why_not(self) -> str:
+        """Why the native engine does not run this program (``_native`` is
+        the reason)."""
+        if self._native == self._NO_NUMBA:
+            return self._NO_NUMBA
+        return f"the native engine cannot run this program: {self._native}"
+
+    def _compile_native(self) -> None:
+        """Compile (or load from disk) the native kernel; on failure keep the
+        reason in ``_native`` (a string), on success mark it ready."""
+        from autobatch import native
+        program = self._native
+        if isinstance(program, str):
+            return
+        if not native.available():
+            self._native = self._NO_NUMBA
+            return
+        try:
+            program.kernel()  # compiled now, or loaded from disk
+        except native.Unlowerable as exc:
+            self._native = str(exc)
+            return
+        self._native_ready = True
+
+    def _start_native(self) -> None:
+        """Start the background compile of the native kernel (once)."""
+        if not isinstance(self._native, (str, bool)) and self._native_thread is None:
+            self._native_thread = threading.Thread(
+                target=self._compile_native, name="autobatch-native-compile", daemon=True)
+            self._native_thread.start()
+
+    def wait_for_native(self, timeout: Optional[float] = None) -> bool:
+        """Start the background compile of the native kernel if the
+        automatic choice asked for it (see :meth:`native`) and wait for it to
+        end; whether the kernel is ready."""
+        if self._native_asked:
+            self._start_native()
+        thread = self._native_thread
+        if thread is not None:
+            thread.join(timeout)
+        return self._native_ready
 
     @staticmethod
     def _refuse(mode: Any, reason: str) -> None:
@@ -127,14 +192,14 @@ class Compiled:
         logging.getLogger("autobatch.native").debug("native engine not used: %s", reason)
         return None
 
-    def engine(self, backend: Any) -> str:
+    def engine(self, backend: Any, ask: bool = True) -> str:
         """What runs this program on ``backend``: ``"compiled"`` (a backend
         that compiles whole programs itself: JAX), ``"native"`` (the numba
         engine, see :meth:`native`), ``"fused"`` (the NumPy fused loop) or
         ``"vm"``."""
         if backend.compiles_programs:
             return "compiled"
-        if self.native(backend) is not None:
+        if self.native(backend, ask) is not None:
             return "native"
         if backend.fused_loops and self.fused is not None:
             return "fused"
@@ -151,14 +216,15 @@ class Compiled:
         """An object whose ``run(args)`` runs the program on ``backend`` where
         :meth:`engine` picks the native engine, the fused loop or the
         backend's own compiler (the native engine's ``run`` also takes
-        ``max_stack_depth``);
-        None where it picks the VM (the caller builds a
-        :class:`~autobatch.virtual_machine.VirtualMachine` from :attr:`lowered`)."""
-        engine = self.engine(backend)
+        ``max_stack_depth``); None where it picks the VM (the caller builds a
+        :class:`~autobatch.virtual_machine.VirtualMachine` from
+        :attr:`lowered`).  Not another ask of the native engine: call
+        :meth:`engine` once per run, then this."""
+        engine = self.engine(backend, ask=False)
         if engine == "compiled":
             return self.compiled_by(backend)
         if engine == "native":
-            return self.native(backend)
+            return self.native(backend, ask=False)
         if engine == "fused":
             return self.fused
         return None

@@ -17,11 +17,7 @@ the run that prints it.
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
@@ -100,40 +96,13 @@ class Table:
 
 
 def run_worker(script: str, args: Sequence[Any], env: Optional[dict] = None,
-               timeout: float = 1800) -> dict:
+               timeout: float = 1800, flag: str = "--worker",
+               python: Optional[str] = None) -> dict:
     """Run ``script --worker *args`` in a fresh Python process (Paddle's
     logging quiet, ``env`` added to the environment) and return the last
     JSON object it printed on a line of its own; ``{"error": ...}`` with
     the last line of its stderr if it printed none (a crash), or on a
-    timeout."""
-    cmd = [sys.executable, os.path.abspath(script), "--worker", *map(str, args)]
-    full_env = dict(os.environ, **(env or {}))
-    full_env.setdefault("GLOG_minloglevel", "2")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": "timeout"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        return {"error": "crashed: " + (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    return json.loads(lines[-1])
+    timeout (:func:`memopt.testing.workers.run_worker`)."""
+    from memopt.testing import workers
 
-
-def build_pir_model(models: dict, name: str):
-    """``(main, startup, feed, fetch)`` of ``models[name]`` (a ``(batch,
-    builder)`` pair whose builder returns ``(feed, fetch)``), built as a PIR
-    program with Paddle's seed 7."""
-    import paddle
-
-    paddle.seed(7)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.static.program_guard(main, startup):
-        feed, fetch = models[name][1]()
-    return main, startup, feed, fetch
-
-
-def pir_parameter_names(program) -> list:
-    """The parameters of a PIR ``program``, in the order it declares them."""
-    return [op.attrs()["parameter_name"] for op in program.global_block().ops
-            if op.name() == "builtin.parameter"]
+    return workers.run_worker(script, args, env, timeout=timeout, flag=flag, python=python)

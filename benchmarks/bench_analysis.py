@@ -43,7 +43,6 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -60,7 +59,6 @@ CONFIGS = {
     "gru": ({"seq_len": 32, "features": 64, "hidden": 256}, (64, 128, 256)),
 }
 STEPS = 5
-MIB = _bench.MIB
 #: --optimize: model -> (build options, batch size)
 OPTIMIZE = {
     "mlp": ({"hidden": 1024, "in_features": 1024}, 1024),
@@ -141,17 +139,18 @@ def measure_legacy(name: str, mode: str) -> dict:
 
 
 def legacy_table(names) -> None:
-    _bench.Table(["model", "batch", "rewrite", "predicted MiB", "measured MiB",
-                  "predicted/measured"], "lrlrrr")
+    table = _bench.Table(["model", "batch", "rewrite", "predicted MiB", "measured MiB",
+                          "predicted/measured"], "lrlrrr")
     for name in names:
         for mode in LEGACY_MODES:
             row = run_child(["--one-legacy", name, mode], {"FLAGS_eager_delete_tensor_gb": "-1"})
             if "error" in row:
-                print(f"| {name} | - | {mode} | - | - | error: {row['error'][:60]} |")
+                table.row(name, "-", mode, "-", "-", f"error: {row['error'][:60]}")
                 continue
-            print(f"| {name} | {row['batch']} | {mode} | {row['predicted'] / MIB:.1f} | "
-                  f"{row['measured'] / MIB:.1f} | {row['predicted'] / row['measured']:.3f} |",
-                  flush=True)
+            table.row(name, row["batch"], mode, f"{_bench.mib(row['predicted']):.1f}",
+                      f"{_bench.mib(row['measured']):.1f}",
+                      f"{row['predicted'] / row['measured']:.3f}")
+            sys.stdout.flush()
 
 
 def measure(name: str, ir: str, batch: int) -> dict:
@@ -173,34 +172,32 @@ def measure(name: str, ir: str, batch: int) -> dict:
 
 
 def run_child(args: list, flags: dict = None) -> dict:
-    """Run this script with ``args`` in a fresh process (with Paddle ``flags``
-    in its environment) and return the JSON it prints."""
-    env = dict(os.environ, GLOG_minloglevel="2", PYTHONWARNINGS="ignore", **(flags or {}))
-    out = subprocess.run([sys.executable, __file__, *map(str, args)],
-                         capture_output=True, text=True, env=env, timeout=1800)
-    if out.returncode != 0:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["?"]
-        return {"error": tail[0]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """Run this script's worker mode ``args[0]`` (``--one``, ``--one-opt``,
+    ``--one-legacy``) with ``args[1:]`` in a fresh process (with Paddle
+    ``flags`` in its environment) and return the JSON it prints."""
+    return _bench.run_worker(__file__, args[1:], {"PYTHONWARNINGS": "ignore", **(flags or {})},
+                             flag=args[0])
 
 
 def optimize_table(names) -> None:
-    _bench.Table(["model", "flags", "batch", "ops made in place", "measured before MiB",
-                  "measured after MiB", "after/before", "predicted before -> after MiB"],
-                 "llrrrrrr")
+    table = _bench.Table(["model", "flags", "batch", "ops made in place", "measured before MiB",
+                          "measured after MiB", "after/before", "predicted before -> after MiB"],
+                         "llrrrrrr")
     for name in names:
         for label, flags in FLAG_SETS.items():
             before = run_child(["--one-opt", name, "0"], flags)
             after = run_child(["--one-opt", name, "1"], flags)
             if "error" in before or "error" in after:
                 err = before.get("error") or after.get("error")
-                print(f"| {name} | {label} | - | - | - | - | error | {err[:60]} |")
+                table.row(name, label, "-", "-", "-", "-", "error", err[:60])
                 continue
-            print(f"| {name} | {label} | {before['batch']} | {after['rewritten']} | "
-                  f"{before['measured'] / MIB:.1f} | {after['measured'] / MIB:.1f} | "
-                  f"{after['measured'] / before['measured']:.3f} | "
-                  f"{before['predicted'] / MIB:.1f} -> {after['predicted'] / MIB:.1f} |",
-                  flush=True)
+            table.row(name, label, before["batch"], after["rewritten"],
+                      f"{_bench.mib(before['measured']):.1f}",
+                      f"{_bench.mib(after['measured']):.1f}",
+                      f"{after['measured'] / before['measured']:.3f}",
+                      f"{_bench.mib(before['predicted']):.1f} -> "
+                      f"{_bench.mib(after['predicted']):.1f}")
+            sys.stdout.flush()
 
 
 def main() -> None:
@@ -267,9 +264,10 @@ def main() -> None:
                         continue
                     ratio = row["predicted"] / row["measured"]
                     worst = max(worst, abs(ratio - 1))
-                    table.row(name, ir, gc, batch, row["ops"], f"{row['predicted'] / MIB:.1f}",
-                              f"{row['measured'] / MIB:.1f} ({row['min'] / MIB:.1f}-"
-                              f"{row['max'] / MIB:.1f})", f"{ratio:.3f}",
+                    table.row(name, ir, gc, batch, row["ops"],
+                              f"{_bench.mib(row['predicted']):.1f}",
+                              f"{_bench.mib(row['measured']):.1f} ({_bench.mib(row['min']):.1f}-"
+                              f"{_bench.mib(row['max']):.1f})", f"{ratio:.3f}",
                               "yes" if abs(ratio - 1) <= 0.10 else "NO",
                               f"{row['persistable_predicted'] / max(row['persistable_measured'], 1):.3f}",
                               f"{row['analyze_s']:.2f}")

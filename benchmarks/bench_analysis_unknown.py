@@ -75,15 +75,10 @@ def _layers(name: str):
             h, _ = self.lstm(self.emb(x))
             return self.fc(h[:, -1])
 
-    class Encoder(nn.Layer):
-        def __init__(self):
-            super().__init__()
-            self.enc = nn.TransformerEncoder(
-                nn.TransformerEncoderLayer(D_MODEL, 4, 4 * D_MODEL, dropout=0.1), 2)
-            self.fc = nn.Linear(D_MODEL, 10)
+    from memopt.testing.encoders import encoder_layer
 
-        def forward(self, x):
-            return self.fc(self.enc(x).mean(axis=1))
+    def Encoder():
+        return encoder_layer(d_model=D_MODEL, d_ff=4 * D_MODEL, classes=10)
 
     base = name.split("_")[0]
     return {

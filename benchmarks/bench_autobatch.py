@@ -45,13 +45,14 @@ def _blas_threads_from_argv() -> str:
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, _blas_threads_from_argv())
 
-import statistics  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from typing import Any, Callable, List, Tuple  # noqa: E402
+from typing import Any, Callable, List  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+import _bench  # noqa: E402
 
 from autobatch import examples, stackless  # noqa: E402
 from autobatch.backends.numpy import NumpyBackend  # noqa: E402
@@ -70,20 +71,9 @@ class Workload:
     quick: bool = True               # part of --quick
 
 
-def median_time(fn: Callable[[], Any], repeat: int) -> Tuple[float, float]:
-    """Median wall-clock and median CPU seconds (this process) of ``fn()``."""
-    wall, cpu = [], []
-    for _ in range(repeat):
-        t0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return statistics.median(wall), statistics.median(cpu)
-
-
 def same(got: Any, want: Any) -> bool:
     if isinstance(want, tuple):
-        return all(same(g, w) for g, w in zip(got, want))
+        return all(same(g, w) for g, w in zip(got, want, strict=True))
     return np.array_equal(np.asarray(got), np.asarray(want))
 
 
@@ -142,9 +132,9 @@ def run(work: Workload, repeat: int, backend: NumpyBackend) -> dict:
     for name, executor in (("the engine", runner), ("the VM", vm)):
         if not same(executor.run(work.args), want):
             raise AssertionError(f"{work.name}: {name} disagrees with plain Python")
-    run_s, run_cpu = median_time(lambda: runner.run(work.args), repeat)
+    run_s, run_cpu = _bench.median_time(lambda: runner.run(work.args), repeat)
     steps = runner.steps
-    vm_s = run_s if runner is vm else median_time(lambda: vm.run(work.args), repeat)[0]
+    vm_s = run_s if runner is vm else _bench.median_seconds(lambda: vm.run(work.args), repeat)
     tracemalloc.start()
     runner.run(work.args)
     _, peak = tracemalloc.get_traced_memory()
@@ -154,7 +144,7 @@ def run(work: Workload, repeat: int, backend: NumpyBackend) -> dict:
     stackless_s = time.perf_counter() - t0
     if not same(sl, want):
         raise AssertionError(f"{work.name}: the stackless executor disagrees")
-    python_s, python_cpu = median_time(work.python, repeat)
+    python_s, python_cpu = _bench.median_time(work.python, repeat)
     return dict(engine=engine, run=run_s, cpu=run_cpu, steps=steps, peak=peak, vm=vm_s,
                 stackless=stackless_s, python=python_s, python_cpu=python_cpu)
 
@@ -178,18 +168,19 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     print(f"autobatch, NumPy {np.__version__} backend, BLAS threads "
           f"{os.environ.get('OPENBLAS_NUM_THREADS')}, median of {repeat} run(s)\n")
-    print("| program | batch | engine | s | CPU s | steps | peak MiB | VM s | stackless s | "
-          "plain Python s | Python CPU s | Python / ours |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    table = _bench.Table(["program", "batch", "engine", "s", "CPU s", "steps", "peak MiB",
+                          "VM s", "stackless s", "plain Python s", "Python CPU s",
+                          "Python / ours"], "lrlrrrrrrrrr")
     start = time.perf_counter()
     for work in workloads(rng):
         if args.quick and not work.quick:
             continue
         r = run(work, repeat, backend)
-        print(f"| {work.name} | {work.batch:,} | {r['engine']} | {r['run']:.3f} | "
-              f"{r['cpu']:.3f} | {r['steps']:,} | {r['peak'] / 2**20:.1f} | {r['vm']:.3f} | "
-              f"{r['stackless']:.3f} | {r['python']:.3f} | {r['python_cpu']:.3f} | "
-              f"{r['python'] / r['run']:.2f}x |", flush=True)
+        table.row(work.name, f"{work.batch:,}", r["engine"], f"{r['run']:.3f}",
+                  f"{r['cpu']:.3f}", f"{r['steps']:,}", f"{_bench.mib(r['peak']):.1f}",
+                  f"{r['vm']:.3f}", f"{r['stackless']:.3f}", f"{r['python']:.3f}",
+                  f"{r['python_cpu']:.3f}", f"{r['python'] / r['run']:.2f}x")
+        sys.stdout.flush()
     print("\nRatios use wall-clock medians.  CPU seconds are this process's only: on a "
           "shared machine\nthey show what the wall clock would be without the other "
           "load (the BLAS runs one thread).")

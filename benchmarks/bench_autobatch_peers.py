@@ -79,13 +79,13 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
                       "intra_op_parallelism_threads=1")
 
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable, Dict, List, Optional, Tuple  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+import _bench  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUTS_SIZE = 256
@@ -111,7 +111,7 @@ def median_time(fn: Callable[[], Any], repeat: int, slow: float = 2.0) -> float:
         times.append(time.perf_counter() - t0)
         if times[-1] > slow and len(times) >= 1 and repeat > 1 and fn.__name__ == "python":
             break
-    return statistics.median(times)
+    return _bench.median(times)
 
 
 def paired_medians(a: Callable[[], Any], b: Callable[[], Any], repeat: int
@@ -124,7 +124,7 @@ def paired_medians(a: Callable[[], Any], b: Callable[[], Any], repeat: int
             t0 = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t0)
-    return statistics.median(times[0]), statistics.median(times[1])
+    return _bench.median(times[0]), _bench.median(times[1])
 
 
 def same(got: Any, want: Any) -> bool:
@@ -252,29 +252,25 @@ def jax_worker(key: str, data: str, repeat: int) -> None:
         times.append(time.perf_counter() - t0)
     parts = result if isinstance(result, tuple) else (result,)
     np.savez(data + ".out.npz", *[np.asarray(p) for p in parts])
-    print(json.dumps({"first": first, "steady": statistics.median(times),
+    print(json.dumps({"first": first, "steady": _bench.median(times),
                       "jax": jax.__version__}), flush=True)
 
 
-def run_subprocess(command: List[str], data: str, want: Any, timeout: float
-                   ) -> Optional[Dict[str, Any]]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
-               JAX_PLATFORMS="cpu")
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, env=env,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout:.0f} s"}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
-        return {"error": tail[0] if tail else f"exit {done.returncode}"}
-    out = json.loads(lines[-1])
+def run_peer(python: str, script: str, flag: str, args: List[Any], data: str, want: Any,
+             timeout: float) -> Optional[Dict[str, Any]]:
+    """A peer's worker (``script flag *args``, in ``python``: the peer's
+    venv) in a fresh process; its timings, its results (saved beside
+    ``data``) checked against ``want``."""
+    out = _bench.run_worker(script, args, {"TF_CPP_MIN_LOG_LEVEL": "3",
+                                           "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"},
+                            timeout=timeout, flag=flag, python=python)
+    if "error" in out:
+        return {"error": out["error"]}
     saved = np.load(data + ".out.npz")
     parts = tuple(saved[f"arr_{i}"] for i in range(len(saved.files)))
     got = parts if isinstance(want, tuple) else parts[0]
     if not same(got, want):
-        raise AssertionError(f"{command[1:3]}: the peer disagrees with plain Python")
+        raise AssertionError(f"{script} {flag} {args[:1]}: the peer disagrees with plain Python")
     return out
 
 
@@ -388,9 +384,9 @@ def tfp_run(python: str, work: Workload, repeat: int, want: Any, timeout: float
         data = os.path.join(tmp, "input.npz")
         np.savez(data, input=next(iter(work.inputs.values())))
         depth = {"collatz10k": 200, "nuts1k": 2 * MAX_DEPTH + 2, "fib1k": 25}[work.tfp_key]
-        command = [python, os.path.join(ROOT, "scripts", "bench_autobatch_tf.py"),
-                   "--tfp-worker", work.tfp_key, "xla", str(repeat), str(depth), data]
-        return run_subprocess(command, data, want, timeout)
+        return run_peer(python, os.path.join(ROOT, "benchmarks", "bench_autobatch_tf.py"),
+                        "--tfp-worker", [work.tfp_key, "xla", repeat, depth, data], data, want,
+                        timeout)
 
 
 def jax_run(python: str, work: Workload, repeat: int, want: Any, timeout: float
@@ -400,9 +396,8 @@ def jax_run(python: str, work: Workload, repeat: int, want: Any, timeout: float
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "input.npz")
         np.savez(data, **work.inputs)
-        command = [python, os.path.abspath(__file__), "--jax-worker", work.key, data,
-                   str(repeat)]
-        return run_subprocess(command, data, want, timeout)
+        return run_peer(python, __file__, "--jax-worker", [work.key, data, repeat], data, want,
+                        timeout)
 
 
 def fmt(seconds: Optional[float]) -> str:
@@ -441,18 +436,14 @@ def nuts_sampler_cell(python: str, chains: int, steps: int, repeat: int, engine:
     engine, in a fresh process of TFP's venv; None where it failed (the
     error is printed to stderr)."""
     settings = dict(engine, regime="function", chains=chains, steps=steps, calls=1 + repeat)
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    try:
-        done = subprocess.run([python, NUTS_DRIVER, json.dumps(settings)], capture_output=True,
-                              text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        print(f"NUTS sampler {settings}: over {timeout:.0f} s", file=sys.stderr)
+    done = _bench.run_worker(NUTS_DRIVER, [json.dumps(settings)], {"TF_CPP_MIN_LOG_LEVEL": "3"},
+                             timeout=timeout, flag=None, python=python)
+    if "error" in done:
+        print(f"NUTS sampler {settings} failed: {done['error']}\n{done.get('stderr', '')}",
+              file=sys.stderr)
         return None
-    if done.returncode != 0:
-        print(f"NUTS sampler {settings} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
-        return None
-    times = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
-    return times[0], statistics.median(times[1:])
+    times = done["seconds"]
+    return times[0], _bench.median(times[1:])
 
 
 def nuts_sampler_table(python: str, chain_counts: List[int], steps: int, repeat: int,
@@ -460,19 +451,19 @@ def nuts_sampler_table(python: str, chain_counts: List[int], steps: int, repeat:
     print(f"\nTFP 0.25 NoUTurnSampler, tf.function(sample_chain), {steps} steps "
           f"(first call | steady, median of {repeat}):\n")
     names = [label for label, _ in NUTS_ENGINES]
-    print("| chains | " + " | ".join(f"{n} first | {n} steady" for n in names)
-          + " | TFP / best ours steady | TFP / best ours first |")
-    print("|---:|" + "---:|---:|" * len(names) + "---:|---:|")
+    table = _bench.Table(["chains"] + [f"{n} {when}" for n in names for when in ("first", "steady")]
+                         + ["TFP / best ours steady", "TFP / best ours first"],
+                         "r" * (3 + 2 * len(names)))
     for chains in chain_counts:
         cells = [nuts_sampler_cell(python, chains, steps, repeat, engine, timeout)
                  for _, engine in NUTS_ENGINES]
         tfp, ours = cells[0], [c for c in cells[1:] if c is not None]
         best_steady = min((c[1] for c in ours), default=None)
         best_first = min((c[0] for c in ours), default=None)
-        shown = " | ".join(f"{fmt(c[0])} | {fmt(c[1])}" if c else "failed | failed"
-                           for c in cells)
-        print(f"| {chains:,} | {shown} | {ratio(tfp and tfp[1], best_steady)} | "
-              f"{ratio(tfp and tfp[0], best_first)} |", flush=True)
+        shown = [x for c in cells for x in ((fmt(c[0]), fmt(c[1])) if c else ("failed", "failed"))]
+        table.row(f"{chains:,}", *shown, ratio(tfp and tfp[1], best_steady),
+                  ratio(tfp and tfp[0], best_first))
+        sys.stdout.flush()
 
 
 def main() -> None:
@@ -509,15 +500,22 @@ def main() -> None:
         else args.jax_python
     tfp_python = None if args.no_tfp or not os.path.exists(args.tfp_python) \
         else args.tfp_python
+    if args.only == "nuts-sampler":
+        if tfp_python is None:
+            raise SystemExit(f"the NUTS sampler table needs TFP's venv ({args.tfp_python}: "
+                             f"make tfp)")
+        nuts_sampler_table(tfp_python, [int(c) for c in (args.nuts_sampler or
+                                                          "100,1000,10000").split(",")],
+                           args.nuts_steps, args.repeat, args.timeout)
+        return
     print(f"NumPy {np.__version__}, BLAS threads 1; steady: median of {args.repeat}; "
           f"JAX: {jax_python or 'not run'}; TFP 0.25 (XLA): {tfp_python or 'not run'}\n")
-    print("| workload | batch | NumPy engine | autobatch NumPy | autobatch JAX | "
-          "autobatch native | JAX jit(vmap) | hand NumPy | plain Python | TFP 0.25 XLA | "
-          "best ours / JAX | NumPy / hand | default / hand | Python / best ours | "
-          "first call ours | "
-          "first call native, disk cache | first call JAX | first ours / JAX |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-          "---:|---:|")
+    table = _bench.Table(["workload", "batch", "NumPy engine", "autobatch NumPy", "autobatch JAX",
+                          "autobatch native", "JAX jit(vmap)", "hand NumPy", "plain Python",
+                          "TFP 0.25 XLA", "best ours / JAX", "NumPy / hand", "default / hand",
+                          "Python / best ours", "first call ours",
+                          "first call native, disk cache", "first call JAX",
+                          "first ours / JAX"], "lrl" + "r" * 15)
     from autobatch.backends.numpy import NumpyBackend
     from autobatch import native
     native_backend = None
@@ -537,14 +535,6 @@ def main() -> None:
         jnp.zeros(1).block_until_ready()
     only = set(args.only.split(",")) if args.only else None
     start = time.perf_counter()
-    if only == {"nuts-sampler"}:
-        if tfp_python is None:
-            raise SystemExit(f"the NUTS sampler table needs TFP's venv ({args.tfp_python}: "
-                             f"make tfp)")
-        nuts_sampler_table(tfp_python, [int(c) for c in (args.nuts_sampler or
-                                                          "100,1000,10000").split(",")],
-                           args.nuts_steps, args.repeat, args.timeout)
-        return
     for work in workloads(args.quick, args.seed):
         if only and work.key not in only:
             continue
@@ -579,13 +569,12 @@ def main() -> None:
         ours_jax_cell = fmt(ours_jax["steady"]) if ours_jax else "n/a"
         native_cell = fmt(ours_native["steady"]) if ours_native else "n/a"
         cached_cell = fmt(ours_native["cached"]) if ours_native else "n/a"
-        print(f"| {work.label} | {work.batch:,} | {ours['engine']} | {fmt(ours['steady'])} | "
-              f"{ours_jax_cell} | {native_cell} | {jax_steady} | {fmt(hand)} | {fmt(py)} | "
-              f"{tfp_steady} | {ratio(best['steady'], jax_s)} | "
-              f"{ratio(ours['steady'], hand)} | {ratio(default['steady'], hand)} | "
-              f"{ratio(py, best['steady'])} | "
-              f"{fmt(best['first'])} | {cached_cell} | {jax_first} | "
-              f"{ratio(best['first'], jax_f)} |", flush=True)
+        table.row(work.label, f"{work.batch:,}", ours["engine"], fmt(ours["steady"]),
+                  ours_jax_cell, native_cell, jax_steady, fmt(hand), fmt(py), tfp_steady,
+                  ratio(best["steady"], jax_s), ratio(ours["steady"], hand),
+                  ratio(default["steady"], hand), ratio(py, best["steady"]),
+                  fmt(best["first"]), cached_cell, jax_first, ratio(best["first"], jax_f))
+        sys.stdout.flush()
     if args.nuts_sampler and tfp_python is not None:
         nuts_sampler_table(tfp_python, [int(c) for c in args.nuts_sampler.split(",")],
                            args.nuts_steps, args.repeat, args.timeout)

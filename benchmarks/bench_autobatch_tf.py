@@ -32,13 +32,14 @@ of one run.
 import argparse
 import json
 import os
-import statistics
-import subprocess
+import sys
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
+
+import _bench
 
 MAX_NUTS_DEPTH = 6
 NUTS_SIZE = 256
@@ -208,7 +209,7 @@ class Ours:
 
     @property
     def steady(self) -> float:
-        return statistics.median(self.times)
+        return _bench.median(self.times)
 
 
 # -- TFP (runs in another Python) -------------------------------------------------------------
@@ -309,7 +310,7 @@ def tfp_worker(key: str, mode: str, repeat: int, depth: int, data: str) -> None:
         times.append(time.perf_counter() - t0)
     parts = result if isinstance(result, (tuple, list)) else [result]
     np.savez(data + ".out.npz", *[np.asarray(p) for p in parts])
-    print(json.dumps({"first": first, "steady": statistics.median(times)}), flush=True)
+    print(json.dumps({"first": first, "steady": _bench.median(times)}), flush=True)
 
 
 def run_tfp(python: str, work: Workload, mode: str, repeat: int,
@@ -317,19 +318,13 @@ def run_tfp(python: str, work: Workload, mode: str, repeat: int,
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "input.npz")
         np.savez(data, input=work.inputs[0])
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-        command = [python, os.path.abspath(__file__), "--tfp-worker", work.key, mode,
-                   str(repeat), str(work.tfp_depth), data]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, env=env,
-                                  timeout=timeout)
-        except subprocess.TimeoutExpired:
+        out = _bench.run_worker(__file__, [work.key, mode, repeat, work.tfp_depth, data],
+                                {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""},
+                                timeout=timeout, flag="--tfp-worker", python=python)
+        if str(out.get("error", "")).startswith("timeout"):
             return {"timeout": timeout}
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        if done.returncode or not lines:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
-            return {"error": tail[0] if tail else f"exit {done.returncode}"}
-        out = json.loads(lines[-1])
+        if "error" in out:
+            return {"error": out["error"]}
         saved = np.load(data + ".out.npz")
         parts = tuple(saved[f"arr_{i}"] for i in range(len(saved.files)))
         want = work.reference()
@@ -391,9 +386,9 @@ def main() -> None:
     print(f"autobatch TensorFlowBackend, TensorFlow {tf.__version__}, CPU; "
           f"TFP: {'0.25 via ' + tfp_python if tfp_python else 'not run'}; steady runs: "
           f"median of {args.repeat} (eager: 1){'; --quick' if args.quick else ''}\n")
-    print("| program | batch | mode | VM steps | first call s | compile s | steady s | "
-          "TFP first s | TFP steady s | TFP / ours |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    table = _bench.Table(["program", "batch", "mode", "VM steps", "first call s", "compile s",
+                          "steady s", "TFP first s", "TFP steady s", "TFP / ours"],
+                         "lrlrrrrrrr")
     start = time.perf_counter()
     for key in args.workloads.split(","):
         work = works[key]
@@ -418,9 +413,10 @@ def main() -> None:
                         raise AssertionError(f"{key} ({mode}): TFP disagrees with plain Python")
                     tfp_first, tfp_steady = fmt(tfp["first"]), fmt(tfp["steady"])
                     ratio = f"{tfp['steady'] / ours.steady:.1f}x"
-            print(f"| {work.label} | {work.batch:,} | {mode} | {ours.function.last_steps:,} | "
-                  f"{fmt(ours.first)} | {compile_time(ours.first, ours.steady)} | "
-                  f"{fmt(ours.steady)} | {tfp_first} | {tfp_steady} | {ratio} |", flush=True)
+            table.row(work.label, f"{work.batch:,}", mode, f"{ours.function.last_steps:,}",
+                      fmt(ours.first), compile_time(ours.first, ours.steady), fmt(ours.steady),
+                      tfp_first, tfp_steady, ratio)
+            sys.stdout.flush()
     print(f"\ntotal bench time {time.perf_counter() - start:.0f} s")
 
 

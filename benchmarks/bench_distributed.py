@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import _bench  # noqa: E402
 from memopt.testing.dist_runs import (AutoParallelConfig, RunConfig, launch,  # noqa: E402
                               launch_auto_parallel, same_results)
 
@@ -118,8 +118,10 @@ def auto_parallel_table(quick: bool, steps: int) -> tuple:
     """``(lines, failed)``: configuration x (bit-identical on every rank,
     communication ops, ops made in place, ops left alone for a
     communication buffer)."""
-    lines = ["| configuration | bit-identical (every rank) | communication ops (rank 0) "
-             "| made in place | left alone: communication buffer |", "|---|---|---|---|---|"]
+    lines: list = []
+    table = _bench.Table(["configuration", "bit-identical (every rank)",
+                          "communication ops (rank 0)", "made in place",
+                          "left alone: communication buffer"], out=lines.append)
     failed = False
     base: dict = {}
     reason = "communication buffer (in flight until the end of the step)"
@@ -129,21 +131,21 @@ def auto_parallel_table(quick: bool, steps: int) -> tuple:
             records = launch_auto_parallel(config, tempfile.mkdtemp(prefix="memopt-ap-"))
         except Exception as exc:  # a rank failed: say which and go on
             message = " ".join(str(exc).split())[-300:]
-            lines.append(f"| {config.label} | FAILED: {message} | | | |")
+            table.row(config.label, f"FAILED: {message}", "", "", "")
             failed = True
             continue
         comm = ", ".join(sorted(set(records[0]["comm_ops"])))
         if config.level is None:
             base[(config.mode, config.gc)] = records
-            lines.append(f"| {config.label} | reference | {comm} | | |")
+            table.row(config.label, "reference", comm, "", "")
             continue
         ref = base.get((config.mode, config.gc))
-        ok = ref is not None and all(same_results(a, b) for a, b in zip(ref, records)) \
+        ok = ref is not None and all(same_results(a, b) for a, b in zip(ref, records, strict=True)) \
             and all(r["comm_ops_after"] == r["comm_ops"] and not r["inplace_on_communication"]
                     for r in records)
         failed |= not ok
-        lines.append(f"| {config.label} | {'yes' if ok else 'NO'} | {comm} | "
-                     f"{records[0]['merged']} | {records[0]['not_merged'].get(reason, 0)} |")
+        table.row(config.label, "yes" if ok else "NO", comm, records[0]["merged"],
+                  records[0]["not_merged"].get(reason, 0))
         print(f"{config.label}: {'yes' if ok else 'NO'}", file=sys.stderr, flush=True)
     return lines, failed
 
@@ -154,7 +156,7 @@ def span(values) -> str:
 
 
 def mib(n: int) -> str:
-    return f"{n / 2**20:.2f}"
+    return f"{_bench.mib(n):.2f}"
 
 
 def main(argv=None) -> int:
@@ -169,9 +171,11 @@ def main(argv=None) -> int:
     gc_runs = args.gc_runs or (3 if args.quick else 5)
     started = time.time()
     base: dict = {}
-    lines = ["| configuration | bit-identical (every rank) | measured peak MiB (rank 0 / 1) "
-             "| estimate MiB (rank 0 / 1) | estimate / measured | step 1: measured MiB, ratio |",
-             "|---|---|---|---|---|---|"]
+    lines: list = []
+    table = _bench.Table(["configuration", "bit-identical (every rank)",
+                          "measured peak MiB (rank 0 / 1)", "estimate MiB (rank 0 / 1)",
+                          "estimate / measured", "step 1: measured MiB, ratio"],
+                         out=lines.append)
     failed = False
     off: list = []
     for config in configurations(args.quick):
@@ -183,7 +187,7 @@ def main(argv=None) -> int:
                 runs.append(launch(config, tempfile.mkdtemp(prefix="memopt-dist-")))
         except Exception as exc:  # a rank failed: say which and go on
             message = " ".join(str(exc).split())[-300:]
-            lines.append(f"| {config.label} | FAILED: {message} | | | | |")
+            table.row(config.label, f"FAILED: {message}", "", "", "", "")
             print(f"{config.label}: FAILED {message}", file=sys.stderr, flush=True)
             failed = True
             continue
@@ -193,14 +197,16 @@ def main(argv=None) -> int:
             base[key] = records
             same = "reference"
             # fresh processes of one configuration: the same results
-            if any(not same_results(a, b) for other in runs[1:] for a, b in zip(records, other)):
+            if any(not same_results(a, b) for other in runs[1:]
+                   for a, b in zip(records, other, strict=True)):
                 same = "reference, NOT repeatable"
                 failed = True
         elif key not in base:
             same = "no reference"
             failed = True
         else:
-            ok = all(same_results(a, b) for other in runs for a, b in zip(base[key], other))
+            ok = all(same_results(a, b) for other in runs
+                     for a, b in zip(base[key], other, strict=True))
             same = "yes" if ok else "NO"
             failed |= not ok
         estimates = [r["estimate"] for r in records]
@@ -211,28 +217,27 @@ def main(argv=None) -> int:
             # whose frees lag peaks higher)
             update = [k for k in range(len(records[0]["step_peaks"]))
                       if config.mode != "gm" or k % 2 == 1]
-            peaks = [statistics.median_low([run[r]["step_peaks"][k] for run in runs
-                                            for k in update]) for r in range(len(records))]
+            peaks = [_bench.median([run[r]["step_peaks"][k] for run in runs
+                                    for k in update]) for r in range(len(records))]
         else:
             peaks = [run0["peak"] for run0 in records]
         highs = [max(run[r]["peak"] for run in runs) for r in range(len(records))]
         lows = [min(run[r]["step_peaks"][k] for run in runs
                     for k in range(len(run[r]["step_peaks"]))
                     if config.mode != "gm" or k % 2 == 1) for r in range(len(records))]
-        ratios = [e / p for e, p in zip(estimates, peaks)]
+        ratios = [e / p for e, p in zip(estimates, peaks, strict=True)]
         if any(abs(r - 1) > 0.10 for r in ratios):
             off.append(config.label)
-        first = [statistics.median_low([run[k]["peak_step1"] for run in runs])
+        first = [_bench.median([run[k]["peak_step1"] for run in runs])
                  for k in range(len(records))]
-        first_ratios = [e / p for e, p in zip(estimates, first)]
+        first_ratios = [e / p for e, p in zip(estimates, first, strict=True)]
         measured = " / ".join(mib(p) for p in peaks)
         if config.gc:
             measured += (f" (median step of {len(runs)} runs; lowest step "
                          + " / ".join(mib(x) for x in lows) + "; worst step "
                          + " / ".join(mib(h) for h in highs) + ")")
-        lines.append(f"| {config.label} | {same} | {measured} | "
-                     f"{' / '.join(mib(e) for e in estimates)} | {span(ratios)} | "
-                     f"{' / '.join(mib(p) for p in first)}, {span(first_ratios)} |")
+        table.row(config.label, same, measured, " / ".join(mib(e) for e in estimates),
+                  span(ratios), f"{' / '.join(mib(p) for p in first)}, {span(first_ratios)}")
         built = [r.get("estimate_as_built") for r in records]
         print(f"{config.label}: {same}, peaks {[[r['peak'] for r in run] for run in runs]}, "
               f"estimate {estimates} (as fleet built it, with stream syncs: {built}) "

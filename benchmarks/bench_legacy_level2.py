@@ -12,7 +12,7 @@ Columns (one markdown table row per model and GC mode):
 
 - ``L1`` / ``L2``: the median and the largest step peak of steps 2..n
   (the first step runs in program order while Paddle builds its
-  instruction list), parameters and optimizer state included, in MB;
+  instruction list), parameters and optimizer state included, in MiB;
 - ``pred L1`` / ``pred L2``: ``memopt.analyze``'s predicted peak of the
   rewritten program (MiB);
 - ``order``: what level 2 did (its report's note, shortened);
@@ -27,24 +27,20 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
-import os
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import _bench
+
 DEFAULT = "branches:256,densenet:8,cnn:16,transformer:8,resnet50:4"
 
-CHILD = r'''
-import json, os, sys
-import numpy as np
-import paddle
-paddle.enable_static()
-import memopt
-from memopt.testing import models
-name, batch, gc, level, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-paddle.set_flags({"FLAGS_eager_delete_tensor_gb": 0.0 if gc == "on" else -1.0})
-def build():
+
+def _build(name, batch):
+    import paddle
+
+    from memopt.testing import models
+
     if name not in models.PIR_ONLY:
         return models.build(name, "legacy", batch_size=batch, optimizer="sgd")
     # U-Net / DenseNet are built in PIR by memopt.testing.models; their layers build in legacy too
@@ -56,56 +52,68 @@ def build():
             models._optimizer("sgd").minimize(fetch[0])
     return models.BuiltModel(name=name, ir="legacy", main=main, startup=startup, feed=feed,
                              fetch_list=list(fetch), batch_size=batch)
-model = build()
-notes = []
-with models.ir_guard("legacy"):
-    if level:
-        report = memopt.memory_optimize(model.main, level=level, batch_size=batch,
-                                        fetch_list=model.fetch_list)
-        notes = [n for n in report.notes if n.startswith("level 2")]
-    pred = memopt.analyze(model.main, batch, fetch_list=model.fetch_list).total_peak(batch)
-peaks, base = models.step_peaks(model, steps)
-run = models.run_steps(model, 3)
-digest = [float(np.asarray(a, dtype="float64").sum()) for f in run.fetches for a in f]
-digest += [float(np.asarray(p, dtype="float64").sum()) for p in run.params]
-raw = b"".join(np.ascontiguousarray(a).tobytes() for f in run.fetches for a in f)
-raw += b"".join(np.ascontiguousarray(p).tobytes() for p in run.params)
-import hashlib
-print(json.dumps({"pred": pred, "peaks": [p + base for p in peaks], "notes": notes,
-                  "digest": hashlib.sha256(raw).hexdigest()}))
-'''
+
+
+def worker(name: str, batch: int, gc: str, level: int, steps: int) -> dict:
+    """One configuration in this process (started with
+    ``FLAGS_enable_pir_api=0``): the predicted peak, the step peaks, level
+    2's notes and a digest of 3 steps' fetches and parameters."""
+    import numpy as np
+    import paddle
+
+    paddle.enable_static()
+    import memopt
+    from memopt.testing import models
+
+    paddle.set_flags({"FLAGS_eager_delete_tensor_gb": 0.0 if gc == "on" else -1.0})
+    model = _build(name, batch)
+    notes = []
+    with models.ir_guard("legacy"):
+        if level:
+            report = memopt.memory_optimize(model.main, level=level, batch_size=batch,
+                                            fetch_list=model.fetch_list)
+            notes = [n for n in report.notes if n.startswith("level 2")]
+        pred = memopt.analyze(model.main, batch, fetch_list=model.fetch_list).total_peak(batch)
+    peaks, base = models.step_peaks(model, steps)
+    run = models.run_steps(model, 3)
+    raw = b"".join(np.ascontiguousarray(a).tobytes() for f in run.fetches for a in f)
+    raw += b"".join(np.ascontiguousarray(p).tobytes() for p in run.params)
+    return {"pred": pred, "peaks": [p + base for p in peaks], "notes": notes,
+            "digest": hashlib.sha256(raw).hexdigest()}
 
 
 def run(name, batch, gc, level, steps):
-    env = dict(os.environ, FLAGS_enable_pir_api="0",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", CHILD, name, str(batch), gc, str(level),
-                          str(steps)], env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _bench.run_worker(__file__, [name, batch, gc, level, steps],
+                             {"FLAGS_enable_pir_api": "0"})
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=DEFAULT, help="name:batch,...")
     ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--worker", nargs=5, metavar=("MODEL", "BATCH", "GC", "LEVEL", "STEPS"))
     args = ap.parse_args()
-    mb, mib = 1e6, 2 ** 20
-    print("| model (batch) | GC | L1 median / max MB | L2 median / max MB | pred L1 MiB | "
-          "pred L2 MiB | order | bit-identical |")
-    print("|---|---|---|---|---|---|---|---|")
+    if args.worker:
+        name, batch, gc, level, steps = args.worker
+        print(json.dumps(worker(name, int(batch), gc, int(level), int(steps))))
+        return
+    table = _bench.Table(["model (batch)", "GC", "L1 median / max MiB", "L2 median / max MiB",
+                          "pred L1 MiB", "pred L2 MiB", "order", "bit-identical"])
     for spec in args.models.split(","):
         name, batch = spec.split(":")
         for gc in ("on", "off"):
             plain, one, two = (run(name, int(batch), gc, lv, args.steps) for lv in (0, 1, 2))
-            cells = []
-            for r in (one, two):
-                steady = sorted(r["peaks"][1:])
-                cells.append(f"{steady[len(steady) // 2] / mb:.2f} / {steady[-1] / mb:.2f}")
+            failed = next((r for r in (plain, one, two) if "error" in r), None)
+            if failed:
+                table.row(f"{name} ({batch})", gc, failed["error"], "", "", "", "", "")
+                continue
+            cells = [f"{_bench.mib(_bench.median(r['peaks'][1:])):.2f} / "
+                     f"{_bench.mib(max(r['peaks'][1:])):.2f}" for r in (one, two)]
             note = (two["notes"] or ["-"])[0].replace("level 2: ", "")
             note = note.split(":")[0][:60]
-            print(f"| {name} ({batch}) | {gc} | {cells[0]} | {cells[1]} | "
-                  f"{one['pred'] / mib:.2f} | {two['pred'] / mib:.2f} | {note} | "
-                  f"{'yes' if two['digest'] == plain['digest'] else 'NO'} |")
+            table.row(f"{name} ({batch})", gc, *cells, f"{_bench.mib(one['pred']):.2f}",
+                      f"{_bench.mib(two['pred']):.2f}", note,
+                      "yes" if two["digest"] == plain["digest"] else "NO")
             sys.stdout.flush()
 
 

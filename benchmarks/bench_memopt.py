@@ -50,11 +50,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import _bench
-import subprocess
 import sys
 import tempfile
 import time
+
+import _bench
 
 CONFIGS = ("base-gc-on", "base-gc-off", "L0-gc-on", "L1-gc-on", "L0-gc-off", "L1-gc-off",
            "L1+rel-gc-off", "pir-inplace")
@@ -195,14 +195,10 @@ def run_config(model: str, config: str, steps: int, repeat: int, runs: int,
 
 def run_one(model: str, config: str, steps: int, repeat: int, tmp: str, k: int = 0) -> dict:
     out_npz = os.path.join(tmp, f"{model}-{config}-{k}.npz")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, config,
-           "--steps", str(steps), "--repeat", str(repeat), "--npz", out_npz]
-    env = dict(os.environ, GLOG_minloglevel="2")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"model": model, "config": config, "error": proc.stderr.strip()[-400:]}
-    result = json.loads(lines[-1])
+    result = _bench.run_worker(__file__, [model, config, "--steps", steps, "--repeat", repeat,
+                                          "--npz", out_npz])
+    if "error" in result:
+        return {"model": model, "config": config, "error": result["error"]}
     result["npz"] = out_npz
     return result
 

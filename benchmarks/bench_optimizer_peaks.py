@@ -29,8 +29,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 BATCH = 64
 STEPS = 4
 
@@ -123,28 +121,28 @@ def main():
         name, config, width = args.worker
         print(json.dumps(measure(name, config, int(width))), flush=True)
         return 0
-    env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {}
     if args.ir == "legacy":
         env["FLAGS_enable_pir_api"] = "0"
     if args.gc_off:
         env["FLAGS_eager_delete_tensor_gb"] = "-1"
     print(f"{args.ir}, MLP 16-{args.width}-{args.width}-4, batch {BATCH}, "
           f"GC {'off' if args.gc_off else 'on'}, {STEPS} steps\n")
-    print("| optimizer | analysed | unchanged steps min/max | smallest budget "
-          "| steps at it min/max | max / budget |")
-    print("|---|---|---|---|---|---|", flush=True)
+    table = _bench.Table(["optimizer", "analysed", "unchanged steps min/max", "smallest budget",
+                          "steps at it min/max", "max / budget"])
     worst = 0.0
     for name in args.optimizers.split(","):
         base = _bench.run_worker(__file__, [name, "none", args.width], env=env)
         fit = _bench.run_worker(__file__, [name, "smallest", args.width], env=env)
         if "error" in base or "error" in fit:
-            print(f"| {name} | {base.get('error', '')} {fit.get('error', '')} |", flush=True)
+            table.row(name, f"{base.get('error', '')} {fit.get('error', '')}", "", "", "", "")
             continue
         ratio = max(fit["peaks"]) / fit["budget"]
         worst = max(worst, ratio)
-        print(f"| {name} | {base['analysed']:,} | {min(base['peaks']):,} / {max(base['peaks']):,} "
-              f"| {fit['budget']:,} | {min(fit['peaks']):,} / {max(fit['peaks']):,} "
-              f"| {ratio:.4f} |", flush=True)
+        table.row(name, f"{base['analysed']:,}", f"{min(base['peaks']):,} / {max(base['peaks']):,}",
+                  f"{fit['budget']:,}", f"{min(fit['peaks']):,} / {max(fit['peaks']):,}",
+                  f"{ratio:.4f}")
+        sys.stdout.flush()
     print(f"\nworst max / budget: {worst:.4f}")
     return 0
 

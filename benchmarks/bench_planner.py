@@ -110,7 +110,7 @@ def ms(seconds: float) -> str:
 
 
 def arena_row(problem: Problem, repeat: int, exact: bool, time_limit: float,
-              fit: bool) -> str:
+              fit: bool) -> list:
     buffers = problem.buffers
     bound = peak_live_bytes(buffers)
     heur = choose(buffers)
@@ -139,7 +139,7 @@ def arena_row(problem: Problem, repeat: int, exact: bool, time_limit: float,
                       "yes" if best.optimal else "no", ms(spent)]
     if fit:
         cells += fit_cells(problem, time_limit)
-    return "| " + " | ".join(cells) + " |"
+    return cells
 
 
 def fit_cells(problem: Problem, time_limit: float) -> list:
@@ -159,7 +159,7 @@ def fit_cells(problem: Problem, time_limit: float) -> list:
     return [ms(spent), f"{search.nodes:,}"]
 
 
-def reuse_row(problem: Problem, repeat: int) -> str:
+def reuse_row(problem: Problem, repeat: int) -> list:
     buffers = problem.buffers
     bound = whole_buffer_lower_bound(buffers)
     peak = peak_live_bytes(buffers)
@@ -172,7 +172,7 @@ def reuse_row(problem: Problem, repeat: int) -> str:
     cells = [problem.name, f"{bound:,}", ratio(bound, peak)]
     cells += [ratio(costs[o], bound) for o in ORDERS]
     cells += [ratio(best.cost, bound), best.order, ms(seconds)]
-    return "| " + " | ".join(cells) + " |"
+    return cells
 
 
 def main(argv=None) -> int:
@@ -210,18 +210,19 @@ def main(argv=None) -> int:
     if args.fit:
         head += ["fit in capacity", "fit nodes"]
         _load_kernels()  # not counted: the first search in a process loads the kernel
-    _bench.Table(head)
+    table = _bench.Table(head)
     for problem in problems:
-        print(arena_row(problem, args.repeat, args.exact, args.time_limit, args.fit),
-              flush=True)
+        table.row(*arena_row(problem, args.repeat, args.exact, args.time_limit, args.fit))
+        sys.stdout.flush()
     print()
     print("## Whole-buffer reuse: cost / sum-of-positional-maxima lower bound")
     print()
     head = ["problem", "lower bound (B)", "bound / peak live"] + list(ORDERS) + [
         "best", "best order", "time (best)"]
-    _bench.Table(head)
+    table = _bench.Table(head)
     for problem in problems:
-        print(reuse_row(problem, args.repeat), flush=True)
+        table.row(*reuse_row(problem, args.repeat))
+        sys.stdout.flush()
     return 0
 
 

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import statistics
 import sys
 import time
 
@@ -117,7 +116,7 @@ def worker(model: str, config: str, batch: int, budget: int, steps: int) -> dict
     # the run's peak (startup and every step), as one unreset reading gives
     out["peak"] = max([startup_peak, *step_peaks])
     out["step_peaks"] = step_peaks
-    out["step_s"] = statistics.median(times[1:] or times)
+    out["step_s"] = _bench.median(times[1:] or times)
     out["digest"] = digest
     return out
 
@@ -147,7 +146,7 @@ def run(model: str, config: str, batch: int, budget: int, steps: int) -> dict:
 
 
 def mib(n: float) -> str:
-    return f"{n / 2 ** 20:.1f} MiB"
+    return f"{_bench.mib(n):.1f} MiB"
 
 
 def _repeated(model: str, batch: int, budget: int, steps: int, repeat: int) -> dict:
@@ -159,7 +158,7 @@ def _repeated(model: str, batch: int, budget: int, steps: int, repeat: int) -> d
     if len(ok) < len(runs):
         return next(r for r in runs if "peak" not in r)
     out = dict(max(ok, key=lambda r: r["peak"]))
-    out["step_s"] = statistics.median(r["step_s"] for r in ok)
+    out["step_s"] = _bench.median(r["step_s"] for r in ok)
     out["peaks"] = [r["peak"] for r in ok]
     out["digests"] = sorted({r["digest"] for r in ok})
     return out
@@ -228,7 +227,7 @@ def budget_choices(row: str) -> tuple:
 
     paddle.enable_static()
     from memopt.testing import models
-    from memopt.api import _pir_analysis
+    from memopt.pipeline.pir import analysed
     from memopt.paddle import flags
     from memopt.paddle.pir import program as pir, budget as pir_budget
 
@@ -236,12 +235,12 @@ def budget_choices(row: str) -> tuple:
     m = models.build(model_of(row), "pir", batch_size=batch, **dict(opts))
     runtime = flags.runtime_model("pir")
     pg = pir.convert(m.main)
-    default = _pir_analysis(pg, batch, runtime).total_peak(batch)
+    default = analysed(pg, batch, runtime).total_peak(batch)
     _, grid = pir_budget.recompute_choices(pg, batch, runtime)
     return batch, m, runtime, pg, default, pir_budget.vouched(grid, runtime)
 
 
-def floor_row(row: str) -> str:
+def floor_row(row: str) -> list:
     """One markdown row: what the leanest plan of ``row`` (the lowest
     checked peak: :func:`memopt.paddle.pir.budget.guarded_peak`) still
     holds at its steady peak, in the model at the row's batch (MiB)."""
@@ -250,15 +249,14 @@ def floor_row(row: str) -> str:
     held = lean.prediction.held_at(batch_size=batch)
 
     def held_mib(*categories) -> str:
-        return f"{sum(h.bytes(batch) for h in held if h.category in categories) / 2 ** 20:.2f}"
+        return f"{_bench.mib(sum(h.bytes(batch) for h in held if h.category in categories)):.2f}"
 
     steady = lean.prediction.total_peak(batch)
-    cells = [row, f"{default / 2 ** 20:.2f}", lean.label,
-             f"{lean.peak / 2 ** 20:.2f} ({lean.peak / default:.2f})",
-             f"{lean.prediction.persistable_bytes(batch) / 2 ** 20:.2f}", held_mib("input"),
-             held_mib("activation"), held_mib("gradient", "optimizer"), held_mib("workspace"),
-             f"{(lean.peak - steady) / 2 ** 20:.2f}", f"+{lean.plan.added_percent:.0f}%"]
-    return "| " + " | ".join(cells) + " |"
+    return [row, f"{_bench.mib(default):.2f}", lean.label,
+            f"{_bench.mib(lean.peak):.2f} ({lean.peak / default:.2f})",
+            f"{_bench.mib(lean.prediction.persistable_bytes(batch)):.2f}", held_mib("input"),
+            held_mib("activation"), held_mib("gradient", "optimizer"), held_mib("workspace"),
+            f"{_bench.mib(lean.peak - steady):.2f}", f"+{lean.plan.added_percent:.0f}%"]
 
 
 def floors(rows: list) -> str:
@@ -268,8 +266,10 @@ def floors(rows: list) -> str:
             "backward values (grads, recomputed)", "conv workspace", "late-free allowance",
             "FLOPs"]
     lines: list = []
-    _bench.Table(head, out=lines.append)
-    return "\n".join(lines + [floor_row(r) for r in rows])
+    table = _bench.Table(head, out=lines.append)
+    for r in rows:
+        table.row(*floor_row(r))
+    return "\n".join(lines)
 def bench_l2(model: str, steps: int, repeat: int) -> dict:
     """``level=2`` against the default, each in ``repeat`` fresh processes
     (alternating): the floor (median over processes of each process's
@@ -290,11 +290,11 @@ def bench_l2(model: str, steps: int, repeat: int) -> dict:
             row["error"] = next(r for r in rs if "peak" not in r).get("error", "?")
             return row
         row[config] = {
-            "steady": statistics.median(statistics.median(r["step_peaks"][1:] or r["step_peaks"])
-                                        for r in ok),
-            "floor": statistics.median(min(r["step_peaks"][1:] or r["step_peaks"]) for r in ok),
+            "steady": _bench.median(_bench.median(r["step_peaks"][1:] or r["step_peaks"])
+                                    for r in ok),
+            "floor": _bench.median(min(r["step_peaks"][1:] or r["step_peaks"]) for r in ok),
             "worst": max(r["peak"] for r in ok), "digests": sorted({r["digest"] for r in ok}),
-            "step_s": statistics.median(r["step_s"] for r in ok),
+            "step_s": _bench.median(r["step_s"] for r in ok),
             "bound": ok[0].get("bound"), "predicted": ok[0].get("predicted")}
     row["same"] = row["default"]["digests"] == row["L2"]["digests"] \
         and len(row["default"]["digests"]) == 1
@@ -307,19 +307,18 @@ def l2_table(rows: list) -> str:
             "step time L2 / default",
             "L2 predicted", "any-order bound / default floor", "bit-identical"]
     out: list = []
-    _bench.Table(head, out=out.append)
+    table = _bench.Table(head, out=out.append)
     for row in rows:
         if "error" in row:
-            out.append(f"| {row['model']} | {row['batch']} | {row['error']} |")
+            table.row(row["model"], row["batch"], row["error"], *[""] * (len(head) - 3))
             continue
         d, l2 = row["default"], row["L2"]
-        out.append("| " + " | ".join([
-            row["model"], str(row["batch"]), mib(d["steady"]), mib(d["worst"]), mib(l2["steady"]),
-            mib(l2["worst"]), f"{l2['floor'] / d['floor']:.3f}",
-            f"{l2['steady'] / d['steady']:.3f}",
-            f"{l2['worst'] / d['worst']:.3f}", f"{l2['step_s'] / d['step_s']:.2f}x",
-            mib(l2["predicted"]), f"{l2['bound'] / d['floor']:.3f}",
-            "yes" if row["same"] else "NO"]) + " |")
+        table.row(row["model"], row["batch"], mib(d["steady"]), mib(d["worst"]),
+                  mib(l2["steady"]), mib(l2["worst"]), f"{l2['floor'] / d['floor']:.3f}",
+                  f"{l2['steady'] / d['steady']:.3f}",
+                  f"{l2['worst'] / d['worst']:.3f}", f"{l2['step_s'] / d['step_s']:.2f}x",
+                  mib(l2["predicted"]), f"{l2['bound'] / d['floor']:.3f}",
+                  "yes" if row["same"] else "NO")
     return "\n".join(out)
 
 
@@ -328,11 +327,11 @@ def table(rows: list) -> str:
     head = ["model", "batch", "default", "L2"] + [f"b={round(f * 100)}%" for f in fractions] \
         + ["monotone", "batch in budget", "auto_recompute", "bit-identical"]
     out: list = []
-    _bench.Table(head, out=out.append)
+    table = _bench.Table(head, out=out.append)
     for row in rows:
         base = row["base"]
         if "peak" not in base:
-            out.append(f"| {row['model']} | {row['batch']} | {base.get('error')} |")
+            table.row(row["model"], row["batch"], base.get("error"), *[""] * (len(head) - 3))
             continue
         cells = [row["model"], str(row["batch"]), mib(base["peak"])]
         l2 = row["l2"]
@@ -358,7 +357,7 @@ def table(rows: list) -> str:
                      + ("" if auto.get("digest") == base["digest"] else " (not bit-identical)")
                      if "peak" in auto else auto.get("error", "?")[:60])
         cells.append("yes" if row["same"] else "NO")
-        out.append("| " + " | ".join(cells) + " |")
+        table.row(*cells)
     return "\n".join(out)
 
 

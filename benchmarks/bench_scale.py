@@ -34,8 +34,6 @@ peak over the resident set right before it.
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 import tracemalloc
 
@@ -276,12 +274,9 @@ def measure(step: str, data: bytes, ops: int, repeat: int) -> dict:
     traced = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     del subject
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", step,
-                          "--ops", str(ops)], capture_output=True, text=True,
-                         env=dict(os.environ, GLOG_minloglevel="2"))
-    if out.returncode != 0:
-        raise RuntimeError(f"child for {step} failed:\n{out.stderr[-2000:]}")
-    rss = json.loads(out.stdout.strip().splitlines()[-1])
+    rss = _bench.run_worker(__file__, [step, "--ops", ops], flag="--child")
+    if "error" in rss:
+        raise RuntimeError(f"child for {step} failed: {rss['error']}\n{rss.get('stderr', '')}")
     return {"seconds": _bench.median(times), "runs": times, "traced": traced, **rss,
             **facts}
 

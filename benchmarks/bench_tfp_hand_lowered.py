@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 import types
+
+import _bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,7 +77,7 @@ def run_side(side: str, batch: int, repeat: int) -> dict:
             start = time.perf_counter()
             result = virtual_machine.execute(program, args, depth, backend)
             times.append(time.perf_counter() - start)
-        out[name] = {"seconds": statistics.median(times),
+        out[name] = {"seconds": _bench.median(times),
                      "result": np.asarray(result).tolist()}
     return out
 
@@ -95,23 +95,23 @@ def main() -> None:
     ours = run_side("autobatch", args.batch, args.repeat)
     tfp = None
     if os.path.exists(args.tfp_python):
-        done = subprocess.run([args.tfp_python, __file__, "--side", "tfp", "--batch",
-                               str(args.batch), "--repeat", str(args.repeat)],
-                              capture_output=True, text=True, check=True)
-        tfp = json.loads(done.stdout.strip().splitlines()[-1])
+        tfp = _bench.run_worker(__file__, ["tfp", "--batch", args.batch, "--repeat",
+                                           args.repeat], flag="--side", python=args.tfp_python)
+        if "error" in tfp:
+            sys.exit(f"TFP's side failed: {tfp['error']}")
     load = os.getloadavg()[0]
     print(f"batch {args.batch}, median of {args.repeat}, load {load:.2f}; "
           f"TFP 0.25: {args.tfp_python if tfp else 'not run'}\n")
-    print("| program | autobatch s | TFP 0.25 s | TFP / autobatch | same results |")
-    print("|---|---:|---:|---:|---|")
+    table = _bench.Table(["program", "autobatch s", "TFP 0.25 s", "TFP / autobatch",
+                          "same results"], "lrrrl")
     for name, mine in ours.items():
         if tfp is None:
-            print(f"| {name} | {mine['seconds']:.3f} | - | - | - |")
+            table.row(name, f"{mine['seconds']:.3f}", "-", "-", "-")
             continue
         theirs = tfp[name]
         same = "yes" if theirs["result"] == mine["result"] else "NO"
-        print(f"| {name} | {mine['seconds']:.3f} | {theirs['seconds']:.3f} | "
-              f"{theirs['seconds'] / mine['seconds']:.2f} | {same} |")
+        table.row(name, f"{mine['seconds']:.3f}", f"{theirs['seconds']:.3f}",
+                  f"{theirs['seconds'] / mine['seconds']:.2f}", same)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import sys
 
 import _bench
 from bench_recompute import BENCH_MODELS, budget_choices, measured_steps, model_of
@@ -173,7 +173,7 @@ def worker(row: str, mode: str, steps: int, window: int = WINDOW) -> dict:
         if mode == "handoff":
             out["handoffs"] = apply_handoffs(m.main, kept_pairs(m.main, window, runtime))
     _, peaks, times, digest = measured_steps(m, steps)
-    out.update(peaks=peaks, digest=digest, step_s=statistics.median(times[1:]))
+    out.update(peaks=peaks, digest=digest, step_s=_bench.median(times[1:]))
     return out
 
 
@@ -207,7 +207,7 @@ def release_worker(how: str) -> dict:
     before = core.host_memory_stat_current_value("Allocated", 0)
     out = exe.run(main_p, feed={"x": np.ones([1], "float32")}, fetch_list=[loss])[0]
     held = core.host_memory_stat_current_value("Allocated", 0) - before
-    return {"how": how, "held_mib": held / 2 ** 20, "loss": float(out)}
+    return {"how": how, "held_mib": _bench.mib(held), "loss": float(out)}
 
 
 def chain_worker(mode: str, steps: int, layers: int = 60) -> dict:
@@ -240,7 +240,7 @@ def chain_worker(mode: str, steps: int, layers: int = 60) -> dict:
         base = core.host_memory_stat_current_value("Allocated", 0)
         core.host_memory_stat_reset_peak_value("Allocated", 0)
         losses.append(float(exe.run(main_p, feed=feed, fetch_list=[loss])[0]).hex())
-        peaks.append((core.host_memory_stat_peak_value("Allocated", 0) - base) / 2 ** 20)
+        peaks.append(_bench.mib(core.host_memory_stat_peak_value("Allocated", 0) - base))
     return {"mode": mode, "peaks": peaks, "losses": losses}
 
 
@@ -269,16 +269,16 @@ def model_row(row: str, windows=(2, 8), lowest: int = 3) -> list:
         try:
             read = executed(pir.convert(m.main), runtime)
             name_of = read.pir_graph.name_of
-            cells = [row, c.label, f"+{c.plan.added_percent:.0f}%", f"{default / 2 ** 20:.2f}"]
+            cells = [row, c.label, f"+{c.plan.added_percent:.0f}%", f"{_bench.mib(default):.2f}"]
             for window in (0, *windows):
                 same = [(name_of[v.id], name_of[w.id])
                         for v, _, w in kept_pairs(m.main, window, runtime)] if window else []
                 preds = from_graph_modes(read.graph, batch, modes, read.inplace, same)
                 steady = max(p.total_peak(batch) for p in preds)
                 checked = max(p.total_peak_pending(pir_budget.GC_LAG_OPS, batch) for p in preds)
-                cells.append(f"{len(same)}: {steady / 2 ** 20:.2f} / {checked / 2 ** 20:.2f} "
-                             f"({checked / default:.2f})")
-            out.append("| " + " | ".join(cells) + " |")
+                cells.append(f"{len(same)}: {_bench.mib(steady):.2f} / "
+                             f"{_bench.mib(checked):.2f} ({checked / default:.2f})")
+            out.append(cells)
         finally:
             applied.undo()
     return out
@@ -286,17 +286,15 @@ def model_row(row: str, windows=(2, 8), lowest: int = 3) -> list:
 
 def small(repeat: int, steps: int) -> None:
     """The two small checks of ``--small`` (module docstring)."""
-    print("| GC off: after the last reader of a 32 MiB value | MiB held after the run |")
-    print("|---|---|")
+    table = _bench.Table(["GC off: after the last reader of a 32 MiB value",
+                          "MiB held after the run"])
     for how in ("none", "set_", "assign_out_", "share_var"):
         r = _bench.run_worker(__file__, ["release", how, 0, 0],
                               env={"FLAGS_eager_delete_tensor_gb": "-1"})
-        print(f"| {how} | {r.get('held_mib', r.get('error')):.2f} |"
-              if "held_mib" in r else f"| {how} | {r.get('error')} |")
+        table.row(how, f"{r['held_mib']:.2f}" if "held_mib" in r else r.get("error"))
     print()
-    print("| matmul chain, GC on | steps 2..n lowest-highest MiB, per process "
-          "| steps 0.5 MiB above the lowest | losses identical |")
-    print("|---|---|---|---|")
+    table = _bench.Table(["matmul chain, GC on", "steps 2..n lowest-highest MiB, per process",
+                          "steps 0.5 MiB above the lowest", "losses identical"])
     runs: dict = {"none": [], "share": []}
     for _ in range(repeat):
         for mode in runs:
@@ -309,7 +307,7 @@ def small(repeat: int, steps: int) -> None:
         above = sum(p > low + 0.5 for r in ok for p in r["peaks"][1:])
         total = sum(len(r["peaks"][1:]) for r in ok)
         same = all(r["losses"] == ref for r in ok)
-        print(f"| {mode} | {spans} | {above} of {total} | {'yes' if same else 'NO'} |")
+        table.row(mode, spans, f"{above} of {total}", "yes" if same else "NO")
 
 
 def main() -> None:
@@ -337,17 +335,20 @@ def main() -> None:
         small(args.repeat, args.steps)
         return
     if args.model:
-        print("| row | plan | FLOPs | default steady | no handoff: steady / checked (of default) "
-              "| W=2: handoffs: steady / checked | W=8: handoffs: steady / checked |")
-        print("|---|---|---|---|---|---|---|")
+        table = _bench.Table(["row", "plan", "FLOPs", "default steady",
+                              "no handoff: steady / checked (of default)",
+                              "W=2: handoffs: steady / checked",
+                              "W=8: handoffs: steady / checked"])
         for row in args.models.split(","):
-            print("\n".join(model_row(row)), flush=True)
+            for cells in model_row(row):
+                table.row(*cells)
+            sys.stdout.flush()
         return
-    mib = 2 ** 20
-    print("| row | run | plan | handoffs | model steady | model checked (4 ops late) "
-          "| steps 2..n lowest-highest, per process | highest / model steady "
-          "| steps > 1.05x their process's lowest | step time / default | bit-identical |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    mib = _bench.mib
+    table = _bench.Table(["row", "run", "plan", "handoffs", "model steady",
+                          "model checked (4 ops late)", "steps 2..n lowest-highest, per process",
+                          "highest / model steady", "steps > 1.05x their process's lowest",
+                          "step time / default", "bit-identical"])
     for row in args.models.split(","):
         base = _bench.run_worker(__file__, [row, "default", args.steps, args.window])
         runs = {"plan": [], "handoff": []}
@@ -357,25 +358,23 @@ def main() -> None:
         for mode, rs in [("default", [base]), *runs.items()]:
             ok = [r for r in rs if "peaks" in r]
             if not ok:
-                print(f"| {row} | {mode} | {rs[0].get('error')} |")
+                table.row(row, mode, rs[0].get("error"), *[""] * 8)
                 continue
             r0 = ok[0]
-            spans = ", ".join(f"{min(r['peaks'][1:]) / mib:.2f}-{max(r['peaks'][1:]) / mib:.2f}"
+            spans = ", ".join(f"{mib(min(r['peaks'][1:])):.2f}-{mib(max(r['peaks'][1:])):.2f}"
                               for r in ok)
             steady = r0.get("steady")
             high = max(p for r in ok for p in r["peaks"][1:])
             over = f"{high / steady:.2f}" if steady else ""
             spiky = sum(p > 1.05 * min(r["peaks"][1:]) for r in ok for p in r["peaks"][1:])
             spikes = f"{spiky} of {sum(len(r['peaks'][1:]) for r in ok)}"
-            slow = statistics.median(r["step_s"] for r in ok) / base["step_s"] \
+            slow = _bench.median(r["step_s"] for r in ok) / base["step_s"] \
                 if "step_s" in base else 0
             same = all(r["digest"] == base.get("digest") for r in ok)
-            model = f"{steady / mib:.2f}" if steady else "-"
-            checked = f"{r0['checked'] / mib:.2f}" if "checked" in r0 else "-"
-            print(f"| {row} | {mode} | {r0.get('plan', '')} | {r0.get('handoffs', '')} | "
-                  f"{model} | {checked} | {spans} | {over} | {spikes} | "
-                  f"{slow:.2f}x | "
-                  f"{'yes' if same else 'NO'} |")
+            model = f"{mib(steady):.2f}" if steady else "-"
+            checked = f"{mib(r0['checked']):.2f}" if "checked" in r0 else "-"
+            table.row(row, mode, r0.get("plan", ""), r0.get("handoffs", ""), model, checked,
+                      spans, over, spikes, f"{slow:.2f}x", "yes" if same else "NO")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ _EXPORTS = {
     "MergedVariableError": "memopt.errors",
     "StepAlreadyRunError": "memopt.errors",
     "PaddleInternalsError": "memopt.errors",
-    "install_fetch_guard": "memopt.paddle.guards.install",
+    "install_fetch_guard": "memopt.paddle.guards",
     "BudgetError": "memopt.errors",
 }
 

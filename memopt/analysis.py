@@ -229,6 +229,9 @@ class Analysis:
     batch_planner: Any = field(default=None, repr=False, compare=False)
     places: list = field(default_factory=list)
     _coef: Any = field(default=None, repr=False)
+    #: what :func:`from_graph_modes` read from ``graph`` whatever the runtime
+    #: (:func:`modes_of` reuses it); None when made otherwise
+    _shared: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = max(len(self.op_types), 1)
@@ -348,11 +351,10 @@ class Analysis:
         for h in self.holders:
             if h.end < last:
                 freed[h.end + 1] += h.bytes(b)  # its free is queued once op h.end is done
-        pending = np.cumsum(freed)
-        best = 0
-        for t, live in enumerate(line):
-            # frees queued after ops t-window .. t-1, i.e. at slots t-window+1 .. t
-            best = max(best, live + int(pending[t] - pending[max(t - window, 0)]))
+        pending = [int(x) for x in np.cumsum(freed)]
+        # frees queued after ops t-window .. t-1, i.e. at slots t-window+1 .. t
+        best = max(0, max(live + pending[t] - pending[t - window if t > window else 0]
+                          for t, live in enumerate(line)))
         return self.persistable_bytes(b) + best
 
     def peak_formula(self, batch_size: Optional[int] = None) -> str:
@@ -581,14 +583,16 @@ def _runtime_reads(op: Op) -> tuple:
 
 
 def _runtime_graph(graph: Graph) -> Graph:
-    """A copy of ``graph`` whose ops read only what they need in memory."""
+    """A copy of ``graph`` whose ops read only what they need in memory (the
+    ops that read all they name shared with ``graph``)."""
     if not any(op.facts.no_need_buffer for b in graph.blocks for op in b.ops):
         return graph
     blocks = []
     for block in graph.blocks:
         new = type(block)(block.idx, block.parent, vars=block.vars)
         new.ops = [Op(op.type, _runtime_reads(op), op.writes, op.sub_blocks, op.role,
-                      op.loop, op.attrs, op.facts) for op in block.ops]
+                      op.loop, op.attrs, op.facts) if op.facts.no_need_buffer else op
+                   for op in block.ops]
         blocks.append(new)
     return Graph(blocks=blocks, fetch_names=graph.fetch_names)
 
@@ -676,9 +680,10 @@ def executor_order(graph: Graph, aliases: Optional[_Aliases] = None,
     return _run_tasks(_dependencies(graph, aliases or _Aliases()), workers)
 
 
-def _dependencies(graph: Graph, aliases: _Aliases) -> tuple:
+def _dependencies(graph: Graph, aliases: _Aliases, roots: Optional[dict] = None) -> tuple:
     """``(units, downstream, deps, instruction)`` of :func:`executor_order`:
-    what its schedule runs on, whatever the worker count."""
+    what its schedule runs on, whatever the worker count.  ``roots``: names
+    already looked up in ``aliases`` (name -> its buffer), filled in."""
     ops = _flat_ops(graph)
     units = _units(graph)
     n = len(units)
@@ -686,7 +691,8 @@ def _dependencies(graph: Graph, aliases: _Aliases) -> tuple:
     readers: dict = {}
     upstream: list = [set() for _ in range(n)]
     instruction = []
-    roots: dict = {}  # name -> its buffer (aliases.find, looked up once per name)
+    if roots is None:
+        roots = {}  # name -> its buffer (aliases.find, looked up once per name)
 
     def buffer(name: str) -> str:
         root = roots.get(name)
@@ -699,15 +705,19 @@ def _dependencies(graph: Graph, aliases: _Aliases) -> tuple:
     for u, positions in enumerate(units):
         head = ops[positions[0]]
         instruction.append(head.type not in _NOT_INSTRUCTIONS)
-        written_inside: set = set()
-        reads: set = set()
-        writes: set = set()
-        for pos in positions:
-            op = ops[pos]
-            reads.update(buffer(nm) for nm in op.reads if nm not in written_inside)
-            for nm in op.writes:
-                written_inside.add(nm)
-                writes.add(buffer(nm))
+        if len(positions) == 1:  # most units: one op, its reads before its writes
+            reads = {roots[nm] if nm in roots else buffer(nm) for nm in head.reads}
+            writes = {roots[nm] if nm in roots else buffer(nm) for nm in head.writes}
+        else:
+            written_inside: set = set()
+            reads = set()
+            writes = set()
+            for pos in positions:
+                op = ops[pos]
+                reads.update(buffer(nm) for nm in op.reads if nm not in written_inside)
+                for nm in op.writes:
+                    written_inside.add(nm)
+                    writes.add(buffer(nm))
         for key in reads:
             w = last_writer.get(key)
             if w is not None and w != u:
@@ -820,36 +830,119 @@ def from_graph(graph: Graph, batch_size: Optional[int] = None,
                             same_variable)[0]
 
 
+class _Shared:
+    """What :func:`from_graph_modes` works out once per graph, whatever the
+    runtime: the buffers in-place ops share (``aliases``, each name's root
+    looked up once), the executor's dependencies (on first use), the graph
+    with only the reads ops need in memory (:func:`_runtime_graph`), each
+    variable's declaration and size, the persistable bytes.  Read from the
+    graph as it is when made: an :class:`Analysis` keeps the one it was
+    made with (:func:`modes_of`)."""
+
+    def __init__(self, graph: Graph, inplace: Sequence, same_variable: Sequence) -> None:
+        aliases = _Aliases()
+        for _, src, dst in inplace:
+            aliases.union(src, dst)
+        for first, other in same_variable:
+            aliases.union(first, other)
+        flat = list(graph.walk_ops())
+        for _, op in flat:
+            for src, dst in op.facts.overwrites:
+                aliases.union(src, dst)
+        self.graph = graph
+        self.inplace = list(inplace)
+        self.aliases = aliases
+        self.flat = flat
+        self._dependencies: Optional[tuple] = None
+        self.runtime_graph = _runtime_graph(graph)
+        var_of: dict = {}
+        for _, var in graph.all_vars():
+            var_of.setdefault(var.name, var)
+        self.var_of = var_of
+        # name -> var.size (a property that computes it: read once)
+        self.sizes = {name: var.size for name, var in var_of.items()}
+        self.roots: dict = {}
+        sizes = self.sizes
+        persistable: dict = {}
+        persistent_roots: dict = {}  # alias root -> largest size (counted once)
+        for name, var in var_of.items():
+            if var.persistable and var.is_dense:
+                root = self.root(name)
+                old = persistent_roots.get(root)
+                if old is None or _order(sizes[name]) > _order(old):
+                    persistent_roots[root] = sizes[name]
+        for root_size in persistent_roots.values():
+            _poly_add(persistable, root_size)
+        self.persistable = persistable
+        self.persistent_roots = persistent_roots
+        self.per_iteration = {nm for _, op in flat if op.facts.in_loop
+                              for nm in op.facts.stack_push}
+        # the variables that may hold a buffer of their own, whatever the
+        # order: (name, variable, buffer), in declaration order
+        self.candidates = []
+        for name, var in var_of.items():
+            if var.persistable or not var.is_dense or sizes[name].coefficient == 0:
+                continue
+            root = self.root(name)
+            if root in persistent_roots:
+                continue  # written over a parameter: no memory of its own
+            self.candidates.append((name, var, root))
+
+    def root(self, name: str) -> str:
+        """The buffer ``name`` is in (its alias root)."""
+        found = self.roots.get(name)
+        if found is None:
+            found = self.roots[name] = self.aliases.find(name)
+        return found
+
+    def dependencies(self) -> tuple:
+        """:func:`_dependencies` of the graph, worked out once."""
+        if self._dependencies is None:
+            self._dependencies = _dependencies(self.graph, self.aliases, self.roots)
+        return self._dependencies
+
+
 def from_graph_modes(graph: Graph, batch_size: Optional[int], runtimes: Sequence,
                      inplace: Sequence = (), same_variable: Sequence = ()) -> list:
     """:func:`from_graph` of ``graph`` under each of ``runtimes``, in order:
     the buffers in-place ops share and the executor's dependencies are
     worked out once for all (a budget checks each plan under three worker
     counts, level 2 each order under four executor modes)."""
-    aliases = _Aliases()
-    for _, src, dst in inplace:
-        aliases.union(src, dst)
-    for first, other in same_variable:
-        aliases.union(first, other)
-    for _, op in graph.walk_ops():
-        for src, dst in op.facts.overwrites:
-            aliases.union(src, dst)
-    flat = list(graph.walk_ops())
-    dependencies = None
+    return _analyses(_Shared(graph, inplace, same_variable), batch_size, runtimes)
+
+
+def modes_of(analysis: "Analysis", runtimes: Sequence) -> list:
+    """:func:`from_graph_modes` of ``analysis``'s graph, batch size and
+    in-place pairs under each of ``runtimes``: what it worked out about the
+    graph whatever the runtime (:class:`_Shared`) is reused, so the graph
+    must be as it was when ``analysis`` was made."""
+    shared = analysis._shared
+    if shared is None:
+        return from_graph_modes(analysis.graph, analysis.batch_size, runtimes, analysis.inplace)
+    return _analyses(shared, analysis.batch_size, runtimes)
+
+
+def _analyses(shared: _Shared, batch_size: Optional[int], runtimes: Sequence) -> list:
+    """:func:`from_graph_modes` from a graph's :class:`_Shared`."""
+    graph = shared.graph
+    flat = shared.flat
+    var_of = shared.var_of
+    sizes = shared.sizes
+    per_iteration = shared.per_iteration
+    fetched = set(graph.fetch_names)
     out = []
     for runtime in runtimes:
         if runtime.schedule == "dataflow":
-            if dependencies is None:
-                dependencies = _dependencies(graph, aliases)
-            order = _run_tasks(dependencies, runtime.workers)
-            run_graph = _reordered(graph, order)
+            order = _run_tasks(shared.dependencies(), runtime.workers)
+            # the reads an op needs in memory do not depend on the order
+            run_graph = _reordered(shared.runtime_graph, order)
         else:
             order = list(range(len(flat)))
-            run_graph = graph
+            run_graph = shared.runtime_graph
         positions = list(run_graph.walk_ops())
         n = len(positions)
         last = max(n - 1, 0)
-        intervals = _intervals(_runtime_graph(run_graph))
+        intervals = _intervals(run_graph)
         first_writer: dict = {}
         # a release op (memopt.release_memory) frees variables even with GC
         # off; what it writes besides them holds no memory
@@ -857,75 +950,57 @@ def from_graph_modes(graph: Graph, batch_size: Optional[int], runtimes: Sequence
         hollow: set = set()
         for pos, (_, op) in enumerate(positions):
             for name in op.writes:
-                first_writer.setdefault(name, pos)
+                if name not in first_writer:
+                    first_writer[name] = pos
             if op.facts.release:
                 released.update((name, pos) for name in op.facts.release)
                 hollow.update(n for n in op.writes if n not in op.facts.release)
-        var_of: dict = {}
-        for _, var in graph.all_vars():
-            var_of.setdefault(var.name, var)
-        sizes: dict = {}  # name -> var.size (a property that computes it: read once)
-
-        def size(name: str) -> Size:
-            known = sizes.get(name)
-            if known is None:
-                known = sizes[name] = var_of[name].size
-            return known
-
-        persistable: dict = {}
-        persistent_roots: dict = {}  # alias root -> largest size (counted once)
-        for name, var in var_of.items():
-            if var.persistable and var.is_dense:
-                root = aliases.find(name)
-                old = persistent_roots.get(root)
-                if old is None or _order(size(name)) > _order(old):
-                    persistent_roots[root] = size(name)
-        for root_size in persistent_roots.values():
-            _poly_add(persistable, root_size)
-        per_iteration = {nm for _, op in flat if op.facts.in_loop for nm in op.facts.stack_push}
         members: dict = {}
-        fetched = set(graph.fetch_names)
-        for name, var in var_of.items():
-            if var.persistable or not var.is_dense or size(name).coefficient == 0 or name in hollow:
+        for name, var, root in shared.candidates:
+            if name in hollow:
                 continue
-            root = aliases.find(name)
-            if root in persistent_roots:
-                continue  # written over a parameter: no memory of its own
             if name not in intervals and name not in first_writer and not (
                     (var.is_data or var.is_feed) and (var.is_fetch or name in fetched)):
                 continue  # never written nor read; an input fetched back is held
             members.setdefault(root, []).append(name)
         holders = []
+        gc = runtime.gc
+        iterations = runtime.loop_iterations
         for names in members.values():
             spans = []
             for nm in names:
                 var = var_of[nm]
                 iv = intervals.get(nm)
-                start = iv.start if iv else first_writer.get(nm, 0)
-                end = iv.end if iv else first_writer.get(nm, 0)
+                written = first_writer.get(nm)
+                if iv is not None:
+                    start, end = iv.start, iv.end
+                else:
+                    start = end = 0 if written is None else written
                 # Memory is allocated by the first write: a variable written on
                 # one path only (in a branch) looks live from the program's
                 # start to liveness, but holds nothing before it is written.
-                start = max(start, first_writer.get(nm, start))
+                if written is not None and written > start:
+                    start = written
                 if var.is_data or var.is_feed:
                     start, end = min(start, 0), last
-                elif not runtime.gc:
+                elif not gc:
                     # held to the end, or to its release (a version of a legacy
                     # variable, ``name#k``, written before the release op)
                     freed_at = released.get(unversioned(nm), -1)
-                    end = freed_at if first_writer.get(nm, start) < freed_at else last
+                    end = freed_at if (start if written is None else written) < freed_at \
+                        else last
                 spans.append((start, end, nm))
             if len(spans) == 1:  # most buffers: one variable
                 start, end, owner = spans[0]
-                held = _scaled(size(owner), runtime.loop_iterations if owner in per_iteration
-                               else 1)
+                held = _scaled(sizes[owner], iterations) if owner in per_iteration \
+                    else sizes[owner]
             else:
                 spans.sort()
                 start = spans[0][0]
                 end = max(e for _, e, _ in spans)
                 owner = spans[0][2]
-                held = max((_scaled(size(nm), runtime.loop_iterations if nm in per_iteration
-                                    else 1) for _, _, nm in spans), key=_order)
+                held = max((_scaled(sizes[nm], iterations if nm in per_iteration else 1)
+                            for _, _, nm in spans), key=_order)
             pos = first_writer.get(owner, start)
             op = positions[pos][1] if positions else None
             holders.append(Holder(
@@ -942,7 +1017,7 @@ def from_graph_modes(graph: Graph, batch_size: Optional[int], runtimes: Sequence
                     name=f"workspace of {op.type} at {op.attrs.get('place') or f'op {pos}'}",
                     names=(), size=workspace,
                     category="workspace", op=op.type, position=pos, start=pos, end=pos))
-        if not runtime.gc and runtime.fetch_copies:
+        if not gc and runtime.fetch_copies:
             for name in dict.fromkeys(graph.fetch_names):
                 var = var_of.get(name)
                 if var is None or var.persistable or not var.is_dense or not var.size.coefficient:
@@ -952,11 +1027,13 @@ def from_graph_modes(graph: Graph, batch_size: Optional[int], runtimes: Sequence
                     size=_scaled(var.size, runtime.fetch_copies), category="workspace",
                     op="fetch", position=last, start=last, end=last))
         holders.sort(key=lambda h: (h.start, h.name))
-        out.append(Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
-                            holders=holders, persistable=persistable,
-                            op_types=[op.type for _, op in positions], inplace=list(inplace),
-                            order=order,
-                            places=[op.attrs.get("place", "") for _, op in positions]))
+        analysis = Analysis(graph=graph, batch_size=batch_size, runtime=runtime,
+                            holders=holders, persistable=dict(shared.persistable),
+                            op_types=[op.type for _, op in positions],
+                            inplace=list(shared.inplace), order=order,
+                            places=[op.attrs.get("place", "") for _, op in positions])
+        analysis._shared = shared
+        out.append(analysis)
     return out
 
 

@@ -7,8 +7,8 @@ when ``skip_grads``, not likely to be fetched (the loss, an output nobody
 reads, the input of a fetch op), and used in one block only by ops that run
 no sub-block (a variable a control-flow op or a second block touches is left
 alone; locals of sub-blocks at any depth are candidates among themselves).
-:func:`classify` finds them and the reason (``R_*``, the keys of
-``Report.not_merged``) every other temporary is left alone for.
+:func:`classify` finds them and the reason (a :class:`memopt.refusals.Refusal`,
+the keys of ``Report.not_merged``) every other temporary is left alone for.
 
 *In place* (:func:`inplace_pairs`): where an op whose Paddle kernel may run
 in place (the adapter's ``facts.inplace`` pair, or its ``facts.inplace_alt``: an
@@ -20,7 +20,7 @@ input's memory at that very op.
 *In-place variants* (:func:`variant_inplace`): where the runtime has an
 in-place variant of an op (PIR's ``relu_``, the adapter's
 ``facts.variant``), the op is turned into it when its input dies there; the
-rules and reasons (``R_PROTECTED``...) are on that function.
+rules and reasons (``Refusal.PROTECTED``...) are on that function.
 
 *Dims-only reads* (:func:`dims_only_substitutions`): a grad op that reads a
 variable for its dims only (``elementwise_add_grad``'s ``X``) reads an
@@ -37,43 +37,14 @@ from .graph import Block, Graph, Size, Var
 from .liveness import analyze_graph
 from .plan import InplaceRewrite, Options
 from .problems import Buffer
+from .refusals import Refusal
 
 __all__ = ["classify", "inplace_pairs", "can_run_in_place", "looped_blocks", "var_size",
            "temporaries", "persistable_sizes", "reason_counts", "dims_only_substitutions",
-           "substitute", "variant_inplace", "GRAD_SUFFIX", "R_PERSISTABLE", "R_IO", "R_SKIP", "R_GRAD",
-           "R_FETCHED", "R_SHARED", "R_KIND", "R_ENTRY", "R_PROTECTED", "R_ALIVE", "R_SHAPE",
-           "R_OUTSIDE", "R_KERNEL", "R_COMM", "in_flight_names"]
+           "substitute", "variant_inplace", "GRAD_SUFFIX", "Refusal", "in_flight_names"]
 
 
 GRAD_SUFFIX = "@GRAD"
-
-# reasons a variable is left alone (Report.not_merged keys)
-R_PERSISTABLE = "persistable"
-
-
-R_IO = "feed/fetch/data"
-
-
-R_SKIP = "skip_opt_set"
-
-
-R_GRAD = "gradient (skip_grads=True)"
-
-
-R_FETCHED = "likely fetched (loss, never read, or fetch op input)"
-
-
-R_SHARED = "shared with control flow or another block"
-
-
-R_KIND = "not a dense tensor"
-
-
-R_COMM = "communication buffer (in flight until the end of the step)"
-
-
-R_ENTRY = "live at entry (read before written: an input or a loop-carried value)"
-
 
 def _is_grad(name: str) -> bool:
     return GRAD_SUFFIX in name
@@ -89,7 +60,7 @@ def in_flight_names(graph: Graph) -> frozenset:
 
 
 def classify(graph: Graph, options: Options, intervals, free_outputs=frozenset(),
-              excluded=frozenset()) -> Tuple[Dict[str, int], Dict[str, str], Dict[str, int]]:
+              excluded=frozenset()) -> Tuple[Dict[str, int], Dict[str, Refusal], Dict[str, int]]:
     """Candidates (name -> block) and the reason every other temporary is
     left alone; also the block of every temporary.
 
@@ -133,7 +104,7 @@ def classify(graph: Graph, options: Options, intervals, free_outputs=frozenset()
     in_flight = in_flight_names(graph)
 
     candidates: Dict[str, int] = {}
-    reason_of: Dict[str, str] = {}
+    reason_of: Dict[str, Refusal] = {}
     home: Dict[str, int] = {}
     for name in sorted(intervals):
         homes = declared.get(name)
@@ -148,25 +119,25 @@ def classify(graph: Graph, options: Options, intervals, free_outputs=frozenset()
         var = graph.blocks[homes[0]].vars[name]
         home[name] = homes[0]
         if not var.is_dense:
-            reason = R_KIND
+            reason = Refusal.KIND
         elif var.persistable:
-            reason = R_PERSISTABLE
+            reason = Refusal.PERSISTABLE
         elif var.is_feed or var.is_fetch or var.is_data:
-            reason = R_IO
+            reason = Refusal.IO
         elif name in read_first:
-            reason = R_ENTRY
+            reason = Refusal.ENTRY
         elif name in in_flight:
-            reason = R_COMM
+            reason = Refusal.COMM
         elif name in options.skip_opt_set:
-            reason = R_SKIP
+            reason = Refusal.SKIP
         elif options.skip_grads and (_is_grad(name) or name in grad_written):
-            reason = R_GRAD
+            reason = Refusal.GRAD
         elif name in loss_written or name in fetched or (homes[0] == 0 and name not in read):
-            reason = R_FETCHED
+            reason = Refusal.FETCHED
         elif (len(homes) > 1 or name in control or name in excluded
               or len(blocks_of.get(name, ())) != 1
               or homes[0] not in blocks_of.get(name, ())):
-            reason = R_SHARED
+            reason = Refusal.SHARED
         elif var_size(var).coefficient == 0:
             continue
         else:
@@ -250,9 +221,9 @@ def var_size(var: Var) -> Size:
     return size
 
 
-def reason_counts(reason_of: Dict[str, str]) -> Dict[str, int]:
+def reason_counts(reason_of: Dict[str, Refusal]) -> Dict[Refusal, int]:
     """``{reason: how many temporaries were left alone for it}``."""
-    counts: Dict[str, int] = {}
+    counts: Dict[Refusal, int] = {}
     for reason in reason_of.values():
         counts[reason] = counts.get(reason, 0) + 1
     return counts
@@ -321,17 +292,6 @@ def substitute(graph: Graph, substitutions) -> Graph:
 
 # -- in-place variants (PIR) ---------------------------------------------------------
 
-#: Why an op with an in-place variant is left as it is (Report.not_merged).
-R_PROTECTED = "input or output protected (persistable, fed, fetched, skip_opt_set)"
-R_ALIVE = "input still used later"
-R_READ_LATER = "input read by a backward part not yet appended (call memory_optimize after minimize)"
-R_SHAPE = "input and output differ in shape or dtype"
-R_OUTSIDE = "input from outside the op's block, carried by a loop, or a view"
-R_KERNEL = "CPU kernel cannot run in place"
-R_ORDER = ("input read by another op too (level 2: only in-place variants no executor order "
-           "can make worse)")
-
-
 def variant_inplace(graph: Graph, options: Options, allowed=None
                     ) -> Tuple[List[InplaceRewrite], Dict[str, int]]:
     """Which ops may soundly be turned into their in-place variants
@@ -372,9 +332,9 @@ def variant_inplace(graph: Graph, options: Options, allowed=None
         for name in op.writes:
             maker_of.setdefault(name, pos)
     rewrites: List[InplaceRewrite] = []
-    reasons: Dict[str, int] = {}
+    reasons: Dict[Refusal, int] = {}
 
-    def refuse(reason: str) -> None:
+    def refuse(reason: Refusal) -> None:
         reasons[reason] = reasons.get(reason, 0) + 1
 
     for pos, (block_idx, op) in enumerate(positions):
@@ -382,55 +342,55 @@ def variant_inplace(graph: Graph, options: Options, allowed=None
         if variant is None:
             continue
         if variant.kernel_refuses:
-            refuse(R_KERNEL)
+            refuse(Refusal.KERNEL)
             continue
         if options.skip_grads and op.role in ("backward", "optimize"):
-            refuse(R_GRAD)
+            refuse(Refusal.GRAD)
             continue
         if not variant.pairs:
             continue
         pairs, reason = [], None
         for pair in variant.pairs:
             if pair is None:
-                reason = R_SHAPE
+                reason = Refusal.SHAPE
                 break
             nin, nout, repeated = pair
             var_in, var_out = graph.find_var(nin, block_idx), graph.find_var(nout, block_idx)
             if var_in is None or var_out is None or not var_in.is_dense or not var_out.is_dense:
-                reason = R_SHAPE
+                reason = Refusal.SHAPE
                 break
             if nin in in_flight or nout in in_flight:
-                reason = R_COMM
+                reason = Refusal.COMM
                 break
             if (var_in.persistable or var_in.is_data or var_in.is_feed or var_in.is_fetch
                     or var_out.persistable or var_out.is_fetch or nin in skip or nout in skip
                     or nin in overwritten_persistable or nin in graph.fetch_names
                     or nout in graph.fetch_names):
-                reason = R_PROTECTED
+                reason = Refusal.PROTECTED
                 break
             maker = maker_of.get(nin)
             maker_op = positions[maker][1] if maker is not None else None
             if (var_block.get(nin) != block_idx or maker is None or maker_op.facts.view
                     or maker_op.facts.synthetic):
-                reason = R_OUTSIDE
+                reason = Refusal.OUTSIDE
                 break
             if repeated:
-                reason = R_ALIVE
+                reason = Refusal.ALIVE
                 break
             if nin in options.read_later:
-                reason = R_READ_LATER
+                reason = Refusal.READ_LATER
                 break
             if live.liveness.is_live_out(pos, nin) or _read_later_in_loop(
                     positions, owners, block_idx, pos, nin):
-                reason = R_ALIVE
+                reason = Refusal.ALIVE
                 break
             if var_in.dtype != var_out.dtype or (
                     tuple(var_in.shape) != tuple(var_out.shape) if options.level == 0
                     else var_in.size != var_out.size):
-                reason = R_SHAPE
+                reason = Refusal.SHAPE
                 break
             if allowed is not None and not allowed(nin, nout, op):
-                reason = R_ORDER
+                reason = Refusal.ORDER
                 break
             pairs.append((nin, nout))
         if reason:

@@ -17,7 +17,7 @@ The model imports neither Paddle nor TensorFlow: adapters
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
 from .errors import GraphError
@@ -203,6 +203,18 @@ class Var:
     def is_dense(self) -> bool:
         return self.kind == DENSE
 
+    def __str__(self) -> str:
+        """One line: ``x: float32[-1, 784] (3136*batch B) fetch`` -- the
+        name (and label), dtype and shape (``kind`` when not dense), bytes,
+        then what the variable is (persistable, feed, fetch, data)."""
+        name = self.name if not self.label else f"{self.name} ({self.label})"
+        dims = ", ".join(str(d) for d in self.shape)
+        what = f"{self.dtype}[{dims}]" if self.is_dense else self.kind
+        flags = [flag for flag, on in (("persistable", self.persistable), ("feed", self.is_feed),
+                                       ("fetch", self.is_fetch), ("data", self.is_data)) if on]
+        bound = "at most " if self.bound is not None else ""
+        return f"{name}: {what} ({bound}{self.size}){''.join(' ' + f for f in flags)}"
+
 
 @dataclass(frozen=True)
 class InplaceVariant:
@@ -315,6 +327,23 @@ class Op:
     attrs: dict = field(default_factory=dict)
     facts: OpFacts = field(default_factory=OpFacts)
 
+    def __str__(self) -> str:
+        """One line as a program reads: ``y, z = matmul(x, w)``, then after
+        ``#`` what else is known: the role when not forward, the sub-blocks
+        run (``loop``/``branch``), and the facts the adapter stated that
+        differ from the defaults (``inplace=('x', 'y')``, ``workspace=...``)."""
+        writes = ", ".join(self.writes)
+        call = f"{self.type}({', '.join(self.reads)})"
+        notes = [] if self.role == "forward" else [self.role]
+        if self.sub_blocks:
+            kind = "loop" if self.loop else "branch"
+            notes.append(f"{kind} blocks {', '.join(str(b) for b in self.sub_blocks)}")
+        default = OpFacts()
+        notes += [f"{f.name}={getattr(self.facts, f.name)!r}" for f in fields(OpFacts)
+                  if getattr(self.facts, f.name) != getattr(default, f.name)]
+        line = f"{writes} = {call}" if writes else call
+        return line + (f"  # {'; '.join(notes)}" if notes else "")
+
 
 @dataclass
 class Block:
@@ -337,6 +366,15 @@ class Block:
         self.ops.append(op)
         return op
 
+    def __str__(self) -> str:
+        """The block as a listing: a header, its variables, then its ops
+        numbered in program order."""
+        parent = f" (in block {self.parent})" if self.parent >= 0 else ""
+        lines = [f"block {self.idx}{parent}: {len(self.ops)} ops, {len(self.vars)} vars"]
+        lines += [f"  var {var}" for var in self.vars.values()]
+        lines += [f"  {k:>{len(str(len(self.ops)))}}: {op}" for k, op in enumerate(self.ops)]
+        return "\n".join(lines)
+
 
 @dataclass
 class Graph:
@@ -352,6 +390,14 @@ class Graph:
     def __post_init__(self) -> None:
         if not self.blocks:
             self.blocks.append(Block(0, -1))
+
+    def __str__(self) -> str:
+        """The whole program, readable: each block as :meth:`Block.__str__`
+        lists it, then what is fetched at the end (what a failing test
+        prints, where the dataclass repr would nest every field)."""
+        lines = [str(block) for block in self.blocks]
+        lines.append(f"fetch: {', '.join(self.fetch_names) if self.fetch_names else '(nothing)'}")
+        return "\n".join(lines)
 
     @property
     def global_block(self) -> Block:

@@ -34,7 +34,7 @@ applies it.  Imports no Paddle.
 from __future__ import annotations
 
 import logging
-from typing import Dict, List
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 from .any_order import single_reader_rule
 from .candidates import (classify, dims_only_substitutions, inplace_pairs, persistable_sizes,
@@ -80,14 +80,14 @@ def plan_memory(graph: Graph, options: Options, gc: bool, substitutions: bool = 
     # dims-only reads: with GC off they let a variable's memory be taken
     # over after its last real use; with GC on (Paddle frees such a variable
     # early itself) they let an op run in place on it (a conv's bias add)
-    substitutions = dims_only_substitutions(graph) if substitutions else []
-    substituted = substitute(graph, substitutions) if substitutions else graph
+    subs = dims_only_substitutions(graph) if substitutions else []
+    substituted = substitute(graph, subs) if subs else graph
     # with GC on Paddle frees a variable read for its dims only after its
     # last real use: the reference the estimates compare with
     reference = substituted if gc else graph
     original, live, intervals, free, excluded = scoped_liveness(reference)
     before = temporaries(original, intervals)
-    plan = Plan(gc=gc, level=options.level, before=before, substitutions=substitutions)
+    plan = Plan(gc=gc, level=options.level, before=before, substitutions=subs)
     graph = substituted
     # with GC on, only what holds in every order the multi-thread executor
     # may pick (memopt.any_order): no moved ops, in place only over an input
@@ -166,10 +166,11 @@ def plan_memory(graph: Graph, options: Options, gc: bool, substitutions: bool = 
     return plan
 
 
-def _klass(var_of, home, level: int):
+def _klass(var_of: Dict[str, Any], home: Dict[str, int], level: int
+           ) -> Callable[[Buffer], Hashable]:
     """Compatibility class of a buffer: its block and dtype (level 1), plus
     its shape (level 0).  Buffers of different classes never share."""
-    def klass(buf: Buffer):
+    def klass(buf: Buffer) -> Hashable:
         var = var_of[buf.id]
         if level == 0:
             return home[buf.id], tuple(var.shape), var.dtype
@@ -178,7 +179,9 @@ def _klass(var_of, home, level: int):
     return klass
 
 
-def _predicates(var_of, home, level: int):
+def _predicates(var_of: Dict[str, Any], home: Dict[str, int], level: int
+                ) -> Tuple[Callable[[Buffer, Buffer], bool],
+                           Optional[Callable[[Buffer, Buffer], bool]]]:
     def compatible(a: Buffer, b: Buffer) -> bool:
         if home[a.id] != home[b.id]:
             return False

@@ -832,14 +832,16 @@ class Choice:
         return len(self.plan.dropped)
 
 
-def grid_plans(problem: RecomputeProblem, points: int = 16) -> Iterator[Tuple[str, RecomputePlan]]:
+def grid_plans(problem: RecomputeProblem, points: int = 16,
+               per_reader: bool = True) -> Iterator[Tuple[str, RecomputePlan]]:
     """``(label, plan)`` for every plan of the grid, in the grid's order: each
-    set of :func:`candidate_sets` with shared clones, then with clones per
-    group of readers (:data:`READER_GAPS`) where that makes clones; sets
-    that cannot be recomputed are left out.  Not predicted (see
-    :func:`evaluate_grid`)."""
+    set of :func:`candidate_sets` with shared clones, then (unless
+    ``per_reader`` is False) with clones per group of readers
+    (:data:`READER_GAPS`) where that makes clones; sets that cannot be
+    recomputed are left out.  Not predicted (see :func:`evaluate_grid`)."""
+    gaps = (None, *READER_GAPS) if per_reader else (None,)
     for label, dropped, held in candidate_sets(problem, points):
-        for gap in (None, *READER_GAPS):
+        for gap in gaps:
             try:
                 plan = make_plan(problem, dropped, gap, held)
             except PlanError:
@@ -851,12 +853,14 @@ def grid_plans(problem: RecomputeProblem, points: int = 16) -> Iterator[Tuple[st
 
 def evaluate_grid(problem: RecomputeProblem, predict: Callable[[Graph, RecomputePlan], object],
                   points: int = 16,
-                  keep: Optional[Callable[[RecomputePlan], bool]] = None) -> List[Choice]:
+                  keep: Optional[Callable[[RecomputePlan], bool]] = None,
+                  per_reader: bool = True) -> List[Choice]:
     """:class:`Choice` for every plan of :func:`grid_plans` (only those
-    ``keep`` accepts, when given); ``predict`` gives a rewritten graph's
+    ``keep`` accepts, when given; the per-reader plans not even made when
+    ``per_reader`` is False); ``predict`` gives a rewritten graph's
     prediction (``.total_peak(batch)`` in bytes)."""
     out = []
-    for name, plan in grid_plans(problem, points):
+    for name, plan in grid_plans(problem, points, per_reader):
         if keep is not None and not keep(plan):
             continue
         graph, _ = rewrite_graph(problem, plan)

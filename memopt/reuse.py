@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from .graph import Size, as_size, size_at
+from .problems import SizeLike
 from .problems import Buffer
 
 __all__ = ["GroupPlan", "assign_groups", "group_buffers", "best_fit_groups", "SMALL_PROBLEM",
@@ -85,12 +86,12 @@ RANK_BATCH = 64
 Predicate = Callable[[Buffer, Buffer], bool]
 
 
-def _weight(size) -> int:
+def _weight(size: SizeLike) -> int:
     """Bytes used to rank choices (symbolic sizes at :data:`RANK_BATCH`)."""
     return as_size(size).at(RANK_BATCH)
 
 
-def _is_symbolic(size) -> bool:
+def _is_symbolic(size: SizeLike) -> bool:
     return as_size(size).symbolic
 
 
@@ -200,7 +201,7 @@ def _admits(group: _Group, buf: Buffer, compatible: Optional[Predicate],
     return True
 
 
-def _best_group(buf: Buffer, w: int, groups: List[_Group], by_weight: List[tuple],
+def _best_group(buf: Buffer, w: int, groups: List[_Group], by_weight: List[Tuple[int, int]],
                 compatible: Optional[Predicate], fits: Optional[Predicate]) -> Optional[int]:
     """The admissible group free over ``buf``'s lifetime with the least
     ``(cost added, bytes wasted, index)``, or None.
@@ -298,11 +299,12 @@ def assign_groups(buffers: Sequence[Buffer], *, order: str = "best",
         else [0] * len(buffers)
     if order != "best":
         return _greedy(buffers, order, compatible, fits, kinds)
-    best_plan = None
+    best_plan: Optional[GroupPlan] = None
     for name in ORDERS:
         plan = _greedy(buffers, name, compatible, fits, kinds)
         if best_plan is None or plan._rank() < best_plan._rank():
             best_plan = plan
+    assert best_plan is not None  # ORDERS is not empty
     return best_plan
 
 
@@ -317,7 +319,7 @@ def assign_groups(buffers: Sequence[Buffer], *, order: str = "best",
 SMALL_PROBLEM = 200
 
 
-def group_buffers(buffers: List[Buffer], klass, fits: Optional[Predicate] = None
+def group_buffers(buffers: List[Buffer], klass: Callable[[Buffer], Hashable], fits: Optional[Predicate] = None
                   ) -> List[List[Buffer]]:
     """The whole-buffer grouping memory_optimize uses: groups of ``buffers``
     whose members never overlap in time, each of one class
@@ -333,7 +335,8 @@ def group_buffers(buffers: List[Buffer], klass, fits: Optional[Predicate] = None
     return best_fit_groups(buffers, klass)
 
 
-def best_fit_groups(buffers: List[Buffer], klass) -> List[List[Buffer]]:
+def best_fit_groups(buffers: List[Buffer], klass: Callable[[Buffer], Hashable]
+                    ) -> List[List[Buffer]]:
     """Group buffers by sweeping, best fit.
 
     Three sweeps, the cheapest plan kept (at :data:`memopt.reuse.RANK_BATCH`;
@@ -360,7 +363,7 @@ def best_fit_groups(buffers: List[Buffer], klass) -> List[List[Buffer]]:
     plans = [_sweep(buffers, klass, reverse=False), _sweep(buffers, klass, reverse=True),
              _largest_first(buffers, klass)]
 
-    def cost(groups):
+    def cost(groups: List[List[Buffer]]) -> int:
         return sum(max(as_size(b.size).at(RANK_BATCH) for b in g) for g in groups)
 
     return min(plans, key=cost)
@@ -371,7 +374,8 @@ def best_fit_groups(buffers: List[Buffer], klass) -> List[List[Buffer]]:
 _SCAN = 96
 
 
-def _largest_first(buffers: List[Buffer], klass) -> List[List[Buffer]]:
+def _largest_first(buffers: List[Buffer], klass: Callable[[Buffer], Hashable]
+                   ) -> List[List[Buffer]]:
     """Largest buffers first (at :data:`memopt.reuse.RANK_BATCH`), each into
     the free group of its class with the least spare memory that admits it:
     no member overlaps it in time, and every member provably fits the
@@ -420,7 +424,8 @@ def _largest_first(buffers: List[Buffer], klass) -> List[List[Buffer]]:
     return [[buffers[i] for i in group] for group in members]
 
 
-def _sweep(buffers: List[Buffer], klass, reverse: bool) -> List[List[Buffer]]:
+def _sweep(buffers: List[Buffer], klass: Callable[[Buffer], Hashable], reverse: bool
+           ) -> List[List[Buffer]]:
 
     if reverse:
         order = sorted(range(len(buffers)),

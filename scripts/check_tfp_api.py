@@ -272,15 +272,18 @@ def compare(tfp: dict, ours: dict) -> Dict[str, dict]:
 
 
 def print_report(report: Dict[str, dict], details: bool) -> None:
-    print("| module | TFP names (incl. members) | missing | signature mismatch | unchecked |")
-    print("|---|---:|---:|---:|---:|")
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # the shared table writer
+    from _bench import Table
+
+    table = Table(["module", "TFP names (incl. members)", "missing", "signature mismatch",
+                   "unchecked"], "lrrrr")
     totals = [0, 0, 0, 0]
     for module, row in report.items():
         counts = [row["names"], len(row["missing"]), len(row["mismatch"]),
                   len(row["unchecked"])]
-        totals = [a + b for a, b in zip(totals, counts)]
-        print(f"| {module or '(package)'} | " + " | ".join(map(str, counts)) + " |")
-    print("| total | " + " | ".join(map(str, totals)) + " |")
+        totals = [a + b for a, b in zip(totals, counts, strict=True)]
+        table.row(module or "(package)", *counts)
+    table.row("total", *totals)
     if details:
         for module, row in report.items():
             for key in ("missing", "mismatch", "unchecked"):

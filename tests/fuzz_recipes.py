@@ -320,11 +320,11 @@ def check_recipe(paddle, recipe, configs=((0, False), (1, False), (0, True), (1,
                                                 skip_grads=skip_grads, level=level)
                 got = execute(paddle, built, recipe["seed"])
             where = f"level {level}, gc {'on' if gc else 'off'}"
-            for step, (a, b) in enumerate(zip(want[0], got[0])):
-                for k, (x, y) in enumerate(zip(a, b)):
+            for step, (a, b) in enumerate(zip(want[0], got[0], strict=True)):
+                for k, (x, y) in enumerate(zip(a, b, strict=True)):
                     assert np.array_equal(x, y, equal_nan=True), \
                         f"{where}: step {step}, fetch {built.fetch[k].name} differs\n{report}"
-            for k, (x, y) in enumerate(zip(want[1], got[1])):
+            for k, (x, y) in enumerate(zip(want[1], got[1], strict=True)):
                 assert np.array_equal(x, y), f"{where}: parameter {k} differs\n{report}"
             reports.append(report)
     return reports

@@ -30,11 +30,11 @@ def reference(name: str) -> models.RunResult:
 def assert_same(expected: models.RunResult, actual: models.RunResult) -> None:
     """Every fetch of every step and every final parameter bit-identical."""
     assert len(expected.fetches) == len(actual.fetches)
-    for step, (want, got) in enumerate(zip(expected.fetches, actual.fetches)):
-        for k, (a, b) in enumerate(zip(want, got)):
+    for step, (want, got) in enumerate(zip(expected.fetches, actual.fetches, strict=True)):
+        for k, (a, b) in enumerate(zip(want, got, strict=True)):
             assert np.array_equal(a, b), f"step {step}, fetch {k} differs"
     assert len(expected.params) == len(actual.params) > 0
-    for k, (a, b) in enumerate(zip(expected.params, actual.params)):
+    for k, (a, b) in enumerate(zip(expected.params, actual.params, strict=True)):
         assert np.array_equal(a, b), f"parameter {k} differs after {len(actual.fetches)} steps"
 
 
@@ -91,8 +91,8 @@ def assert_same_steps(want, got, context="") -> None:
     """Two :func:`train_steps` results bit-identical: every fetch of every
     step (dtype too) and every persistable read back (``context`` names the
     configuration in a failure)."""
-    for step, (xs, ys) in enumerate(zip(want[0], got[0])):
-        for k, (a, b) in enumerate(zip(xs, ys)):
+    for step, (xs, ys) in enumerate(zip(want[0], got[0], strict=True)):
+        for k, (a, b) in enumerate(zip(xs, ys, strict=True)):
             assert a.dtype == b.dtype and np.array_equal(a, b), \
                 f"{context} step {step} fetch {k} differs"
     assert sorted(want[1]) == sorted(got[1]) and want[1]

@@ -14,8 +14,10 @@ Examples are read from the reStructuredText sources:
   line in that directory; the lines after it, up to the next ``$``, are its
   output, compared the same way.
 
-Plain ``::`` literal blocks and other languages are shown, not run.  A
-failure names the file and line of the block.
+Plain ``::`` literal blocks and other languages are shown, not run; so is a
+Python block with the option ``:class: no-run``, for code that needs another
+environment (TFP's venv, where its own tests run it).  A failure names the
+file and line of the block.
 """
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ def read_blocks(path: Path) -> list[Block]:
         indent, lang = len(m.group(1)), m.group(2)
         i += 1
         while i < len(lines) and re.match(r"^\s+:\w[\w-]*:", lines[i]):
+            if re.match(r"^\s+:class:.*\bno-run\b", lines[i]):
+                lang = "shown"   # needs another environment: shown, not run
             i += 1  # directive options (:caption: ...)
         body: list[str] = []
         start = None
@@ -210,6 +214,11 @@ def test_the_reader_finds_blocks_and_outputs(tmp_path: Path) -> None:
         ::
 
             not run
+
+        .. code-block:: python
+           :class: no-run
+
+            import tensorflow_probability
         """))
     blocks = read_blocks(page)
     assert [(b.lang, b.line) for b in blocks] == [("python", 6), ("console", 16)]

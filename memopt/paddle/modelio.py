@@ -221,9 +221,9 @@ def load_model(path: str) -> LoadedModel:
                              "use 'memopt plan' or 'memopt plot' with it")
     loaded = LoadedModel(path, LEGACY, _load_legacy(path)) if kind == LEGACY \
         else LoadedModel(path, PIR, _load_pir(path))
-    from .guards.install import install_fetch_guard
+    from . import guards
 
-    install_fetch_guard()  # a fetch of a name a rewrite took away names it (MergedVariableError)
+    guards.install()  # a fetch of a name a rewrite took away names it (MergedVariableError)
     return loaded
 
 

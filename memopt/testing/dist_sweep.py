@@ -21,7 +21,7 @@ optimizer steps in a fresh scope, and recorded:
   less what was allocated before the startup program ran) and
   ``memopt.estimate`` of the program as run.
 
-Used by ``scripts/sweep_distributed.py`` and
+Used by ``tests/sweeps/test_sweep_distributed.py`` and
 ``tests/memopt/paddle/test_distributed_sweep.py``.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One rank's training program under more fleet strategies (the sweep's).
 
-For ``memopt.testing.dist_sweep`` and ``scripts/sweep_distributed.py``: a small MLP
+For ``memopt.testing.dist_sweep`` and ``tests/sweeps/test_sweep_distributed.py``: a small MLP
 regression model (``features`` -> ``layers`` x ``hidden`` ReLU -> 1, mean
 squared error) handed to ``fleet.distributed_optimizer(...).minimize`` (legacy
 IR, ``FLAGS_enable_pir_api=0``) under one of :data:`STRATEGIES`, or rewritten

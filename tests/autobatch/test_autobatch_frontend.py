@@ -20,7 +20,7 @@ RNG = np.random.default_rng(0)
 def assert_same(got, want):
     if isinstance(want, tuple):
         assert isinstance(got, tuple) and len(got) == len(want), (got, want)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert_same(g, w)
     else:
         assert np.array_equal(np.asarray(got), np.asarray(want)), (got, want)

@@ -24,7 +24,7 @@ def tfb(tf):
 def assert_same(got, want):
     if isinstance(want, tuple):
         assert isinstance(got, tuple) and len(got) == len(want)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert_same(g, w)
     else:
         assert np.array_equal(np.asarray(got), np.asarray(want)), (got, want)

@@ -36,7 +36,7 @@ def run_all(program, args, max_stack_depth=30):
 def assert_same(got, want):
     if isinstance(want, tuple):
         assert isinstance(got, tuple) and len(got) == len(want)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert_same(g, w)
     else:
         assert np.array_equal(np.asarray(got), np.asarray(want)), (got, want)
@@ -70,7 +70,7 @@ def test_collatz_loop_equals_python():
 def test_tuple_typed_arguments_variables_and_results():
     rng = np.random.default_rng(3)
     a, b = rng.integers(1, 500, 40), rng.integers(0, 500, 40)
-    pairs = [examples.gcd_python((int(x), int(y))) for x, y in zip(a, b)]
+    pairs = [examples.gcd_python((int(x), int(y))) for x, y in zip(a, b, strict=True)]
     want = (np.array([g for g, _ in pairs]), np.array([s for _, s in pairs]))
     for got in run_all(examples.gcd_pairs(), [(a, b)]):
         assert_same(got, want)

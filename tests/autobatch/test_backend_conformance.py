@@ -166,7 +166,7 @@ def _cases():
     yield ("collatz", examples.collatz(), [c],
            np.array([examples.collatz_python(int(v)) for v in c]))
     a, b = RNG.integers(1, 50, 7), RNG.integers(0, 50, 7)
-    want = [examples.gcd_python((int(x), int(y))) for x, y in zip(a, b)]
+    want = [examples.gcd_python((int(x), int(y))) for x, y in zip(a, b, strict=True)]
     yield ("gcd", examples.gcd_pairs(), [(a, b)],
            (np.array([w[0] for w in want]), np.array([w[1] for w in want])))
     x = RNG.integers(-3, 4, (4, 5)).astype(np.float64)

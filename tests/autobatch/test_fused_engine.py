@@ -29,7 +29,7 @@ def _same(got, want):
     got, want = _leaves(got), _leaves(want)
     return len(got) == len(want) and all(
         np.asarray(g).dtype == np.asarray(w).dtype and np.array_equal(g, w)
-        for g, w in zip(got, want))
+        for g, w in zip(got, want, strict=True))
 
 
 def _fused(program, args):
@@ -73,7 +73,7 @@ def test_gcd_on_a_tuple_variable_matches_the_reference(batch):
     b[0] = 0  # never iterates
     got = _check(examples.gcd_pairs(), [(a, b)])
     assert [tuple(map(int, p)) for p in zip(*got)] == \
-        [examples.gcd_python((int(x), int(y))) for x, y in zip(a, b)]
+        [examples.gcd_python((int(x), int(y))) for x, y in zip(a, b, strict=True)]
 
 
 def test_an_empty_batch_gives_empty_results_of_the_right_dtype():

@@ -47,7 +47,7 @@ def _run(program, args, backend, depth=25):
 def _identical(got, want):
     if isinstance(want, tuple):
         assert isinstance(got, tuple) and len(got) == len(want)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             _identical(g, w)
         return
     assert got.dtype == want.dtype and got.shape == want.shape
@@ -81,7 +81,7 @@ def test_every_scalar_example_is_bit_identical_to_the_vm_and_python(batch):
         _identical(got, vm)
         want = python()
         for g, w in zip(got if isinstance(got, tuple) else (got,),
-                        want if isinstance(want, tuple) else (want,)):
+                        want if isinstance(want, tuple) else (want,), strict=True):
             assert np.array_equal(g, w), name
 
 
@@ -117,7 +117,7 @@ def test_arithmetic_edge_cases_give_numpys_bits():
         engine, got = _run(_binary_program(functions), [a, b], NATIVE)
         _, want = _run(_binary_program(functions), [a, b], PLAIN)
         assert engine == "native"
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert g.dtype == w.dtype
             assert np.array_equal(g, w, equal_nan=g.dtype.kind == "f")
             if g.dtype.kind == "f":
@@ -182,7 +182,10 @@ def test_frontend_runs_recursion_natively_by_default():
     assert np.array_equal(fib(n), [examples.fib_python(int(v)) for v in n])
     backend = ctx._canonical(None)
     compiled = ctx._compiled_for("fib", argument_types([n], backend), backend)
+    # the first call started the kernel's compile in the background
+    assert compiled.wait_for_native(timeout=300)
     assert compiled.engine(backend) == "native"
+    assert np.array_equal(fib(n), [examples.fib_python(int(v)) for v in n])  # natively
     with pytest.raises(StackOverflowError):
         fib(n, max_stack_depth=4)
 
@@ -198,6 +201,8 @@ _CHILD = textwrap.dedent("""
         b = NumpyBackend(native=native)
         c = compile_program(examples.fibonacci(), argument_types([n], b), b)
         try:
+            c.engine(b)          # the automatic choice compiles in the background
+            c.wait_for_native(timeout=300)
             engine = c.engine(b)
         except Exception as exc:
             print(native, type(exc).__name__, str(exc)[:60])

@@ -63,7 +63,7 @@ def _vm(program, args):
 def _vector_moves(vm):
     """(block index, line) of every gather or scatter of a float64[256] leaf."""
     vector_keys = {key for var, keys in vm.register_keys.items()
-                   for key, typ in zip(keys, vm.lowered.var_types[var].leaves()) if typ.shape}
+                   for key, typ in zip(keys, vm.lowered.var_types[var].leaves(), strict=True) if typ.shape}
     moves = []
     for i in range(vm.halt):
         for line in vm.block_source(i).splitlines():

@@ -37,7 +37,7 @@ def _case(name):
         return examples.collatz(), [n], np.array([examples.collatz_python(int(v)) for v in n])
     if name == "gcd":
         a, b = RNG.integers(1, 60, 10), RNG.integers(0, 60, 10)
-        want = [examples.gcd_python((int(x), int(y))) for x, y in zip(a, b)]
+        want = [examples.gcd_python((int(x), int(y))) for x, y in zip(a, b, strict=True)]
         return (examples.gcd_pairs(), [(a, b)],
                 (np.array([w[0] for w in want]), np.array([w[1] for w in want])))
     if name == "nuts":
@@ -56,7 +56,7 @@ MAX_DEPTH = 12  # fib(9) and is_even(11) need at most 11 pending calls
 def assert_same(got, want):
     if isinstance(want, tuple):
         assert isinstance(got, tuple) and len(got) == len(want), got
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert_same(g, w)
         return
     got = np.asarray(got)

@@ -93,27 +93,27 @@ def test_full_variable_agrees_with_a_model_of_stacks(sequence):
         if op[0] == "update":
             values, mask = op[1], op[2]
             var = var.update(np.array(values), np.array(mask))
-            for stack, v, m in zip(model, values, mask):
+            for stack, v, m in zip(model, values, mask, strict=True):
                 if m:
                     stack[-1] = v
         elif op[0] == "push":
             mask = op[1]
-            if any(m and len(s) >= DEPTH for s, m in zip(model, mask)):
+            if any(m and len(s) >= DEPTH for s, m in zip(model, mask, strict=True)):
                 with pytest.raises(ValueError):
                     var.push(np.array(mask))
                 continue
             var = var.push(np.array(mask))
-            for stack, m in zip(model, mask):
+            for stack, m in zip(model, mask, strict=True):
                 if m:
                     stack.append(stack[-1])        # a duplicating push
         else:
             mask = op[1]
-            if any(m and len(s) <= 1 for s, m in zip(model, mask)):
+            if any(m and len(s) <= 1 for s, m in zip(model, mask, strict=True)):
                 with pytest.raises(ValueError):
                     var.pop(np.array(mask))
                 continue
             var = var.pop(np.array(mask))
-            for stack, m in zip(model, mask):
+            for stack, m in zip(model, mask, strict=True):
                 if m:
                     stack.pop()
         assert var.read().tolist() == [s[-1] for s in model]

@@ -754,7 +754,7 @@ def agree(got, want, exact=True):
     floats: to 0 ulp where ``exact``, else allclose rtol 1e-12)."""
     if len(got) != len(want):
         return False
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         if g.shape != w.shape:
             return False
         if np.issubdtype(w.dtype, np.floating) and not exact:

@@ -100,6 +100,6 @@ def test_real_programs_gc_on(paddle, name, level):
         assert len(readers) == 1 and len(writers) == 1, (r.takes, readers, writers)
         assert r.var in before[readers[0]][2]
     actual = models.run_steps(model, 2)
-    for a, b in zip(expected.fetches, actual.fetches):
-        assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert all(np.array_equal(x, y) for x, y in zip(expected.params, actual.params))
+    for a, b in zip(expected.fetches, actual.fetches, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert all(np.array_equal(x, y) for x, y in zip(expected.params, actual.params, strict=True))

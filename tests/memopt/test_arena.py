@@ -242,7 +242,7 @@ def test_the_hardest_minimalloc_problem_in_a_few_thousand_nodes():
     search = CanonicalSearch(*arrays(problem.buffers))
     status, offsets = search.solve(1048576, 20_000, orders=("TWA/m",))
     assert status == FOUND
-    plan = {b.id: int(o) for b, o in zip(problem.buffers, offsets)}
+    plan = {b.id: int(o) for b, o in zip(problem.buffers, offsets, strict=True)}
     assert check_offsets(problem.buffers, plan, capacity=1048576) == 1048576
 
 

@@ -36,10 +36,27 @@ def test_bit_identical_at_every_budget(paddle, name, opts):
         assert peaks[-1] <= budget
         if fraction < 1.0:
             assert report.recomputed, "a budget under the default peak needs recomputation"
-            assert report.added_compute_percent >= 0
             assert any(note.startswith("recompute (") for note in report.notes)
         assert_same(reference, models.run_steps(model, steps=2))
     assert peaks == sorted(peaks, reverse=True), f"peak rose as the budget fell: {peaks}"
+
+
+@pytest.mark.parametrize("name,opts", [
+    ("unet", {}), ("bert", {"dropout": 0.1}),
+    pytest.param("densenet", {"layers": 3}, marks=pytest.mark.xfail(strict=True, reason=(
+        "Report.added_compute_percent is 0.0 while the plan recomputes DenseNet's "
+        "batch_norm_ and relu outputs: the clones' FLOPs are not counted")))])
+def test_recomputation_reports_added_compute(paddle, name, opts):
+    """A budget under the default peak recomputes values, and the Report's
+    ``added_compute_percent`` (the clones' FLOPs over the step's) says what
+    that costs: more than nothing."""
+    import memopt
+    model = models.build(name, "pir", **opts)
+    budget = int(_predicted_default(models.build(name, "pir", **opts)) * 0.9 * 0.98)
+    report = memopt.memory_optimize(model.main, budget=budget, skip_opt_set=model.fetch_list,
+                                    batch_size=model.batch_size)
+    assert report.recomputed
+    assert report.added_compute_percent > 0
 
 
 def test_dropout_is_never_recomputed(paddle):
@@ -346,7 +363,9 @@ def test_budget_error_leaves_an_lstm_program_op_for_op(paddle):
 def test_skip_opt_set_values_are_never_recomputed(paddle):
     """``skip_opt_set`` keeps a value exactly as it is: a budget that drops
     it when it is free to go keeps it when it is named, and the run stays
-    bit-identical."""
+    bit-identical.  (U-Net at 0.9 of its predicted peak: 92 values
+    recomputed when free; with the first three named, a plan that
+    recomputes others.)"""
     import memopt
     reference = models.run_steps(models.build("unet", "pir"), steps=2)
     model = models.build("unet", "pir")
@@ -355,11 +374,8 @@ def test_skip_opt_set_values_are_never_recomputed(paddle):
     assert free.recomputed
     named = sorted(free.recomputed)[:3]
     model = models.build("unet", "pir")
-    try:
-        kept = memopt.memory_optimize(model.main, budget=budget, batch_size=model.batch_size,
-                                      skip_opt_set=named)
-    except memopt.BudgetError:
-        return  # keeping them leaves no plan: nothing of theirs was touched
+    kept = memopt.memory_optimize(model.main, budget=budget, batch_size=model.batch_size,
+                                  skip_opt_set=named)
     assert kept.recomputed and not set(named) & set(kept.recomputed)
     assert_same(reference, models.run_steps(model, steps=2))
 

@@ -89,7 +89,7 @@ def test_optimize_writes_a_model_a_new_process_loads(inference_model, tmp_path, 
     assert result.returncode == 0, result.stderr[-2000:]
     arrays = np.load(out)
     a, b = [arrays[f"arr_{k}"] for k in (0, 1)], [arrays[f"arr_{k}"] for k in (2, 3)]
-    assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, b))
+    assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("output", ["model.json", "model", "model.pdiparams", "model.pdmodel"])

@@ -8,7 +8,8 @@ x`` counts as an import of the submodule ``x``, and importing ``a.b.c`` runs
 - a core module (anything of memopt not listed below) imports no adapter
   (``memopt.paddle.*``), no API or face module, and neither Paddle nor
   TensorFlow;
-- an adapter imports no API or face module and not the planner
+- an adapter imports no API-layer (``memopt.api``, ``memopt.policy``,
+  ``memopt.pipeline.*``) or face module and not the planner
   (:mod:`memopt.planner`): adapters read programs and apply plans, the API
   wires them to the planner;
 - memopt never imports autobatch.
@@ -21,8 +22,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGES = ("memopt", "autobatch")
 
-#: memopt's API and faces: they may import anything of memopt.
-API = {"memopt.api"}
+#: memopt's API layer (the entry points, the policy choosing what runs, the
+#: per-IR pipelines wiring adapters to the planner) and faces: they may
+#: import anything of memopt (the API layer no face).
+API = {"memopt.api", "memopt.policy"}
+API_PREFIX = "memopt.pipeline"
 FACES = {"memopt.cli", "memopt.plot"}
 #: Test and bench fixtures (as ``numpy.testing``): faces too -- they may import
 #: anything of memopt, and nothing below the faces imports them.
@@ -95,7 +99,7 @@ def import_graph():
 
 
 def _layer(name: str) -> str:
-    if name in API:
+    if name in API or name == API_PREFIX or name.startswith(API_PREFIX + "."):
         return "api"
     if name in FACES or name == TESTING_PREFIX or name.startswith(TESTING_PREFIX + "."):
         return "face"
@@ -141,7 +145,8 @@ def test_the_graph_sees_function_level_and_relative_imports():
     graph = import_graph()
     assert "memopt.liveness" in graph["autobatch.ir.flow"]  # the passes share it there
     assert {"memopt.planner", "memopt.paddle.legacy.program",
-            "memopt.paddle.flags"} <= graph["memopt.api"]
+            "memopt.paddle.flags"} <= graph["memopt.pipeline.legacy"]
+    assert {"memopt.policy", "memopt.paddle.ir"} <= graph["memopt.api"]
     # function-level: cli imports the API inside its commands
     assert "memopt.api" in graph["memopt.cli"]
     assert "paddle" in graph["memopt.paddle.legacy.program"]
@@ -184,6 +189,14 @@ def test_core_modules_are_core(module):
                                     "memopt.paddle.guards.fetch", "memopt.paddle.flags"])
 def test_adapter_modules_are_adapters(module):
     assert _layer(module) == "adapter"
+
+
+@pytest.mark.parametrize("module", ["memopt.api", "memopt.policy", "memopt.pipeline.legacy",
+                                    "memopt.pipeline.pir"])
+def test_api_layer(module):
+    """The pipelines and the policy are the API layer: no core module or
+    adapter may import them, and they import no face."""
+    assert _layer(module) == "api"
 
 
 @pytest.mark.parametrize("module", ["memopt.testing", "memopt.testing.models",

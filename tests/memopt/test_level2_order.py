@@ -57,10 +57,10 @@ def test_level2_bit_identical_and_never_worse(paddle, name):
         assert any("sliced out" in note for note in report.notes)
         assert report.peak_after < 0.85 * report.peak_before
     got = models.run_steps(model, steps=2)
-    for x, y in zip(reference.fetches, got.fetches):
-        for u, v in zip(x, y):
+    for x, y in zip(reference.fetches, got.fetches, strict=True):
+        for u, v in zip(x, y, strict=True):
             assert np.array_equal(u, v)
-    for u, v in zip(reference.params, got.params):
+    for u, v in zip(reference.params, got.params, strict=True):
         assert np.array_equal(u, v)
 
 

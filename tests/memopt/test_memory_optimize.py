@@ -132,9 +132,12 @@ def test_print_log(paddle, capsys):
     # summary first, then one line per shared memory naming each variable
     assert out.startswith("memopt: ") and f"{first.var} ({first.how}" in out
     assert f"    {first.renamed_to} " in out
+    # print_log only prints: the quiet call plans what the printing one does
+    loud = optimize(models.build("mlp", "legacy"), print_log=True)
+    assert capsys.readouterr().out.strip() == str(loud)
     quiet = optimize(models.build("mlp", "legacy"))
     assert capsys.readouterr().out == ""
-    assert quiet.merged_count >= 0
+    assert quiet.reuses == loud.reuses and quiet.merged_count == loud.merged_count > 0
 
 
 def test_default_program(paddle):
@@ -202,7 +205,7 @@ def test_legacy_report_figures_never_fail_the_rewrite(paddle, monkeypatch, caplo
     """The legacy report's peaks are analyze()'s; should the analysis fail
     on a program, the rewrite (checked on its own) still lands, with the
     plan's own estimate in the report and a warning naming the failure."""
-    import memopt.api as api
+    from memopt.pipeline import legacy as legacy_pipeline
 
     model = models.build("mlp", "legacy")
     want = memopt.memory_optimize(models.build("mlp", "legacy").main, level=1,
@@ -211,8 +214,8 @@ def test_legacy_report_figures_never_fail_the_rewrite(paddle, monkeypatch, caplo
     def broken(*args, **kwargs):
         raise KeyError("a bug in the analysis")
 
-    monkeypatch.setattr(api, "analyze", broken)
-    with caplog.at_level("WARNING", logger="memopt.api"):
+    monkeypatch.setattr(legacy_pipeline, "analyze_program", broken)
+    with caplog.at_level("WARNING", logger="memopt.pipeline.legacy"):
         report = memopt.memory_optimize(model.main, level=1, fetch_list=model.fetch_list)
     assert report.merged_count == want.merged_count > 0
     assert report.peak_before > 0 and report.peak_before != want.peak_before
@@ -252,7 +255,7 @@ def test_fetch_kept_intermediate_is_correct(paddle):
     with models.flags(**gc_flag("off")):
         optimize(model, level=1, skip_grads=False)
         actual = models.run_steps(model, STEPS)
-    for want, got in zip(expected.fetches, actual.fetches):
+    for want, got in zip(expected.fetches, actual.fetches, strict=True):
         assert np.array_equal(want[1], got[1])
 
 
@@ -285,11 +288,11 @@ def test_program_unchanged_when_rewrite_fails_midway(paddle, monkeypatch):
 
 
 def test_program_unchanged_when_plan_fails_check(paddle, monkeypatch):
-    from memopt import api
+    from memopt.pipeline import legacy as legacy_pipeline
 
     model = models.build("mlp", "legacy")
     before = serialized(model.main)
-    real = api.plan_memory
+    real = legacy_pipeline.plan_memory
 
     def corrupt(graph, options, gc, **kw):
         plan = real(graph, options, gc, **kw)
@@ -298,7 +301,7 @@ def test_program_unchanged_when_plan_fails_check(paddle, monkeypatch):
         plan.renames.setdefault(0, {})[op.writes[0]] = op.reads[0]
         return plan
 
-    monkeypatch.setattr(api, "plan_memory", corrupt)
+    monkeypatch.setattr(legacy_pipeline, "plan_memory", corrupt)
     with pytest.raises(memopt.PlanError):
         optimize(model, level=1, skip_grads=False)
     assert serialized(model.main) == before

@@ -26,9 +26,9 @@ def test_same_arguments_same_numbers(paddle):
     bit-identical comparison in the suite."""
     a = models.run_steps(models.build("mlp", "legacy"), steps=2)
     b = models.run_steps(models.build("mlp", "legacy"), steps=2)
-    for fa, fb in zip(a.fetches, b.fetches):
-        assert all(np.array_equal(x, y) for x, y in zip(fa, fb))
-    assert all(np.array_equal(x, y) for x, y in zip(a.params, b.params))
+    for fa, fb in zip(a.fetches, b.fetches, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(fa, fb, strict=True))
+    assert all(np.array_equal(x, y) for x, y in zip(a.params, b.params, strict=True))
     # and a different seed gives different parameters
     c = models.run_steps(models.build("mlp", "legacy", seed=7), steps=1)
     assert not np.array_equal(a.params[-1], c.params[-1])

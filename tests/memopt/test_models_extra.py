@@ -18,8 +18,8 @@ def test_extra_model_trains(paddle, name, ir):
     losses = [f[0] for f in first.fetches]
     assert all(np.isfinite(x).all() for x in losses)
     assert not np.array_equal(first.params[0], models.run_steps(models.build(name, ir), 0).params[0])
-    for a, b in zip(first.fetches, again.fetches):
-        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    for a, b in zip(first.fetches, again.fetches, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_rnn_models_agree_across_irs(paddle):
@@ -27,5 +27,5 @@ def test_rnn_models_agree_across_irs(paddle):
     for name in ("lstm", "gru"):
         legacy = models.run_steps(models.build(name, "legacy"), 2)
         pir = models.run_steps(models.build(name, "pir"), 2)
-        for a, b in zip(legacy.fetches, pir.fetches):
+        for a, b in zip(legacy.fetches, pir.fetches, strict=True):
             np.testing.assert_allclose(a[0], b[0], rtol=1e-5)

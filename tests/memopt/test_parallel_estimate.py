@@ -6,7 +6,7 @@ import json
 import pytest
 
 from memopt.graph import Graph, Op, Var
-from memopt.candidates import R_COMM
+from memopt.refusals import Refusal
 from memopt.plan import Options
 from memopt.planner import plan_memory
 from memopt.paddle import distributed
@@ -175,7 +175,7 @@ def test_communication_buffers_are_never_shared_or_released(op_type):
     assert distributed.in_flight_names(g) == {"g0"}
     plan = plan_memory(g, Options(skip_grads=False, level=1), gc=False)
     assert "g0" not in plan.merged()
-    assert plan.reasons.get(R_COMM) == 1
+    assert plan.reasons.get(Refusal.COMM) == 1
     assert "g0" not in plan_releases(g).released
 
 

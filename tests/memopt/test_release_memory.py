@@ -320,11 +320,11 @@ def test_program_unchanged_when_insert_fails_midway(paddle, monkeypatch):
 
 
 def test_wrong_plan_is_caught_before_the_program_changes(paddle, monkeypatch):
-    from memopt import api
+    from memopt.pipeline import legacy as legacy_pipeline
 
     model = models.build("mlp", "legacy")
     before = model.main.desc.serialize_to_string()
-    real = api.plan_releases
+    real = legacy_pipeline.plan_releases
 
     def early(graph, skip_opt_set=()):
         plan = real(graph, skip_opt_set)
@@ -333,7 +333,7 @@ def test_wrong_plan_is_caught_before_the_program_changes(paddle, monkeypatch):
         plan.after = {first - 1: (name,)}  # one op too early: its last reader follows
         return plan
 
-    monkeypatch.setattr(api, "plan_releases", early)
+    monkeypatch.setattr(legacy_pipeline, "plan_releases", early)
     with models.flags(**GC_OFF), pytest.raises(PlanError, match="uses it later"):
         release(model, optimize_first=False)
     assert model.main.desc.serialize_to_string() == before

@@ -20,24 +20,19 @@ is one test id.  A cell ends as one of four :class:`Kind`:
 it (``user_properties``) so that the sweep hook of ``tests/conftest.py`` prints every
 cell that was not ``OK`` at the end of the run.
 
-:func:`fresh_process` runs a sweep module's ``--worker`` mode in a new Python
-process: Paddle aborts on some programs (SIGABRT, SIGSEGV) and keeps global
-state (flags, allocator peaks, name counters) between programs, so each
-program runs in its own process.
+:func:`fresh_process` runs a sweep module's worker mode in a new Python
+process (:mod:`memopt.testing.workers`): Paddle aborts on some programs
+and keeps global state between programs, so each program runs in its own.
 """
 from __future__ import annotations
 
 import enum
-import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from memopt.testing import workers
 
 
 class Kind(enum.Enum):
@@ -84,40 +79,16 @@ def expect(request: pytest.FixtureRequest, outcome: Outcome) -> None:
         pytest.fail(str(outcome), pytrace=False)
 
 
-def one_line(text: Any, width: int = 200) -> str:
-    """The last non-empty line of ``text`` (an error message, a stderr),
-    cut to ``width`` characters."""
-    lines = [ln for ln in str(text or "").strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else "")[:width]
-
-
-def env_with(extra: Optional[dict] = None) -> dict:
-    """This process's environment with the repository first on
-    ``PYTHONPATH``, Paddle's logging quiet, and ``extra`` added."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("GLOG_minloglevel", "2")
-    env.update({k: str(v) for k, v in (extra or {}).items()})
-    return env
-
-
 def fresh_process(script: str, args: Sequence[Any], env: Optional[dict] = None,
                   timeout: float = 1800, flag: str = "--worker") -> dict:
-    """Run ``python script flag *args`` in a new process and return the last
-    JSON object it printed on a line of its own.  A process that printed
-    none gives ``{"crash": <last stderr line>}`` (Paddle aborted, or the
-    worker raised), one that ran out of time ``{"crash": "timeout ..."}``."""
-    cmd = [sys.executable, os.path.abspath(script), flag, *map(str, args)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env_with(env),
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"crash": f"timeout after {timeout:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        return {"crash": f"exit {proc.returncode}: {one_line(proc.stderr) or '?'}",
-                "stderr": proc.stderr[-4000:]}
-    return json.loads(lines[-1])
+    """:func:`memopt.testing.workers.run_worker` for a sweep: a worker that
+    printed no JSON object (it crashed, Paddle aborted, it ran out of time)
+    gives ``{"crash": <why>}`` (a sweep worker's own ``error`` key means
+    something else: the error it caught)."""
+    res = workers.run_worker(script, args, env, timeout=timeout, flag=flag)
+    if res.get("crashed") is True:
+        return {"crash": res["error"], "stderr": res.get("stderr", "")}
+    return res
 
 
 def cell_ids(rows: Sequence[Any], columns: Any) -> list:

@@ -83,28 +83,15 @@ def _vision(name, **kw):
 
 def _transformer():
     """nn.TransformerEncoder (2 layers, dropout 0.1) with a key-padding
-    attention mask fed per batch, Adam."""
+    attention mask fed per batch
+    (:func:`memopt.testing.encoders.encoder_classifier`), Adam."""
     import paddle
 
-    nn = paddle.nn
-    seq, d, vocab = 32, 64, 200
-    tokens = paddle.static.data("tokens", [-1, seq], "int64")
-    mask = paddle.static.data("mask", [-1, 1, 1, seq], "float32")
-    y = paddle.static.data("label", [-1, 1], "int64")
-    h = nn.Embedding(vocab, d)(tokens)
-    layer = nn.TransformerEncoderLayer(d, 4, 128, dropout=0.1)
-    h = nn.TransformerEncoder(layer, 2)(h, src_mask=mask)
-    logits = nn.Linear(d, 5)(paddle.mean(h, axis=1))
-    loss = paddle.mean(nn.functional.cross_entropy(logits, y))
-    paddle.optimizer.Adam(1e-3).minimize(loss)
+    from memopt.testing.encoders import encoder_classifier
 
-    def feed(rng, b):
-        lengths = rng.integers(seq // 2, seq + 1, b)
-        m = (rng.random((b, 1, 1, seq)) * 0).astype("float32")
-        for i, n in enumerate(lengths):
-            m[i, ..., n:] = -1e4
-        return {"tokens": rng.integers(0, vocab, (b, seq)).astype("int64"), "mask": m,
-                "label": rng.integers(0, 5, (b, 1)).astype("int64")}
+    feed, loss, logits = encoder_classifier(seq=32, d_model=64, vocab=200, d_ff=128,
+                                            classes=5, key_padding_mask=True)
+    paddle.optimizer.Adam(1e-3).minimize(loss)
     return feed, [loss, logits]
 
 

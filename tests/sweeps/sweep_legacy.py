@@ -98,22 +98,15 @@ def _vision(fn, **kw):
 
 
 def _transformer(batch=4, seq=8, vocab=50, d=32):
+    """nn.TransformerEncoder classifier with a key-padding mask
+    (:func:`memopt.testing.encoders.encoder_classifier`), Adam."""
     import paddle
 
-    ids, y = _data("ids", [-1, seq], "int64"), _data("label", [-1, 1], "int64")
-    mask = _data("mask", [-1, 1, 1, seq])
-    h = paddle.nn.Embedding(vocab, d)(ids)
-    layer = paddle.nn.TransformerEncoderLayer(d, 4, 64, dropout=0.1)
-    h = paddle.nn.TransformerEncoder(layer, 2)(h, src_mask=mask)
-    logits = paddle.nn.Linear(d, 3)(paddle.mean(h, axis=1))
+    from memopt.testing.encoders import encoder_classifier
 
-    def feed(rng):
-        lens = rng.integers(1, seq + 1, batch)
-        m = np.where(np.arange(seq)[None, :] < lens[:, None], 0.0, -1e9).astype("float32")
-        return {"ids": rng.integers(0, vocab, (batch, seq)).astype("int64"),
-                "mask": m.reshape(batch, 1, 1, seq),
-                "label": rng.integers(0, 3, (batch, 1)).astype("int64")}
-    return feed, _ce(logits, y), logits, paddle.optimizer.Adam(0.001)
+    feed, loss, logits = encoder_classifier(seq=seq, d_model=d, vocab=vocab, classes=3,
+                                            key_padding_mask=True)
+    return (lambda rng: feed(rng, batch)), loss, logits, paddle.optimizer.Adam(0.001)
 
 
 def _rnn(cell, batch=4, seq=6, vocab=40, d=16):
@@ -402,8 +395,8 @@ def same(x, y):
     (fa, pa), (fb, pb) = x, y
     if len(fa) != len(fb) or len(pa) != len(pb):
         return False
-    return all(bits_equal(a, c) for s, t in zip(fa, fb) for a, c in zip(s, t)) and \
-        all(bits_equal(a, c) for a, c in zip(pa, pb))
+    return all(bits_equal(a, c) for s, t in zip(fa, fb, strict=True) for a, c in zip(s, t, strict=True)) and \
+        all(bits_equal(a, c) for a, c in zip(pa, pb, strict=True))
 
 
 def force_order(name):
@@ -631,7 +624,7 @@ for tag, names in {pairs!r}:
     outs[tag] = [np.array(a) for a in exe.run(prog, feed={{n: feed[n] for n in feeds}},
                                               fetch_list=fetches)]
 ref = outs.pop("ref")
-print(json.dumps({{t: all(s.bits_equal(a, c) for a, c in zip(ref, o)) for t, o in outs.items()}}))
+print(json.dumps({{t: all(s.bits_equal(a, c) for a, c in zip(ref, o, strict=True)) for t, o in outs.items()}}))
 """
 
 

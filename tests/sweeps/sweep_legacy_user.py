@@ -625,7 +625,7 @@ def check_two_programs(name, level):
         opt = [UserBuilt(name, guard=False) for _ in range(2)]
     for b in opt:
         memopt.memory_optimize(b.main, level=level, fetch_list=[b.loss, b.pred])
-    for r, o in zip(ref, opt):
+    for r, o in zip(ref, opt, strict=True):
         if not s.same(_run_steps(r, r.main, [r.loss, r.pred], paddle.static.Scope()),
                       _run_steps(o, o.main, [o.loss, o.pred], paddle.static.Scope())):
             return "DIFFERS"
@@ -728,7 +728,7 @@ def check_reader(kind):
         got = s._try(_run_reader, kind, (level, cfg[2]), tmp)
         out[cfg] = {"train_gc_on": got if isinstance(got, str) else (
             "ok" if len(got) == len(want) and all(s.bits_equal(a, c)
-                                                  for a, c in zip(want, got))
+                                                  for a, c in zip(want, got, strict=True))
             else "DIFFERS")}
     return out
 

@@ -70,19 +70,14 @@ def _vision(name, size, **kw):
 
 
 def _transformer_encoder(paddle):
-    s, d = 8, 32
-    src = paddle.static.data("src", [-1, s, d], "float32")
-    mask = paddle.static.data("mask", [-1, 1, s, s], "float32")
-    layer = paddle.nn.TransformerEncoderLayer(d, 4, 64, dropout=0.1)
-    enc = paddle.nn.TransformerEncoder(layer, 2)
-    out = enc(src, src_mask=mask)
-    loss = paddle.mean(out * out)
-    _optimizer(paddle, "adamw").minimize(loss)
+    """nn.TransformerEncoder over float features with a key-padding mask
+    (:func:`memopt.testing.encoders.encoder_classifier`), AdamW with a
+    cosine schedule and global-norm clipping."""
+    from memopt.testing.encoders import encoder_classifier
 
-    def feed(rng):
-        m = np.where(rng.random((BATCH, 1, s, s)) < 0.2, -1e9, 0).astype("float32")
-        return {"src": rng.standard_normal((BATCH, s, d)).astype("float32"), "mask": m}
-    return feed, [loss, out]
+    feed, loss, logits = encoder_classifier(seq=8, d_model=32, key_padding_mask=True)
+    _optimizer(paddle, "adamw").minimize(loss)
+    return (lambda rng: feed(rng, BATCH)), [loss, logits]
 
 
 def _transformer(paddle):
@@ -433,7 +428,7 @@ def workflows(paddle, memopt, name, ref):
         r0 = _load_and_run(os.path.join(tmp, "inf0"), tmp)
         r1 = _load_and_run(os.path.join(tmp, "inf1"), tmp)
         assert r0 is not None and r1 is not None
-        assert len(r0) == len(r1) and all(x.tobytes() == y.tobytes() for x, y in zip(r0, r1)), \
+        assert len(r0) == len(r1) and all(x.tobytes() == y.tobytes() for x, y in zip(r0, r1, strict=True)), \
             "the loaded inference model differs"
         done.append("inference")
     return "ok (" + ", ".join(done) + ")"

@@ -515,7 +515,7 @@ def same(a, b):
     (oa, sa, fa), (ob, sb, fb) = a, b
     if len(oa) != len(ob) or sorted(sa) != sorted(sb) or len(fa) != len(fb):
         return False
-    return (all(len(x) == len(y) and all(map(eq, x, y)) for x, y in zip(oa, ob))
+    return (all(len(x) == len(y) and all(map(eq, x, y)) for x, y in zip(oa, ob, strict=True))
             and all(eq(sa[n], sb[n]) for n in sa) and all(map(eq, fa, fb)))
 
 

@@ -727,7 +727,7 @@ def workflows(paddle, memopt, name, ref):
                                                program=b0[0])
         r0 = _load_and_run(os.path.join(tmp, "inf0"), tmp)
         r1 = _load_and_run(os.path.join(tmp, "inf1"), tmp)
-        assert len(r0) == len(r1) and all(x.tobytes() == y.tobytes() for x, y in zip(r0, r1)), \
+        assert len(r0) == len(r1) and all(x.tobytes() == y.tobytes() for x, y in zip(r0, r1, strict=True)), \
             "the loaded inference model differs"
         done.append("inference")
     return "ok (" + ", ".join(done) + ")"

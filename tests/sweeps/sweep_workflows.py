@@ -92,18 +92,11 @@ def _transformer(paddle, ir):
         feed, fetch = models._transformer(ir, BATCH, {})
         paddle.optimizer.Adam(1e-3).minimize(fetch[0])
         return feed, fetch, True
-    seq, d, vocab = 8, 32, 50
-    tokens = paddle.static.data("tokens", [-1, seq], "int64")
-    y = paddle.static.data("label", [-1, 1], "int64")
-    h = paddle.nn.Embedding(vocab, d)(tokens)
-    layer = paddle.nn.TransformerEncoderLayer(d, 4, 64, dropout=0.1)
-    h = paddle.nn.TransformerEncoder(layer, 2)(h)
-    logits = paddle.nn.Linear(d, 5)(paddle.mean(h, axis=1))
-    loss = paddle.mean(paddle.nn.functional.cross_entropy(logits, y))
+    from memopt.testing.encoders import encoder_classifier
+
+    feed, loss, logits = encoder_classifier(seq=8, d_model=32, vocab=50, classes=5)
     paddle.optimizer.Adam(1e-3).minimize(loss)
-    return (lambda rng: {"tokens": rng.integers(0, vocab, (BATCH, seq)).astype("int64"),
-                         "label": rng.integers(0, 5, (BATCH, 1)).astype("int64")},
-            [loss, logits], True)
+    return (lambda rng: feed(rng, BATCH)), [loss, logits], True
 
 
 def _lstm(paddle, ir):

@@ -320,7 +320,9 @@ def _compose(base: Analysis, cap: CapturedStep, opt, mode: str,
     places = list(base.places) + [f"opt.step() ({opt_name}, eager)"] if base.places else []
     return StepAnalysis(
         graph=base.graph, batch_size=base.batch_size, runtime=base.runtime, holders=holders,
-        persistable=persistable, op_types=op_types, inplace=list(base.inplace), order=order,
+        persistable=persistable, op_types=op_types,
+        # eager: the pairs are views (kernels.shared), not ops run in place
+        inplace=[] if kernels is not None else list(base.inplace), order=order,
         places=places, mode=mode, terms=terms, state=state, captured=cap)
 
 

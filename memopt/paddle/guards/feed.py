@@ -19,7 +19,16 @@ from __future__ import annotations
 from ...errors import MergedVariableError
 from ..legacy import merge_record
 
-__all__ = ["check_feed"]
+__all__ = ["check_feed", "feed_hook"]
+
+
+def feed_hook(program, feed) -> None:
+    """The :mod:`memopt.paddle.guards.fetch` feed hook: :func:`check_feed`
+    for a legacy program, nothing for any other."""
+    from ..legacy.program import is_legacy_program
+
+    if is_legacy_program(program):
+        check_feed(program, feed)
 
 
 def check_feed(program, feed) -> None:

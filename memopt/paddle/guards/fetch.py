@@ -45,6 +45,14 @@ _COMPILED_HOOKS: List[Callable[[object, object], None]] = []
 _FEED_HOOKS: List[Callable[[object, object], None]] = []
 
 
+def clear_hooks() -> None:
+    """Forget every registered hook (:func:`memopt.paddle.guards.uninstall`,
+    which also gives Paddle its functions back)."""
+    for hooks in (_HOOKS, _SAVE_HOOKS, _SERIALIZE_HOOKS, _NORMALIZE_HOOKS, _COMPILED_HOOKS,
+                  _FEED_HOOKS):
+        hooks.clear()
+
+
 def add_feed_hook(hook: Callable[[object, object], None]) -> None:
     """Register ``hook(program, feed)`` (once; raise to refuse) to run
     before every ``Executor.run`` with the program run and its feed."""

@@ -19,7 +19,7 @@ that a failed lookup of a name memopt renamed in such a program raises
 :class:`RenamedLookupError` (an ``UnsupportedProgramError`` and, for Paddle
 code that catches a failed lookup, a ``ValueError``) saying what happened
 and the fix.  Installed with the fetch guard
-(:func:`memopt.paddle.legacy.program.install_fetch_guard`).
+(:func:`memopt.paddle.guards.install_legacy`).
 """
 from __future__ import annotations
 

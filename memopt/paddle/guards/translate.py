@@ -23,7 +23,7 @@ import functools
 
 from ...errors import UnsupportedProgramError
 
-__all__ = ["check_desc", "install", "unguarded"]
+__all__ = ["check_desc", "install"]
 
 
 def check_desc(desc) -> None:
@@ -64,13 +64,3 @@ def install() -> None:
         current = getattr(paddle.pir, name, None)
         if current is not None and not hasattr(current, "__memopt_original__"):
             setattr(paddle.pir, name, _guarded(current))
-
-
-def unguarded(name: str):
-    """``paddle.pir.<name>`` without the guard: memopt's own analysis of a
-    rewritten legacy program translates it to read its liveness, not to run
-    it."""
-    import paddle.pir
-
-    fn = getattr(paddle.pir, name)
-    return getattr(fn, "__memopt_original__", fn)

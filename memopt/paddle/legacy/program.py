@@ -880,7 +880,7 @@ def check_fetch(program, fetch_list) -> None:
     merge_record.check_fetch(program, fetch_list)
 
 
-def _fetch_hook(program, fetch_list):
+def fetch_hook(program, fetch_list):
     """The :mod:`memopt.paddle.guards.fetch` hook: name merged variables."""
     if is_legacy_program(program):
         check_backward_order(program)
@@ -950,41 +950,7 @@ def _check_pir_executor(program) -> None:
             "garbage collector on: FLAGS_eager_delete_tensor_gb=0)")
 
 
-def install_fetch_guard() -> None:
-    """Make ``Executor.run`` raise :class:`MergedVariableError` for a fetch
-    of a variable a rewrite renamed away.
-
-    Not what keeps fetches right: the names are gone from the program, so
-    Paddle refuses them by name anyway (``<name> not in VariableScope``);
-    the guard only says why and how to keep the variable.  It hooks
-    ``Executor.run`` once per process (:mod:`memopt.paddle.guards.fetch`).
-    """
-    from ..guards import fetch as fetch_guard
-
-    fetch_guard.add_hook(_fetch_hook)
-    fetch_guard.add_normalize_hook(_save_hook)
-    fetch_guard.add_feed_hook(_feed_hook)
-    from ..guards import lookup as lookup_guard
-
-    lookup_guard.install()
-    from ..guards.compiled import check_compiled
-
-    fetch_guard.add_compiled_hook(check_compiled)
-    from ..guards import translate as translate_guard
-
-    translate_guard.install()
-
-
-def _feed_hook(program, feed) -> None:
-    """The :mod:`memopt.paddle.guards.fetch` feed hook: a feed of a variable
-    a rewrite renamed away raises (:mod:`memopt.paddle.guards.feed`)."""
-    if is_legacy_program(program):
-        from ..guards.feed import check_feed
-
-        check_feed(program, feed)
-
-
-def _save_hook(program, fetch_vars) -> None:
+def normalize_hook(program, fetch_vars) -> None:
     """The :mod:`memopt.paddle.guards.fetch` normalize hook: a legacy
     ``save_inference_model`` of a merged variable raises
     :class:`MergedVariableError` naming it (Paddle pruned the program to

@@ -51,7 +51,7 @@ __all__ = ["LEGACY_GC_LAG_OPS", "LEGACY_OUT_OF_PLACE", "draws_random", "op_flops
 #: what the unchanged programs' own largest steps reach, so a budget checked
 #: that way is kept.  The price: small CNNs get no plan under their default
 #: peak (``BudgetError`` names the smallest budget);
-#: ``scripts/sweep_legacy_budget.py`` measures it.
+#: ``tests/sweeps/test_sweep_legacy_budget.py`` measures it.
 LEGACY_GC_LAG_OPS = 1
 
 

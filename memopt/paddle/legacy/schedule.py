@@ -48,7 +48,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from ...errors import PlanError, UnsupportedProgramError
 from ...schedule import OrderOp, OrderProblem, candidate_orders, check_topological
 from ..distributed import is_communication
-from .program import EMPTY_VAR, _sub_block_ids, install_fetch_guard, program_to_graph, rewrite
+from .program import EMPTY_VAR, _sub_block_ids, program_to_graph, rewrite
 from .depend import insert_depends
 from ..pir.program import SIDE_EFFECT_OPS
 from ..pir.schedule import OrderChoice, choose_order, executor_modes, peaks_by_mode
@@ -415,7 +415,9 @@ def level2_order(program, batch: int, fetch=(), runtime=None) -> List[str]:
             return [choice.note or ("level 2: the program's own order kept: no other order "
                                     f"lowers the predicted peak ({tried})")]
         added = apply_order(program, choice.order)
-        install_fetch_guard()  # names the executor to use if run translated to PIR
+        from ..guards import install_legacy
+
+        install_legacy()  # names the executor to use if run translated to PIR
         what = ("the program's own order" if choice.name == KEPT
                 else f"ops reordered ({choice.name} order)")
         return [f"level 2: {what}, {added} depend ops keep it: predicted peak "

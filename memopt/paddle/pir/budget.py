@@ -115,7 +115,7 @@ def fed_again_bytes(prediction, batch: int) -> int:
     (dense, not persistable) at ``batch``; 0 with it on.  Every buffer of
     a step stays allocated into the next (nothing frees it), and the next
     step's feed is copied in while the last one's is still held: measured
-    (``scripts/sweep_optimizers.py``, PIR, LookAhead MLP at batch 64 then
+    (``tests/sweeps/test_sweep_optimizers.py``, PIR, LookAhead MLP at batch 64 then
     16, a plan at its smallest budget to the byte) steps 72-4,165 bytes
     over the budget, the fed ``x`` counted once."""
     from ...graph import size_at
@@ -152,12 +152,11 @@ def _lagged_peak(prediction, batch: int, window: int) -> int:
     if alternates is None or alternates[0] is not prediction:
         from dataclasses import replace
 
-        from ...analysis import from_graph_modes
+        from ...analysis import modes_of
 
-        alternates = (prediction, from_graph_modes(
-            prediction.graph, prediction.batch_size,
-            [replace(runtime, workers=w) for w in WORKERS_CHECKED if w != runtime.workers],
-            prediction.inplace))
+        alternates = (prediction, modes_of(
+            prediction,
+            [replace(runtime, workers=w) for w in WORKERS_CHECKED if w != runtime.workers]))
         if len(_ALTERNATES) > 256:
             _ALTERNATES.clear()
         _ALTERNATES[key] = alternates
@@ -173,7 +172,10 @@ def recompute_choices(pg, batch: int, runtime, offered_only: bool = False):
 
     problem = _problem(pg, batch)
     keep = (lambda plan: offered(plan, runtime)) if offered_only else None
-    choices = recompute.evaluate_grid(problem, _predictor(pg, batch, runtime), keep=keep)
+    # a per-reader plan (it always has readers) is never offered under dataflow: not made
+    choices = recompute.evaluate_grid(problem, _predictor(pg, batch, runtime), keep=keep,
+                                      per_reader=not (offered_only
+                                                      and runtime.schedule == "dataflow"))
     for c in choices:
         c.peak = guarded_peak(c.prediction, batch, gc_lag(pg), fetch_carry(pg))
     return problem, choices

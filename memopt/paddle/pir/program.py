@@ -73,7 +73,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Optional
 
 from ...graph import (DENSE, RELEASED_VAR, Block, Graph, Op, OpFacts, Var, unversioned,
                      versioned)
@@ -237,10 +237,18 @@ def _output_names(pir_op) -> list:
     name = pir_op.name()
     if not name.startswith("pd_op.") or name in NO_YAML_OPS or pir_op.num_regions():
         return []
-    try:
-        return list(pir_op.get_output_names())
-    except Exception:
-        return []
+    known = _OUTPUT_NAMES.get(name)
+    if known is None:
+        try:
+            known = tuple(pir_op.get_output_names())
+        except Exception:
+            known = ()
+        _OUTPUT_NAMES[name] = known
+    return list(known)
+
+
+#: op name -> its result slots' names (the op's yaml info: one per op type)
+_OUTPUT_NAMES: Dict[str, tuple] = {}
 
 
 def _einsum_cache(pir_op) -> list:
@@ -275,6 +283,29 @@ def _combine_inputs(vector) -> list:
     if op is None or op.name() != COMBINE_OP:
         return []
     return list(op.operands_source())
+
+
+#: PIR's per-op memory rules: op name -> the rule stating what the op's CPU
+#: kernel allocates beyond what PIR's types show (``facts.workspace``, the
+#: real shapes of results PIR types otherwise), from
+#: :mod:`memopt.paddle.kernel_memory`.  A rule is registered beside its
+#: definition with :func:`memory_rule` and called by the converter's generic
+#: walk as ``rule(converter, pir_op, block, facts)``; an op without a rule
+#: holds what its types say.
+MEMORY_RULES: Dict[str, Callable[..., None]] = {}
+
+
+def memory_rule(*names: str):
+    """Register the decorated function as the memory rule of the ops
+    ``names`` (each op has at most one rule)."""
+    def register(rule):
+        for name in names:
+            if name in MEMORY_RULES:
+                raise ValueError(f"{name} has a memory rule already: "
+                                 f"{MEMORY_RULES[name].__name__}")
+            MEMORY_RULES[name] = rule
+        return rule
+    return register
 
 
 class _Converter:
@@ -507,22 +538,9 @@ class _Converter:
         else:
             facts.overwrites = self._overwritten(pir_op)
         facts.no_need_buffer = tuple(self._no_need_buffer(pir_op))
-        if name in (RNN_OP, RNN_GRAD_OP):
-            self._rnn_memory(pir_op, block, facts)
-        if name == DROPOUT_OP:
-            self._dropout_memory(pir_op, block)
-        if name == ADD_GRAD_OP:
-            self._add_grad_memory(pir_op, facts)
-        if name in CONV_OPS:
-            self._conv_memory(pir_op, facts)
-        if name == LAYER_NORM_GRAD_OP:
-            self._layer_norm_grad_memory(pir_op, facts)
-        if name in LAMB_OPS or name in RPROP_OPS:
-            self._update_memory(pir_op, facts)
-        if name in INDEX_PUT_OPS:
-            self._index_put_memory(pir_op, facts)
-        if name in SET_VALUE_TENSOR_OPS:
-            self._set_value_memory(pir_op, facts)
+        rule = MEMORY_RULES.get(name)
+        if rule is not None:
+            rule(self, pir_op, block, facts)
         if name == POP_OP:
             stack = self._stack_index(pir_op.operand_source(0))
             held = self.pushed.get(stack, [])
@@ -553,6 +571,7 @@ class _Converter:
                            [find(nm, block.idx) for nm in writes],
                            {res: find(src, block.idx) for res, src in grads.items()})
 
+    @memory_rule(RNN_OP, RNN_GRAD_OP)
     def _rnn_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """What the rnn kernels allocate beyond PIR's types
         (:mod:`memopt.paddle.kernel_memory`): the real shapes of ``rnn``'s
@@ -594,7 +613,8 @@ class _Converter:
             if var is not None and var.is_dense:
                 var.shape, var.dtype = real_shape, real_dtype
 
-    def _dropout_memory(self, pir_op, block: Block) -> None:
+    @memory_rule(DROPOUT_OP)
+    def _dropout_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """An inference dropout (``is_test``, a model in eval mode) never
         fills its ``mask`` (:mod:`memopt.paddle.kernel_memory`): when nothing
         reads it, it holds no memory (it was counted as the input's shape in
@@ -649,7 +669,8 @@ class _Converter:
             sequence_length=lengths is not None and lengths.initialized()
             and lengths.is_dense_tensor_type())
 
-    def _conv_memory(self, pir_op, facts: OpFacts) -> None:
+    @memory_rule(*sorted(CONV_OPS))
+    def _conv_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """A convolution's im2col workspace (:mod:`memopt.paddle.kernel_memory`)."""
         from .. import kernel_memory
 
@@ -669,7 +690,8 @@ class _Converter:
         if workspace is not None:
             facts.workspace = workspace
 
-    def _add_grad_memory(self, pir_op, facts: OpFacts) -> None:
+    @memory_rule(ADD_GRAD_OP)
+    def _add_grad_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """``add_grad``'s workspace (:mod:`memopt.paddle.kernel_memory`)."""
         from .. import kernel_memory
 
@@ -688,7 +710,8 @@ class _Converter:
         if workspace is not None:
             facts.workspace = workspace
 
-    def _update_memory(self, pir_op, facts: OpFacts) -> None:
+    @memory_rule(*LAMB_OPS, *RPROP_OPS)
+    def _update_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """A Lamb or Rprop update's workspace, sized by its parameter
         (:mod:`memopt.paddle.kernel_memory`)."""
         from .. import kernel_memory
@@ -700,7 +723,8 @@ class _Converter:
                         else kernel_memory.rprop_workspace)
         facts.workspace = workspace_of(tuple(int(d) for d in param.shape), _dtype_name(param))
 
-    def _index_put_memory(self, pir_op, facts: OpFacts) -> None:
+    @memory_rule(*INDEX_PUT_OPS)
+    def _index_put_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """index_put's broadcast indices and value (:mod:`memopt.paddle.kernel_memory`);
         integer indices only (a boolean mask takes another path)."""
         from .. import kernel_memory
@@ -720,7 +744,8 @@ class _Converter:
             tuple(int(d) for d in x.shape), [tuple(int(d) for d in v.shape) for v in indices],
             tuple(int(d) for d in value.shape), _dtype_name(value))
 
-    def _set_value_memory(self, pir_op, facts: OpFacts) -> None:
+    @memory_rule(*SET_VALUE_TENSOR_OPS)
+    def _set_value_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """set_value's value broadcast to the slice (:mod:`memopt.paddle.kernel_memory`):
         the slice from constant starts / ends / steps, else all of ``x``."""
         from .. import kernel_memory
@@ -739,7 +764,8 @@ class _Converter:
                     shape[axis] = len(range(*slice(start, end, step).indices(dim)))
         facts.workspace = kernel_memory.set_value_workspace(tuple(shape), _dtype_name(x))
 
-    def _layer_norm_grad_memory(self, pir_op, facts: OpFacts) -> None:
+    @memory_rule(LAYER_NORM_GRAD_OP)
+    def _layer_norm_grad_memory(self, pir_op, block: Block, facts: OpFacts) -> None:
         """``layer_norm_grad``'s workspace (:mod:`memopt.paddle.kernel_memory`)."""
         from .. import kernel_memory
 
@@ -829,28 +855,30 @@ class _Converter:
     def _no_need_buffer(self, pir_op) -> list:
         """Operands whose data the op never reads, only their shape (the
         executor does not keep them alive for it)."""
+        operands = [v for v in pir_op.operands_source() if v.initialized()]
+        shape_only: dict = {}  # Value id -> is_no_need_buffer (asked once per Value)
         out = []
-        for v in pir_op.operands_source():
-            if not v.initialized():
-                continue
+        for v in operands:
             try:
-                if pir_op.is_no_need_buffer(v):
-                    out.extend(self._reads([v]))
+                known = shape_only[v.id] = pir_op.is_no_need_buffer(v)
             except Exception:  # ops without yaml info
                 return []
+            if known:
+                out.extend(self._reads([v]))
+        if not out:
+            return []
         # a name also read as a real operand is needed after all; so is a
         # Value that is two operands (``is_no_need_buffer`` answers per
         # Value, not per slot: an ``add_grad`` reading its ``out_grad`` as
         # ``x`` too, as memopt's dims-only substitution makes it, would
         # otherwise have its gradient freed before it runs)
         uses: dict = {}
-        for v in pir_op.operands_source():
-            if v.initialized():
-                uses[v.id] = uses.get(v.id, 0) + 1
+        for v in operands:
+            uses[v.id] = uses.get(v.id, 0) + 1
         return [nm for nm in dict.fromkeys(out)
-                if sum(1 for v in pir_op.operands_source() if v.initialized()
-                       and nm in self._reads([v])
-                       and (uses[v.id] > 1 or not pir_op.is_no_need_buffer(v))) == 0]
+                if sum(1 for v in operands
+                       if nm in self._reads([v])
+                       and (uses[v.id] > 1 or not shape_only[v.id])) == 0]
 
     def _walk_if(self, pir_op, block: Block) -> None:
         cond = self._reads(pir_op.operands_source())
@@ -1144,13 +1172,11 @@ def convert_legacy(program, fetch_list: Iterable = ()) -> PirGraph:
     """
 
     from ..legacy.depend import translatable_desc
-    from ..guards.translate import unguarded
-
     _refuse_crashing_ops(program)
     _init_pir_context()
     desc = translatable_desc(program)  # in-place depend ops: a copy the translator takes
     try:
-        translated, by_name = unguarded("translate_to_pir_with_param_map")(
+        translated, by_name = _unguarded("translate_to_pir_with_param_map")(
             program.desc if desc is None else desc)
     except Exception as exc:  # Paddle's translator raises SystemError, ValueError...
         raise untranslatable(program, exc) from None
@@ -1459,3 +1485,13 @@ def value_label(value) -> str:
     pg = convert(owning_program(value))
     return label(pg, pg.name(value))
 
+
+def _unguarded(name: str):
+    """``paddle.pir.<name>`` without memopt's guard
+    (:mod:`memopt.paddle.guards.translate` keeps the function it wraps as
+    ``__memopt_original__``): memopt's own analysis of a rewritten legacy
+    program translates it to read its liveness, not to run it."""
+    import paddle.pir
+
+    fn = getattr(paddle.pir, name)
+    return getattr(fn, "__memopt_original__", fn)

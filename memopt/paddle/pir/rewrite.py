@@ -65,7 +65,6 @@ __all__ = [
     "state_inplace_facts",
     "apply_inplace",
     "resolve_fetch_list",
-    "install_fetch_guard",
     "record_rewrite",
     "write_record",
     "restore_marks",
@@ -303,7 +302,6 @@ def record_rewrite(program, replaced: dict) -> None:
     entry = getattr(program, RECORD_ATTR, None) or {"replaced": {}}
     entry["replaced"].update(replaced)
     setattr(program, RECORD_ATTR, entry)
-    install_fetch_guard()
 
 
 def overwritten_by(value):
@@ -408,29 +406,13 @@ def record_for_save(program) -> None:
         write_record(program)
 
 
-def _fetch_hook(program, fetch_list):
+def fetch_hook(program, fetch_list):
     """The fetch guard's hook (:mod:`memopt.paddle.guards.fetch`)."""
     if is_pir_program(program):
         redirect(program)  # ops built on a replaced op's Values read its replacement
         check_later_readers(program, MARK_ATTR)
         return resolve_fetch_list(program, fetch_list)
     return fetch_list
-
-
-def install_fetch_guard() -> None:
-    """Route fetches of rewritten PIR programs through
-    :func:`resolve_fetch_list` (one ``Executor.run`` wrapper, shared with the
-    legacy adapter)."""
-    from ..guards.fetch import add_hook
-
-    add_hook(_fetch_hook)
-    from ..guards.fetch import add_save_hook, add_serialize_hook
-
-    from .deploy import out_of_place_for_save
-
-    add_serialize_hook(out_of_place_for_save)  # the saved model: the ops as built
-    add_serialize_hook(record_for_save)
-    add_save_hook(check_save)
 
 
 def check_user_names(pg: PirGraph, options) -> None:

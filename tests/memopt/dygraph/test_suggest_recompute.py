@@ -79,3 +79,13 @@ def test_fits_without_recompute_and_impossible_budget():
     with pytest.raises(TypeError, match="nn.Layer"):
         memopt.suggest_recompute(lambda x, y: x, dm.spec("gpt"), opt, budget="1GiB",
                                  batch_size=8)
+
+
+def test_op_flops():
+    from memopt.paddle.dygraph.recompute_advice import op_flops
+
+    step, inputs, opt = dm.build("mlp", 8, width=32, depth=1, inputs=16)
+    an = memopt.analyze(step, 8, input_spec=dm.spec("mlp", inputs=16), optimizer=opt)
+    matmuls = [op for _, op in an.graph.walk_ops() if op.type == "pd_op.matmul"]
+    # x [B, 16] @ w [16, 32]: 2 * B * 16 * 32; the head [B, 32] @ [32, 10]: 2 * B * 32 * 10
+    assert [op_flops(op, an.graph, 8) for op in matmuls] == [2 * 8 * 16 * 32, 2 * 8 * 32 * 10]

@@ -128,7 +128,7 @@ def test_sharding_owners_and_gradient_merge_as_fleet_builds_them(paddle, rank0_e
     owners = fleet_sharding_owners([int(np.prod(p.shape)) * 4 for p in params], 2)
     rank0, _, _ = build(paddle, "sharding1")
     kept = {v.name for v in rank0.list_vars() if v.persistable}
-    assert {p.name for p, o in zip(params, owners) if o == 0} == \
+    assert {p.name for p, o in zip(params, owners, strict=True) if o == 0} == \
         {p.name for p in params} & kept
     est = memopt.estimate(single, dp=2, sharding_stage=1, batch_size=64, fetch_list=[loss])
     state0 = sum(int(np.prod(v.shape)) * 4 for v in rank0.list_vars()
@@ -167,7 +167,7 @@ def test_two_ranks_bit_identical_after_memory_optimize():
     small = dict(batch=16, steps=2, features=16, hidden=32, layers=2, gc=False)
     base = launch(RunConfig(mode="dp", **small), tempfile.mkdtemp())
     opt = launch(RunConfig(mode="dp", level=1, **small), tempfile.mkdtemp())
-    for a, b in zip(base, opt):
+    for a, b in zip(base, opt, strict=True):
         assert same_results(a, b)
         assert b["peak"] > 0 and b["estimate"] > 0
     # data parallel: both ranks end with the same parameters, from different data
@@ -287,7 +287,7 @@ def test_budget_never_runs_a_collective_twice(paddle):
 
     main, loss = _program_with_forward_all_reduce(paddle)
     problem = pir_recompute.problem_of(pir.convert(main, [loss]), 16)
-    reasons = {op.type: r for op, r in zip(problem.ops, problem.reusable)}
+    reasons = {op.type: r for op, r in zip(problem.ops, problem.reusable, strict=True)}
     assert reasons["pd_op.all_reduce"] == "communication"
     assert reasons["pd_op.tanh"] is None
     made_by = {name: op.type for op in problem.ops for name in op.writes}

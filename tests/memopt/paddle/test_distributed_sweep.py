@@ -81,7 +81,7 @@ def test_level1_sharing_across_shapes_translates_to_pir(paddle, level):
                    for note in report.notes), report.notes
         expected = _run(paddle, *plain)
         got = _run(paddle, main, startup, loss)
-    for a, b in zip(expected, got):
+    for a, b in zip(expected, got, strict=True):
         assert np.array_equal(a, b)
     if level == 2:
         return

@@ -39,7 +39,7 @@ def test_reads_an_mlp(legacy):
     assert serialized(model.main) == before, "reading does not touch the program"
     block = model.main.global_block()
     assert graph.num_ops() == len(block.ops)
-    for gop, pop in zip(graph.global_block.ops, block.ops):
+    for gop, pop in zip(graph.global_block.ops, block.ops, strict=True):
         assert gop.type == pop.type
         assert set(gop.reads) == set(pop.input_arg_names)
         assert set(gop.writes) == set(pop.output_arg_names)
@@ -84,7 +84,7 @@ def test_reads_nested_control_flow(legacy):
     model = models.build("nested_cond", "legacy")
     graph = legacy.program_to_graph(model.main)
     assert len(graph.blocks) == model.main.num_blocks
-    for gblock, pblock in zip(graph.blocks, model.main.blocks):
+    for gblock, pblock in zip(graph.blocks, model.main.blocks, strict=True):
         assert gblock.parent == pblock.parent_idx
     owners = [op for _, op in graph.walk_ops() if op.sub_blocks]
     types = {op.type for op in owners}
@@ -337,7 +337,7 @@ def test_flatten_is_not_made_in_place(legacy, paddle):
         got = _train_legacy(paddle, build, feed, lambda main, loss: reports.append(
             memopt.memory_optimize(main, level=1, skip_grads=skip_grads,
                                    fetch_list=[loss, *fetch])), fetch=fetch)
-        for a, b in zip([*sum(want[0], []), *want[1]], [*sum(got[0], []), *got[1]]):
+        for a, b in zip([*sum(want[0], []), *want[1]], [*sum(got[0], []), *got[1]], strict=True):
             assert a.shape == b.shape and np.array_equal(a, b)
     ops = {r.op for rep in reports for r in rep.reuses if r.how == "in-place"}
     assert "reshape2" in ops and "flatten_contiguous_range" not in ops
@@ -371,7 +371,7 @@ def test_amp_scaled_loss_is_kept(legacy, paddle):
         got = _train_legacy(paddle, build, feed, optimizer=amp, optimize=lambda main, loss: (
             reports.append(memopt.memory_optimize(main, level=1, skip_grads=False))))
     assert reports[0].reuses, "the rest is merged"
-    for a, b in zip([*sum(want[0], []), *want[1]], [*sum(got[0], []), *got[1]]):
+    for a, b in zip([*sum(want[0], []), *want[1]], [*sum(got[0], []), *got[1]], strict=True):
         assert np.array_equal(a, b)
 
 
@@ -414,4 +414,4 @@ def test_lod_tensors_are_never_merged(legacy, paddle):
                 exe.run(startup)
                 runs.append(exe.run(main, feed={"words": words}, fetch_list=fetch))
     for run in runs[1:]:
-        assert all(np.array_equal(a, b) for a, b in zip(runs[0], run))
+        assert all(np.array_equal(a, b) for a, b in zip(runs[0], run, strict=True))

@@ -51,8 +51,8 @@ def _run(paddle, model, steps=STEPS):
 def _same(a, b) -> None:
     outs_a, state_a, _ = a
     outs_b, state_b, _ = b
-    for step_a, step_b in zip(outs_a, outs_b):
-        for x, y in zip(step_a, step_b):
+    for step_a, step_b in zip(outs_a, outs_b, strict=True):
+        for x, y in zip(step_a, step_b, strict=True):
             assert x.tobytes() == y.tobytes()
     assert sorted(state_a) == sorted(state_b)
     for name in state_a:
@@ -251,5 +251,5 @@ def test_unreadable_sharing_left_out_not_raised(paddle):
                                         fetch_list=fetch)
         assert any("sharing left out" in n and "cannot be read" in n for n in report.notes), \
             report.notes
-        for x, y in zip(run(*plain), run(main, startup, feeds, fetch)):
+        for x, y in zip(run(*plain), run(main, startup, feeds, fetch), strict=True):
             assert x.tobytes() == y.tobytes()

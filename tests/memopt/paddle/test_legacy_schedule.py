@@ -26,9 +26,9 @@ def _optimize(model, gc, level):
 
 
 def _same_runs(a, b):
-    for x, y in zip(a.fetches, b.fetches):
-        assert all(np.array_equal(u, v) for u, v in zip(x, y))
-    assert all(np.array_equal(u, v) for u, v in zip(a.params, b.params))
+    for x, y in zip(a.fetches, b.fetches, strict=True):
+        assert all(np.array_equal(u, v) for u, v in zip(x, y, strict=True))
+    assert all(np.array_equal(u, v) for u, v in zip(a.params, b.params, strict=True))
 
 
 def test_hazards_by_name(legacy_paddle):
@@ -272,7 +272,7 @@ with models.ir_guard("legacy"), models.flags(eager_delete_tensor_gb=0.0):
     plain, two = build(), build()
     report = memopt.memory_optimize(two[0], level=2, batch_size=8, fetch_list=[two[2]])
     assert any(n.startswith("level 2") for n in report.notes), report.notes
-    assert all(a.tobytes() == b.tobytes() for a, b in zip(run(*plain), run(*two)))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(run(*plain), run(*two), strict=True))
 print("ok")
 """
 

@@ -18,7 +18,7 @@ def _same(runs):
     want = runs[0]
     for got in runs[1:]:
         assert len(got) == len(want)
-        for a, b in zip(want, got):
+        for a, b in zip(want, got, strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 

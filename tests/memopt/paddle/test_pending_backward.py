@@ -217,6 +217,6 @@ def test_pir_loop_minimize_after_memory_optimize_trains_the_same(paddle):
     assert len(params) == 4
     for level in (0, 1, 2):
         got, got_params, report = train(level)
-        assert all(np.array_equal(a, b) for a, b in zip(losses, got)), f"level {level}"
-        assert all(np.array_equal(a, b) for a, b in zip(params, got_params)), f"level {level}"
+        assert all(np.array_equal(a, b) for a, b in zip(losses, got, strict=True)), f"level {level}"
+        assert all(np.array_equal(a, b) for a, b in zip(params, got_params, strict=True)), f"level {level}"
         assert any("backward part not yet appended" in n for n in report.notes), report.notes

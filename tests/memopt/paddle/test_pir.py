@@ -126,8 +126,8 @@ def test_roles_and_gradients(paddle, pir):
     types = [op.type for _, op in g.walk_ops()]
     first_back = roles.index("backward")
     assert types[first_back] in ("pd_op.full", "pd_op.full_like")  # the loss-gradient seed
-    assert all(r == "backward" for r, t in zip(roles, types) if t.endswith("_grad"))
-    assert {t for r, t in zip(roles, types) if r == "optimize"} == {"pd_op.adam_"}
+    assert all(r == "backward" for r, t in zip(roles, types, strict=True) if t.endswith("_grad"))
+    assert {t for r, t in zip(roles, types, strict=True) if r == "optimize"} == {"pd_op.adam_"}
     assert all(r == "forward" for r in roles[:first_back])
 
 
@@ -170,7 +170,7 @@ def _run(paddle, main, startup, fetch, steps=3, seed=7):
 
 def _same(a, b):
     return len(a) == len(b) and all(
-        np.array_equal(x, y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+        np.array_equal(x, y) for xs, ys in zip(a, b, strict=True) for x, y in zip(xs, ys, strict=True))
 
 
 def test_fetching_a_replaced_value_fetches_its_replacement(paddle, pir):
@@ -238,7 +238,7 @@ def test_models_bit_identical_after_memory_optimize(paddle, pir, name, level):
     a, b = models.run_steps(ref, 3), models.run_steps(opt, 3)
     assert _same(a.fetches, b.fetches)
     assert len(a.params) == len(b.params) and all(
-        np.array_equal(x, y) for x, y in zip(a.params, b.params))
+        np.array_equal(x, y) for x, y in zip(a.params, b.params, strict=True))
 
 
 def test_sub_block_ops_run_in_place(paddle, pir, rewrite):
@@ -272,7 +272,7 @@ def test_gc_off_rewrite_is_bit_identical_and_lowers_the_estimate(paddle, pir):
         assert not report.gc and report.peak_after < report.peak_before
         a, b = models.run_steps(ref, 3), models.run_steps(opt, 3)
     assert _same(a.fetches, b.fetches)
-    assert all(np.array_equal(x, y) for x, y in zip(a.params, b.params))
+    assert all(np.array_equal(x, y) for x, y in zip(a.params, b.params, strict=True))
 
 
 def test_release_memory_leaves_the_program(paddle, pir):

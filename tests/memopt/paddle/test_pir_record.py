@@ -106,7 +106,7 @@ def test_pir_record_survives_save_load_clone_inference(paddle, tmp_path):
                                    str(tmp_path / "m"))):
         block_ops = program.global_block().ops
         got = _run(opt, program, [block_ops[k].result(r) for k, r in keep], feed, params)
-        for w, a, b in zip(keep, want, got):
+        for w, a, b in zip(keep, want, got, strict=True):
             assert np.array_equal(a, b), (name, w)
         for (k, r), at in over.items():
             with pytest.raises(MergedVariableError, match=r"write over it") as info:
@@ -252,7 +252,7 @@ CHILD_LEGACY = textwrap.dedent("""
             return losses + [np.array(scope.find_var(n).get_tensor()) for n in params]
 
     def same(a, b):
-        return all(np.array_equal(x, y) for x, y in zip(a, b))
+        return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
     paddle.set_flags({"FLAGS_eager_delete_tensor_gb": 0.0})
     # memory_optimize with the flag on and the GC on: bit-identical

@@ -301,13 +301,13 @@ def test_a_value_a_branch_writes_over_is_never_recomputed_nor_crossed(paddle):
         m, s, l, _ = build()
         order = _random_order(pir_schedule.order_problem(pir.convert(m, [l]), 256), rng)
         pir_schedule.apply_order(m, order)
-        assert all(np.array_equal(a, b) for a, b in zip(reference, run(m, s, l)))
+        assert all(np.array_equal(a, b) for a, b in zip(reference, run(m, s, l), strict=True))
     with pytest.raises(memopt.BudgetError) as info:
         memopt.memory_optimize(main, budget=1, batch_size=256, fetch_list=[loss])
     report = memopt.memory_optimize(main, budget=info.value.smallest_budget, batch_size=256,
                                     fetch_list=[loss])
     assert report.recomputed and pg.name(buf) not in report.recomputed
-    assert all(np.array_equal(a, b) for a, b in zip(reference, run(main, startup, loss)))
+    assert all(np.array_equal(a, b) for a, b in zip(reference, run(main, startup, loss), strict=True))
     assert pir_regions.region_writes(pg) >= {pg.name(buf)}
 
 

@@ -145,7 +145,7 @@ def test_pir_budget_never_recomputes_a_print():
     assert prints(main) == count
     got = train(main, startup, fetch)
     assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes()
-               for x, y in zip(want, got) for a, b in zip(x, y))
+               for x, y in zip(want, got, strict=True) for a, b in zip(x, y, strict=True))
 
 
 @pytest.mark.parametrize("ir", ["pir", "legacy"])
@@ -222,7 +222,7 @@ def test_legacy_feed_of_a_merged_variable_is_refused_and_skip_keeps_it():
     with pytest.raises(MergedVariableError, match="cannot feed .*skip_opt_set"):
         _fed_losses(paddle, level=1)
     got = _fed_losses(paddle, level=2, skip=True)
-    assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(want, got))
+    assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(want, got, strict=True))
 
 
 def test_pir_budget_with_a_fetched_value_after_the_backward():
@@ -260,4 +260,4 @@ def test_pir_budget_with_a_fetched_value_after_the_backward():
     assert report.recomputed
     got = train(main, startup, fetch)
     assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes()
-               for x, y in zip(want, got) for a, b in zip(x, y))
+               for x, y in zip(want, got, strict=True) for a, b in zip(x, y, strict=True))

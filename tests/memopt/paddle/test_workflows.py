@@ -125,7 +125,7 @@ def test_legacy_prune_compiled_and_serialized_derivations(paddle):
     assert set(want) == set(got)
     for key in want:
         assert all(same(np.array(a), np.array(b)) and np.array(a).dtype == np.array(b).dtype
-                   for a, b in zip(want[key], got[key])), key
+                   for a, b in zip(want[key], got[key], strict=True)), key
 
 
 PREDICTOR = textwrap.dedent("""
@@ -312,7 +312,7 @@ def test_legacy_compiled_fusion_refused_other_flags_bit_identical(paddle):
         finally:
             Executor.run = guarded
         want = _run(ref, compiled(ref, fuse_elewise_add_act_ops=True), seen)
-        worst = max(float(np.abs(a - b).max()) for a, b in zip(want, fused)
+        worst = max(float(np.abs(a - b).max()) for a, b in zip(want, fused, strict=True)
                     if a.dtype == np.float32)
         assert worst > 0.1, worst
 
