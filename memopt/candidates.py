@@ -293,7 +293,7 @@ def substitute(graph: Graph, substitutions) -> Graph:
 # -- in-place variants (PIR) ---------------------------------------------------------
 
 def variant_inplace(graph: Graph, options: Options, allowed=None
-                    ) -> Tuple[List[InplaceRewrite], Dict[str, int]]:
+                    ) -> Tuple[List[InplaceRewrite], Dict[Refusal, int]]:
     """Which ops may soundly be turned into their in-place variants
     (``op.facts.variant``, stated by the adapter); pure data.
 

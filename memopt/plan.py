@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .graph import Graph, Size
 from .problems import Buffer
+from .refusals import Refusal
 from .report import Reuse
 
 __all__ = ["Options", "Plan", "InplaceRewrite"]
@@ -67,7 +68,7 @@ class Plan:
     groups: List[List[str]] = field(default_factory=list)
     reuses: List[Reuse] = field(default_factory=list)
     inplace: List[Tuple[str, str, int]] = field(default_factory=list)
-    reasons: Dict[str, int] = field(default_factory=dict)
+    reasons: Dict[Refusal, int] = field(default_factory=dict)
     buffers: Dict[str, Buffer] = field(default_factory=dict)
     persistable: List[Size] = field(default_factory=list)
     order: Optional[List[int]] = None

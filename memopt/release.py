@@ -38,6 +38,7 @@ from .errors import PlanError
 from .graph import RELEASED_VAR, Graph, Op, Size
 from .plan import Options
 from .problems import Buffer
+from .refusals import Refusal
 from .scopes import scoped_liveness
 
 __all__ = ["ReleasePlan", "plan_releases", "verify_releases", "RELEASED_VAR"]
@@ -59,7 +60,7 @@ class ReleasePlan:
     buffers: Dict[str, Buffer] = field(default_factory=dict)
     persistable: List[Size] = field(default_factory=list)
     already: Tuple[str, ...] = ()
-    reasons: Dict[str, int] = field(default_factory=dict)
+    reasons: Dict[Refusal, int] = field(default_factory=dict)
 
     @property
     def released(self) -> List[str]:
