@@ -220,9 +220,15 @@ def within_budget(program, options: Options, limit: int, batch: int) -> Report:
     with without_cycle_collection():
         before_analysis = target.analysis(fetch, batch, model)
         before = before_analysis.step_peak(batch)
-        chosen, applied = pir_budget.choose_plan(target, fetch, batch, limit, model)
-        recomputed, added, note = recompute_note(chosen, limit, model)
-        notes = [note]
+        pir_budget.require_supported(target)  # a peak memopt cannot model is no promise
+        if before <= limit:  # the one model says it fits: nothing recomputed
+            applied, recomputed, added = None, [], 0.0
+            notes = [f"recompute: none needed: the step's peak {format_bytes(before)} fits "
+                     f"the budget {format_bytes(limit)}"]
+        else:
+            chosen, applied = pir_budget.choose_plan(target, fetch, batch, limit, model)
+            recomputed, added, note = recompute_note(chosen, limit, model)
+            notes = [note]
         lower = replace(options, level=min(options.level, 1))
         try:
             # the sharing rewrite, tried on a copy first: kept only if the
