@@ -306,7 +306,10 @@ def test_a_value_a_branch_writes_over_is_never_recomputed_nor_crossed(paddle):
         memopt.memory_optimize(main, budget=1, batch_size=256, fetch_list=[loss])
     report = memopt.memory_optimize(main, budget=info.value.smallest_budget, batch_size=256,
                                     fetch_list=[loss])
-    assert report.recomputed and pg.name(buf) not in report.recomputed
+    # at the smallest budget a plan (or, when none lowers the step's peak,
+    # the program as it is) fits; the region's buffer is never dropped
+    assert pg.name(buf) not in report.recomputed
+    assert report.peak_after <= info.value.smallest_budget
     assert all(np.array_equal(a, b) for a, b in zip(reference, run(main, startup, loss), strict=True))
     assert pir_regions.region_writes(pg) >= {pg.name(buf)}
 
