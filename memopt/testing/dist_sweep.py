@@ -399,8 +399,9 @@ def launch(config: SweepConfig, out_dir: str, timeout: float = 120.0) -> dict:
 
     os.makedirs(out_dir, exist_ok=True)
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    from .workers import ROOT
+
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["FLAGS_new_executor_sequential_run"] = "1"
     if STRATEGIES[config.strategy][1] == "legacy":
         # the legacy executor has no CPU path for collectives; PIR's has (gloo)
