@@ -71,7 +71,7 @@ def test_backend_helpers_and_safety_checks_tensorflow(tf):
     assert vm.execute(countdown_program(), [n], 8, b).numpy().tolist() == [2, 4]
     with pytest.raises(StackOverflowError):
         vm.execute(countdown_program(), [n], 3, TensorFlowBackend(safety_checks=True))
-    unchecked = TensorFlowBackend("eager", safety_checks=False)
+    unchecked = TensorFlowBackend(safety_checks=False, mode="eager")   # TFP's order first
     assert unchecked != TensorFlowBackend("eager")
     assert vm.execute(countdown_program(), [np.array([1, 2])], 8, unchecked).numpy().tolist() \
         == [1, 2]
