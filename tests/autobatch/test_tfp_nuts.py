@@ -87,7 +87,8 @@ def test_tfp_nuts_on_autobatch_passes_tfps_statistical_checks(case):
     the chains move)."""
     got = run_nuts(impl="autobatch", regime="graph", chains=10_000, steps=100, check=True,
                    **case)
-    assert got["shape"] == [100, 10_000]
+    event = [case["dim"]] if case.get("dim", 1) > 1 else []   # one sample: a dim-vector
+    assert got["shape"] == [100, 10_000] + event
     checks = got["checks"]
     assert checks["cdf_agrees"], got
     assert checks["leapfrogs_vary"] and checks["leapfrogs_average_4"] and checks["moves"], got
