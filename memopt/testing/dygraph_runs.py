@@ -36,8 +36,25 @@ from typing import Any, Callable, List, Optional
 __all__ = ["EagerRun", "measure", "measure_fresh", "allocated", "reset_peak", "peak"]
 
 
+class PeakStats:
+    """Median, min and max of ``self.peaks`` (allocator peaks of the steady
+    steps of a run, bytes)."""
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.peaks))
+
+    @property
+    def min(self) -> int:
+        return min(self.peaks)
+
+    @property
+    def max(self) -> int:
+        return max(self.peaks)
+
+
 @dataclass
-class EagerRun:
+class EagerRun(PeakStats):
     """What :func:`measure` saw.
 
     Attributes
@@ -55,18 +72,6 @@ class EagerRun:
     baseline: int
     losses: List[float] = field(default_factory=list)
     params: dict = field(default_factory=dict, repr=False)
-
-    @property
-    def median(self) -> float:
-        return float(statistics.median(self.peaks))
-
-    @property
-    def min(self) -> int:
-        return min(self.peaks)
-
-    @property
-    def max(self) -> int:
-        return max(self.peaks)
 
 
 def allocated() -> int:

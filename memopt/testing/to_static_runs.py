@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from .dygraph_runs import PeakStats
+
 __all__ = ["StepRun", "train", "train_fresh", "MODES"]
 
 #: How a step runs: eagerly, to_static with SOT (Paddle's default), to_static full graph.
@@ -42,7 +44,7 @@ MODES = ("eager", "sot", "full_graph")
 
 
 @dataclass
-class StepRun:
+class StepRun(PeakStats):
     """What :func:`train` saw (bytes, seconds).
 
     Attributes
@@ -71,18 +73,6 @@ class StepRun:
     programs: int = 0
     error: str = ""
     smallest_budget: int = 0
-
-    @property
-    def median(self) -> float:
-        return float(statistics.median(self.peaks))
-
-    @property
-    def min(self) -> int:
-        return min(self.peaks)
-
-    @property
-    def max(self) -> int:
-        return max(self.peaks)
 
     @property
     def step_seconds(self) -> float:
